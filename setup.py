@@ -1,0 +1,18 @@
+"""Build hook for the optional native ring helper.
+
+The extension gives C11 atomics (acquire/release, seq_cst fences) for the
+shared-memory rings.  It is optional: without a C compiler the pure-Python
+fallback in shoal.queues is used (correct on x86-64; see shoal/queues/DESIGN.md).
+"""
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "shoal.queues._native",
+            ["shoal/queues/_native.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+            optional=True,
+        )
+    ]
+)

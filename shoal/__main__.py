@@ -1,0 +1,5 @@
+"""``python -m shoal``: same as the ``shoal`` console script."""
+
+from shoal.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""shoal: a task-parallel runtime with lock-free shared-memory queues and work stealing.
+
+Public surface (a test checks it)::
+
+    with shoal.Pilot() as pilot:            # worker processes, one per usable CPU
+        fut = pilot.submit(fn, *args)       # shoal.Future (a concurrent.futures.Future)
+        for y in pilot.map(fn, items): ...  # lazy, adaptively batched
+    shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import (
+    PilotClosed,
+    RemoteTraceback,
+    SerializationError,
+    ShoalError,
+    TaskTimeout,
+    TopologyError,
+    WorkerLost,
+)
+from .pilot import Pilot
+from .runtime import context as _context
+from .runtime.api import BackendKind
+from .runtime.future import Future
+from .runtime.topology import NumaNode, Topology, topology
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("shoal")
+except Exception:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where the calling task runs."""
+
+    id: int  # endpoint number, 1..N
+    cpu: int
+    node: int
+    pid: int
+
+
+def spawn(fn, /, *args, **kwargs) -> Future:
+    """Run ``fn(*args, **kwargs)`` as a child task.
+
+    Inside a task: pushed on this worker's own deque (idle workers steal it);
+    ``.result()`` on it runs other tasks while it waits.  Outside a task: like
+    ``submit`` on the innermost open pilot.
+    """
+    worker = _context.worker
+    if worker is not None:
+        if not callable(fn):
+            raise TypeError(f"spawn() needs a callable, got {type(fn).__name__} {fn!r}")
+        return worker.spawn(fn, args, kwargs)
+    return _context.current_pilot().submit(fn, *args, **kwargs)
+
+
+def current_worker() -> WorkerInfo | None:
+    """The worker running the calling task, or None in the driver."""
+    worker = _context.worker
+    if worker is None:
+        return None
+    import os
+
+    return WorkerInfo(worker.ep, worker.cpu, worker.node, os.getpid())
+
+
+__all__ = [
+    "Pilot",
+    "Future",
+    "spawn",
+    "current_worker",
+    "WorkerInfo",
+    "topology",
+    "Topology",
+    "NumaNode",
+    "BackendKind",
+    "ShoalError",
+    "TopologyError",
+    "PilotClosed",
+    "TaskTimeout",
+    "WorkerLost",
+    "SerializationError",
+    "RemoteTraceback",
+]

@@ -1,0 +1,115 @@
+"""shoal.Future: a ``concurrent.futures.Future`` that knows where it runs.
+
+Two kinds of futures share this class:
+
+* Driver futures (``Pilot.submit``): ordinary thread-safe futures, set by the
+  backend's receiving thread; ``concurrent.futures.wait``, ``as_completed``
+  and ``asyncio.wrap_future`` work on them unchanged.
+* Worker futures (``shoal.spawn`` inside a task): made by ``Future.local()``
+  without a ``threading.Condition`` (a worker runs one thread, so the lock
+  would be pure overhead on the spawn path, which must stay in microseconds).
+  Their ``result()`` never blocks the worker idle: it asks the worker to run
+  other tasks (its own children first, then stolen ones) until the future is
+  done — the "help first" join of Cilk/TBB.
+
+Rejected: a separate LocalFuture type (users would have to care which one they
+hold); blocking ``result()`` inside workers (two workers waiting on each
+other's children deadlock a 2-worker pilot).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from concurrent.futures._base import FINISHED, PENDING
+
+from . import context
+
+
+class _NoLock:
+    """Stands in for the Condition of worker-local futures: single-threaded."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def notify_all(self):
+        pass
+
+    def wait(self, timeout=None):  # pragma: no cover - never reached: result() helps first
+        raise RuntimeError("a worker-local future was waited on without the worker loop")
+
+
+_NOLOCK = _NoLock()
+
+
+class Future(cf.Future):
+    """A ``concurrent.futures.Future`` for a shoal task."""
+
+    # task id (set by whoever made it); the backend/worker that can cancel it
+    task_id: int = 0
+    _canceller = None
+
+    @classmethod
+    def local(cls, task_id: int) -> Future:
+        """A lock-free future for a task spawned inside a worker: worker thread only."""
+        f = cls.__new__(cls)
+        f._condition = _NOLOCK
+        f._state = PENDING
+        f._result = None
+        f._exception = None
+        f._waiters = []
+        f._done_callbacks = []
+        f.task_id = task_id
+        return f
+
+    def result(self, timeout=None):
+        if self._state != FINISHED:
+            worker = context.worker
+            if worker is not None:
+                worker.help_until(self, timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        if self._state != FINISHED:
+            worker = context.worker
+            if worker is not None:
+                worker.help_until(self, timeout)
+        return super().exception(timeout)
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        canceller = self._canceller
+        if canceller is not None:
+            canceller(self)
+        return True
+
+    def __reduce__(self):
+        raise TypeError(
+            "a shoal.Future cannot be pickled; pass it directly as an argument of "
+            "submit()/spawn() (also inside a list, tuple or dict) to make a dependency"
+        )
+
+    def __repr__(self) -> str:
+        return f"<shoal.Future {self.task_id:#x} {self._state.lower()}>"
+
+
+def set_local_result(fut: Future, value) -> None:
+    """Finish a worker-local future (worker thread only; skips the lock dance)."""
+    if fut._state == PENDING:
+        fut._result = value
+        fut._state = FINISHED
+        if fut._done_callbacks:
+            fut._invoke_callbacks()
+
+
+def set_local_exception(fut: Future, exc: BaseException) -> None:
+    if fut._state == PENDING:
+        fut._exception = exc
+        fut._state = FINISHED
+        if fut._done_callbacks:
+            fut._invoke_callbacks()

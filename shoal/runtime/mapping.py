@@ -1,0 +1,90 @@
+"""``Pilot.map``: a lazy, bounded, adaptively batched map over any backend.
+
+Data flow: items are pulled from the input iterables only as batches are
+submitted; at most ``window`` batches are in flight, so mapping over a
+generator of 10 million items holds a few thousand at a time.  Each batch is
+one task that runs ``fn`` over its items and reports how long that took; the
+batch size then follows the measured time per item so that a batch lasts about
+``TARGET_S`` (large enough to hide the per-task cost, small enough to balance),
+capped by ``len(input) / (4 * workers)`` when the length is known (what
+``multiprocessing.Pool.map`` does) and by ``MAX_BATCH``.
+
+Rejected: materialising the input (unbounded memory); a fixed chunk size
+(Pool.map's: right only when the length is known and items cost the same).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import time
+from collections import deque
+
+TARGET_S = 0.005
+MAX_BATCH = 4096
+
+
+def _batch_runner(fn):
+    """A per-map function that runs ``fn`` over a batch (cached once per worker)."""
+
+    def run_batch(items):
+        t0 = time.perf_counter()
+        out = [fn(*item) for item in items]
+        return out, time.perf_counter() - t0
+
+    run_batch.__qualname__ = f"map[{getattr(fn, '__qualname__', type(fn).__name__)}]"
+    return run_batch
+
+
+def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
+    if not callable(fn):
+        raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
+    if chunksize is not None and (isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1):
+        raise ValueError(f"chunksize must be an int >= 1 or None, got chunksize={chunksize!r}")
+    if not iterables:
+        raise TypeError("map() needs at least one iterable")
+    workers = max(1, backend.n)
+    try:
+        total = min(len(it) for it in iterables)
+    except TypeError:
+        total = None
+    cap = MAX_BATCH if total is None else max(1, min(MAX_BATCH, -(-total // (4 * workers))))
+    items = zip(*iterables)
+    runner = _batch_runner(fn)
+    return _generate(backend, runner, items, ordered, chunksize, cap, 2 * workers + 2)
+
+
+def _generate(backend, runner, items, ordered, chunksize, cap, window):
+    size = chunksize or 1
+    inflight: deque = deque()
+    pending: set = set()
+    exhausted = False
+    per_item = None
+    try:
+        while True:
+            while not exhausted and len(inflight) < window:
+                batch = list(itertools.islice(items, size))
+                if not batch:
+                    exhausted = True
+                    break
+                fut = backend.submit(runner, (batch,), {})
+                inflight.append(fut)
+                pending.add(fut)
+            if not inflight:
+                return
+            if ordered:
+                fut = inflight.popleft()
+            else:
+                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                fut = done.pop()
+                inflight.remove(fut)
+            pending.discard(fut)
+            results, elapsed = fut.result()
+            if chunksize is None and results:
+                sample = elapsed / len(results)
+                per_item = sample if per_item is None else 0.7 * per_item + 0.3 * sample
+                size = max(1, min(cap, int(TARGET_S / max(per_item, 1e-9))))
+            yield from results
+    finally:
+        for fut in inflight:
+            fut.cancel()

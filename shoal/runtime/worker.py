@@ -1,0 +1,584 @@
+"""The worker loop: private deque, help-first joins, stealing by request.
+
+One worker process per CPU (``python -m shoal.runtime.worker SPEC``), started by
+a backend with the shared ring segment and doorbells passed as inherited fds.
+Endpoint 0 is the driver; workers are endpoints 1..N.  Every ordered pair of
+endpoints has its own SPSC ring, so nothing here ever takes a lock.
+
+Loop (``Worker.run``)::
+
+    poll inboxes ─► messages: TASK (driver work, kept serialized) → deque left end,
+       │            STEAL → answer with the oldest half of the deque (LOOT),
+       │            RESULT of a task I lent out → finish its local future, ...
+    deque non-empty? ─► pop newest, run it  (spawned children go on the right end)
+    else steal ─► send STEAL to the next victim (same NUMA node first, seeded order),
+       │          at most one request in flight; answers arrive as LOOT messages
+    else park on the doorbell (no CPU) until a message or a busy peer's wake-up.
+
+Invariants:
+* The deque belongs to this process only; thieves never touch it.  They ask,
+  and this loop answers *between tasks* (and every 32 spawns), giving the
+  oldest tasks (the biggest subtrees) and keeping the newest (cache-warm).
+* A spawned task stays a Python object until it is stolen; only then is it
+  pickled (``_serialize``).  That is what keeps ``spawn`` + run in microseconds.
+* Every task has an owner endpoint (in its id) that receives the result.  An
+  owner remembers each task it lent out (``lent``) until the result comes
+  back; a victim that hands away somebody else's task tells that owner where
+  it went (``MOVED``).  When the driver announces a dead worker (``DIED``),
+  owners re-run what they had lent to it, so nothing is lost; a task may then
+  run twice, but its future is finished once.
+* ``status`` (shared memory) lists the driver tasks this worker is running
+  (nested by help-first joins), so the driver knows, after a crash, which
+  tasks were running (fail or retry) and which were only queued (resubmit).
+
+Rejected: a shared deque with CAS (Chase-Lev) — needs atomics on Python
+objects across processes; random stealing without locality; blocking joins
+(deadlock with few workers); a thread per worker for steal answers (the GIL
+would serialize it with the tasks anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import deque
+
+from ..queues import RingMatrix
+from . import context, policy, wire
+from .future import Future, set_local_exception, set_local_result
+from .mailbox import Inbox, Outbox
+from .trace import Tracer
+from .wire import Flag, Kind
+
+_PENDING = "PENDING"
+_POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
+_WAKE_MSG = bytes((Kind.WAKE,))
+
+
+class Scope:
+    """Cancellation scope of a running task: its children check it before they run."""
+
+    __slots__ = ("cancelled", "parent")
+
+    def __init__(self, parent):
+        self.cancelled = False
+        self.parent = parent
+
+    def is_cancelled(self) -> bool:
+        s = self
+        while s is not None:
+            if s.cancelled:
+                return True
+            s = s.parent
+        return False
+
+
+class LocalTask:
+    """A task spawned here, still a Python object (worker thread only)."""
+
+    __slots__ = ("fn", "args", "kwargs", "future", "scope", "pinned")
+
+    def __init__(self, fn, args, kwargs, future, scope, pinned):
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.future = future
+        self.scope = scope
+        self.pinned = pinned  # has unresolved future arguments: never lent out
+
+
+class WireTask:
+    """A serialized task (from the driver, or stolen): kept as bytes until it runs."""
+
+    __slots__ = ("msg", "task_id", "pinned")
+
+    def __init__(self, msg: bytes, task_id: int):
+        self.msg = msg
+        self.task_id = task_id
+        self.pinned = False
+
+
+def has_futures(obj, depth: int = 0) -> bool:
+    """Whether ``obj`` holds a shoal Future (also inside lists, tuples, dicts)."""
+    t = type(obj)
+    if t is Future:
+        return True
+    if depth < 4:
+        if t is list or t is tuple:
+            return any(has_futures(x, depth + 1) for x in obj)
+        if t is dict:
+            return any(has_futures(v, depth + 1) for v in obj.values())
+    return isinstance(obj, Future)
+
+
+def resolve_futures(obj, depth: int = 0):
+    """Replace each Future in ``obj`` by its result (waits; errors propagate)."""
+    t = type(obj)
+    if isinstance(obj, Future):
+        return obj.result()
+    if depth < 4:
+        if t is list:
+            return [resolve_futures(x, depth + 1) for x in obj]
+        if t is tuple:
+            return tuple(resolve_futures(x, depth + 1) for x in obj)
+        if t is dict:
+            return {k: resolve_futures(v, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+class Worker:
+    """One worker's event loop (the worker process's main thread only)."""
+
+    def __init__(self, spec: dict, matrix: RingMatrix):
+        self.ep: int = spec["endpoint"]
+        self.gen: int = spec["generation"]
+        self.cpu: int = spec["cpu"]
+        self.node: int = spec["node"]
+        self.lifeline: int = spec["lifeline"]
+        self.node_of: list[int] = spec["node_of"]  # per worker index (endpoint - 1)
+        n = matrix.n
+        self.matrix = matrix
+        self.inboxes = [(src, Inbox(matrix.ring(src, self.ep))) for src in range(n) if src != self.ep]
+        self.out = {dst: Outbox(matrix.ring(self.ep, dst), matrix.doorbell(dst)) for dst in range(n) if dst != self.ep}
+        self.doorbell = matrix.doorbell(self.ep)
+        self.status = matrix.status(self.ep)
+        self.deque: deque = deque()
+        self.fns: dict[int, object] = {}  # fn id -> function (from the driver's DEFINE)
+        self.fn_ids: dict[int, int] = {}  # id(function) -> fn id
+        self.inline: dict[int, tuple] = {}  # id(fn) -> (fn, None) for worker-made functions
+        self.undefined: list = []  # WireTasks waiting for a DEFINE
+        self.lent: dict[int, list] = {}  # my task id -> [LocalTask, thief, generation]
+        self.dead: dict[int, int] = {}  # endpoint -> newest dead generation
+        self.cancelled: set[int] = set()  # ids of serialized tasks to drop
+        self.running_scopes: dict[int, Scope] = {}
+        self.any_cancel = False
+        self.scope: Scope | None = None
+        self.seq = 0
+        self.stop = False
+        rng = random.Random(spec["seed"] * 1_000_003 + self.ep)
+        order = policy.victim_order(self.ep - 1, self.node_of, rng)
+        self.victims = [v + 1 for v in order]
+        self.victim_cursor = 0
+        self.steal_pending: int | None = None
+        self.c = dict.fromkeys(
+            (
+                "tasks_run", "spawned", "steal_requests_sent", "steal_requests_answered",
+                "steal_requests_failed", "stolen_local", "stolen_remote", "tasks_given",
+                "steal_answers_given", "messages_in", "messages_out",
+            ),
+            0,
+        )
+        self.idle_s = 0.0
+        self.started = time.perf_counter()
+        self.tracer = Tracer(self.ep) if spec.get("trace") else None
+
+    # -- spawning (called from tasks through shoal.spawn) ------------------------------
+
+    def spawn(self, fn, args: tuple, kwargs: dict) -> Future:
+        self.seq += 1
+        fut = Future.local((self.ep << wire.OWNER_SHIFT) | self.seq)
+        pinned = (bool(args) and has_futures(args)) or (bool(kwargs) and has_futures(kwargs))
+        fut._canceller = self.cancel_local
+        deq = self.deque
+        deq.append(LocalTask(fn, args, kwargs, fut, self.scope, pinned))
+        c = self.c
+        c["spawned"] += 1
+        if not c["spawned"] % _POLL_EVERY:
+            self.poll()
+            if len(deq) > 1:
+                self.wake_sleepers()
+        elif len(deq) == 2:
+            self.wake_sleepers()
+        return fut
+
+    def wake_sleepers(self) -> None:
+        """Tell one parked peer that there is work here to steal."""
+        for dst, box in self.out.items():
+            if dst and box.doorbell.sleeping:
+                self.send(dst, _WAKE_MSG)
+                return
+
+    def cancel_local(self, fut: Future) -> None:
+        """A spawned future was cancelled: so are the children of its task."""
+        self.any_cancel = True
+        scope = getattr(fut, "_scope", None)
+        if scope is not None:
+            scope.cancelled = True
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        context.worker = self
+        deq = self.deque
+        while not self.stop:
+            if self.poll():
+                continue
+            if deq:
+                self.run_task(deq.pop())
+            elif not self.steal():
+                self.park()
+
+    def help_until(self, fut: Future, timeout: float | None = None) -> None:
+        """Run other tasks until ``fut`` is done (help-first join): worker thread only."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        deq = self.deque
+        while not fut.done():
+            if self.stop:
+                raise RuntimeError("the worker is shutting down")
+            if self.poll():
+                continue
+            if deq:
+                self.run_task(deq.pop())
+            elif not self.steal():
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"task {fut.task_id:#x} not done after {timeout} s")
+                    self.park(min(left, 0.05))
+                else:
+                    self.park()
+
+    def park(self, timeout: float | None = None) -> None:
+        if any(box.pending for box in self.out.values()):
+            timeout = 0.001 if timeout is None else min(timeout, 0.001)
+        t0 = time.perf_counter()
+        woke = self.doorbell.park(self.readable, timeout, (self.lifeline,))
+        t1 = time.perf_counter()
+        self.idle_s += t1 - t0
+        if self.tracer is not None:
+            self.tracer.span("idle", t0, t1, cat="idle")
+        if woke:
+            os._exit(0)  # the driver is gone (lifeline at EOF)
+
+    def readable(self) -> bool:
+        for _, box in self.inboxes:
+            if box.ring.readable():
+                return True
+        return False
+
+    def poll(self) -> bool:
+        got = False
+        for src, box in self.inboxes:
+            if box.ring.readable():
+                msgs = box.receive()
+                if msgs:
+                    got = True
+                    self.c["messages_in"] += len(msgs)
+                    for m in msgs:
+                        self.handle(src, m)
+        for box in self.out.values():
+            if box.pending:
+                box.flush()
+        return got
+
+    def send(self, dst: int, msg: bytes) -> None:
+        self.c["messages_out"] += 1
+        self.out[dst].send(msg)
+
+    # -- messages ----------------------------------------------------------------------
+
+    def handle(self, src: int, msg: bytes) -> None:
+        kind = msg[0]
+        if kind == Kind.TASK:
+            _, _, tid = wire.decode_task_header(msg)
+            self.deque.appendleft(WireTask(msg, tid))
+        elif kind == Kind.RESULT:
+            self.on_result(msg)
+        elif kind == Kind.DEFINE:
+            fn_id, fn = wire.decode_define(msg)
+            self.fns[fn_id] = fn
+            self.fn_ids[id(fn)] = fn_id
+            if self.undefined:
+                waiting, self.undefined = self.undefined, []
+                self.deque.extend(waiting)
+        elif kind == Kind.STEAL:
+            thief, gen = wire.decode_control(msg)
+            self.answer_steal(thief, gen)
+        elif kind == Kind.LOOT:
+            self.on_loot(*wire.decode_control(msg))
+        elif kind == Kind.MOVED:
+            thief, gen, ids = wire.decode_control(msg)
+            for tid in ids:
+                entry = self.lent.get(tid)
+                if entry is not None:
+                    entry[1], entry[2] = thief, gen
+                    if self.dead.get(thief, -1) >= gen:
+                        self.rerun(tid)
+        elif kind == Kind.CANCEL:
+            self.on_cancel(wire.decode_control(msg))
+        elif kind == Kind.DIED:
+            ep, gen = wire.decode_control(msg)
+            self.on_died(ep, gen)
+        elif kind == Kind.STATS:
+            self.send(0, wire.encode_control(Kind.STATS, self.stats()))
+        elif kind == Kind.WAKE:
+            self.victim_cursor = 0  # a peer has work: start a new round of steal requests
+        elif kind == Kind.SHUTDOWN:
+            self.stop = True
+
+    def on_result(self, msg: bytes) -> None:
+        tid, ok, value = wire.decode_result(msg)
+        entry = self.lent.pop(tid, None)
+        if entry is None:
+            return  # a duplicate after a re-run, or for a predecessor of this endpoint
+        fut = entry[0].future
+        (set_local_result if ok else set_local_exception)(fut, value)
+
+    def deliver(self, tid: int, msg: bytes) -> None:
+        owner = tid >> wire.OWNER_SHIFT
+        if owner == self.ep:
+            self.on_result(msg)  # my own task came back to me through thieves
+        else:
+            self.send(owner, msg)
+
+    def on_cancel(self, ids) -> None:
+        self.any_cancel = True
+        for tid in ids:
+            scope = self.running_scopes.get(tid)
+            if scope is not None:
+                scope.cancelled = True
+            else:
+                self.cancelled.add(tid)
+        if len(self.cancelled) > 100_000:
+            self.cancelled.clear()  # ids of tasks long gone; bound the memory
+        # forward to thieves: lent tasks whose scope is now cancelled
+        by_thief: dict[int, list] = {}
+        for tid, (task, thief, _gen) in self.lent.items():
+            if task.scope is not None and task.scope.is_cancelled():
+                by_thief.setdefault(thief, []).append(tid)
+        for thief, tids in by_thief.items():
+            self.send(thief, wire.encode_control(Kind.CANCEL, tids))
+
+    def on_died(self, ep: int, gen: int) -> None:
+        self.dead[ep] = max(gen, self.dead.get(ep, -1))
+        for tid in [t for t, e in self.lent.items() if e[1] == ep and e[2] <= gen]:
+            self.rerun(tid)
+        if self.steal_pending == ep:
+            self.steal_pending = None
+        # a half-sent fragmented message to the dead endpoint stays in the ring for
+        # its replacement, which drops it; nothing else to do here
+
+    def rerun(self, tid: int) -> None:
+        task = self.lent.pop(tid)[0]
+        if task.future._state == _PENDING:
+            self.deque.append(task)
+
+    # -- stealing ----------------------------------------------------------------------
+
+    def steal(self) -> bool:
+        """Ask the next victim for work; False once every victim was asked this round."""
+        if self.steal_pending is not None:
+            return False  # an answer is on its way; park until it arrives
+        if self.victim_cursor >= len(self.victims):
+            return False
+        victim = self.victims[self.victim_cursor]
+        self.victim_cursor += 1
+        self.steal_pending = victim
+        self.c["steal_requests_sent"] += 1
+        self.send(victim, wire.encode_control(Kind.STEAL, [self.ep, self.gen]))
+        return True
+
+    def answer_steal(self, thief: int, gen: int) -> None:
+        deq = self.deque
+        give = len(deq) // 2
+        loot, moved, keep = [], {}, []
+        while give > 0 and deq:
+            task = deq.popleft()
+            if task.pinned:
+                keep.append(task)
+                continue
+            msg = self._serialize(task, thief, gen)
+            if msg is None:
+                keep.append(task)
+                continue
+            give -= 1
+            loot.append(msg)
+            owner = (task.task_id if type(task) is WireTask else task.future.task_id) >> wire.OWNER_SHIFT
+            if owner != self.ep:
+                moved.setdefault(owner, []).append(task.task_id)
+        deq.extendleft(reversed(keep))
+        self.send(thief, wire.encode_control(Kind.LOOT, [self.ep, loot]))
+        self.c["steal_answers_given"] += 1
+        self.c["tasks_given"] += len(loot)
+        for owner, ids in moved.items():
+            self.send(owner, wire.encode_control(Kind.MOVED, [thief, gen, ids]))
+        if self.tracer is not None and loot:
+            self.tracer.instant(f"gave {len(loot)} to w{thief}", cat="steal")
+
+    def _serialize(self, task, thief: int, gen: int):
+        if type(task) is WireTask:
+            return task.msg
+        fut = task.future
+        if fut._state != _PENDING:
+            return None
+        fn = task.fn
+        fn_id = self.fn_ids.get(id(fn))
+        try:
+            if fn_id is not None:
+                payload = wire.dump_args(task.args, task.kwargs, "a spawned task")
+                msg = wire.encode_task(fut.task_id, fn_id, 0, payload)
+            else:
+                payload = wire.dump_inline(fn, task.args, task.kwargs, "a spawned task")
+                msg = wire.encode_task(fut.task_id, 0, Flag.INLINE_FN, payload)
+        except Exception:
+            return None  # unpicklable: it simply stays here
+        self.lent[fut.task_id] = [task, thief, gen]
+        return msg
+
+    def on_loot(self, victim: int, msgs: list) -> None:
+        if victim != self.steal_pending:
+            # a late answer from a victim we gave up on (it died and came back): keep the work
+            pass
+        else:
+            self.steal_pending = None
+        if not msgs:
+            self.c["steal_requests_failed"] += 1
+            return
+        self.c["steal_requests_answered"] += 1
+        local = self.node_of[victim - 1] == self.node
+        self.c["stolen_local" if local else "stolen_remote"] += len(msgs)
+        self.victim_cursor = 0
+        for m in reversed(msgs):
+            self.deque.append(WireTask(m, wire.decode_task_header(m)[2]))
+        if self.tracer is not None:
+            self.tracer.instant(f"stole {len(msgs)} from w{victim}", cat="steal")
+
+    # -- running -----------------------------------------------------------------------
+
+    def run_task(self, task) -> None:
+        if type(task) is LocalTask:
+            self.run_local(task)
+        else:
+            self.run_wire(task)
+
+    def run_local(self, task: LocalTask) -> None:
+        fut = task.future
+        if fut._state != _PENDING:
+            return  # cancelled while waiting
+        if self.any_cancel and task.scope is not None and task.scope.is_cancelled():
+            fut.cancel()
+            return
+        outer = self.scope
+        self.scope = fut._scope = Scope(task.scope)
+        tracer = self.tracer
+        t0 = time.perf_counter() if tracer is not None else 0.0
+        try:
+            args, kwargs = task.args, task.kwargs
+            if task.pinned:
+                args, kwargs = resolve_futures(args), resolve_futures(kwargs)
+            value = task.fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - everything travels to the waiter
+            set_local_exception(fut, exc)
+        else:
+            set_local_result(fut, value)
+        finally:
+            self.scope = outer
+        self.c["tasks_run"] += 1
+        if tracer is not None:
+            tracer.span(getattr(task.fn, "__name__", "task"), t0, time.perf_counter())
+
+    def run_wire(self, task: WireTask) -> None:
+        msg, tid = task.msg, task.task_id
+        if self.cancelled and tid in self.cancelled:
+            self.cancelled.discard(tid)
+            return
+        flags, fn_id, _ = wire.decode_task_header(msg)
+        body = memoryview(msg)[wire.TASK_HDR.size:]
+        if flags & Flag.INLINE_FN:
+            fn = None
+        else:
+            fn = self.fns.get(fn_id)
+            if fn is None:
+                self.undefined.append(task)  # its DEFINE is still on the way from the driver
+                return
+        driver_task = tid >> wire.OWNER_SHIFT == 0
+        if flags & Flag.TIMED:
+            self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
+        status = self.status
+        if driver_task:
+            depth = status[0]
+            if depth < RingMatrix.STATUS_WORDS - 1:
+                status[depth + 1] = tid
+            status[0] = depth + 1
+        scope = Scope(self.scope)
+        self.running_scopes[tid] = scope
+        outer = self.scope
+        self.scope = scope
+        tracer = self.tracer
+        t0 = time.perf_counter() if tracer is not None else 0.0
+        try:
+            if fn is None:
+                fn, args, kwargs = wire.pickle.loads(body)
+            else:
+                args, kwargs = wire.pickle.loads(body)
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            result = wire.encode_error(tid, exc)
+        else:
+            result = wire.encode_result(tid, value)
+        finally:
+            self.scope = outer
+            del self.running_scopes[tid]
+            if driver_task:
+                status[0] -= 1
+        self.c["tasks_run"] += 1
+        if tracer is not None:
+            tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
+        self.deliver(tid, result)
+
+    # -- reporting ---------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        out = dict(self.c)
+        out.update(
+            worker=self.ep, cpu=self.cpu, node=self.node, pid=os.getpid(),
+            generation=self.gen, queued=len(self.deque), idle_s=round(self.idle_s, 6),
+            uptime_s=round(time.perf_counter() - self.started, 6),
+        )
+        return out
+
+
+def _watch_lifeline(fd: int) -> None:
+    """Exit the moment the driver is gone, even while a task runs (daemon thread)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    while True:
+        if poller.poll():
+            os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    try:
+        os.sched_setaffinity(0, {spec["real_cpu"]})
+    except (AttributeError, OSError, ValueError):
+        pass
+    threading.Thread(target=_watch_lifeline, args=(spec["lifeline"],), daemon=True).start()
+    matrix = RingMatrix.attach(spec["rings"])
+    worker = Worker(spec, matrix)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 200_000))
+    threading.stack_size(512 * 1024 * 1024)  # deep help-first joins nest Python frames
+    runner = threading.Thread(target=worker.run, name=f"shoal-worker-{worker.ep}")
+    runner.start()
+    runner.join()
+    if worker.tracer is not None:
+        worker.tracer.dump(f"{spec['trace']}.w{worker.ep}")
+    for box in worker.out.values():
+        for _ in range(1000):
+            if box.flush():
+                break
+            time.sleep(0.001)
+    os._exit(0)  # skip interpreter teardown: views into the segment die with us
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -47,7 +47,7 @@ import threading
 import time
 import types
 
-from .._errors import PilotClosed, TaskTimeout, WorkerLost
+from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import trace as tracing
@@ -155,6 +155,7 @@ class LocalBackend:
             "lifeline": self.lifeline_r,
             "rings": self.matrix.spec(),
             "trace": self.trace_path,
+            "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
         }
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_root(), env.get("PYTHONPATH")] if p)
@@ -235,7 +236,10 @@ class LocalBackend:
         if (args and has_futures(args)) or (kwargs and has_futures(kwargs)):
             self._submit_later(fut, fn, args, kwargs, retries, timeout)
         else:
-            self._submit_now(fut, fn, args, kwargs, retries, timeout)
+            try:
+                self._submit_now(fut, fn, args, kwargs, retries, timeout)
+            except SerializationError as exc:
+                fut.set_exception(exc)  # the error belongs to this task, not to the caller's loop
         return fut
 
     def _submit_now(self, fut, fn, args, kwargs, retries, timeout) -> None:

@@ -1,0 +1,82 @@
+"""Shared fixtures: a leak check around every test, and small helpers.
+
+The leak check (ARCHITECTURE.md "Testing habits") fails a test that leaves
+behind a child process, a shoal thread, a /dev/shm entry or open file
+descriptors.  Children get a grace period to exit (pilots shut down
+asynchronously only in error paths).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+faulthandler.enable()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def _shoal_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("shoal")}
+
+
+@pytest.fixture(autouse=True)
+def leak_check(request):
+    if request.node.get_closest_marker("no_leak_check"):
+        yield
+        return
+    children, shm, fds, threads = _children(), _shm(), _fds(), _shoal_threads()
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        extra = _children() - children
+        if not extra and not (_shoal_threads() - threads):
+            break
+        time.sleep(0.05)
+    extra = _children() - children
+    leftover = []
+    for pid in extra:
+        try:
+            leftover.append(" ".join(psutil.Process(pid).cmdline())[:120])
+        except psutil.Error:
+            pass
+    assert not leftover, f"test left child processes behind: {leftover}"
+    assert not (_shoal_threads() - threads), f"test left threads: {_shoal_threads() - threads}"
+    new_shm = {n for n in _shm() - shm if n.startswith(("psm_", "shoal", "wnsm_"))}
+    assert not new_shm, f"test left /dev/shm segments: {new_shm}"
+    assert _fds() <= fds + 2, f"test leaked file descriptors: {fds} before, {_fds()} after"
+
+
+def run_script(code: str, timeout: float = 60, env: dict | None = None):
+    """Run ``code`` as a __main__ script in a fresh interpreter; returns CompletedProcess."""
+    import subprocess
+
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, full_env.get("PYTHONPATH")] if p)
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)

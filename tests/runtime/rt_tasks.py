@@ -1,0 +1,160 @@
+"""Task functions used by the runtime tests (module-level, so workers import them)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import shoal
+
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b=0):
+    return a + b
+
+
+def total(xs):
+    return sum(xs)
+
+
+def mapping_sum(d):
+    return sum(d.values())
+
+
+def boom(msg="boom"):
+    raise ValueError(msg)
+
+
+def sleep(s):
+    time.sleep(s)
+    return s
+
+
+def pid():
+    return os.getpid()
+
+
+def die(how):
+    if how == "exit":
+        os._exit(3)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "segfault":
+        ctypes.string_at(0)
+    raise AssertionError(how)
+
+
+def die_once(marker):
+    """Die the first time (marker file absent), succeed after."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(5)
+    return "survived"
+
+
+def fail_until(marker, n):
+    """Raise until called n times (counts in a file)."""
+    count = int(open(marker).read()) if os.path.exists(marker) else 0
+    with open(marker, "w") as f:
+        f.write(str(count + 1))
+    if count + 1 < n:
+        raise RuntimeError(f"attempt {count + 1}")
+    return count + 1
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("no pickling for you")
+
+
+def unpicklable_result():
+    return Unpicklable()
+
+
+def where():
+    return shoal.current_worker()
+
+
+# -- nested tasks -------------------------------------------------------------------
+
+def sfib(n):
+    return n if n < 2 else sfib(n - 1) + sfib(n - 2)
+
+
+def fib(n, cutoff=10):
+    if n < cutoff:
+        return sfib(n)
+    a = shoal.spawn(fib, n - 1, cutoff)
+    b = fib(n - 2, cutoff)
+    return a.result() + b
+
+
+def quicksort(xs, cutoff=64):
+    if len(xs) <= cutoff:
+        return sorted(xs)
+    pivot = xs[len(xs) // 2]
+    lo = [x for x in xs if x < pivot]
+    mid = [x for x in xs if x == pivot]
+    hi = [x for x in xs if x > pivot]
+    left = shoal.spawn(quicksort, lo, cutoff)
+    right = quicksort(hi, cutoff)
+    return left.result() + mid + right
+
+
+def tree_sum(depth, fanout):
+    if depth == 0:
+        return 1
+    kids = [shoal.spawn(tree_sum, depth - 1, fanout) for _ in range(fanout)]
+    return 1 + sum(k.result() for k in kids)
+
+
+def chain(depth):
+    """A path of nested tasks, each joining its only child: depth levels of help-first joins."""
+    if depth == 0:
+        return 0
+    return shoal.spawn(chain, depth - 1).result() + 1
+
+
+def child_fails():
+    f = shoal.spawn(boom, "child failed")
+    return f.result()
+
+
+def spawn_many_and_sleep(n, s):
+    futs = [shoal.spawn(sleep, s) for _ in range(n)]
+    return sum(f.result() for f in futs)
+
+
+def spawn_with_future_arg():
+    a = shoal.spawn(add, 1, 2)
+    b = shoal.spawn(add, a, b=10)  # a future as an argument inside a task
+    return b.result()
+
+
+def empty():
+    return None
+
+
+def empty_children(n):
+    futs = [shoal.spawn(empty) for _ in range(n)]
+    for f in futs:
+        f.result()
+    return n
+
+
+def busy_spawner(n, work):
+    """One task producing lots of stealable work for the other workers."""
+    futs = [shoal.spawn(spin, work) for _ in range(n)]
+    return [f.result() for f in futs]
+
+
+def spin(k):
+    x = 0
+    for i in range(k):
+        x += i
+    return shoal.current_worker().id

@@ -1,0 +1,156 @@
+"""Starting, closing and leaking: pilots must leave nothing behind, whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+
+import psutil
+import pytest
+import rt_tasks as t
+from conftest import run_script
+
+import shoal
+
+
+def test_bad_worker_counts():
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="workers"):
+            shoal.Pilot(workers=bad)
+    with pytest.raises(TypeError, match="workers"):
+        shoal.Pilot(workers="2")
+    with pytest.raises(ValueError, match="backend"):
+        shoal.Pilot(backend="nope")
+
+
+def test_close_waits_by_default():
+    pilot = shoal.Pilot(workers=2)
+    futs = [pilot.submit(t.sleep, 0.05) for _ in range(6)]
+    pilot.close()
+    assert all(f.done() and f.result() == 0.05 for f in futs)
+    with pytest.raises(shoal.PilotClosed):
+        pilot.submit(t.inc, 1)
+    with pytest.raises(shoal.PilotClosed):
+        pilot.map(t.inc, [1])
+    pilot.close()  # idempotent
+
+
+def test_close_cancel_pending():
+    pilot = shoal.Pilot(workers=1)
+    futs = [pilot.submit(t.sleep, 0.2) for _ in range(10)]
+    pilot.close(cancel_pending=True)
+    assert any(f.cancelled() for f in futs)
+
+
+def test_exception_in_with_body_cleans_up():
+    with pytest.raises(RuntimeError, match="user error"):
+        with shoal.Pilot(workers=2) as pilot:
+            pilot.submit(t.sleep, 5)
+            raise RuntimeError("user error")
+    # the leak check fixture verifies that no worker survived
+
+
+def test_default_workers_follow_usable_cpus():
+    with shoal.Pilot() as pilot:
+        assert pilot.workers == len(shoal.topology().usable_cpus)
+        assert pilot.submit(t.inc, 1).result(30) == 2
+
+
+def test_synthetic_topology_pins_and_groups():
+    with shoal.Pilot(workers=4, topology="2x2") as pilot:
+        infos = {pilot.submit(t.where).result(30).id: None for _ in range(1)}
+        assert infos
+        nodes = sorted((w["worker"], w["node"]) for w in pilot.stats()["workers"])
+        assert nodes == [(1, 0), (2, 0), (3, 1), (4, 1)]
+
+
+def test_functions_defined_in_main_script():
+    code = textwrap.dedent("""
+        import shoal
+        def square(x):
+            return x * x
+        if __name__ == "__main__":
+            with shoal.Pilot(workers=2) as p:
+                print(p.submit(square, 7).result(30), sum(p.map(lambda x: x + 1, range(10))))
+    """)
+    out = run_script(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["49", "55"]
+
+
+def test_driver_with_threads_running():
+    """Works while the driver runs other threads (e.g. a dask Client's event loop)."""
+    import threading
+
+    stop = threading.Event()
+    spinners = [threading.Thread(target=lambda: [time.sleep(0.001) for _ in iter(stop.is_set, True)])
+                for _ in range(3)]
+    for s in spinners:
+        s.start()
+    try:
+        with shoal.Pilot(workers=2) as pilot:
+            assert sum(pilot.map(t.inc, range(1000))) == sum(range(1, 1001))
+    finally:
+        stop.set()
+        for s in spinners:
+            s.join()
+
+
+def test_with_dask_client_in_driver():
+    distributed = pytest.importorskip("distributed")
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=1,
+                            dashboard_address=None) as client:
+        assert client.submit(lambda: 1).result() == 1
+        with shoal.Pilot(workers=2) as pilot:
+            assert pilot.submit(t.inc, 1).result(30) == 2
+
+
+def test_idle_pilot_uses_no_cpu():
+    with shoal.Pilot(workers=2) as pilot:
+        pilot.submit(t.inc, 1).result(30)
+        pids = [w["pid"] for w in pilot.stats()["workers"]]
+        time.sleep(0.3)  # let workers finish spinning and park
+        procs = [psutil.Process(p) for p in pids]
+        before = [sum(p.cpu_times()[:2]) for p in procs]
+        time.sleep(1.0)
+        after = [sum(p.cpu_times()[:2]) for p in procs]
+        used = [a - b for a, b in zip(after, before)]
+        assert all(u < 0.1 for u in used), f"idle workers used {used} CPU seconds in 1 s"
+
+
+@pytest.mark.no_leak_check
+def test_driver_sigkill_leaves_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = textwrap.dedent("""
+        import os, sys, time, shoal
+        def wpid():
+            return os.getpid()
+        p = shoal.Pilot(workers=2)
+        pids = {p.submit(wpid).result(30) for _ in range(50)}
+        p.submit(time.sleep, 60)
+        print(" ".join(map(str, pids)), flush=True)
+        time.sleep(60)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert pids, "the script printed no worker pids"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+            time.sleep(0.05)
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        assert not alive, f"workers {alive} outlived their SIGKILLed driver"
+        assert set(os.listdir("/dev/shm")) - shm_before == set()
+    finally:
+        proc.kill()
+        proc.stdout.close()

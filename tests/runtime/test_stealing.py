@@ -1,0 +1,126 @@
+"""Nested tasks and work stealing: spawn, help-first joins, NUMA-ordered victims, tracing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import rt_tasks as t
+
+import shoal
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1worker", "2workers"])
+def pilot(request):
+    with shoal.Pilot(workers=request.param) as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def leak_check():
+    yield
+
+
+def test_fib(pilot):
+    assert pilot.submit(t.fib, 22, 8).result(60) == t.sfib(22)
+
+
+def test_quicksort(pilot):
+    rng = random.Random(7)
+    xs = [rng.randrange(10_000) for _ in range(5000)]
+    assert pilot.submit(t.quicksort, xs, 32).result(60) == sorted(xs)
+
+
+def test_tree_sum(pilot):
+    assert pilot.submit(t.tree_sum, 6, 4).result(60) == sum(4**d for d in range(7))
+
+
+def test_deep_chain_of_joins(pilot):
+    assert pilot.submit(t.chain, 1000).result(60) == 1000
+
+
+def test_more_waiting_tasks_than_workers(pilot):
+    futs = [pilot.submit(t.tree_sum, 4, 3) for _ in range(12)]
+    assert [f.result(60) for f in futs] == [sum(3**d for d in range(5))] * 12
+
+
+def test_child_exception_reaches_parent(pilot):
+    with pytest.raises(ValueError, match="child failed"):
+        pilot.submit(t.child_fails).result(60)
+
+
+def test_future_arguments_inside_tasks(pilot):
+    assert pilot.submit(t.spawn_with_future_arg).result(60) == 13
+
+
+def test_spawn_outside_a_task_submits(pilot):
+    assert shoal.spawn(t.inc, 1).result(30) == 2
+
+
+def test_cancelling_parent_cancels_pending_children(pilot):
+    fut = pilot.submit(t.spawn_many_and_sleep, 400, 0.01)
+    import time
+
+    time.sleep(0.2)
+    assert fut.cancel()
+    before = sum(w["tasks_run"] for w in pilot.stats()["workers"])
+    time.sleep(0.5)
+    after = sum(w["tasks_run"] for w in pilot.stats()["workers"])
+    # 400 children of 10 ms would need 2-4 s; cancelled ones are dropped, not run
+    assert after - before < 100, f"{after - before} children ran after their parent was cancelled"
+
+
+def test_spawn_requires_callable(pilot):
+    with pytest.raises(TypeError, match="callable"):
+        shoal.spawn(3)
+
+
+def _steal_stats(workers, spec):
+    with shoal.Pilot(workers=workers, topology=spec, seed=3) as pilot:
+        ids = pilot.submit(t.busy_spawner, 400, 20_000).result(120)
+        return ids, pilot.stats()["workers"]
+
+
+@pytest.mark.parametrize("workers,spec", [(2, "2x1"), (4, "2x2")])
+def test_same_node_victims_first(workers, spec):
+    ids, stats = _steal_stats(workers, spec)
+    assert len(ids) == 400
+    node = {w["worker"]: w["node"] for w in stats}
+    assert sum(w["stolen_local"] + w["stolen_remote"] for w in stats) > 0, "nobody stole anything"
+    for w in stats:
+        tried = w["victims_tried"]
+        peers_same = [p for p in node if p != w["worker"] and node[p] == w["node"]]
+        if not tried:
+            continue
+        if peers_same:
+            # every round starts with the same-node peers; so does the first request
+            assert node[tried[0]] == w["node"], (w["worker"], tried)
+            assert w["steal_requests_local"] >= 1
+        else:
+            assert w["steal_requests_local"] == 0
+    if spec == "2x2":
+        assert any(w["stolen_local"] > 0 for w in stats), stats
+
+
+def test_results_identical_to_sequential_under_synthetic_topology():
+    with shoal.Pilot(workers=4, topology="2x2") as pilot:
+        assert pilot.submit(t.fib, 20, 6).result(60) == t.sfib(20)
+        rng = random.Random(1)
+        xs = [rng.random() for _ in range(3000)]
+        assert pilot.submit(t.quicksort, xs, 16).result(60) == sorted(xs)
+
+
+def test_trace_file(tmp_path):
+    path = tmp_path / "run.json"
+    with shoal.Pilot(workers=2, trace=str(path)) as pilot:
+        pilot.submit(t.busy_spawner, 200, 5000).result(60)
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    tracks = {e["tid"] for e in events if e.get("ph") == "X"}
+    assert tracks <= {1, 2} and tracks
+    names = {e["name"] for e in events if e.get("ph") == "M"}
+    assert "thread_name" in names
+    assert any(e.get("cat") == "task" for e in events)
+    assert any(e.get("cat") == "idle" for e in events)
+    assert not list(tmp_path.glob("run.json.w*")), "worker parts should be merged away"

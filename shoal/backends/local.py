@@ -57,7 +57,7 @@ from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
-from ..runtime.worker import has_futures, resolve_futures
+from ..runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS, has_futures, resolve_futures
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
@@ -176,9 +176,10 @@ class LocalBackend:
         self.deaths += 1
         self._drain_inboxes()  # results it sent before dying are not lost
         status = self.matrix.status(ep)
-        depth = status[0]
-        running = {status[i + 1] for i in range(min(depth, RingMatrix.STATUS_WORDS - 1))}
-        status[0] = 0
+        depth = status[STATUS_DEPTH]
+        running = {status[STATUS_RUNNING + i] for i in range(min(depth, STATUS_SLOTS))}
+        for i in range(RingMatrix.STATUS_WORDS):
+            status[i] = 0
         overran = self.timed_out.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1

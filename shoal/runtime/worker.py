@@ -56,6 +56,13 @@ from .trace import Tracer
 from .wire import Flag, Kind
 
 _PENDING = "PENDING"
+# Status cell words (shared memory, written by the worker only, read by the driver and thieves)
+STATUS_PID = 0  # the worker's pid, for SIGURG pokes
+STATUS_HUNGRY = 1  # 1 while the worker has asked every victim in vain and waits for a WAKE
+STATUS_DEPTH = 2  # how many driver tasks are running here (nested by help-first joins)
+STATUS_RUNNING = 3  # their ids, innermost last, up to STATUS_SLOTS
+STATUS_SLOTS = RingMatrix.STATUS_WORDS - STATUS_RUNNING
+POKE = signal.SIGURG  # ignored by default, so a stale pid can never be killed by it
 _POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
 _WAKE_MSG = bytes((Kind.WAKE,))
 _SPIN = 2000  # readable() checks (~50 ns each) before parking: saves two syscalls a message
@@ -159,6 +166,7 @@ class Worker:
         self.running_scopes: dict[int, Scope] = {}
         self.any_cancel = False
         self.scope: Scope | None = None
+        self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
         self.seq = 0
         self.stop = False
         rng = random.Random(spec["seed"] * 1_000_003 + self.ep)
@@ -183,6 +191,7 @@ class Worker:
     # -- spawning (called from tasks through shoal.spawn) ------------------------------
 
     def spawn(self, fn, args: tuple, kwargs: dict) -> Future:
+        in_user, self.in_user = self.in_user, False  # runtime code: no steal answers from signals
         self.seq += 1
         fut = Future.local((self.ep << wire.OWNER_SHIFT) | self.seq)
         pinned = (bool(args) and has_futures(args)) or (bool(kwargs) and has_futures(kwargs))
@@ -197,12 +206,14 @@ class Worker:
                 self.wake_sleepers()
         elif len(deq) == 2:
             self.wake_sleepers()
+        self.in_user = in_user
         return fut
 
     def wake_sleepers(self) -> None:
-        """Tell one parked peer that there is work here to steal."""
-        for dst, box in self.out.items():
-            if dst and box.doorbell.sleeping:
+        """Tell one hungry peer (it asked everybody in vain) that there is work here to steal."""
+        status = self.matrix.status
+        for dst in self.victims:
+            if status(dst)[STATUS_HUNGRY]:
                 self.send(dst, _WAKE_MSG)
                 return
 
@@ -230,21 +241,39 @@ class Worker:
         """Run other tasks until ``fut`` is done (help-first join): worker thread only."""
         deadline = None if timeout is None else time.monotonic() + timeout
         deq = self.deque
-        while not fut.done():
-            if self.stop:
-                raise RuntimeError("the worker is shutting down")
-            if self.poll():
-                continue
-            if deq:
-                self.run_task(deq.pop())
-            elif not self.steal():
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"task {fut.task_id:#x} not done after {timeout} s")
-                    self.park(min(left, 0.05))
-                else:
-                    self.park()
+        in_user, self.in_user = self.in_user, False
+        try:
+            while not fut.done():
+                if self.stop:
+                    raise RuntimeError("the worker is shutting down")
+                if self.poll():
+                    continue
+                if deq:
+                    self.run_task(deq.pop())
+                elif not self.steal():
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"task {fut.task_id:#x} not done after {timeout} s")
+                        self.park(min(left, 0.05))
+                    else:
+                        self.park()
+        finally:
+            self.in_user = in_user
+
+    def on_signal(self, signum, frame) -> None:
+        """A thief poked us (SIGURG) while a task runs: answer it now, not after the task.
+
+        Runs in the main thread between two bytecodes of the task.  Only when the
+        interrupted code is the user's (``in_user``) may it touch the worker's state;
+        if the loop itself was interrupted, it answers in a moment anyway.
+        """
+        if self.in_user:
+            self.in_user = False
+            try:
+                self.poll()
+            finally:
+                self.in_user = True
 
     def park(self, timeout: float | None = None) -> None:
         """Spin briefly (a new message is often microseconds away), then sleep on the doorbell."""
@@ -326,6 +355,7 @@ class Worker:
             self.send(0, wire.encode_control(Kind.STATS, self.stats()))
         elif kind == Kind.WAKE:
             self.victim_cursor = 0  # a peer has work: start a new round of steal requests
+            self.status[STATUS_HUNGRY] = 0
         elif kind == Kind.SHUTDOWN:
             self.stop = True
 
@@ -383,6 +413,12 @@ class Worker:
         if self.steal_pending is not None:
             return False  # an answer is on its way; park until it arrives
         if self.victim_cursor >= len(self.victims):
+            if self.victims and not self.status[STATUS_HUNGRY]:
+                # Announce hunger, then one more round: a peer that spawned work just
+                # before it could see the flag is asked once more.
+                self.status[STATUS_HUNGRY] = 1
+                self.victim_cursor = 0
+                return self.steal()
             return False
         victim = self.victims[self.victim_cursor]
         self.victim_cursor += 1
@@ -394,6 +430,13 @@ class Worker:
         if len(self.victims_tried) < 64:
             self.victims_tried.append(victim)
         self.send(victim, wire.encode_control(Kind.STEAL, [self.ep, self.gen]))
+        if not self.out[victim].doorbell.sleeping:
+            pid = self.matrix.status(victim)[STATUS_PID]
+            if pid:
+                try:
+                    os.kill(pid, POKE)  # the victim may be deep in a task: interrupt it
+                except OSError:
+                    pass  # gone; the driver will tell us (DIED)
         return True
 
     def answer_steal(self, thief: int, gen: int) -> None:
@@ -453,6 +496,7 @@ class Worker:
             self.c["steal_requests_failed"] += 1
             return
         self.c["steal_requests_answered"] += 1
+        self.status[STATUS_HUNGRY] = 0
         local = self.node_of[victim - 1] == self.node
         self.c["stolen_local" if local else "stolen_remote"] += len(msgs)
         self.victim_cursor = 0
@@ -484,12 +528,16 @@ class Worker:
             args, kwargs = task.args, task.kwargs
             if task.pinned:
                 args, kwargs = resolve_futures(args), resolve_futures(kwargs)
+            self.in_user = True
             value = task.fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything travels to the waiter
+            self.in_user = False
             set_local_exception(fut, exc)
         else:
+            self.in_user = False
             set_local_result(fut, value)
         finally:
+            self.in_user = False
             self.scope = outer
         self.c["tasks_run"] += 1
         if tracer is not None:
@@ -514,10 +562,10 @@ class Worker:
             self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
         status = self.status
         if driver_task:
-            depth = status[0]
-            if depth < RingMatrix.STATUS_WORDS - 1:
-                status[depth + 1] = tid
-            status[0] = depth + 1
+            depth = status[STATUS_DEPTH]
+            if depth < STATUS_SLOTS:
+                status[STATUS_RUNNING + depth] = tid
+            status[STATUS_DEPTH] = depth + 1
         scope = Scope(self.scope)
         self.running_scopes[tid] = scope
         outer = self.scope
@@ -529,16 +577,20 @@ class Worker:
                 fn, args, kwargs = wire.pickle.loads(body)
             else:
                 args, kwargs = wire.pickle.loads(body)
+            self.in_user = True
             value = fn(*args, **kwargs)
+            self.in_user = False
         except BaseException as exc:  # noqa: BLE001
+            self.in_user = False
             result = wire.encode_error(tid, exc)
         else:
             result = wire.encode_result(tid, value)
         finally:
+            self.in_user = False
             self.scope = outer
             del self.running_scopes[tid]
             if driver_task:
-                status[0] -= 1
+                status[STATUS_DEPTH] -= 1
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
@@ -580,11 +632,10 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_lifeline, args=(spec["lifeline"],), daemon=True).start()
     matrix = RingMatrix.attach(spec["rings"])
     worker = Worker(spec, matrix)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 200_000))
-    threading.stack_size(512 * 1024 * 1024)  # deep help-first joins nest Python frames
-    runner = threading.Thread(target=worker.run, name=f"shoal-worker-{worker.ep}")
-    runner.start()
-    runner.join()
+    worker.status[STATUS_PID] = os.getpid()
+    signal.signal(POKE, worker.on_signal)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+    worker.run()
     if worker.tracer is not None:
         worker.tracer.dump(f"{spec['trace']}.w{worker.ep}")
     for box in worker.out.values():

@@ -46,15 +46,21 @@ one worker, T1 would nest thousands of levels).  So a task gives away the bottom
 half only while few search tasks are nested on this worker's stack
 (``_BOTTOM_NESTING``); deeper it gives away the top half, which holds little
 work, so chains stay short; at ``max_nesting`` it stops splitting and finishes
-its frontier sequentially (measured on one worker at cutoff 8192: T1, T2, T3,
-T5 nest at most ~35 levels and never reach the default cap of 40).  In a
-binomial tree (T3) every stack entry has the same expected subtree size
+its frontier sequentially.  Measured on one worker, T1, T2, T4 and T5 nest at
+most ~25 levels at any cutoff; T3, where either half holds half the work, ~34
+at cutoff 8192 and ~60 at 2048.  The default cap follows the worker's
+recursion limit (``default_max_nesting``: 256 in a shoal worker, which raises
+its limit; 50 under the interpreter's default of 1000; a join costs ~5 frames).
+In a binomial tree (T3) every stack entry has the same expected subtree size
 (the process is near-critical, ``q*m = 0.999``), so either half is half the
 work in expectation.
 
-Granularity: ``cutoff`` nodes (8192, ~4 ms of SHA-1 work) per spawn keeps the
-spawn cost (pickling ~150 20-byte states) in the per-mille range while a thief
-finds work on the deque every few milliseconds.
+Granularity: ``cutoff`` nodes (4096 by default, ~2 ms of SHA-1 work) per spawn
+keeps the spawn cost (pickling ~150 20-byte states) around one percent while a
+thief finds work on the deque every couple of milliseconds.  On 2 cores T3 runs
+~1.95x faster on 2 workers than sequentially at cutoffs 2048-8192; with the
+nesting cap of 40 we first used, long T3 join chains stopped splitting and
+left the other worker idle for up to 0.6 s of a 1 s run.
 
 Alternatives rejected: one task per node, or one per child of the root (static
 decomposition: T3 puts most of its 4 million nodes under a handful of the root's
@@ -75,6 +81,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
+import sys
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
@@ -96,6 +103,7 @@ __all__ = [
     "children",
     "count_parallel",
     "count_sequential",
+    "default_max_nesting",
     "num_children",
     "rng_init",
     "rng_rand",
@@ -503,16 +511,29 @@ def count_sequential(params: UTSParams) -> int:
 # the parallel search: split the DFS stack every `cutoff` nodes, spawn one half
 # ---------------------------------------------------------------------------
 
-DEFAULT_CUTOFF = 8192  # nodes a task expands between two spawns (~4 ms of SHA-1)
-DEFAULT_MAX_NESTING = 40  # _search_task frames on one worker's stack, at most
+DEFAULT_CUTOFF = 4096  # nodes a task expands between two spawns (~2 ms of SHA-1)
 _BOTTOM_NESTING = 16  # below this nesting give away the bottom half, above it the top
+_FRAMES_PER_NESTING = 20  # budget per nested join: a shoal join costs ~5 Python frames
+_MAX_NESTING_CEILING = 256
+
+
+def default_max_nesting() -> int:
+    """The nesting cap for this process: what its recursion limit affords, at most 256.
+
+    A shoal worker raises its recursion limit, so there this is 256; under the
+    interpreter's default limit (1000) it is 50.
+    """
+    return max(4, min(_MAX_NESTING_CEILING, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
 
 _nesting = 0  # _search_task frames active in this process (a worker runs one thread)
 
 
-def _search_task(params: UTSParams, frontier: list, cutoff: int, max_nesting: int) -> TreeStats:
+def _search_task(params: UTSParams, frontier: list, cutoff: int,
+                 max_nesting: int | None) -> TreeStats:
     """One task: explore ``frontier``, spawning half of its stack every ``cutoff`` nodes."""
     global _nesting
+    # None: what the recursion limit of the process running this task affords
+    limit = default_max_nesting() if max_nesting is None else max_nesting
     _nesting += 1
     try:
         stack = list(frontier)
@@ -520,9 +541,9 @@ def _search_task(params: UTSParams, frontier: list, cutoff: int, max_nesting: in
         spawned = []
         while stack:
             total += _expand(params, stack, cutoff)
-            if len(stack) > 1 and _nesting < max_nesting:
+            if len(stack) > 1 and _nesting < limit:
                 half = len(stack) // 2
-                if _nesting < min(_BOTTOM_NESTING, max_nesting // 2):
+                if _nesting < min(_BOTTOM_NESTING, limit // 2):
                     piece = stack[:half]  # the oldest, shallowest nodes: for a thief
                     del stack[:half]
                 else:
@@ -537,20 +558,21 @@ def _search_task(params: UTSParams, frontier: list, cutoff: int, max_nesting: in
 
 
 def search_parallel(pilot, params: UTSParams, *, cutoff: int = DEFAULT_CUTOFF,
-                    max_nesting: int = DEFAULT_MAX_NESTING) -> TreeStats:
+                    max_nesting: int | None = None) -> TreeStats:
     """Explore the tree with ``pilot``'s workers; same result as ``search_sequential``.
 
     ``cutoff``: nodes a task expands between two spawns (the task granularity).
     ``max_nesting``: how many search tasks a worker may run nested in joins before
-    it stops splitting (bounds the Python stack).
+    it stops splitting (bounds the Python stack); by default what the worker's
+    recursion limit affords (``default_max_nesting``).
     """
-    if cutoff < 1 or max_nesting < 1:
+    if cutoff < 1 or (max_nesting is not None and max_nesting < 1):
         raise ValueError("cutoff and max_nesting must be >= 1")
     frontier = [tuple(root(params))]
     return pilot.submit(_search_task, params, frontier, cutoff, max_nesting).result()
 
 
 def count_parallel(pilot, params: UTSParams, *, cutoff: int = DEFAULT_CUTOFF,
-                   max_nesting: int = DEFAULT_MAX_NESTING) -> int:
+                   max_nesting: int | None = None) -> int:
     """The number of nodes of the tree, counted by ``pilot``'s workers with work stealing."""
     return search_parallel(pilot, params, cutoff=cutoff, max_nesting=max_nesting).nodes

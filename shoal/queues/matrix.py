@@ -22,13 +22,17 @@ The segment is memfd-backed and sparse: pages of a ring are only allocated
 once used.
 
 Ownership: a RingMatrix owns its Segment and doorbell fds (created ones, or the
-ones passed in / inherited by attach) and closes them in ``close()``.
+ones passed in / inherited by attach) and closes them in ``close()``, or at
+once when the constructor or ``attach`` fails.  Ring objects cache no counters,
+so any Ring over the same memory may act as a ring's consumer as long as only
+one does at a time (e.g. the driver draining ``ring(0, ep)`` of a dead worker).
 
 Alternatives rejected: one MPMC queue per worker (needs CAS or a lock between
 producers); one segment per ring (n**2 fds to pass and map).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from .parking import Doorbell
@@ -40,6 +44,13 @@ __all__ = ["RingMatrix"]
 _MAGIC = int.from_bytes(b"SHOALRM1", "little")
 _VERSION = 1
 _HEADER = 64
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class RingMatrix:
@@ -69,11 +80,19 @@ class RingMatrix:
         *,
         native: bool | None = None,
     ):
-        if not isinstance(n_endpoints, int) or n_endpoints < 1:
-            raise ValueError(f"n_endpoints must be an int >= 1, got n_endpoints={n_endpoints!r}")
-        _check_capacity(capacity)
-        if n_endpoints > 2:
-            _check_capacity(peer_capacity)
+        try:
+            if not isinstance(n_endpoints, int) or n_endpoints < 1:
+                raise ValueError(f"n_endpoints must be an int >= 1, got n_endpoints={n_endpoints!r}")
+            _check_capacity(capacity)
+            if n_endpoints > 2:
+                _check_capacity(peer_capacity)
+        except ValueError:
+            if segment is not None:  # ownership passed with the call
+                segment.close()
+                for fds in doorbell_fds or ():
+                    for fd in fds:
+                        _close_quietly(fd)
+            raise
         self.n = n_endpoints
         self.capacity = capacity
         self.peer_capacity = peer_capacity
@@ -95,40 +114,50 @@ class RingMatrix:
         needed = off
 
         creating = segment is None
+        self._doorbells: list[Doorbell] = []
         if creating:
             if doorbell_fds is not None:
                 raise ValueError("doorbell_fds can only be given together with segment")
             segment = Segment.create(needed)
-        elif segment.size < needed:
-            raise ValueError(f"segment of {segment.size} bytes is smaller than the {needed} this layout needs")
-        elif doorbell_fds is None or len(doorbell_fds) != n_endpoints:
-            raise ValueError(f"attaching needs doorbell_fds for all {n_endpoints} endpoints, got {doorbell_fds!r}")
         self.segment = segment
-        buf = segment.buf
+        try:
+            if not creating:
+                if segment.size < needed:
+                    raise ValueError(f"segment of {segment.size} bytes is smaller than the {needed} this layout needs")
+                if doorbell_fds is None or len(doorbell_fds) != n_endpoints:
+                    raise ValueError(
+                        f"attaching needs doorbell_fds for all {n_endpoints} endpoints, got {doorbell_fds!r}"
+                    )
+            self._init_header(creating)
+            for ep in range(n_endpoints):
+                fds = None if creating else doorbell_fds[ep]
+                offset = self._bell_base + ep * Doorbell.FOOTPRINT
+                self._doorbells.append(Doorbell(segment.buf, offset, fds, owns_fds=True, native=native))
+        except BaseException:
+            # Ownership passed to us with the call: release what we were given too.
+            self.close()
+            if not creating:
+                for fds in (doorbell_fds or [])[len(self._doorbells) :]:
+                    for fd in fds:
+                        _close_quietly(fd)
+            raise
+
+    def _init_header(self, creating: bool) -> None:
+        buf = self.segment.buf
         hdr = buf[:_HEADER].cast("Q")
         try:
+            layout = (_VERSION, self.n, self.capacity, self.peer_capacity)
             if creating:
                 for offset, _cap in self._ring_offsets.values():
                     buf[offset : offset + HEADER_BYTES] = bytes(HEADER_BYTES)
-                hdr[1], hdr[2], hdr[3], hdr[4] = _VERSION, n_endpoints, capacity, peer_capacity
+                hdr[1], hdr[2], hdr[3], hdr[4] = layout
                 hdr[0] = _MAGIC
             else:
                 found = (hdr[0], hdr[1], hdr[2], hdr[3], hdr[4])
-                expected = (_MAGIC, _VERSION, n_endpoints, capacity, peer_capacity)
-                if found != expected:
-                    raise ValueError(f"segment header {found} does not match this layout {expected}")
+                if found != (_MAGIC, *layout):
+                    raise ValueError(f"segment header {found} does not match this layout {(_MAGIC, *layout)}")
         finally:
             hdr.release()
-        self._doorbells: list[Doorbell] = []
-        try:
-            for ep in range(n_endpoints):
-                fds = None if creating else doorbell_fds[ep]
-                self._doorbells.append(
-                    Doorbell(buf, self._bell_base + ep * Doorbell.FOOTPRINT, fds, owns_fds=True, native=native)
-                )
-        except BaseException:
-            self.close()
-            raise
 
     # -- attaching in a child --------------------------------------------------------
 
@@ -161,6 +190,9 @@ class RingMatrix:
     ) -> RingMatrix:
         """Called once per child: map the segment and take ownership of the inherited fds.
 
+        Ownership passes with the call: the fds are closed by ``close()``, or
+        at once if attaching fails.
+
         ``fd_map`` translates the fd numbers recorded in ``spec`` to this
         process's numbers; leave it None with pass_fds (numbers are unchanged).
         """
@@ -170,13 +202,15 @@ class RingMatrix:
         def fd(num: int) -> int:
             return num if fd_map is None else fd_map[num]
 
-        segment = Segment.attach(fd(spec["segment_fd"]), spec["size"])
         bells = [tuple(fd(x) for x in fds) for fds in spec["doorbell_fds"]]
         try:
-            return cls(spec["n"], spec["capacity"], spec["peer_capacity"], segment, bells, native=native)
+            segment = Segment.attach(fd(spec["segment_fd"]), spec["size"])
         except BaseException:
-            segment.close()
+            for fds in bells:
+                for num in fds:
+                    _close_quietly(num)
             raise
+        return cls(spec["n"], spec["capacity"], spec["peer_capacity"], segment, bells, native=native)
 
     # -- access ----------------------------------------------------------------------
 
@@ -230,7 +264,7 @@ class RingMatrix:
         for view in self._status.values():
             view.release()
         self._status.clear()
-        for bell in getattr(self, "_doorbells", ()):
+        for bell in self._doorbells:
             bell.close()
         self.segment.close()
 

@@ -22,7 +22,8 @@ Closing: ``close()`` releases ``buf``, unmaps and closes the fd, and is
 idempotent.  Callers should release views they derived from ``buf`` first; if
 some are still alive ``close()`` does not raise BufferError: the mapping is left
 to the garbage collector (it is unmapped when the last view goes) and the fd is
-closed anyway (a mapping stays valid without its fd).
+closed anyway (a mapping stays valid without its fd).  After ``close()``,
+``buf`` is None.
 """
 from __future__ import annotations
 
@@ -106,6 +107,10 @@ class Segment:
             self._mmap.close()
         except BufferError:
             pass  # slices/casts of buf are alive; the mmap is unmapped when they go
+        # Drop our references: if views are still alive, the mapping (and the
+        # mmap's private dup of the fd) goes when the last of them is released.
+        self._mmap = None
+        self.buf = None
         try:
             os.close(self.fd)
         except OSError:

@@ -82,6 +82,15 @@ class Ring:
     call costs one C call.
     """
 
+    #: Data bytes (a power of two >= 4096).
+    capacity: int
+    #: Largest payload ``push`` accepts (capacity // 4); bigger ones raise ValueError.
+    max_message: int
+    #: Where the ring's header starts in the buffer.
+    offset: int
+    #: Whether the C helper is in use.
+    native: bool
+
     @staticmethod
     def footprint(capacity: int) -> int:
         """Bytes a ring of ``capacity`` needs, header included (a multiple of 64)."""

@@ -74,6 +74,10 @@ def _check_capacity(capacity: int) -> None:
         )
 
 
+def _closed(*args, **kwargs):
+    raise ValueError("ring has been released (Ring.close was called)")
+
+
 class Ring:
     """SPSC byte ring; ``push`` is producer only, ``pop``/``pop_many`` consumer only.
 
@@ -239,6 +243,8 @@ class Ring:
             if view is not None:
                 view.release()
         self._hdr = self._data = self._view = None
+        for name in ("push", "pop", "pop_many", "readable", "used_bytes"):
+            setattr(self, name, _closed)
 
     def __repr__(self) -> str:
         impl = "native" if self.native else "pure"

@@ -1,0 +1,513 @@
+"""shoal next to its peers, in one run, on one machine: ratios, not absolute times.
+
+Usage::
+
+    python benchmarks/run.py [--workers 1,2] [--only tiny,map,ring,uts,nqueens,fib,overhead]
+                             [--quick] [--repeat 3] [--markdown docs/benchmarks.md]
+
+Sections (``--only`` picks some):
+
+* ``tiny``: 20,000 ``inc(x)`` tasks on 2 workers, each its own future, then wait
+  for all -- shoal ``Pilot.submit`` vs ``ProcessPoolExecutor.submit``,
+  ``multiprocessing.Pool.map(chunksize=1)``, dask delayed on the threads and
+  processes schedulers, dask.distributed ``client.map`` + ``gather`` (a
+  LocalCluster of 2 single-threaded worker processes).  Tasks/s and shoal's
+  rate divided by each peer's.
+* ``map``: ``Pilot.map`` vs ``Pool.map`` / ``ProcessPoolExecutor.map`` with
+  automatic chunk sizes, and ``dask.bag``.
+* ``ring``: ``benchmarks/ring_bench.py``'s ``run(messages, size)`` (the queue
+  layer's own benchmark; skipped when the file is absent).
+* ``uts`` / ``nqueens`` / ``fib``: recursive workloads (T3, N-Queens 14,
+  fib(32) with a cutoff; ``--quick``: T3S, 12, fib(30)).  Per worker count:
+  shoal with nested ``spawn`` and work stealing vs the sequential code in this
+  process vs a *static* decomposition (one task per root child / first-row
+  queen / fib leaf) on ``multiprocessing.Pool`` and on dask.distributed.
+  ``--workers 1,2,4,8,16`` gives a scaling curve.
+* ``overhead``: microseconds per nested ``spawn`` + run + join of an empty task
+  on 1 worker (``fib.empty_tree``), next to a driver-side submit.
+
+Method: every pool, pilot and cluster is started and warmed before it is timed
+(start-up is not what is compared).  Each timing is the best of ``--repeat``
+runs (fewer when one run is slow: each measurement gets ~10 s), since noise on a
+small shared machine only ever adds time.  Every result is checked (counts vs
+the sequential answer) so a fast wrong runner cannot win.  Peers that are not
+installed are reported as skipped, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import datetime
+import functools
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run from a source checkout without installing
+    sys.path.insert(0, str(HERE.parent))
+
+import shoal  # noqa: E402
+from shoal.workloads import fib, nqueens, uts  # noqa: E402
+
+SECTIONS = ("tiny", "map", "ring", "uts", "nqueens", "fib", "overhead")
+TINY_WORKERS = 2
+MEASURE_BUDGET_S = 10.0  # stop repeating a measurement after this much time
+
+
+def inc(x):
+    return x + 1
+
+
+# ---------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells) -> None:
+        self.rows.append(list(cells))
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def render_text(t: Table) -> str:
+    cells = [t.columns] + [[fmt(c) for c in r] for r in t.rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(t.columns))]
+    line = "  ".join("-" * w for w in widths)
+    out = [f"== {t.title}", "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)), line]
+    for r in cells[1:]:
+        out.append("  ".join((c.ljust(w) if i == 0 else c.rjust(w))
+                             for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    out += [f"   {n}" for n in t.notes]
+    return "\n".join(out)
+
+
+def render_markdown(t: Table) -> str:
+    out = [f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.columns))) + "|"]
+    out += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in t.rows]
+    if t.notes:
+        out += [""] + [f"- {n}" for n in t.notes]
+    return "\n".join(out) + "\n"
+
+
+def ratio(a, b):
+    """a / b, or None where either is missing."""
+    return None if not a or not b else a / b
+
+
+# ---------------------------------------------------------------------------
+# timing and the runners (started once, warmed, reused, closed at the end)
+# ---------------------------------------------------------------------------
+
+
+def best_of(fn, repeat: int, check=None) -> float:
+    """Best wall time of up to ``repeat`` calls (fewer once MEASURE_BUDGET_S is spent)."""
+    best, spent = float("inf"), 0.0
+    for _ in range(max(repeat, 1)):
+        t0 = time.perf_counter()
+        value = fn()
+        dt = time.perf_counter() - t0
+        if check is not None and value != check:
+            raise AssertionError(f"{fn} returned {value!r}, expected {check!r}")
+        best, spent = min(best, dt), spent + dt
+        if spent > MEASURE_BUDGET_S:
+            break
+    return best
+
+
+class Runners:
+    """Pilots, pools and clusters by worker count; each started and warmed on first use."""
+
+    def __init__(self):
+        self.stack = contextlib.ExitStack()
+        self.cache: dict = {}
+        self.ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
+                                  else "spawn")
+        self.dask_error = None
+        try:
+            import dask  # noqa: F401
+            import distributed  # noqa: F401
+        except ImportError as exc:
+            self.dask_error = f"dask/distributed not installed ({exc})"
+
+    def _get(self, key, make):
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def pilot(self, w: int):
+        def make():
+            p = self.stack.enter_context(shoal.Pilot(workers=w))
+            list(p.map(inc, range(8 * w)))
+            p.submit(inc, 0).result()
+            return p
+        return self._get(("pilot", w), make)
+
+    def pool(self, w: int):
+        def make():
+            pool = self.stack.enter_context(self.ctx.Pool(w))
+            pool.map(inc, range(4 * w), chunksize=1)
+            return pool
+        return self._get(("pool", w), make)
+
+    def ppe(self, w: int):
+        def make():
+            ex = self.stack.enter_context(cf.ProcessPoolExecutor(w, mp_context=self.ctx))
+            list(ex.map(inc, range(4 * w)))
+            return ex
+        return self._get(("ppe", w), make)
+
+    @contextlib.contextmanager
+    def dask(self, w: int):
+        """A dask.distributed Client on a LocalCluster of ``w`` 1-thread processes, or None.
+
+        Started per use and closed right after: an idle cluster still heartbeats,
+        and its scheduler shares this process (and the GIL) with what is timed next.
+        """
+        if self.dask_error:
+            yield None
+            return
+        from distributed import Client, LocalCluster
+        with LocalCluster(n_workers=w, threads_per_worker=1, processes=True,
+                          dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                Client(cluster) as client:
+            client.gather(client.map(inc, range(4 * w), pure=False))
+            yield client
+
+    def close(self):
+        self.stack.close()
+
+
+# ---------------------------------------------------------------------------
+# sections
+# ---------------------------------------------------------------------------
+
+
+def section_tiny(args, run: Runners) -> list[Table]:
+    w = TINY_WORKERS
+    n = 5_000 if args.quick else 20_000
+    R = args.repeat
+    t = Table(f"tiny tasks: inc(x), one future per task, {w} workers",
+              ["runner", "tasks", "best s", "tasks/s", "shoal ÷ peer"])
+    expect = sum(range(1, n + 1))
+    rates: list[tuple[str, int, float | None, str | None]] = []
+
+    pilot = run.pilot(w)
+    rates.append(("shoal Pilot.submit", n, best_of(
+        lambda: sum(f.result() for f in [pilot.submit(inc, i) for i in range(n)]), R, expect), None))
+    ex = run.ppe(w)
+    rates.append(("ProcessPoolExecutor.submit", n, best_of(
+        lambda: sum(f.result() for f in [ex.submit(inc, i) for i in range(n)]), R, expect), None))
+    pool = run.pool(w)
+    rates.append(("multiprocessing Pool.map(chunksize=1)", n, best_of(
+        lambda: sum(pool.map(inc, range(n), chunksize=1)), R, expect), None))
+    if run.dask_error:
+        for name in ("dask delayed, threads", "dask delayed, processes", "dask.distributed map"):
+            rates.append((name, 0, None, run.dask_error))
+    else:
+        import dask
+        from dask import delayed
+        # the processes scheduler gets a warm pool (by default it starts one per compute)
+        for sched, cap, kw in (("threads", min(n, 2_000 if args.quick else 8_000),
+                                {"num_workers": w}),
+                               ("processes", min(n, 2_000 if args.quick else 8_000),
+                                {"pool": run.ppe(w)})):
+            exp = sum(range(1, cap + 1))
+            rates.append((f"dask delayed, {sched} scheduler", cap, best_of(
+                lambda sched=sched, cap=cap, kw=kw: sum(dask.compute(
+                    *[delayed(inc)(i) for i in range(cap)], scheduler=sched, **kw)),
+                R, exp), None))
+        cap = min(n, 1_000 if args.quick else 4_000)
+        with run.dask(w) as client:
+            rates.append(("dask.distributed client.map + gather", cap, best_of(
+                lambda: sum(client.gather(client.map(inc, range(cap), pure=False))), R,
+                sum(range(1, cap + 1))), None))
+    shoal_rate = n / rates[0][2]
+    for name, count, secs, skipped in rates:
+        if secs is None:
+            t.add(name, None, None, None, f"skipped: {skipped}")
+            continue
+        rate = count / secs
+        t.add(name, count, secs, rate, None if name.startswith("shoal") else ratio(shoal_rate, rate))
+    t.notes.append("shoal ÷ peer > 1: shoal completes more tasks per second.  Peers slower than "
+                   "~1,000 tasks/s run fewer tasks (rates compare; counts are in the table).")
+    return [t]
+
+
+def section_map(args, run: Runners) -> list[Table]:
+    w = TINY_WORKERS
+    n = 50_000 if args.quick else 200_000
+    R = args.repeat
+    expect = sum(range(1, n + 1))
+    auto = max(1, -(-n // (4 * w)))  # Pool.map's own rule: ceil(n / (4 * workers))
+    t = Table(f"map: {n:,} x inc(x) with automatic batching, {w} workers",
+              ["runner", "items", "best s", "items/s", "shoal ÷ peer"])
+    rows = []
+    pilot = run.pilot(w)
+    rows.append(("shoal Pilot.map (adaptive batches)", best_of(
+        lambda: sum(pilot.map(inc, range(n))), R, expect)))
+    pool = run.pool(w)
+    rows.append(("multiprocessing Pool.map (auto chunksize)", best_of(
+        lambda: sum(pool.map(inc, range(n))), R, expect)))
+    ex = run.ppe(w)
+    rows.append((f"ProcessPoolExecutor.map(chunksize={auto})", best_of(
+        lambda: sum(ex.map(inc, range(n), chunksize=auto)), R, expect)))
+    if not run.dask_error:
+        import dask.bag as db
+        rows.append((f"dask.bag map, processes ({4 * w} partitions)", best_of(
+            lambda: sum(db.from_sequence(range(n), npartitions=4 * w).map(inc)
+                        .compute(scheduler="processes", pool=ex)), R, expect)))
+        with run.dask(w) as client:
+            rows.append((f"dask.bag map, distributed ({4 * w} partitions)", best_of(
+                lambda: sum(db.from_sequence(range(n), npartitions=4 * w).map(inc)
+                            .compute(scheduler=client)), R, expect)))
+    shoal_s = rows[0][1]
+    for name, secs in rows:
+        t.add(name, n, secs, n / secs, None if name.startswith("shoal") else ratio(secs, shoal_s))
+    if run.dask_error:
+        t.notes.append(f"dask rows skipped: {run.dask_error}")
+    return [t]
+
+
+def section_ring(args, run: Runners) -> list[Table]:
+    t = Table("rings: benchmarks/ring_bench.py run(messages, size)", ["size B", "result"])
+    try:
+        if str(HERE) not in sys.path:
+            sys.path.insert(0, str(HERE))
+        ring_bench = importlib.import_module("ring_bench")
+        bench = ring_bench.run
+    except (ImportError, AttributeError) as exc:
+        t.notes.append(f"skipped: benchmarks/ring_bench.py with run(messages, size) not available ({exc})")
+        return [t]
+    messages = 20_000 if args.quick else 200_000
+    results = []
+    for size in (64, 1024, 16384):
+        results.append((size, bench(messages, size)))
+    keys = sorted({k for _, r in results if isinstance(r, dict) for k in r})
+    if keys:
+        t.columns = ["size B"] + keys
+        for size, r in results:
+            t.add(size, *[(r.get(k) if isinstance(r, dict) else None) for k in keys])
+    else:
+        for size, r in results:
+            t.add(size, r)
+    t.notes.append(f"{messages:,} messages per size; numbers as ring_bench.run reports them")
+    return [t]
+
+
+@dataclass
+class Workload:
+    """A recursive workload: its sequential code, shoal version and static split."""
+
+    name: str
+    title: str
+    seq: object  # () -> answer
+    expect: object
+    shoal: object  # (pilot) -> answer
+    static_fn: object  # item -> partial answer (picklable)
+    static_items: list
+    static_label: str
+    combine: object = sum  # partial answers -> answer
+    notes: list[str] = field(default_factory=list)
+    seq_s: float | None = None  # timed before any pool, pilot or cluster exists
+
+
+def _uts_sum(stats) -> int:
+    return 1 + sum(s.nodes for s in stats)  # + the root, which the static split does not visit
+
+
+def workload_uts(args) -> Workload:
+    p = uts.UTSParams.preset(args.uts or ("T3S" if args.quick else "T3"))
+    expect = uts.DERIVED.get(p.name) or uts.PUBLISHED.get(p.name)
+    expect = expect.nodes if expect else uts.count_sequential(p)
+    kids = [[k] for k in uts.children(p, uts.root(p))]
+    return Workload(
+        "uts", f"UTS {p.name} ({expect:,} nodes; {p.to_args()})",
+        lambda: uts.count_sequential(p), expect, lambda pilot: uts.count_parallel(pilot, p),
+        functools.partial(uts.search_from, p), kids, f"one task per root child ({len(kids)})",
+        combine=_uts_sum, notes=[f"shoal cutoff {uts.DEFAULT_CUTOFF} nodes per task burst"])
+
+
+def workload_nqueens(args) -> Workload:
+    n = 12 if args.quick else 14
+    subs = nqueens.subproblems(n, 1)
+    return Workload(
+        "nqueens", f"N-Queens {n} ({nqueens.OEIS_A000170[n]:,} solutions)",
+        lambda: nqueens.count_sequential(n), nqueens.OEIS_A000170[n],
+        lambda pilot: nqueens.count_parallel(pilot, n),
+        nqueens.count_subproblem, subs, f"one task per first-row queen ({len(subs)})",
+        notes=[f"shoal spawn_depth {nqueens.DEFAULT_SPAWN_DEPTH}"])
+
+
+def workload_fib(args) -> Workload:
+    n, cutoff = (31, fib.DEFAULT_CUTOFF) if args.quick else (35, fib.DEFAULT_CUTOFF)
+    leaves = fib.fib_frontier(n, cutoff)
+    return Workload(
+        "fib", f"fib({n}), sequential below n < {cutoff}",
+        lambda: fib.fib_sequential(n), fib.fib_value(n),
+        lambda pilot: fib.fib_parallel(pilot, n, cutoff),
+        fib.fib_sequential, leaves, f"one task per leaf ({len(leaves)})")
+
+
+WORKLOADS = {"uts": workload_uts, "nqueens": workload_nqueens, "fib": workload_fib}
+
+
+def run_workload(wl: Workload, args, run: Runners) -> list[Table]:
+    """Sequential vs shoal vs static decomposition (Pool, dask.distributed), per worker count."""
+    R, expect = args.repeat, wl.expect
+    t = Table(wl.title, ["runner", "workers", "best s", "speed-up", "efficiency",
+                         "static ÷ shoal"])
+    seq = wl.seq_s if wl.seq_s is not None else best_of(wl.seq, R, expect)
+    t.add("sequential, this process", 1, seq, 1.0, 1.0, None)
+    for w in args.workers:
+        pilot = run.pilot(w)
+        s = best_of(lambda pilot=pilot: wl.shoal(pilot), R, expect)
+        t.add("shoal spawn + work stealing", w, s, seq / s, seq / s / w, None)
+        pool = run.pool(w)
+        p = best_of(lambda pool=pool: wl.combine(pool.map(wl.static_fn, wl.static_items,
+                                                           chunksize=1)), R, expect)
+        t.add(f"Pool.map, {wl.static_label}", w, p, seq / p, seq / p / w, p / s)
+        with run.dask(w) as client:
+            if client is not None:
+                d = best_of(lambda client=client: wl.combine(client.gather(
+                    client.map(wl.static_fn, wl.static_items, pure=False))), R, expect)
+                t.add(f"dask.distributed, {wl.static_label}", w, d, seq / d, seq / d / w, d / s)
+    t.notes.append("sequential: timed in this process before any pool, pilot or cluster started; "
+                   "speed-up: sequential s ÷ runner s; static ÷ shoal > 1: shoal beats the "
+                   "static split with as many workers")
+    t.notes += wl.notes
+    if run.dask_error:
+        t.notes.append(f"dask rows skipped: {run.dask_error}")
+    return [t]
+
+
+def section_overhead(args, run: Runners) -> list[Table]:
+    n = 5_000 if args.quick else 20_000
+    R = args.repeat
+    t = Table("overhead per task, 1 worker", ["what", "tasks", "µs per task"])
+    pilot = run.pilot(1)
+    base = best_of(lambda: fib.empty_tree(pilot, 0), R, 0)
+    nested = best_of(lambda: fib.empty_tree(pilot, n), R, n)
+    t.add("shoal nested spawn + run + join (empty task)", n, (nested - base) / n * 1e6)
+    drv = best_of(lambda: sum(f.result() for f in [pilot.submit(inc, i) for i in range(n)]),
+                  R, sum(range(1, n + 1)))
+    t.add("shoal Pilot.submit from the driver, inc(x)", n, drv / n * 1e6)
+    ex = run.ppe(1)
+    m = min(n, 5_000)
+    ppe = best_of(lambda: sum(f.result() for f in [ex.submit(inc, i) for i in range(m)]),
+                  R, sum(range(1, m + 1)))
+    t.add("ProcessPoolExecutor.submit, inc(x)", m, ppe / m * 1e6)
+    t.notes.append("nested: (empty_tree(n) - empty_tree(0)) / n, the task machinery alone")
+    return [t]
+
+
+# ---------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------
+
+
+def machine() -> str:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    versions = [f"Python {platform.python_version()}", f"shoal {shoal.__version__}"]
+    for mod in ("dask", "distributed"):
+        with contextlib.suppress(ImportError):
+            versions.append(f"{mod} {importlib.import_module(mod).__version__}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs ({usable} usable), "
+            f"load {load:.2f}; " + ", ".join(versions))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", default="1,2",
+                    help="worker counts for the workload sections, e.g. 1,2,4,8,16")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections: {','.join(SECTIONS)}")
+    ap.add_argument("--quick", action="store_true", help="smaller problems, one run each")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per measurement, best kept (default 3; 1 with --quick)")
+    ap.add_argument("--uts", default=None, help="UTS preset (default T3; T3S with --quick)")
+    ap.add_argument("--markdown", default=None, metavar="OUT.md",
+                    help="also write the tables as markdown (for docs/benchmarks.md)")
+    args = ap.parse_args(argv)
+    args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    if not args.workers or min(args.workers) < 1:
+        ap.error("--workers needs positive integers")
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(args.only) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    command = "python benchmarks/run.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    header = [f"command: {command}", f"machine: {machine()}", f"date:    {when}"]
+    print("\n".join(header), flush=True)
+    tables: list[Table] = []
+    # sequential references first, while this process runs nothing else (no pilot
+    # pump thread, no dask scheduler sharing the GIL)
+    workloads = {name: WORKLOADS[name](args) for name in args.only if name in WORKLOADS}
+    for wl in workloads.values():
+        wl.seq_s = best_of(wl.seq, args.repeat, wl.expect)
+    run = Runners()
+    try:
+        for name in args.only:
+            t0 = time.perf_counter()
+            section = (functools.partial(run_workload, workloads[name]) if name in workloads
+                       else globals()[f"section_{name}"])
+            for table in section(args, run):
+                tables.append(table)
+                print("\n" + render_text(table), flush=True)
+            print(f"   ({name}: {time.perf_counter() - t0:.1f} s)", flush=True)
+    finally:
+        run.close()
+    if args.markdown:
+        md = ["# shoal benchmarks", "", "```", *header, "```", "",
+              "Ratios are what to read: the machine is small and shared, absolute times drift.", ""]
+        md += [render_markdown(t) for t in tables]
+        pathlib.Path(args.markdown).write_text("\n".join(md))
+        print(f"\nmarkdown written to {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -440,6 +440,8 @@ class Worker:
         return True
 
     def answer_steal(self, thief: int, gen: int) -> None:
+        if self.dead.get(thief, -1) >= gen:
+            return  # asked before it died; its replacement asks for itself
         deq = self.deque
         give = len(deq) // 2
         loot, moved, keep = [], {}, []
@@ -454,9 +456,14 @@ class Worker:
                 continue
             give -= 1
             loot.append(msg)
-            owner = (task.task_id if type(task) is WireTask else task.future.task_id) >> wire.OWNER_SHIFT
-            if owner != self.ep:
-                moved.setdefault(owner, []).append(task.task_id)
+            if type(task) is WireTask:
+                owner = task.task_id >> wire.OWNER_SHIFT
+                if owner != self.ep:
+                    moved.setdefault(owner, []).append(task.task_id)
+                else:  # my own task, back from a thief, leaves again: follow it
+                    entry = self.lent.get(task.task_id)
+                    if entry is not None:
+                        entry[1], entry[2] = thief, gen
         deq.extendleft(reversed(keep))
         self.send(thief, wire.encode_control(Kind.LOOT, [self.ep, loot]))
         self.c["steal_answers_given"] += 1
@@ -603,7 +610,7 @@ class Worker:
         out.update(
             worker=self.ep, cpu=self.cpu, node=self.node, pid=os.getpid(),
             generation=self.gen, queued=len(self.deque), idle_s=round(self.idle_s, 6),
-            victims_tried=list(self.victims_tried),
+            victims_tried=list(self.victims_tried), lent=len(self.lent),
             uptime_s=round(time.perf_counter() - self.started, 6),
         )
         return out

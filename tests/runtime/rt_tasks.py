@@ -158,3 +158,24 @@ def spin(k):
     for i in range(k):
         x += i
     return shoal.current_worker().id
+
+
+def tree_sum_reporting(depth, fanout, pidfile):
+    """tree_sum, but first tell the test which process runs the root."""
+    with open(pidfile, "w") as f:
+        f.write(str(os.getpid()))
+    return tree_sum(depth, fanout)
+
+
+def slow_leaf_tree(depth, fanout, leaf_s):
+    if depth == 0:
+        time.sleep(leaf_s)
+        return 1
+    kids = [shoal.spawn(slow_leaf_tree, depth - 1, fanout, leaf_s) for _ in range(fanout)]
+    return 1 + sum(k.result() for k in kids)
+
+
+def slow_tree_reporting(depth, fanout, leaf_s, pidfile):
+    with open(pidfile, "w") as f:
+        f.write(str(os.getpid()))
+    return slow_leaf_tree(depth, fanout, leaf_s)

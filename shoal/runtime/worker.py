@@ -277,14 +277,16 @@ class Worker:
 
     def park(self, timeout: float | None = None) -> None:
         """Spin briefly (a new message is often microseconds away), then sleep on the doorbell."""
+        t0 = time.perf_counter()
         readable = self.readable
+        woke = None
         for _ in range(_SPIN):
             if readable():
-                return
-        if any(box.pending for box in self.out.values()):
-            timeout = 0.001 if timeout is None else min(timeout, 0.001)
-        t0 = time.perf_counter()
-        woke = self.doorbell.park(self.readable, timeout, (self.lifeline,))
+                break
+        else:
+            if any(box.pending for box in self.out.values()):
+                timeout = 0.001 if timeout is None else min(timeout, 0.001)
+            woke = self.doorbell.park(readable, timeout, (self.lifeline,))
         t1 = time.perf_counter()
         self.idle_s += t1 - t0
         if self.tracer is not None:

@@ -50,3 +50,14 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
         raise AssertionError(f"peer timed out; stderr:\n{err}") from None
     assert proc.returncode == 0, f"peer exited {proc.returncode}; stderr:\n{err}"
     return out
+
+
+@pytest.fixture(params=IMPLS, name="native")
+def native_fixture(request) -> bool:
+    """True for the C helper, False for the pure-Python fallback.
+
+    A fixture defined here (not in a conftest.py, whose module name ``conftest``
+    would shadow tests/conftest.py for other test packages' imports); test
+    modules import it as ``native_fixture`` (the fixture is named ``native``).
+    """
+    return request.param

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from qhelpers import native_fixture  # noqa: F401 (provides the `native` fixture)
 
 import shoal.queues as queues
 from shoal.queues import Ring, Segment

@@ -8,6 +8,7 @@ import sys
 
 import msgpack
 import pytest
+from qhelpers import native_fixture  # noqa: F401 (provides the `native` fixture)
 
 from shoal.queues import Push, Ring, RingMatrix, Segment
 

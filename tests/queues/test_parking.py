@@ -10,7 +10,11 @@ import time
 
 import psutil
 import pytest
-from qhelpers import finish, spawn_peer
+from qhelpers import (
+    finish,
+    native_fixture,  # noqa: F401 (provides the `native` fixture)
+    spawn_peer,
+)
 
 from shoal.queues import Doorbell, Push, RingMatrix, Segment
 

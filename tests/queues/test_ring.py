@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from qhelpers import native_fixture  # noqa: F401 (provides the `native` fixture)
 
 from shoal.queues import EMPTY, Empty, Push, Ring, Segment
 from shoal.queues.ring import HEADER_BYTES

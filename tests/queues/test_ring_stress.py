@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 
-from qhelpers import finish, spawn_peer, stress_scale
+from qhelpers import (
+    finish,
+    native_fixture,  # noqa: F401 (provides the `native` fixture)
+    spawn_peer,
+    stress_scale,
+)
 from ring_peer import exchange
 
 from shoal.queues import RingMatrix

@@ -88,7 +88,14 @@ def decode_task_header(msg: bytes) -> tuple[int, int, int]:
     return flags, fn_id, task_id
 
 
-def dump_args(args: tuple, kwargs: dict, where: str) -> bytes:
+def describe(fn) -> str:
+    """A task's name for error messages (a string passes through)."""
+    if isinstance(fn, str):
+        return fn
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
     try:
         return _dumps((args, kwargs), _PROTO)
     except Exception as exc:
@@ -96,14 +103,14 @@ def dump_args(args: tuple, kwargs: dict, where: str) -> bytes:
         try:
             return cloudpickle.dumps((args, kwargs), _PROTO)
         except Exception:
-            raise SerializationError(f"cannot pickle the arguments of {where}: {exc!r}") from exc
+            raise SerializationError(f"cannot pickle the arguments of {describe(fn)}: {exc!r}") from exc
 
 
-def dump_inline(fn, args: tuple, kwargs: dict, where: str) -> bytes:
+def dump_inline(fn, args: tuple, kwargs: dict) -> bytes:
     try:
         return cloudpickle.dumps((fn, args, kwargs), _PROTO)
     except Exception as exc:
-        raise SerializationError(f"cannot pickle {where}: {exc!r}") from exc
+        raise SerializationError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
 
 
 def dump_function(fn) -> bytes:

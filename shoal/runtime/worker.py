@@ -65,7 +65,7 @@ STATUS_SLOTS = RingMatrix.STATUS_WORDS - STATUS_RUNNING
 POKE = signal.SIGURG  # ignored by default, so a stale pid can never be killed by it
 _POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
 _WAKE_MSG = bytes((Kind.WAKE,))
-_SPIN = 2000  # readable() checks (~50 ns each) before parking: saves two syscalls a message
+_SPIN = 1000  # readable() checks (~50 ns each) before parking: saves two syscalls a message
 
 
 class Scope:
@@ -280,9 +280,11 @@ class Worker:
         t0 = time.perf_counter()
         readable = self.readable
         woke = None
+        yield_ = os.sched_yield
         for _ in range(_SPIN):
             if readable():
                 break
+            yield_()  # let a driver sharing this core run; no sleep, so no wake-up syscall
         else:
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001 if timeout is None else min(timeout, 0.001)
@@ -485,10 +487,10 @@ class Worker:
         fn_id = self.fn_ids.get(id(fn))
         try:
             if fn_id is not None:
-                payload = wire.dump_args(task.args, task.kwargs, "a spawned task")
+                payload = wire.dump_args(task.args, task.kwargs, fn)
                 msg = wire.encode_task(fut.task_id, fn_id, 0, payload)
             else:
-                payload = wire.dump_inline(fn, task.args, task.kwargs, "a spawned task")
+                payload = wire.dump_inline(fn, task.args, task.kwargs)
                 msg = wire.encode_task(fut.task_id, 0, Flag.INLINE_FN, payload)
         except Exception:
             return None  # unpicklable: it simply stays here

@@ -7,7 +7,9 @@ one task that runs ``fn`` over its items and reports how long that took; the
 batch size then follows the measured time per item so that a batch lasts about
 ``TARGET_S`` (large enough to hide the per-task cost, small enough to balance),
 capped by ``len(input) / (4 * workers)`` when the length is known (what
-``multiprocessing.Pool.map`` does) and by ``MAX_BATCH``.
+``multiprocessing.Pool.map`` does) and by ``MAX_BATCH``.  The first batches
+hold ``FIRST_BATCH`` items, so a slow function is not handed out in big lumps
+before its cost is known.
 
 Rejected: materialising the input (unbounded memory); a fixed chunk size
 (Pool.map's: right only when the length is known and items cost the same).
@@ -21,16 +23,23 @@ import time
 from collections import deque
 
 TARGET_S = 0.005
-MAX_BATCH = 4096
+FIRST_BATCH = 16  # items in the first batches, before any duration was measured
+MAX_BATCH = 65536
 
 
-def _batch_runner(fn):
-    """A per-map function that runs ``fn`` over a batch (cached once per worker)."""
+def _batch_runner(fn, star: bool):
+    """A per-map function that runs ``fn`` over a batch (sent once per worker, then cached)."""
 
-    def run_batch(items):
-        t0 = time.perf_counter()
-        out = [fn(*item) for item in items]
-        return out, time.perf_counter() - t0
+    if star:
+        def run_batch(items):
+            t0 = time.perf_counter()
+            out = list(itertools.starmap(fn, items))
+            return out, time.perf_counter() - t0
+    else:
+        def run_batch(items):
+            t0 = time.perf_counter()
+            out = list(map(fn, items))
+            return out, time.perf_counter() - t0
 
     run_batch.__qualname__ = f"map[{getattr(fn, '__qualname__', type(fn).__name__)}]"
     return run_batch
@@ -49,13 +58,15 @@ def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | N
     except TypeError:
         total = None
     cap = MAX_BATCH if total is None else max(1, min(MAX_BATCH, -(-total // (4 * workers))))
-    items = zip(*iterables)
-    runner = _batch_runner(fn)
-    return _generate(backend, runner, items, ordered, chunksize, cap, 2 * workers + 2)
+    star = len(iterables) > 1
+    items = zip(*iterables) if star else iter(iterables[0])
+    runner = _batch_runner(fn, star)
+    first = min(cap, FIRST_BATCH)
+    return _generate(backend, runner, items, ordered, chunksize, first, cap, 2 * workers + 2)
 
 
-def _generate(backend, runner, items, ordered, chunksize, cap, window):
-    size = chunksize or 1
+def _generate(backend, runner, items, ordered, chunksize, first, cap, window):
+    size = chunksize or first
     inflight: deque = deque()
     pending: set = set()
     exhausted = False

@@ -25,6 +25,7 @@ from .pilot import Pilot
 from .runtime import context as _context
 from .runtime.api import BackendKind
 from .runtime.future import Future
+from .runtime.shared import BestCell, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
 
 try:
@@ -76,6 +77,9 @@ __all__ = [
     "spawn",
     "current_worker",
     "WorkerInfo",
+    "SharedArray",
+    "BestCell",
+    "Sense",
     "topology",
     "Topology",
     "NumaNode",

@@ -1,0 +1,168 @@
+"""Shared memory that tasks can hold: ``SharedArray`` and ``BestCell``.
+
+``SharedArray(shape, dtype)`` is a numpy array in an anonymous memfd made by
+the driver.  Its handle pickles to ``(driver pid, fd, shape, dtype)``; a
+worker that unpickles it opens ``/proc/<driver pid>/fd/<fd>`` (workers are the
+driver's children, same user) and maps the same pages.  No name ever exists in
+/dev/shm, so nothing can leak, even when the driver is SIGKILLed: the pages go
+when the last process holding them does.  Workers write results in place — no
+per-element messages through the driver.
+
+``BestCell`` is the incumbent of a branch-and-bound search: the best value
+found so far, readable by every worker at the cost of a few memory loads.
+Lock-free without compare-and-swap: it holds one float64 slot per process
+(driver and each worker endpoint), each written only by its owner (the
+single-writer rule of the rings), and the best is the max/min over the slots.
+Aligned 8-byte stores are atomic on x86-64 and aarch64, so a reader sees an old
+or a new value, never a torn one.
+
+Rejected: a CAS loop on one word (no atomics in pure Python; the native helper
+is optional); broadcasting incumbents through the rings (a message per
+improvement per worker, and a busy worker reads it only between tasks).
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import uuid
+from collections import OrderedDict
+
+from . import context
+
+
+class Sense(enum.Enum):
+    MAX = "max"
+    MIN = "min"
+
+
+_ATTACHED: OrderedDict = OrderedDict()  # token -> SharedArray mapped in this process
+_ATTACHED_MAX = 64
+
+
+class SharedArray:
+    """A numpy array in shared memory; pass it to tasks as an argument (driver creates it)."""
+
+    def __init__(self, shape, dtype="float64", *, fill=None):
+        import numpy as np
+
+        self.shape = tuple(shape) if not isinstance(shape, int) else (shape,)
+        if any((not isinstance(n, int)) or n < 0 for n in self.shape):
+            raise ValueError(f"SharedArray shape must be non-negative ints, got {shape!r}")
+        self.dtype = np.dtype(dtype)
+        nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        self._fd = os.memfd_create("shoal-array", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else None
+        if self._fd is None:  # pragma: no cover - non-Linux
+            raise OSError("SharedArray needs Linux memfd_create")
+        os.ftruncate(self._fd, nbytes)
+        self._pid = os.getpid()
+        self._token = uuid.uuid4().hex
+        self._map(nbytes)
+        if fill is not None:
+            self.array[...] = fill
+
+    def _map(self, nbytes: int) -> None:
+        import numpy as np
+
+        self._mmap = mmap.mmap(self._fd, nbytes)
+        count = int(np.prod(self.shape, dtype=np.int64))
+        self.array = np.frombuffer(self._mmap, dtype=self.dtype, count=count).reshape(self.shape)
+
+    @classmethod
+    def _attach(cls, token: str, pid: int, fd: int, shape, dtype) -> SharedArray:
+        """Unpickling: map the creator's memfd once per process (cached by token)."""
+        import numpy as np
+
+        cached = _ATTACHED.get(token)
+        if cached is not None:
+            _ATTACHED.move_to_end(token)
+            return cached
+        self = cls.__new__(cls)
+        self._token = token
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        if pid == os.getpid():
+            self._fd = os.dup(fd)
+        else:
+            try:
+                self._fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                raise OSError(f"cannot map the SharedArray of process {pid} (fd {fd}): {exc}; "
+                              "it can only be used by that process's shoal workers") from exc
+        self._pid = pid
+        nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        self._map(nbytes)
+        _ATTACHED[token] = self
+        if len(_ATTACHED) > _ATTACHED_MAX:
+            _ATTACHED.popitem(last=False)[1].close()
+        return self
+
+    def __reduce__(self):
+        if self._fd is None:
+            raise ValueError("a closed SharedArray cannot be sent to a task")
+        return (SharedArray._attach, (self._token, self._pid, self._fd, self.shape, self.dtype.str))
+
+    def close(self) -> None:
+        """Drop this process's mapping (the array must not be used after)."""
+        if getattr(self, "_fd", None) is None:
+            return
+        self.array = None
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # views still alive: the mapping goes with them
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<shoal.SharedArray shape={self.shape} dtype={self.dtype}>"
+
+
+class BestCell:
+    """The best value found so far (max or min), shared by the driver and all workers."""
+
+    def __init__(self, slots: int, sense: Sense | str = Sense.MAX, *, initial: float | None = None):
+        self.sense = Sense(sense)
+        worst = float("-inf") if self.sense is Sense.MAX else float("inf")
+        self._slots = SharedArray((slots,), "float64", fill=worst if initial is None else initial)
+
+    @classmethod
+    def for_pilot(cls, pilot, sense: Sense | str = Sense.MAX, *, initial: float | None = None) -> BestCell:
+        return cls(pilot.workers + 1, sense, initial=initial)
+
+    def _me(self) -> int:
+        worker = context.worker
+        return 0 if worker is None else worker.ep % len(self._slots.array)
+
+    @property
+    def value(self) -> float:
+        """The best value any process has offered (a few loads; lock-free)."""
+        a = self._slots.array
+        return float(a.max() if self.sense is Sense.MAX else a.min())
+
+    def offer(self, value: float) -> bool:
+        """Record ``value`` if it beats this process's own best; True if it beats the global best."""
+        value = float(value)
+        a = self._slots.array
+        me = self._me()
+        if self.sense is Sense.MAX:
+            better = value > a.max()
+            if value > a[me]:
+                a[me] = value
+        else:
+            better = value < a.min()
+            if value < a[me]:
+                a[me] = value
+        return bool(better)
+
+    def close(self) -> None:
+        self._slots.close()
+
+    def __repr__(self) -> str:
+        return f"<shoal.BestCell {self.sense.value} {self.value}>"

@@ -103,20 +103,23 @@ def fmt(v) -> str:
 
 
 def render_text(t: Table) -> str:
+    """Aligned plain text: words to the left, numbers to the right."""
     cells = [t.columns] + [[fmt(c) for c in r] for r in t.rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(t.columns))]
-    line = "  ".join("-" * w for w in widths)
-    out = [f"== {t.title}", "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)), line]
-    for r in cells[1:]:
-        out.append("  ".join((c.ljust(w) if i == 0 else c.rjust(w))
-                             for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    out = [f"== {t.title}", "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)),
+           "  ".join("-" * w for w in widths)]
+    for raw, r in zip(t.rows, cells[1:], strict=True):
+        out.append("  ".join(c.ljust(w) if isinstance(v, str) else c.rjust(w)
+                             for v, c, w in zip(raw, r, widths, strict=True)))
     out += [f"   {n}" for n in t.notes]
     return "\n".join(out)
 
 
 def render_markdown(t: Table) -> str:
+    words = [any(isinstance(r[i], str) for r in t.rows) or not t.rows
+             for i in range(len(t.columns))]
     out = [f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
-           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.columns))) + "|"]
+           "|" + "|".join("---" if w else "---:" for w in words) + "|"]
     out += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in t.rows]
     if t.notes:
         out += [""] + [f"- {n}" for n in t.notes]
@@ -313,17 +316,19 @@ def section_ring(args, run: Runners) -> list[Table]:
         t.notes.append(f"skipped: benchmarks/ring_bench.py with run(messages, size) not available ({exc})")
         return [t]
     messages = 20_000 if args.quick else 200_000
-    results = []
+    rows: list[dict] = []
     for size in (64, 1024, 16384):
-        results.append((size, bench(messages, size)))
-    keys = sorted({k for _, r in results if isinstance(r, dict) for k in r})
-    if keys:
-        t.columns = ["size B"] + keys
-        for size, r in results:
-            t.add(size, *[(r.get(k) if isinstance(r, dict) else None) for k in keys])
-    else:
-        for size, r in results:
-            t.add(size, r)
+        result = bench(messages, size)  # a list of dicts (one per transport), a dict or a number
+        if isinstance(result, dict):
+            result = [result]
+        if isinstance(result, (list, tuple)) and all(isinstance(r, dict) for r in result):
+            rows += [{"size B": size, **{k: v for k, v in r.items() if k != "size"}}
+                     for r in result]
+        else:
+            rows.append({"size B": size, "result": result})
+    t.columns = list(dict.fromkeys(k for r in rows for k in r))
+    for r in rows:
+        t.add(*[r.get(c) for c in t.columns])
     t.notes.append(f"{messages:,} messages per size; numbers as ring_bench.run reports them")
     return [t]
 

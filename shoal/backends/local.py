@@ -57,7 +57,13 @@ from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
-from ..runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS, has_futures, resolve_futures
+from ..runtime.worker import (
+    STATUS_DEPTH,
+    STATUS_RUNNING,
+    STATUS_SLOTS,
+    has_futures,
+    resolve_futures,
+)
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
 _ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))

@@ -59,7 +59,7 @@ def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | N
         total = None
     cap = MAX_BATCH if total is None else max(1, min(MAX_BATCH, -(-total // (4 * workers))))
     star = len(iterables) > 1
-    items = zip(*iterables) if star else iter(iterables[0])
+    items = zip(*iterables, strict=False) if star else iter(iterables[0])  # like map(): shortest wins
     runner = _batch_runner(fn, star)
     first = min(cap, FIRST_BATCH)
     return _generate(backend, runner, items, ordered, chunksize, first, cap, 2 * workers + 2)

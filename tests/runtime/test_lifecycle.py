@@ -116,7 +116,7 @@ def test_idle_pilot_uses_no_cpu():
         before = [sum(p.cpu_times()[:2]) for p in procs]
         time.sleep(1.0)
         after = [sum(p.cpu_times()[:2]) for p in procs]
-        used = [a - b for a, b in zip(after, before)]
+        used = [a - b for a, b in zip(after, before, strict=True)]
         assert all(u < 0.1 for u in used), f"idle workers used {used} CPU seconds in 1 s"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import os
 
 import pytest
 import rt_tasks as t

@@ -63,9 +63,9 @@ nesting cap of 40 we first used, long T3 join chains stopped splitting and
 left the other worker idle for up to 0.6 s of a 1 s run.
 
 Alternatives rejected: one task per node, or one per child of the root (static
-decomposition: T3 puts most of its 4 million nodes under a handful of the root's
-2000 children, so static splits idle most workers -- the benchmark runner
-measures exactly that); capping the *spawn generation* instead of the live
+decomposition: T3 puts 2.38 of its 4.11 million nodes under one of the root's
+2000 children, so no static split of the root can run more than 1.73x faster
+than sequential, whatever the worker count -- the benchmark runner measures it); capping the *spawn generation* instead of the live
 nesting (a stolen task restarts at nesting 1 on its thief and may split again,
 a generation cap would forbid it); reclaiming unstolen halves with
 ``Future.cancel`` (a worker-local future does not tell whether a thief is
@@ -193,7 +193,7 @@ class GeoShape(Enum):
 class UTSParams:
     """The parameters of one UTS tree; the defaults are the reference code's defaults.
 
-    Field names follow the paper; the reference command-line flags are in brackets.
+    Field names follow the paper; the comments give the reference command-line flags.
     """
 
     tree_type: TreeType = TreeType.GEOMETRIC  # -t
@@ -294,7 +294,7 @@ DEFAULT = UTSParams(name="DEFAULT")
 
 # Small trees for fast tests and --quick benchmarks: T1 with a smaller depth, T3's
 # binomial distribution with a 500-child root and other seeds (kept heavy-tailed:
-# T3S puts most of its nodes under one root child, 1024 levels deep).  Their sizes
+# T3S puts 97.6 % of its nodes under one root child, 1024 levels deep).  Their sizes
 # were computed with this module and cross-checked sequential vs parallel; they
 # are regression values, not published ones -- the published checks are
 # DEFAULT and T1..T5 (PUBLISHED below).

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/run.py [--workers 1,2] [--only tiny,map,ring,uts,nqueens,fib,overhead]
+    python benchmarks/run.py [--workers 1,2] [--only startup,tiny,map,ring,uts,nqueens,fib,overhead]
                              [--quick] [--repeat 3] [--markdown docs/benchmarks.md]
 
 Sections (``--only`` picks some):
@@ -59,7 +59,7 @@ if str(HERE.parent) not in sys.path:  # run from a source checkout without insta
 import shoal  # noqa: E402
 from shoal.workloads import fib, nqueens, uts  # noqa: E402
 
-SECTIONS = ("tiny", "map", "ring", "uts", "nqueens", "fib", "overhead")
+SECTIONS = ("startup", "tiny", "map", "ring", "uts", "nqueens", "fib", "overhead")
 TINY_WORKERS = 2
 MEASURE_BUDGET_S = 10.0  # stop repeating a measurement after this much time
 
@@ -436,6 +436,35 @@ def section_overhead(args, run: Runners) -> list[Table]:
                   R, sum(range(1, m + 1)))
     t.add("ProcessPoolExecutor.submit, inc(x)", m, ppe / m * 1e6)
     t.notes.append("nested: (empty_tree(n) - empty_tree(0)) / n, the task machinery alone")
+    return [t]
+
+
+def section_startup(args, run: Runners) -> list[Table]:
+    """Start a 2-worker pool, run one task, shut it down: what a short script pays."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    R = max(3, args.repeat)
+    t = Table("start-up + first task + shutdown, 2 workers", ["runner", "best s", "shoal ÷ peer"])
+
+    def shoal_cycle():
+        with shoal.Pilot(workers=2) as p:
+            return p.submit(inc, 1).result()
+
+    def ppe_cycle():
+        with cf.ProcessPoolExecutor(2) as ex:
+            return ex.submit(inc, 1).result()
+
+    def pool_cycle():
+        with mp.Pool(2) as pool:
+            return pool.apply(inc, (1,))
+
+    mine = best_of(shoal_cycle, R, 2)
+    t.add("shoal Pilot", mine, "-")
+    for name, fn in (("ProcessPoolExecutor", ppe_cycle), ("multiprocessing.Pool", pool_cycle)):
+        peer = best_of(fn, R, 2)
+        t.add(name, peer, peer / mine)
+    t.notes.append("shoal ÷ peer > 1: shoal is faster")
     return [t]
 
 

@@ -28,12 +28,19 @@ from .runtime.future import Future
 from .runtime.shared import BestCell, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
 
-try:
-    from importlib.metadata import version as _version
 
-    __version__ = _version("shoal")
-except Exception:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
+
+def __getattr__(name: str):
+    # __version__ is looked up lazily: importlib.metadata costs ~10 ms, paid by
+    # every worker process at start-up otherwise.
+    if name == "__version__":
+        try:
+            from importlib.metadata import version
+
+            return version("shoal")
+        except Exception:  # pragma: no cover - running from a source tree
+            return "0+unknown"
+    raise AttributeError(f"module 'shoal' has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

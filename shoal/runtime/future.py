@@ -20,6 +20,8 @@ other's children deadlock a 2-worker pilot).
 from __future__ import annotations
 
 import concurrent.futures as cf
+from _thread import RLock as _RLock
+from _thread import allocate_lock as _allocate_lock
 from concurrent.futures._base import FINISHED, PENDING
 
 from . import context
@@ -46,12 +48,84 @@ class _NoLock:
 _NOLOCK = _NoLock()
 
 
+class _Condition:
+    """``threading.Condition`` cut to what futures use, in one small object.
+
+    The stdlib Condition allocates a dozen garbage-collected objects (bound
+    methods, a deque, a dict); with tens of thousands of futures in flight the
+    cyclic collector spends more time on them than the task takes.  Same
+    semantics: an RLock, and one waiter lock per waiting thread.
+    """
+
+    __slots__ = ("_lock", "_waiters")
+
+    def __init__(self):
+        self._lock = _RLock()
+        self._waiters = None
+
+    def __enter__(self):
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
+
+    def acquire(self, *args):
+        return self._lock.acquire(*args)
+
+    def release(self):
+        self._lock.release()
+
+    def wait(self, timeout=None):
+        waiter = _allocate_lock()
+        waiter.acquire()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        saved = self._lock._release_save()
+        got = False
+        try:
+            if timeout is None:
+                got = waiter.acquire()
+            elif timeout > 0:
+                got = waiter.acquire(True, timeout)
+            else:
+                got = waiter.acquire(False)
+            return got
+        finally:
+            self._lock._acquire_restore(saved)
+            if not got:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def notify_all(self):
+        waiters = self._waiters
+        if waiters:
+            for waiter in waiters:
+                try:
+                    waiter.release()
+                except RuntimeError:  # pragma: no cover - timed out meanwhile
+                    pass
+            waiters.clear()
+
+    notify = notify_all  # spurious wake-ups are allowed by the Condition contract
+
+
 class Future(cf.Future):
     """A ``concurrent.futures.Future`` for a shoal task."""
 
     # task id (set by whoever made it); the backend/worker that can cancel it
     task_id: int = 0
     _canceller = None
+
+    def __init__(self):
+        self._condition = _Condition()
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
 
     @classmethod
     def local(cls, task_id: int) -> Future:

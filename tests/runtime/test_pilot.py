@@ -191,3 +191,26 @@ def test_bad_input_at_call_site(pilot):
         pilot.submit(t.inc, 1, retries=-1)
     with pytest.raises(ValueError, match="timeout"):
         pilot.submit(t.inc, 1, timeout=0)
+
+
+def test_waiting_semantics_many_threads_and_timeouts(pilot):
+    import threading
+
+    slow = pilot.submit(t.sleep, 0.3)
+    with pytest.raises(cf.TimeoutError):
+        slow.result(timeout=0.01)
+    done, not_done = cf.wait([slow], timeout=0.01)
+    assert not done and not_done == {slow}
+    with pytest.raises(cf.TimeoutError):
+        list(cf.as_completed([slow], timeout=0.01))
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(slow.result(30))) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert seen == [0.3] * 8
+    called = []
+    slow.add_done_callback(lambda f: called.append(f.result()))  # already done: runs at once
+    assert called == [0.3]
+    assert repr(slow).startswith("<shoal.Future")

@@ -123,6 +123,7 @@ class LocalBackend:
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep)) for ep in self.endpoints}
         self.inboxes = [(ep, Inbox(self.matrix.ring(ep, 0))) for ep in self.endpoints]
         self.doorbell = self.matrix.doorbell(0)
+        self._cancel_cb = self._cancel
         self.tasks: dict[int, _Task] = {}
         self.ids = itertools.count(1)
         self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
@@ -242,7 +243,7 @@ class LocalBackend:
             _check_options(retries, timeout)
         fut = Future()
         fut.task_id = next(self.ids)
-        fut._canceller = self._cancel
+        fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
         if (args and _any_future(args)) or (kwargs and _any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")

@@ -1,0 +1,318 @@
+"""All-pairs skeleton: apply ``compare`` to every pair of items, tiled, cached and stolen.
+
+``compute(pilot, items, compare)`` returns the ``n x n`` (or ``n x m`` with
+``other=``) matrix of ``compare(load(items[i]), load(other[j]))``, as in
+Rocket (all-pairs on heterogeneous platforms): loading an item is often far
+costlier than comparing two, so the design is about reusing loaded items.
+
+Data flow::
+
+    driver ── Spec (keys, load, compare, output handles) pickled once ─► Run handle
+      │  probe (only with load= and no tile=): one task loads item 0 → its size
+      │  tile = default_tile(n, m, workers, cache_bytes, item size)   [_tiles.py]
+      ├─ in-place outputs (shared-memory matrix, .npy memmap): ONE root task for
+      │  the whole matrix; it splits into Z-ordered quadrants (spawn), thieves
+      │  take the oldest half = the far end of the Z curve; leaves write their
+      │  tile (and its mirror) straight into the matrix     [_pair_tasks.py]
+      └─ streamed outputs (on_tile callback, top_k): the matrix as blocks of at
+         most STREAM_BLOCK_PAIRS pairs, in Z order, at most 2 x workers in
+         flight; each block is tiled the same way and returns its tiles / its
+         per-row top-k candidates; the driver hands them on and forgets them.
+
+Invariants: every pair ``(i, j)`` (``i <= j`` when symmetric) is computed by
+exactly one leaf; per-worker counters and per-item load counts are written
+only by the worker that owns their row; the result's ``.stats`` adds them up
+after the root task (or the last block) finished, so nothing is counted twice.
+
+Rejected alternatives: one task per pair or per row (a row task needs every
+other item, so each item is loaded ~n times; see benchmarks/bench_all_pairs.py);
+the driver handing out a flat list of tiles (round-robin placement scatters
+neighbouring tiles, and a big tile cannot be half-stolen); returning tiles to
+the driver for the default output (n^2 floats through the rings instead of
+one shared-memory matrix).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import os
+import time
+import uuid
+
+import shoal
+
+from ._pair_tasks import (
+    Counter,
+    Flag,
+    LoadError,
+    Output,
+    PairError,
+    Run,
+    Spec,
+    probe_task,
+    tile_task,
+)
+from ._tiles import TileKind, blocks, default_tile, merge_topk, sizeof
+
+__all__ = ["compute", "AllPairsResult", "AllPairsStats", "PairError", "LoadError", "default_tile"]
+
+STREAM_BLOCK_PAIRS = 1 << 20  # pairs per streamed block: its tiles are ~8 MiB in flight
+DEFAULT_CACHE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class AllPairsStats:
+    """What a run did; ``result.stats``."""
+
+    n: int
+    m: int
+    symmetric: bool
+    pairs: int  # pairs computed (i <= j only, when symmetric)
+    tile: int  # leaf tile edge used
+    workers: int
+    seconds: float  # wall time of the parallel part (after the probe)
+    pairs_per_s: float
+    loads: int  # calls of load() (0 without load=)
+    loads_per_item: float  # loads / number of distinct items
+    max_loads_per_item: int
+    cache_hits: int
+    cache_misses: int
+    cache_evictions: int
+    tiles: int  # leaves computed
+    tiles_stolen: int  # tile tasks that ran on another worker than their spawner
+    tiles_stolen_warm: int  # ... where the thief already held some of their items
+    tiles_stolen_local: int  # ... thief on the spawner's NUMA node
+    tiles_stolen_remote: int
+    per_worker: list  # one dict of the counters above per worker
+    item_loads: object = dataclasses.field(repr=False, default=None)  # ndarray: loads of each item
+
+    def summary(self) -> str:
+        return (f"{self.pairs} pairs in {self.seconds:.3f} s ({self.pairs_per_s:,.0f}/s), tile {self.tile}, "
+                f"{self.loads} loads ({self.loads_per_item:.2f}/item, max {self.max_loads_per_item}), "
+                f"cache {self.cache_hits} hits/{self.cache_misses} misses, {self.tiles} tiles, "
+                f"{self.tiles_stolen} stolen ({self.tiles_stolen_warm} warm)")
+
+
+def _array_type():
+    import numpy as np
+
+    class AllPairsResult(np.ndarray):
+        """A numpy array with ``.stats`` (AllPairsStats) and, for top_k, ``.indices``."""
+
+        stats: AllPairsStats | None = None
+        indices = None
+
+        def __array_finalize__(self, obj):
+            self.stats = getattr(obj, "stats", None)
+
+    return AllPairsResult
+
+
+try:  # numpy is optional for shoal itself; the skeleton needs it at call time only
+    AllPairsResult = _array_type()
+except ImportError:  # pragma: no cover
+    AllPairsResult = None
+
+
+def _default_cache_bytes(workers: int) -> int:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return DEFAULT_CACHE_BYTES
+    return max(1 << 20, min(DEFAULT_CACHE_BYTES, total // (4 * max(1, workers))))
+
+
+def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric):
+    if compare is None and block is None:
+        raise TypeError("compute() needs compare=(a, b) -> float or block=(rows, cols) -> 2-D array")
+    for name, fn in (("compare", compare), ("block", block)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    for name, seq in (("items", items), ("other", other)):
+        if seq is not None and (isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__")):
+            raise TypeError(f"{name} must be a sequence of keys or values (a list), got {type(seq).__name__}")
+    if tile is not None and (not isinstance(tile, int) or tile < 1):
+        raise ValueError(f"tile must be a positive int (the leaf tile edge), got {tile!r}")
+    if cache_bytes is not None and (not isinstance(cache_bytes, int) or cache_bytes < 1):
+        raise ValueError(f"cache_bytes must be a positive int, got {cache_bytes!r}")
+    if top_k is not None:
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        if out is not None:
+            raise ValueError("top_k= and out= exclude each other: top_k already bounds the result")
+    if out is not None and not callable(out) and not isinstance(out, (str, os.PathLike)):
+        raise TypeError("out= must be a file path (a .npy memmap) or a callable on_tile(i0, j0, tile), "
+                        f"got {type(out).__name__}")
+
+
+def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None, tile=None,
+            cache_bytes=None, block=None, out=None, top_k=None, largest=False):
+    """The matrix of ``compare(load(items[i]), load(other[j]))`` over all pairs, with ``.stats``.
+
+    * ``items``: keys (paths, ids) with ``load(key) -> value`` run on the
+      workers, or the values themselves (``load=None``); must pickle.
+    * ``compare(a, b) -> real number`` per pair, or ``block(rows, cols) ->
+      array (len(rows), len(cols))`` on lists of loaded values (used when given).
+    * ``symmetric=True``: ``compare`` is symmetric; each unordered pair (and
+      ``(i, i)``) is computed once and both halves are filled.  ``other=`` makes
+      the problem rectangular (``n x m``); ``symmetric`` is then ignored.
+    * ``tile``: leaf tile edge (default from n, workers, cache size);
+      ``cache_bytes``: each worker's item cache (default min(256 MiB, RAM/4/workers)).
+    * ``out``: ``None`` -> an in-memory ``AllPairsResult``; a path -> a ``.npy``
+      file written in place through numpy memmaps (for matrices larger than
+      memory), returned as a read-write memmap; a callable ``on_tile(i0, j0,
+      tile)`` -> called in the driver with every tile (the mirrored tiles too,
+      so the calls cover the whole matrix once), the result is empty.
+    * ``top_k=k``: the ``k`` best columns per row only (smallest values, or
+      largest with ``largest=True``; a symmetric problem leaves out ``(i, i)``):
+      values ``(n, k)`` with ``.indices`` ``(n, k)``, best first, padded with
+      NaN / -1; memory O(n k) in the driver.
+    """
+    import cloudpickle
+    import numpy as np
+
+    _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric)
+    items = list(items)
+    symmetric = bool(symmetric) and other is None
+    other = None if other is None else list(other)
+    n = len(items)
+    m = len(other) if other is not None else n
+    n_items = n + (m if other is not None else 0)  # distinct items (both data sets)
+    workers = max(1, pilot.workers)
+    cache_bytes = cache_bytes or _default_cache_bytes(workers)
+    mode = (Output.TOPK if top_k is not None else Output.ARRAY if out is None
+            else Output.CALLBACK if callable(out) else Output.MEMMAP)
+
+    shared = []
+    try:
+        result_sa, path = None, None
+        if mode is Output.ARRAY:
+            result_sa = shoal.SharedArray((n, m), "float64")
+            shared.append(result_sa)
+        elif mode is Output.MEMMAP:
+            path = os.fspath(out)
+            np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, m)).flush()
+        rows = workers + 1  # row 0: the driver (unused), then one per worker
+        counters = shoal.SharedArray((rows, len(Counter)), "int64", fill=0)
+        loads = shoal.SharedArray((rows, max(1, n_items)), "int32", fill=0)
+        flags = shoal.SharedArray((len(Flag),), "int64", fill=0)
+        shared += [counters, loads, flags]
+        spec = Spec(n=n, m=m, items=items, other=other, load=load, compare=compare, block=block,
+                    symmetric=symmetric, mode=mode, result=result_sa, path=path, counters=counters,
+                    loads=loads, flags=flags, cache_bytes=cache_bytes, top_k=top_k, largest=bool(largest))
+        try:
+            blob = cloudpickle.dumps(spec)
+        except Exception as exc:
+            raise TypeError(f"all_pairs.compute: cannot pickle items/load/compare/block for the workers: {exc!r}; "
+                            "use module-level functions and picklable items") from exc
+        run = Run(uuid.uuid4().hex, blob)
+
+        if n and m and tile is None:
+            item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
+            tile = default_tile(n, m, workers=workers, cache_bytes=cache_bytes, item_bytes=item_bytes,
+                                symmetric=symmetric)
+        tile = tile or 1
+        t0 = time.perf_counter()
+        topk = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest)
+        seconds = time.perf_counter() - t0
+        stats = _stats(counters.array, loads.array, n, m, symmetric, tile, workers, seconds, n_items)
+        flags.array[Flag.DONE] = 1
+
+        if mode is Output.ARRAY:
+            result = result_sa.array.view(AllPairsResult)  # no copy: the pages live as long as it does
+        elif mode is Output.MEMMAP:
+            result = np.load(path, mmap_mode="r+")
+        elif mode is Output.CALLBACK:
+            result = np.empty((0, 0)).view(AllPairsResult)
+        else:
+            result = topk
+        result.stats = stats
+        return result
+    finally:
+        if shared:
+            shared[-1].array[Flag.DONE] = 1  # flags: workers drop this run's state on their next run
+        for sa in shared:
+            sa.close()
+
+
+def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest):
+    """Run the tile tasks; returns the top-k result (or None)."""
+    import numpy as np
+
+    if n == 0 or m == 0:
+        return _topk_result(n, top_k, None) if mode is Output.TOPK else None
+    origin = (0, -1)  # the driver: the root task is placed, not stolen
+    if mode in (Output.ARRAY, Output.MEMMAP):
+        root = (TileKind.TRIANGLE, 0, n, 0, n) if symmetric else (TileKind.RECT, 0, n, 0, m)
+        pilot.submit(tile_task, run, root, tile, origin).result()
+        return None
+    size = tile
+    while (2 * size) ** 2 <= STREAM_BLOCK_PAIRS:
+        size *= 2
+    todo = iter(blocks(n, m, size, symmetric))
+    pending: set = set()
+    found = [np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)]
+    try:
+        while True:
+            while len(pending) < 2 * workers:
+                region = next(todo, None)
+                if region is None:
+                    break
+                pending.add(pilot.submit(tile_task, run, region, tile, origin))
+            if not pending:
+                break
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                part = fut.result()
+                if mode is Output.CALLBACK:
+                    for i0, j0, t in part:
+                        out(i0, j0, t)
+                        if symmetric and i0 != j0:
+                            out(j0, i0, t.T)
+                elif part is not None:
+                    found = merge_topk(*(np.concatenate([a, b]) for a, b in zip(found, part, strict=True)),
+                                       top_k, largest)
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        raise
+    return _topk_result(n, top_k, found) if mode is Output.TOPK else None
+
+
+def _topk_result(n, k, found):
+    import numpy as np
+
+    values = np.full((n, k), np.nan).view(AllPairsResult)
+    indices = np.full((n, k), -1, dtype=np.int64)
+    if found is not None and found[0].size:
+        rows, cols, vals = found
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        rank = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+        values[rows, rank] = vals
+        indices[rows, rank] = cols
+    values.indices = indices
+    return values
+
+
+def _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items) -> AllPairsStats:
+    import numpy as np
+
+    ctr = np.array(ctr)
+    total = ctr.sum(axis=0)
+    per_item = np.array(loads).sum(axis=0)[:n_items] if n_items else np.zeros(0, np.int64)
+    pairs = int(total[Counter.PAIRS])
+    names = {c: c.name.lower() for c in Counter}
+    per_worker = [{"worker": w, **{names[c]: int(ctr[w, c]) for c in Counter}} for w in range(1, ctr.shape[0])]
+    return AllPairsStats(
+        n=n, m=m, symmetric=symmetric, pairs=pairs, tile=tile, workers=workers, seconds=seconds,
+        pairs_per_s=pairs / seconds if seconds > 0 else 0.0,
+        loads=int(per_item.sum()), loads_per_item=float(per_item.mean()) if per_item.size else 0.0,
+        max_loads_per_item=int(per_item.max()) if per_item.size else 0,
+        cache_hits=int(total[Counter.HITS]), cache_misses=int(total[Counter.MISSES]),
+        cache_evictions=int(total[Counter.EVICTIONS]), tiles=int(total[Counter.TILES]),
+        tiles_stolen=int(total[Counter.STOLEN]), tiles_stolen_warm=int(total[Counter.STOLEN_WARM]),
+        tiles_stolen_local=int(total[Counter.STOLEN_LOCAL]),
+        tiles_stolen_remote=int(total[Counter.STOLEN_REMOTE]),
+        per_worker=per_worker, item_loads=per_item,
+    )

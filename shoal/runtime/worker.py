@@ -158,7 +158,6 @@ class Worker:
         self.deque: deque = deque()
         self.fns: dict[int, object] = {}  # fn id -> function (from the driver's DEFINE)
         self.fn_ids: dict[int, int] = {}  # id(function) -> fn id
-        self.inline: dict[int, tuple] = {}  # id(fn) -> (fn, None) for worker-made functions
         self.undefined: list = []  # WireTasks waiting for a DEFINE
         self.lent: dict[int, list] = {}  # my task id -> [LocalTask, thief, generation]
         self.dead: dict[int, int] = {}  # endpoint -> newest dead generation
@@ -167,6 +166,7 @@ class Worker:
         self.any_cancel = False
         self.scope: Scope | None = None
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
+        self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
         self.seq = 0
         self.stop = False
         rng = random.Random(spec["seed"] * 1_000_003 + self.ep)
@@ -195,7 +195,7 @@ class Worker:
         self.seq += 1
         fut = Future.local((self.ep << wire.OWNER_SHIFT) | self.seq)
         pinned = (bool(args) and has_futures(args)) or (bool(kwargs) and has_futures(kwargs))
-        fut._canceller = self.cancel_local
+        fut._canceller = self._cancel_local_cb
         deq = self.deque
         deq.append(LocalTask(fn, args, kwargs, fut, self.scope, pinned))
         c = self.c

@@ -435,7 +435,17 @@ def section_overhead(args, run: Runners) -> list[Table]:
     ppe = best_of(lambda: sum(f.result() for f in [ex.submit(inc, i) for i in range(m)]),
                   R, sum(range(1, m + 1)))
     t.add("ProcessPoolExecutor.submit, inc(x)", m, ppe / m * 1e6)
+    # Wake-up: one task submitted to an idle pilot whose workers are parked (asleep).
+    trips = []
+    for _ in range(20):
+        time.sleep(0.02)  # longer than the workers' spin: they are asleep now
+        t0 = time.perf_counter()
+        pilot.submit(inc, 1).result()
+        trips.append(time.perf_counter() - t0)
+    trips.sort()
+    t.add("round trip to a parked worker (median of 20)", 20, trips[10] * 1e6)
     t.notes.append("nested: (empty_tree(n) - empty_tree(0)) / n, the task machinery alone")
+    t.notes.append("round trip: submit + wake the sleeping worker + run + result back to the driver")
     return [t]
 
 

@@ -1,0 +1,94 @@
+"""Functions the all-pairs tests hand to workers (module-level, so workers import them)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.spatial.distance import cdist
+
+
+def euclidean(a, b):
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
+
+
+def cosine(a, b):
+    dot = float(np.dot(a, b))
+    return 1.0 - dot / (math.sqrt(float(np.dot(a, a))) * math.sqrt(float(np.dot(b, b))))
+
+
+def cityblock(a, b):
+    return float(np.abs(a - b).sum())
+
+
+PER_PAIR = {"euclidean": euclidean, "cosine": cosine, "cityblock": cityblock}
+
+
+def block_euclidean(rows, cols):
+    return cdist(np.asarray(rows), np.asarray(cols), "euclidean")
+
+
+def block_cosine(rows, cols):
+    r, c = np.asarray(rows), np.asarray(cols)
+    r = r / np.linalg.norm(r, axis=1, keepdims=True)
+    c = c / np.linalg.norm(c, axis=1, keepdims=True)
+    return 1.0 - r @ c.T
+
+
+def block_cityblock(rows, cols):
+    r, c = np.asarray(rows), np.asarray(cols)
+    return np.abs(r[:, None, :] - c[None, :, :]).sum(axis=2)
+
+
+BLOCK = {"euclidean": block_euclidean, "cosine": block_cosine, "cityblock": block_cityblock}
+
+
+def levenshtein(s, t):
+    """Two-row dynamic programme (the implementation under test's compare)."""
+    prev = list(range(len(t) + 1))
+    for i, a in enumerate(s, 1):
+        cur = [i]
+        for j, b in enumerate(t, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a != b)))
+        prev = cur
+    return prev[-1]
+
+
+def load_npy(path):
+    return np.load(path)
+
+
+def fails_on_3_5(a, b):
+    if {a, b} == {3, 5}:
+        raise ZeroDivisionError("boom")
+    return float(a - b)
+
+
+def load_or_fail(key):
+    if key == "bad-key":
+        raise FileNotFoundError(f"no such item {key}")
+    return len(key)
+
+
+def returns_string(a, b):
+    return "x" if (a, b) == (1, 2) else 1.0
+
+
+def returns_none(a, b):
+    return None
+
+
+def block_wrong_shape(rows, cols):
+    return np.zeros((len(rows), len(cols) + 1))
+
+
+def block_strings(rows, cols):
+    return np.full((len(rows), len(cols)), "a")
+
+
+def absdiff(a, b):
+    return float(abs(a - b))
+
+
+def similarity(a, b):
+    return -abs(a - b) / 7.0

@@ -1,0 +1,80 @@
+"""Ensembles on pilots: Pipeline/Stage/Task workflows of executables and functions.
+
+Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
+``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
+write-ahead state), ``launcher`` (sandboxes, staging, posix_spawn, reaping),
+``report`` (Results/StageContext/Report), ``engine`` (the driver loop), and
+``workflow_file`` (loading ``workflow.py`` files for ``shoal run``).  The
+public face is ``shoal.ensemble``; see docs/ensemble.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import (
+    EnsembleError,
+    Failure,
+    FailureKind,
+    Input,
+    Pipeline,
+    Stage,
+    Staging,
+    Task,
+    TaskKind,
+    TaskState,
+)
+from .report import Report, Results, StageContext
+from .scheduler import Placement, Request, Scheduler
+
+
+def parse_walltime(value) -> float | None:
+    """``3600``, ``"90s"``, ``"30m"``, ``"2h"``, ``"1:30:00"`` -> seconds."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value <= 0:
+            raise EnsembleError(f"walltime must be > 0 seconds, got {value}")
+        return float(value)
+    text = str(value).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
+    if m:
+        return parse_walltime(float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
+    parts = text.split(":")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        secs = 0
+        for p in parts:
+            secs = secs * 60 + int(p)
+        return parse_walltime(secs if len(parts) == 3 else secs * 60)
+    raise EnsembleError(f"walltime {value!r}: use seconds or '90s', '30m', '2h', 'HH:MM:SS'")
+
+
+def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
+        workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
+        sandbox: str | None = None, window: int | None = None, durability: str = "normal",
+        progress=None, patience: int = 64) -> Report:
+    """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
+
+    ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
+    started on the first function task and closed at the end).  ``journal``:
+    the SQLite file recording every state change; ``resume=True`` finishes
+    the run it holds.  ``cores`` (a count or CPU ids), ``gpus`` (a count, for
+    CUDA_VISIBLE_DEVICES) and ``memory`` (bytes or '64G') describe what
+    tasks may be placed on.  ``walltime`` (seconds or '2h'): stop starting
+    tasks that cannot finish in time, drain, and leave the journal resumable.
+    ``sandbox``: root of the per-task directories (default ``<journal>.sandbox``).
+    """
+    from .engine import Engine
+
+    engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
+                    cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
+                    sandbox=sandbox, window=window, durability=durability, progress=progress,
+                    patience=patience)
+    return engine.run()
+
+
+__all__ = [
+    "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
+    "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
+    "Request", "Placement", "parse_walltime",
+]

@@ -1,0 +1,658 @@
+"""The ensemble engine: walks pipelines, journals, places, launches, reaps.  Driver thread only.
+
+Data flow (one loop, one thread; the pilot's result threads only poke a pipe)::
+
+    workflow ──lazily──► active pipelines ──current stage's task iterator──► waiting (≤ window)
+    waiting ──deps/when──► Scheduler.place ──► journal RUNNING + commit ──► spawn / pilot.submit
+    pidfds + wake pipe ──poll──► reap ──► journal DONE/FAILED/retry + commit ──► release cores,
+                                          stage barrier, post_exec(ctx), next stage
+
+Invariants:
+  * write-ahead: a state is committed to the journal before the engine acts
+    on it (spawn after RUNNING is durable; successors after DONE is durable);
+  * bounded memory: at most ``window`` tasks are materialised (waiting) plus
+    the running ones; finished tasks live only in the journal; at most
+    ``max_pipelines`` pipelines are pulled from a lazy workflow at a time;
+  * cores/GPUs/memory are never over-committed (the pure Scheduler), and a
+    request that can never fit fails at submission with a clear reason;
+  * a failure stays in its pipeline: the pipeline stops after a stage with a
+    FAILED task; other pipelines go on.
+
+Resume replays the workflow definition: tasks whose journal row is terminal
+are counted, not run; a stage whose tasks are all terminal runs its
+``post_exec`` again (so callbacks must be functions of the results, which the
+journal stores).  Rows left RUNNING by a dead driver are re-run.
+
+Rejected alternatives: a thread per running task (thousands of threads for
+``/bin/true`` ensembles); ``waitpid(-1)`` / SIGCHLD (would reap the pilot's own
+workers); submitting every function task to the pilot at once (unbounded
+memory, and no core accounting against executables).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+import select
+import time
+from collections.abc import Callable
+
+import shoal
+
+from .journal import Journal
+from .launcher import Launcher, LaunchError, check_root, kill_leftover, tail
+from .model import (
+    EnsembleError,
+    Failure,
+    FailureKind,
+    Pipeline,
+    Stage,
+    Task,
+    TaskKind,
+    TaskState,
+    as_pipelines,
+    parse_ref,
+)
+from .report import Report, Results, StageContext
+from .scheduler import Request, Scheduler
+
+
+class _StageRun:
+    __slots__ = ("stage", "uid", "pipe", "tasks", "exhausted", "outstanding", "failed", "names", "index")
+
+    def __init__(self, stage: Stage, uid: str, pipe: _PipeRun):
+        self.stage, self.uid, self.pipe = stage, uid, pipe
+        self.tasks = iter(stage.tasks)
+        self.exhausted = False
+        self.outstanding = 0  # pulled from the iterator, not yet terminal
+        self.failed = 0
+        self.names: set[str] = set()  # explicit task names seen (duplicates are errors)
+        self.index = 0
+
+
+class _PipeRun:
+    __slots__ = ("pipeline", "uid", "next_stage", "stage", "stopped", "failed")
+
+    def __init__(self, pipeline: Pipeline, uid: str):
+        self.pipeline, self.uid = pipeline, uid
+        self.next_stage = 0
+        self.stage: _StageRun | None = None
+        self.stopped = False
+        self.failed = False
+
+
+class _Item:
+    """A task pulled from its stage: waiting, then running."""
+
+    __slots__ = ("task", "uid", "srun", "attempt", "deps", "pid", "pidfd", "future", "placement",
+                 "deadline", "t0", "sandbox")
+
+    def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int):
+        self.task, self.uid, self.srun, self.attempt = task, uid, srun, attempt
+        self.deps = task.dependency_uids() + [
+            r[0] for r in (parse_ref(i.source) for i in task.staged_inputs()) if r
+        ]
+        self.pid = self.pidfd = None
+        self.future = self.placement = self.deadline = self.sandbox = None
+        self.t0 = 0.0
+
+
+class Engine:
+    """One run of a workflow.  Use ``shoal.ensemble.run``; owner only (one thread)."""
+
+    def __init__(self, workflow, *, pilot=None, journal: str = "run.db", resume: bool = False,
+                 workers: int | None = None, cores=None, gpus: int = 0, memory=None,
+                 walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
+                 max_pipelines: int = 4096, durability: str = "normal",
+                 progress: Callable[[dict], None] | None = None, patience: int = 64):
+        self.workflow = iter(as_pipelines(workflow))
+        self.user_pilot = pilot
+        self.pilot = pilot
+        self.workers = workers
+        if cores is None:
+            cpus = (pilot.topology if pilot is not None else shoal.topology()).usable_cpus
+            if workers is not None and pilot is None:
+                cpus = cpus[:workers] if workers <= len(cpus) else list(range(workers))
+        elif isinstance(cores, int):
+            cpus = list(range(cores))
+        else:
+            cpus = list(cores)
+        if memory is None:
+            import psutil
+
+            memory_total = psutil.virtual_memory().total
+        else:
+            from .model import parse_size
+
+            memory_total = parse_size(memory, "run(memory=)")
+        self.sched = Scheduler(cpus, gpus=gpus, memory=memory_total, patience=patience)
+        self.window = window or max(64, 8 * len(self.sched.cpus))
+        self.max_pipelines = max_pipelines
+        self.walltime = walltime
+        self.journal_path = journal
+        root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
+        check_root(root)
+        self.launcher = Launcher(root, gpus=gpus)
+        self.progress = progress
+        self.resume = resume
+        self.journal = Journal(journal, resume=resume, durability=durability)
+        self.replay = resume  # look each task up in the journal
+        self.results = Results(self.journal, self.launcher)
+        self.pipes: list[_PipeRun] = []
+        self.pipe_names: set[str] = set()
+        self.pipe_count = 0
+        self.workflow_done = False
+        self.waiting: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        self.running: dict[int, _Item] = {}  # pid or id(future) -> item
+        self.by_pidfd: dict[int, _Item] = {}
+        self.finished_futures: collections.deque = collections.deque()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+            os.set_inheritable(fd, False)
+        self.poller = select.poll()
+        self.poller.register(self.wake_r, select.POLLIN)
+        self.draining = False
+        self.durations = [0.0, 0]  # sum, count of finished attempts (walltime estimates)
+        self.session_counts = collections.Counter()
+        self._last_progress = 0.0
+        self.moves = 0  # progress counter: a loop pass that moves nothing with nothing running is stuck
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> Report:
+        t0 = time.monotonic()
+        self.deadline = t0 + self.walltime if self.walltime else None
+        wall0 = time.time()
+        try:
+            if self.resume:
+                for _uid, pid, start in self.journal.take_over():
+                    kill_leftover(pid, start)
+            while True:
+                before = self.moves
+                self._fill()
+                self._schedule()
+                if not self.running and not self.finished_futures:
+                    if self._finished() or self.draining:
+                        break
+                    if self.moves == before:
+                        raise EnsembleError(self._stuck_message())
+                    continue
+                self._wait()
+                self._reap()
+                self._report_progress(t0)
+            drained = self.draining and not self._finished()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self._close_resources()
+        report = Report.from_journal(self.journal, wall0, time.monotonic() - t0, drained,
+                                     self.session_counts)
+        self.journal.close()
+        return report
+
+    def _finished(self) -> bool:
+        return self.workflow_done and not self.pipes and not self.waiting and not self.running
+
+    def _stuck_message(self) -> str:
+        blocked = [f"{it.uid} (after {', '.join(it.deps)})" for it in list(self.waiting.values())[:5]]
+        stages = [p.stage.uid for p in self.pipes if p.stage is not None][:5]
+        return ("the workflow cannot progress: nothing runs and the waiting tasks' dependencies "
+                f"never complete: {blocked or stages}. after= must name tasks, stages or pipelines "
+                "that come earlier in the workflow")
+
+    # -- pulling work -----------------------------------------------------------------
+    def _fill(self) -> None:
+        while not self.workflow_done and len(self.pipes) < self.max_pipelines and len(self.waiting) < self.window:
+            try:
+                pipeline = next(self.workflow)
+            except StopIteration:
+                self.workflow_done = True
+                break
+            self._add_pipeline(pipeline)
+        for prun in list(self.pipes):
+            if len(self.waiting) >= self.window:
+                break
+            self._advance(prun)
+
+    def _add_pipeline(self, pipeline: Pipeline) -> None:
+        if not isinstance(pipeline, Pipeline):
+            raise EnsembleError(f"workflow item {self.pipe_count} is {pipeline!r}, not a Pipeline")
+        name = pipeline.name or f"p{self.pipe_count}"
+        self.pipe_count += 1
+        if pipeline.name is not None:
+            if name in self.pipe_names:
+                raise EnsembleError(f"pipeline name {name!r} is used twice; pipeline names must be unique")
+            self.pipe_names.add(name)
+        pipeline.uid = name
+        pipeline.validate()
+        self.pipes.append(_PipeRun(pipeline, name))
+        self.moves += 1
+
+    def _advance(self, prun: _PipeRun) -> None:
+        """Start the pipeline's next stage if it may, then pull its tasks up to the window."""
+        while True:
+            if prun.stage is None:
+                if not self._start_next_stage(prun):
+                    return
+            srun = prun.stage
+            if srun.exhausted:
+                if srun.outstanding == 0:
+                    self._end_stage(prun)
+                    continue
+                return
+            while len(self.waiting) < self.window:
+                try:
+                    task = next(srun.tasks)
+                except StopIteration:
+                    srun.exhausted = True
+                    break
+                self._add_task(srun, task)
+            if not srun.exhausted:
+                return
+
+    def _dep_state(self, uid: str) -> TaskState | None:
+        if uid.count(".") == 2:
+            return self.journal.state(uid)
+        return self.journal.stage_state(uid)
+
+    def _start_next_stage(self, prun: _PipeRun) -> bool:
+        pipeline = prun.pipeline
+        if prun.stopped or prun.next_stage >= len(pipeline.stages):
+            self._end_pipeline(prun)
+            return False
+        if prun.next_stage == 0:
+            for dep in pipeline.dependency_uids():
+                state = self._dep_state(dep)
+                if state is None or not state.terminal:
+                    return False  # wait
+                if state is not TaskState.DONE:
+                    prun.failed = True
+                    self._end_pipeline(prun, TaskState.SKIPPED)
+                    return False
+        stage = pipeline.stages[prun.next_stage]
+        if not isinstance(stage, Stage):
+            raise EnsembleError(f"pipeline {prun.uid}: stage {prun.next_stage} is {stage!r}, not a Stage")
+        name = stage.name or f"s{prun.next_stage}"
+        stage.uid = f"{prun.uid}.{name}"
+        stage.validate()
+        for dep in stage.dependency_uids():
+            state = self._dep_state(dep)
+            if state is None or not state.terminal:
+                return False
+            if state is not TaskState.DONE:
+                prun.next_stage += 1
+                self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
+                prun.stopped, prun.failed = True, True
+                return self._start_next_stage(prun)
+        prun.next_stage += 1
+        if stage.when is not None and not stage.when(self.results):
+            self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
+            return self._start_next_stage(prun)
+        prun.stage = _StageRun(stage, stage.uid, prun)
+        self.moves += 1
+        return True
+
+    def _add_task(self, srun: _StageRun, task: Task) -> None:
+        if not isinstance(task, Task):
+            raise EnsembleError(f"stage {srun.uid}: task {srun.index} is {task!r}, not a Task")
+        if task.name is not None:
+            if task.name in srun.names:
+                raise EnsembleError(f"stage {srun.uid}: task name {task.name!r} is used twice")
+            srun.names.add(task.name)
+        task.uid = f"{srun.uid}.{task.name or f't{srun.index}'}"
+        srun.index += 1
+        task.validate()
+        why = self.sched.impossible(self._request(task, 0))
+        if why:
+            raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
+        srun.outstanding += 1
+        attempt = 0
+        if self.replay:
+            state = self.journal.state(task.uid)
+            if state is not None and state.terminal:
+                self._settle_counts(srun, state)
+                return
+            attempt = self.journal.attempt(task.uid)
+        item = _Item(task, task.uid, srun, attempt)
+        self.waiting[id(item)] = item
+        self.moves += 1
+
+    def _request(self, task: Task, key) -> Request:
+        return Request(key, task.cores, task.gpus, task.memory_bytes)
+
+    # -- starting ---------------------------------------------------------------------
+    def _schedule(self) -> int:
+        if self.draining or not self.waiting:
+            return 0
+        now = time.monotonic()
+        candidates: list[Request] = []
+        for key, item in list(self.waiting.items()):
+            if item.deps:
+                blocked = False
+                for dep in item.deps:
+                    state = self._dep_state(dep)
+                    if state is None or not state.terminal:
+                        blocked = True
+                        break
+                    if state is not TaskState.DONE:
+                        self._skip(item, f"dependency {dep} is {state.value}")
+                        blocked = True
+                        break
+                if blocked:
+                    continue
+            if item.task.when is not None and item.attempt == 0 and not item.task.when(self.results):
+                self._skip(item, "when= returned false")
+                continue
+            if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
+                self.draining = True
+                break
+            candidates.append(self._request(item.task, key))
+        if self.draining and not candidates:
+            return 0
+        placements = self.sched.place(candidates)
+        if not placements:
+            self.journal.commit()
+            return 0
+        items = []
+        wall = time.time()
+        for p in placements:
+            item = self.waiting.pop(p.key)
+            item.placement = p
+            item.attempt += 1
+            t = item.task
+            item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
+            self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value,
+                                 item.attempt, item.sandbox, wall)
+            items.append(item)
+        self.journal.commit()  # write-ahead: RUNNING is durable before anything starts
+        spawned = False
+        for item in items:
+            item.t0 = time.monotonic()
+            if item.task.timeout:
+                item.deadline = item.t0 + item.task.timeout
+            if item.task.kind is TaskKind.FUNCTION:
+                self._submit(item)
+            else:
+                spawned |= self._spawn(item)
+        self.journal.commit()  # pids (a resume kills orphans), failed spawns
+        self.moves += 1
+        return len(items)
+
+    def _estimate(self, task: Task) -> float:
+        if task.estimate:
+            return task.estimate
+        if task.timeout:
+            return task.timeout
+        total, n = self.durations
+        return total / n if n else 0.0
+
+    def _spawn(self, item: _Item) -> bool:
+        t = item.task
+        try:
+            self.launcher.make_sandbox(item.uid)
+            inputs = t.staged_inputs()
+            if inputs:
+                self.launcher.stage_in(inputs, item.sandbox, self._resolve)
+            args = [self._resolve(str(a)) for a in t.arguments]
+            stdin = self._resolve(t.stdin) if t.stdin else None
+            if stdin is not None and not os.path.isabs(stdin):
+                stdin = os.path.join(item.sandbox, stdin)
+            pid, pidfd = self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
+                                             item.placement.gpus, args, stdin)
+        except LaunchError as exc:
+            self.sched.release(item.placement)
+            self._ended(item, Failure(exc.kind, exc.message, attempt=item.attempt))
+            return False
+        item.pid, item.pidfd = pid, pidfd
+        self.running[pid] = item
+        if pidfd >= 0:
+            self.by_pidfd[pidfd] = item
+            self.poller.register(pidfd, select.POLLIN)
+        self.journal.pid(item.uid, pid, time.time())
+        return True
+
+    def _resolve(self, text: str) -> str:
+        return self.launcher.resolve(text, parse_ref(text)) if text.startswith("$") else text
+
+    def _submit(self, item: _Item) -> None:
+        if self.pilot is None:
+            self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
+        t = item.task
+        try:
+            fut = self.pilot.submit(t.function, *t.args, timeout=t.timeout, **dict(t.kwargs))
+        except Exception as exc:
+            self.sched.release(item.placement)
+            self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))
+            return
+        item.future = fut
+        self.running[id(fut)] = item
+        fut.add_done_callback(self._on_future)
+
+    def _on_future(self, fut) -> None:
+        """Runs on the pilot's result thread: hand over and wake the loop (never blocks)."""
+        self.finished_futures.append(fut)
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- waiting and reaping ----------------------------------------------------------
+    def _wait(self) -> None:
+        if self.finished_futures:
+            return
+        timeout = 1.0 if self.running else 0.05
+        if self.deadline is not None:
+            timeout = min(timeout, max(0.0, self.deadline - time.monotonic()))
+        for item in self.running.values():
+            if item.deadline is not None and item.future is None:
+                timeout = min(timeout, max(0.0, item.deadline - time.monotonic()))
+            if item.pidfd == -1:
+                timeout = min(timeout, 0.01)
+        self.ready = self.poller.poll(int(timeout * 1000) + 1)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        ended: list[tuple[_Item, Failure | None, object]] = []
+        for fd, _ev in getattr(self, "ready", ()):
+            if fd == self.wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_r, 65536):
+                        pass
+                continue
+            item = self.by_pidfd.pop(fd, None)
+            if item is not None:
+                self.poller.unregister(fd)
+                ended.append(self._exe_outcome(item, self.launcher.exit_code(item.pid, fd)))
+        self.ready = ()
+        for item in [i for i in self.running.values() if i.pidfd == -1]:
+            code = self.launcher.exit_code(item.pid, -1, block=False)
+            if code is not None:
+                ended.append(self._exe_outcome(item, code))
+        while self.finished_futures:
+            fut = self.finished_futures.popleft()
+            item = self.running.get(id(fut))
+            if item is not None:
+                ended.append(self._fn_outcome(item, fut))
+        for item in list(self.running.values()):
+            if item.future is None and item.deadline is not None and now >= item.deadline:
+                self.launcher.kill(item.pid)  # reaped on a later pass, as a timeout
+                item.future = False  # marks "killed for its timeout"
+        if self.deadline is not None and now >= self.deadline and self.running:
+            self._stop_for_walltime()
+        for item, failure, value in ended:
+            del self.running[item.pid if item.future in (None, False) else id(item.future)]
+            self.sched.release(item.placement)
+            self.durations[0] += now - item.t0
+            self.durations[1] += 1
+            self._ended(item, failure, value)
+        if ended:
+            self.journal.commit()  # DONE/FAILED durable before successors start
+
+    def _exe_outcome(self, item: _Item, code: int):
+        timed_out = item.future is False
+        sandbox = item.sandbox
+        if timed_out:
+            return item, Failure(FailureKind.TIMEOUT, f"killed after timeout={item.task.timeout}s",
+                                 code, tail(os.path.join(sandbox, "stderr")), item.attempt), None
+        if code != 0:
+            what = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
+            return item, Failure(FailureKind.EXIT_CODE, what, code,
+                                 tail(os.path.join(sandbox, "stderr")), item.attempt), None
+        try:
+            outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
+        except LaunchError as exc:
+            return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
+        return item, None, (0, outputs)
+
+    def _fn_outcome(self, item: _Item, fut):
+        exc = fut.exception()
+        if exc is None:
+            return item, None, fut.result()
+        if isinstance(exc, shoal.TaskTimeout):
+            kind = FailureKind.TIMEOUT
+        elif isinstance(exc, shoal.WorkerLost):
+            kind = FailureKind.WORKER_LOST
+        else:
+            kind = FailureKind.EXCEPTION
+        cause = exc.__cause__
+        tb = getattr(cause, "tb", "") if cause is not None else ""
+        return item, Failure(kind, f"{type(exc).__name__}: {exc}", None, tb[-2000:], item.attempt), None
+
+    # -- ending -----------------------------------------------------------------------
+    def _ended(self, item: _Item, failure: Failure | None, value=None) -> None:
+        """Journal the end of one attempt (caller commits) and move the stage on."""
+        now = time.time()
+        t = item.task
+        if failure is None:
+            if t.kind is TaskKind.EXECUTABLE:
+                code, outputs = value
+                self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
+            else:
+                self.journal.done(item.uid, now, result=value)
+            self._settle(item, TaskState.DONE)
+            return
+        final = item.attempt > t.retries
+        self.journal.failed(item.uid, failure, now, final=final)
+        if final:
+            self._settle(item, TaskState.FAILED)
+            return
+        if t.on_retry is not None:
+            new = t.on_retry(t, failure)
+            if not isinstance(new, Task):
+                raise EnsembleError(f"task {item.uid}: on_retry must return a Task, got {new!r}")
+            new.uid = item.uid
+            new.validate()
+            item.task = new
+        item.placement = item.pid = item.pidfd = item.future = item.deadline = None
+        self.session_counts["retries"] += 1
+        self.waiting[id(item)] = item
+
+    def _skip(self, item: _Item, reason: str) -> None:
+        self.waiting.pop(id(item), None)
+        self.sched.forget(id(item))
+        self.journal.settled(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
+                             TaskState.SKIPPED, reason, time.time())
+        self._settle(item, TaskState.SKIPPED)
+
+    def _settle(self, item: _Item, state: TaskState) -> None:
+        self.session_counts[state] += 1
+        self._settle_counts(item.srun, state)
+
+    def _settle_counts(self, srun: _StageRun, state: TaskState) -> None:
+        srun.outstanding -= 1
+        self.moves += 1
+        if state is TaskState.FAILED:
+            srun.failed += 1
+        if srun.exhausted and srun.outstanding == 0:
+            self._end_stage(srun.pipe)
+
+    def _end_stage(self, prun: _PipeRun) -> None:
+        srun = prun.stage
+        if srun is None:
+            return
+        prun.stage = None
+        state = TaskState.FAILED if srun.failed else TaskState.DONE
+        self.journal.stage(srun.uid, prun.uid, state)
+        self.journal.commit()
+        if srun.failed:
+            prun.stopped = prun.failed = True
+        elif srun.stage.post_exec is not None:
+            ctx = StageContext(self, prun, srun.stage)
+            srun.stage.post_exec(ctx)
+
+    def _end_pipeline(self, prun: _PipeRun, state: TaskState | None = None) -> None:
+        if prun in self.pipes:
+            self.pipes.remove(prun)
+        self.moves += 1
+        if state is None:
+            state = TaskState.FAILED if prun.failed else TaskState.DONE
+        self.journal.stage(prun.uid, prun.uid, state)
+        self.journal.commit()
+
+    # -- walltime, abort, cleanup -----------------------------------------------------
+    def _stop_for_walltime(self) -> None:
+        """Past the walltime: kill what still runs and leave it PENDING for a resume."""
+        self.draining = True
+        for key, item in list(self.running.items()):
+            if item.future is None or item.future is False:
+                self.launcher.kill(item.pid)
+                self.launcher.exit_code(item.pid, item.pidfd if item.pidfd is not None else -1)
+                if item.pidfd is not None and item.pidfd >= 0:
+                    self.by_pidfd.pop(item.pidfd, None)
+                    self.poller.unregister(item.pidfd)
+            else:
+                item.future.cancel()
+            self.journal.unstart(item.uid)
+            self.sched.release(item.placement)
+            del self.running[key]
+        self.journal.commit()
+        if self.pilot is not None and self.pilot is not self.user_pilot:
+            self.pilot.close(cancel_pending=True)
+            self.pilot = None
+
+    def _abort(self) -> None:
+        for item in list(self.running.values()):
+            if item.future is None or item.future is False:
+                self.launcher.kill(item.pid)
+                with contextlib.suppress(Exception):
+                    self.launcher.exit_code(item.pid, item.pidfd if item.pidfd is not None else -1)
+                item.pidfd = None
+            with contextlib.suppress(Exception):
+                self.journal.unstart(item.uid)
+        self.running.clear()
+        self.by_pidfd.clear()
+        with contextlib.suppress(Exception):
+            self.journal.commit()
+            self.journal.close()
+
+    def _close_resources(self) -> None:
+        for fd in list(self.by_pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.by_pidfd.clear()
+        for fd in (self.wake_r, self.wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.pilot is not None and self.pilot is not self.user_pilot:
+            self.pilot.close(cancel_pending=True)
+        self.pilot = None
+
+    def _report_progress(self, t0: float) -> None:
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        c = self.session_counts
+        done = c[TaskState.DONE]
+        self.progress({"done": done, "running": len(self.running), "failed": c[TaskState.FAILED],
+                       "skipped": c[TaskState.SKIPPED], "waiting": len(self.waiting),
+                       "rate": done / max(now - t0, 1e-9), "elapsed": now - t0})
+
+    # -- used by StageContext -----------------------------------------------------------
+    def add_pipeline(self, pipeline: Pipeline) -> None:
+        self._add_pipeline(pipeline)

@@ -1,0 +1,335 @@
+"""The ensemble model: Task, Stage, Pipeline (the RADICAL-EnTK PST model) and their validation.
+
+Data flow: the user builds ``Pipeline``s of ``Stage``s of ``Task``s (plain
+objects, no I/O); ``engine.run`` walks them.  A Stage's ``tasks`` may be any
+iterable — a generator is consumed lazily, a window at a time, which is how a
+million-task stage runs in bounded driver memory.  A workflow is a Pipeline,
+a list of them, or an iterable (also lazy) of them.
+
+Identity: every task has a *uid* ``"pipeline.stage.task"``.  Names default to
+``p<i>`` / ``s<j>`` / ``t<k>`` by position, so re-running the same workflow
+script yields the same uids — which is what makes the journal (and resume)
+work.  Names may not contain ``.``, ``/``, ``$`` or whitespace.
+
+Invariants checked here (``Task.validate``), each error naming the task and
+field: exactly one of ``executable``/``function``; ``cores >= 1``,
+``gpus >= 0``, ``memory >= 0``; ``retries >= 0``; callables where callables
+are expected; staging references well formed.
+
+Rejected alternatives: string states (Enums instead, see ``TaskState``);
+one class per task kind (a single ``Task`` with a ``kind`` property keeps
+``on_retry`` able to change anything, EnTK-style); dependencies as a global
+DAG (EnTK's stage barrier + explicit ``after=`` keeps the driver's state
+per pipeline, so lazily generated workflows stay bounded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import shoal
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-:+@%=,]+$")
+REF_RE = re.compile(r"^\$([^./\s$]+)\.([^./\s$]+)\.([^./\s$]+)(?:/(.*))?$")
+
+
+class EnsembleError(shoal.ShoalError, ValueError):
+    """A workflow that cannot run as written (bad field, unknown reference, journal mismatch)."""
+
+
+class TaskKind(enum.Enum):
+    EXECUTABLE = "executable"
+    FUNCTION = "function"
+
+
+class TaskState(enum.Enum):
+    """Life of a task.  Terminal: DONE, FAILED, SKIPPED, CANCELED."""
+
+    PENDING = "pending"  # known, not started (also: never journaled)
+    RUNNING = "running"  # journaled before the process/future starts
+    DONE = "done"
+    FAILED = "failed"  # retries exhausted
+    SKIPPED = "skipped"  # when= was false, or a dependency failed/was skipped
+    CANCELED = "canceled"  # pipeline stopped by post_exec, or run aborted
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.CANCELED)
+
+
+class FailureKind(enum.Enum):
+    EXIT_CODE = "exit_code"  # executable exited non-zero / died of a signal
+    EXCEPTION = "exception"  # function raised
+    TIMEOUT = "timeout"
+    SPAWN = "spawn"  # executable missing / not executable
+    SANDBOX = "sandbox"  # sandbox directory could not be created
+    STAGING = "staging"  # an input could not be staged / an output is missing
+    WORKER_LOST = "worker_lost"
+    DEPENDENCY = "dependency"  # an after= dependency did not complete
+
+
+class Staging(enum.Enum):
+    COPY = "copy"
+    LINK = "link"  # symbolic link
+    MOVE = "move"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why one attempt of a task failed; given to ``on_retry`` and listed in the Report."""
+
+    kind: FailureKind
+    message: str
+    exit_code: int | None = None
+    stderr_tail: str = ""
+    attempt: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One file staged into a task's sandbox before it starts."""
+
+    source: str  # "$pipeline.stage.task/path" or a plain path
+    target: str  # relative to the sandbox
+    mode: Staging = Staging.COPY
+
+
+def parse_size(value: int | str | None, what: str) -> int:
+    """``512``, ``"512M"``, ``"2G"`` -> bytes (ints are bytes)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise EnsembleError(f"{what}: expected bytes or a size like '2G', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise EnsembleError(f"{what}: must be >= 0, got {value}")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(value), re.I)
+    if not m:
+        raise EnsembleError(f"{what}: expected bytes or a size like '512M' or '2G', got {value!r}")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+def parse_ref(text: str) -> tuple[str, str] | None:
+    """``"$p.s.t/out.dat"`` -> (``"p.s.t"``, ``"out.dat"``); None if not a reference."""
+    m = REF_RE.match(text)
+    if not m:
+        return None
+    return f"{m.group(1)}.{m.group(2)}.{m.group(3)}", m.group(4) or ""
+
+
+def _ref_uid(item: Any, what: str) -> str:
+    if isinstance(item, str):
+        return item
+    uid = getattr(item, "uid", None)
+    if uid is None:
+        raise EnsembleError(
+            f"{what}: {item!r} has no uid yet; add it to a Stage/Pipeline first or name it by uid string"
+        )
+    return uid
+
+
+@dataclasses.dataclass(eq=False)
+class Task:
+    """One executable or function call with its resource needs.
+
+    Executable: ``Task(executable="/bin/echo", arguments=["hi"])``; function:
+    ``Task(function=f, args=(1,), kwargs={})``.  ``after``: tasks/stages/
+    pipelines (objects or uid strings) that must be DONE first; ``when``:
+    ``callable(results) -> bool`` evaluated right before the task would start.
+    """
+
+    executable: str | None = None
+    arguments: Sequence[str] = ()
+    function: Callable | None = None
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pre_exec: Sequence[str] = ()
+    post_exec: Sequence[str] = ()
+    stdin: str | None = None
+    cores: int = 1
+    gpus: int = 0
+    memory: int | str = 0
+    timeout: float | None = None
+    estimate: float | None = None  # expected seconds, for walltime draining
+    retries: int = 0
+    on_retry: Callable[[Task, Failure], Task] | None = None
+    inputs: Sequence[str | Input | tuple] = ()
+    outputs: Sequence[str] = ()
+    after: Sequence[Any] = ()
+    when: Callable[[Any], bool] | None = None
+    tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    uid: str | None = dataclasses.field(default=None, init=False)
+
+    @property
+    def kind(self) -> TaskKind:
+        return TaskKind.FUNCTION if self.function is not None else TaskKind.EXECUTABLE
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_size(self.memory, f"task {self.label}: memory")
+
+    @property
+    def label(self) -> str:
+        return self.uid or self.name or "<unnamed task>"
+
+    def replace(self, **changes) -> Task:
+        """A copy with ``changes`` (what an ``on_retry`` hook usually returns)."""
+        new = dataclasses.replace(self, **changes)
+        new.uid = self.uid
+        return new
+
+    def staged_inputs(self) -> list[Input]:
+        out = []
+        for item in self.inputs:
+            if isinstance(item, Input):
+                out.append(item)
+            elif isinstance(item, str):
+                ref = parse_ref(item)
+                target = (ref[1] if ref else item).rsplit("/", 1)[-1]
+                out.append(Input(item, target))
+            elif isinstance(item, tuple) and 2 <= len(item) <= 3:
+                mode = Staging(item[2]) if len(item) == 3 else Staging.COPY
+                out.append(Input(item[0], item[1], mode))
+            else:
+                raise EnsembleError(
+                    f"task {self.label}: inputs entries are 'path', (source, target[, Staging]) "
+                    f"or Input(...), got {item!r}"
+                )
+        return out
+
+    def validate(self) -> None:
+        """Raise EnsembleError naming this task and the bad field; return None when fine."""
+        who = f"task {self.label}"
+        if (self.executable is None) == (self.function is None):
+            raise EnsembleError(f"{who}: give exactly one of executable= or function=")
+        if self.executable is not None:
+            if not isinstance(self.executable, str) or not self.executable:
+                raise EnsembleError(f"{who}: executable must be a non-empty string, got {self.executable!r}")
+            if isinstance(self.arguments, str) or not all(isinstance(a, str | int | float) for a in self.arguments):
+                raise EnsembleError(f"{who}: arguments must be a list of strings, got {self.arguments!r}")
+            for field in ("pre_exec", "post_exec"):
+                v = getattr(self, field)
+                if isinstance(v, str) or not all(isinstance(x, str) for x in v):
+                    raise EnsembleError(f"{who}: {field} must be a list of shell lines, got {v!r}")
+        else:
+            if not callable(self.function):
+                raise EnsembleError(f"{who}: function must be callable, got {self.function!r}")
+            if self.pre_exec or self.post_exec or self.stdin:
+                raise EnsembleError(f"{who}: pre_exec/post_exec/stdin apply to executables only")
+        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
+            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
+        for field, low in (("cores", 1), ("gpus", 0), ("retries", 0)):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise EnsembleError(f"{who}: {field} must be an integer >= {low}, got {v!r}")
+        for field in ("timeout", "estimate"):
+            v = getattr(self, field)
+            if v is not None and (not isinstance(v, int | float) or v <= 0):
+                raise EnsembleError(f"{who}: {field} must be a number of seconds > 0, got {v!r}")
+        self.memory_bytes  # noqa: B018 - parse for the error
+        for field in ("on_retry", "when"):
+            v = getattr(self, field)
+            if v is not None and not callable(v):
+                raise EnsembleError(f"{who}: {field} must be callable, got {v!r}")
+        if not isinstance(self.environment, Mapping):
+            raise EnsembleError(f"{who}: environment must be a mapping, got {self.environment!r}")
+        for inp in self.staged_inputs():
+            if inp.source.startswith("$") and parse_ref(inp.source) is None:
+                raise EnsembleError(
+                    f"{who}: input {inp.source!r} is not a reference '$pipeline.stage.task/path'"
+                )
+            if not inp.target or inp.target.startswith("/") or ".." in inp.target.split("/"):
+                raise EnsembleError(f"{who}: input target {inp.target!r} must be a path inside the sandbox")
+        if isinstance(self.outputs, str):
+            raise EnsembleError(f"{who}: outputs must be a list of file names, got {self.outputs!r}")
+
+    def dependency_uids(self) -> list[str]:
+        return [_ref_uid(a, f"task {self.label}: after") for a in self.after]
+
+
+@dataclasses.dataclass(eq=False)
+class Stage:
+    """Tasks that run concurrently; the next stage starts when all of them are terminal.
+
+    ``post_exec(ctx)`` runs in the driver after the stage; ``ctx`` (a
+    ``StageContext``) can read results, ``append`` stages to this pipeline,
+    ``add_pipeline``, or ``stop()`` the pipeline.
+    """
+
+    tasks: Iterable[Task] = ()
+    name: str | None = None
+    post_exec: Callable[[Any], None] | None = None
+    after: Sequence[Any] = ()
+    when: Callable[[Any], bool] | None = None
+    uid: str | None = dataclasses.field(default=None, init=False)
+
+    def add_tasks(self, *tasks: Task) -> Stage:
+        if not isinstance(self.tasks, list):
+            raise EnsembleError(f"stage {self.name}: add_tasks needs a list of tasks, not {type(self.tasks).__name__}")
+        self.tasks.extend(tasks)
+        return self
+
+    def validate(self) -> None:
+        who = f"stage {self.uid or self.name or '<unnamed>'}"
+        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
+            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=,")
+        if isinstance(self.tasks, Task | str | bytes) or not isinstance(self.tasks, Iterable):
+            raise EnsembleError(f"{who}: tasks must be an iterable of Task, got {self.tasks!r}")
+        for field in ("post_exec", "when"):
+            v = getattr(self, field)
+            if v is not None and not callable(v):
+                raise EnsembleError(f"{who}: {field} must be callable, got {v!r}")
+
+    def dependency_uids(self) -> list[str]:
+        return [_ref_uid(a, f"stage {self.uid}: after") for a in self.after]
+
+
+@dataclasses.dataclass(eq=False)
+class Pipeline:
+    """An ordered list of stages (``add_stages`` may be called by a post_exec callback)."""
+
+    stages: list[Stage] = dataclasses.field(default_factory=list)
+    name: str | None = None
+    after: Sequence[Any] = ()
+    uid: str | None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self):
+        self.stages = list(self.stages)
+
+    def add_stages(self, *stages: Stage) -> Pipeline:
+        self.stages.extend(stages)
+        return self
+
+    def validate(self) -> None:
+        who = f"pipeline {self.uid or self.name or '<unnamed>'}"
+        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
+            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=,")
+        for s in self.stages:
+            if not isinstance(s, Stage):
+                raise EnsembleError(f"{who}: stages must be Stage objects, got {s!r}")
+
+    def dependency_uids(self) -> list[str]:
+        return [_ref_uid(a, f"pipeline {self.uid}: after") for a in self.after]
+
+
+def as_pipelines(workflow) -> Iterable[Pipeline]:
+    """A Pipeline, a list/iterable of them (lazy), or a callable returning one of those."""
+    if callable(workflow) and not isinstance(workflow, Pipeline):
+        workflow = workflow()
+    if isinstance(workflow, Pipeline):
+        return [workflow]
+    if isinstance(workflow, Stage | Task):
+        raise EnsembleError(
+            f"a workflow is Pipeline(s); wrap this {type(workflow).__name__} as Pipeline([Stage([...])])"
+        )
+    if not isinstance(workflow, Iterable):
+        raise EnsembleError(f"a workflow is a Pipeline or an iterable of them, got {workflow!r}")
+    return workflow

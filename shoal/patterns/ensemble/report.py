@@ -1,0 +1,195 @@
+"""What callbacks see (``Results``, ``StageContext``) and what a run returns (``Report``).
+
+``Results`` reads the journal, never an in-memory table, so a million-task
+run keeps nothing per finished task in the driver, and a resumed run sees
+exactly the values the first run stored.  ``Report`` is built from the
+journal at the end of ``run`` (counts by state, failures with exit code and
+stderr tail, outputs, timings); ``Report.load(path)`` rebuilds one from a
+journal file, which is what ``shoal status`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .journal import Journal, open_readonly
+from .model import EnsembleError, Pipeline, Stage, TaskState
+
+
+def _uid(ref) -> str:
+    uid = ref if isinstance(ref, str) else getattr(ref, "uid", None)
+    if uid is None:
+        raise EnsembleError(f"{ref!r} has not been scheduled yet, so it has no result")
+    return uid
+
+
+class Results:
+    """Read access to finished tasks, by Task object or uid ``"pipeline.stage.task"``.
+
+    ``results[ref]`` is the function's return value (an executable's exit
+    code); ``state(ref)``, ``sandbox(ref)`` and ``path(ref, name)`` too.
+    """
+
+    def __init__(self, journal: Journal, launcher):
+        self._journal = journal
+        self._launcher = launcher
+
+    def __getitem__(self, ref):
+        uid = _uid(ref)
+        state = self._journal.state(uid)
+        if state is not TaskState.DONE:
+            raise KeyError(f"{uid} has no result (state: {state.value if state else 'not started'})")
+        return self._journal.result(uid)
+
+    def get(self, ref, default=None):
+        try:
+            return self[ref]
+        except KeyError:
+            return default
+
+    def state(self, ref) -> TaskState:
+        return self._journal.state(_uid(ref)) or TaskState.PENDING
+
+    def sandbox(self, ref) -> str:
+        return self._launcher.sandbox_of(_uid(ref))
+
+    def path(self, ref, name: str) -> str:
+        import os
+
+        return os.path.join(self.sandbox(ref), name)
+
+
+class StageContext:
+    """Given to a stage's ``post_exec(ctx)``: read results, grow or stop the workflow."""
+
+    def __init__(self, engine, prun, stage: Stage):
+        self._engine = engine
+        self._prun = prun
+        self.stage = stage
+        self.pipeline: Pipeline = prun.pipeline
+        self.results: Results = engine.results
+
+    def append(self, *stages: Stage) -> None:
+        """Add stages at the end of this pipeline (they run after the current last one)."""
+        for s in stages:
+            if not isinstance(s, Stage):
+                raise EnsembleError(f"append() takes Stage objects, got {s!r}")
+        self.pipeline.stages.extend(stages)
+        if self._prun.stopped:
+            raise EnsembleError(f"pipeline {self._prun.uid} was stopped; it takes no more stages")
+
+    def add_pipeline(self, pipeline: Pipeline) -> None:
+        """Start a new pipeline now (alongside this one)."""
+        self._engine.add_pipeline(pipeline)
+
+    def stop(self) -> None:
+        """End this pipeline after the current stage: the remaining stages do not run."""
+        self._prun.stopped = True
+
+    @property
+    def iteration(self) -> int:
+        """How many stages of this pipeline have started (handy to name appended stages)."""
+        return self._prun.next_stage
+
+
+@dataclasses.dataclass
+class Report:
+    """The outcome of ``run``: ``ok`` when every task is DONE or SKIPPED and none was left."""
+
+    journal: str
+    counts: dict[TaskState, int]
+    failures: list[dict]
+    stages: dict[str, dict[TaskState, int]]
+    outputs: dict[str, list[str]]
+    started: float | None  # epoch seconds
+    wall_s: float
+    drained: bool = False  # stopped by walltime= with work left; resume to finish
+    retries: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.counts.get(TaskState.DONE, 0)
+
+    @property
+    def failed(self) -> int:
+        return self.counts.get(TaskState.FAILED, 0)
+
+    @property
+    def ok(self) -> bool:
+        left = sum(n for s, n in self.counts.items() if not s.terminal)
+        return not self.drained and left == 0 and self.failed == 0 \
+            and self.counts.get(TaskState.CANCELED, 0) == 0
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.done / self.wall_s if self.wall_s > 0 else 0.0
+
+    def result(self, uid: str):
+        """A DONE task's value, read from the journal file."""
+        import pickle
+
+        db = open_readonly(self.journal)
+        try:
+            row = db.execute("SELECT state, result, exit_code, kind FROM tasks WHERE uid=?", (uid,)).fetchone()
+        finally:
+            db.close()
+        if row is None or row[0] != TaskState.DONE.value:
+            raise KeyError(f"{uid} has no result ({row[0] if row else 'not in the journal'})")
+        return row[2] if row[3] == "executable" else (pickle.loads(row[1]) if row[1] else None)
+
+    @classmethod
+    def from_journal(cls, journal: Journal, wall0: float, wall_s: float, drained: bool,
+                     session_counts) -> Report:
+        return cls(journal.path, journal.counts(), list(journal.failures(limit=1000)),
+                   journal.stage_counts(), journal.outputs(), wall0, wall_s, drained,
+                   session_counts.get("retries", 0))
+
+    @classmethod
+    def load(cls, path: str) -> Report:
+        """The report of the run recorded in the journal at ``path`` (read-only)."""
+        db = open_readonly(path)
+        try:
+            counts = {TaskState(s): n for s, n in db.execute("SELECT state, count(*) FROM tasks GROUP BY state")}
+            stages: dict[str, dict[TaskState, int]] = {}
+            for stage, state, n in db.execute(
+                "SELECT stage, state, count(*) FROM tasks GROUP BY stage, state ORDER BY min(rowid)"
+            ):
+                stages.setdefault(stage, {})[TaskState(state)] = n
+            failures = [
+                {"uid": u, "kind": k, "exit_code": c, "reason": r, "stderr_tail": t or "", "attempts": a}
+                for u, k, c, r, t, a in db.execute(
+                    "SELECT uid, failure, exit_code, reason, stderr_tail, attempt FROM tasks WHERE state=? "
+                    "ORDER BY finished LIMIT 1000", (TaskState.FAILED.value,))
+            ]
+            first, last = db.execute("SELECT min(started), max(finished) FROM tasks").fetchone()
+        finally:
+            db.close()
+        wall = (last - first) if first and last else 0.0
+        return cls(path, counts, failures, stages, {}, first, wall)
+
+    def table(self) -> str:
+        """Per-stage counts and the failures, as text."""
+        cols = [TaskState.DONE, TaskState.RUNNING, TaskState.PENDING, TaskState.FAILED,
+                TaskState.SKIPPED, TaskState.CANCELED]
+        width = max([len("stage")] + [len(s) for s in self.stages])
+        lines = [f"{'stage':<{width}}  " + "  ".join(f"{c.value:>8}" for c in cols)]
+        for stage, counts in self.stages.items():
+            lines.append(f"{stage:<{width}}  " + "  ".join(f"{counts.get(c, 0):>8}" for c in cols))
+        total = "  ".join(f"{self.counts.get(c, 0):>8}" for c in cols)
+        lines.append(f"{'total':<{width}}  {total}")
+        for f in self.failures[:20]:
+            kind = f["kind"].value if hasattr(f["kind"], "value") else f["kind"]
+            lines.append(f"FAILED {f['uid']}: {kind}: {f['reason']} (exit code {f['exit_code']}, "
+                         f"attempts {f['attempts']})")
+            tail = (f["stderr_tail"] or "").strip().splitlines()[-3:]
+            lines += [f"    | {t}" for t in tail]
+        if len(self.failures) > 20:
+            lines.append(f"... and {len(self.failures) - 20} more failures")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        state = "drained at walltime (resume to finish)" if self.drained else ("ok" if self.ok else "not ok")
+        when = time.strftime("%H:%M:%S", time.localtime(self.started)) if self.started else "-"
+        return (f"ensemble run {state}: {self.done} done, {self.failed} failed, started {when}, "
+                f"{self.wall_s:.2f} s, {self.tasks_per_s:.1f} tasks/s\n{self.table()}")

@@ -45,7 +45,7 @@ def parse_walltime(value) -> float | None:
         secs = 0
         for p in parts:
             secs = secs * 60 + int(p)
-        return parse_walltime(secs if len(parts) == 3 else secs * 60)
+        return parse_walltime(secs)  # HH:MM:SS or MM:SS (as Slurm reads them)
     raise EnsembleError(f"walltime {value!r}: use seconds or '90s', '30m', '2h', 'HH:MM:SS'")
 
 

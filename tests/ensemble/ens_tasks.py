@@ -1,0 +1,52 @@
+"""Task functions and helpers for the ensemble tests (module-level, so pilot workers import them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def square(x):
+    return x * x
+
+
+def add(a, b):
+    return a + b
+
+
+def boom(msg="boom"):
+    raise ValueError(msg)
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def touch_count(path):
+    """Append one line to ``path`` (a side effect to count runs)."""
+    with open(path, "a") as f:
+        f.write("x\n")
+    return 1
+
+
+def flaky(path, failures):
+    """Fail the first ``failures`` calls (counted in ``path``), then return the call number."""
+    n = len(Path(path).read_text().splitlines()) if os.path.exists(path) else 0
+    touch_count(path)
+    if n < failures:
+        raise RuntimeError(f"flaky failure {n + 1}")
+    return n + 1
+
+
+def run_py(script: str, *args, timeout=120, cwd=None):
+    """Run a Python file with shoal importable; returns CompletedProcess."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)

@@ -1,0 +1,92 @@
+"""The pure placement policy: never over-commits, backfills, reserves for wide tasks, NUMA best fit."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.ensemble import EnsembleError  # noqa: F401 - the facade imports cleanly
+from shoal.patterns.ensemble import Request, Scheduler
+
+requests = st.lists(
+    st.tuples(st.integers(1, 8), st.integers(0, 2), st.integers(0, 300)), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests, st.integers(1, 8), st.integers(0, 3), st.integers(0, 2), st.integers(0, 2**32 - 1))
+def test_never_overcommits_and_progresses(reqs, ncpu, ngpu, patience, seed):
+    rng = random.Random(seed)
+    sched = Scheduler(range(ncpu), gpus=ngpu, memory=1000, patience=patience,
+                      nodes=[range(0, ncpu, 2), range(1, ncpu, 2)])
+    waiting = [Request(i, c, g, m) for i, (c, g, m) in enumerate(reqs) if sched.impossible(Request(i, c, g, m)) is None]
+    running = []
+    steps = 0
+    while waiting or running:
+        steps += 1
+        assert steps < 10_000
+        placed = sched.place(waiting)
+        if waiting and sched.fits(waiting[0]) and not placed:
+            raise AssertionError("head fits but nothing was placed")
+        keys = {p.key for p in placed}
+        if waiting and not placed and not running:
+            raise AssertionError("idle scheduler placed nothing")
+        waiting = [r for r in waiting if r.key not in keys]
+        running += placed
+        # invariants: disjoint, within the configured sets, memory within the total
+        cpus = [c for p in running for c in p.cpus]
+        gpus = [g for p in running for g in p.gpus]
+        assert len(cpus) == len(set(cpus)) and set(cpus) <= set(range(ncpu))
+        assert len(gpus) == len(set(gpus)) and set(gpus) <= set(range(ngpu))
+        assert sum(p.memory for p in running) <= 1000
+        assert set(cpus).isdisjoint(sched.free_cpus)
+        for p in placed:
+            req = reqs[p.key]
+            assert (len(p.cpus), len(p.gpus), p.memory) == (req[0], req[1], req[2])
+        if running:  # finish a random one
+            done = running.pop(rng.randrange(len(running)))
+            sched.release(done)
+    assert sched.idle and sched.free_memory == 1000
+
+
+def test_backfill_small_tasks_fill_the_gap():
+    sched = Scheduler(range(4))
+    first = sched.place([Request("a", 3)])
+    assert [p.key for p in first] == ["a"]
+    # b needs 4 (does not fit); c and d need 1 each: c fills the gap, d waits
+    placed = sched.place([Request("b", 4), Request("c", 1), Request("d", 1)])
+    assert [p.key for p in placed] == ["c"]
+
+
+def test_reservation_stops_starvation():
+    sched = Scheduler(range(2), patience=2)
+    sched.place([Request("x", 1)])
+    waiting = [Request("wide", 2)] + [Request(i, 1) for i in range(10)]
+    overtook = []
+    for _ in range(6):
+        placed = sched.place(waiting)
+        overtook += [p.key for p in placed]
+        waiting = [r for r in waiting if r.key not in {p.key for p in placed}]
+        for p in placed:
+            sched.release(p)
+    assert len(overtook) == 2  # then the reservation holds everything behind "wide"
+
+
+def test_numa_best_fit_and_pinning():
+    sched = Scheduler(range(8), nodes=[range(0, 4), range(4, 8)])
+    a = sched.place([Request("a", 2)])[0]
+    assert set(a.cpus) <= set(range(4))
+    b = sched.place([Request("b", 4)])[0]
+    assert b.cpus == (4, 5, 6, 7)  # the node with room for all four
+    c = sched.place([Request("c", 2)])[0]
+    assert set(c.cpus) == {2, 3}
+
+
+def test_impossible_says_why():
+    sched = Scheduler(range(2), gpus=1, memory=100)
+    assert "4 cores but the pilot has 2" in sched.impossible(Request("k", 4))
+    assert "2 GPUs" in sched.impossible(Request("k", 1, 2))
+    assert "memory" in sched.impossible(Request("k", 1, 0, 101))
+    assert sched.impossible(Request("k", 2, 1, 100)) is None

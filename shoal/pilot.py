@@ -34,10 +34,13 @@ class Pilot:
             from .backends.local import LocalBackend
 
             self._backend = LocalBackend(workers, topology=topology, trace=trace, seed=seed, **options)
-        else:
-            raise NotImplementedError(
-                "backend='dask' is not available in this version of shoal; use the default local backend"
-            )
+        else:  # BackendKind.DASK: address=, client=, cluster= or provider= (+ its options)
+            if topology is not None or trace is not None:
+                raise ValueError("backend='dask' takes no topology= or trace= (each dask worker's "
+                                 "host has its own topology; use dask's dashboard for traces)")
+            from .backends.dask import DaskBackend
+
+            self._backend = DaskBackend(workers, seed=seed, **options)
         self.backend = kind
         self._closed = False
         context.pilots.append(self)
@@ -61,6 +64,9 @@ class Pilot:
             from ._errors import PilotClosed
 
             raise PilotClosed("map() on a closed pilot; open a new shoal.Pilot")
+        own_map = getattr(self._backend, "map", None)  # a backend may batch at its own level
+        if own_map is not None:
+            return own_map(fn, iterables, ordered=ordered, chunksize=chunksize)
         return map_iter(self._backend, fn, iterables, ordered=ordered, chunksize=chunksize)
 
     def stats(self) -> dict:

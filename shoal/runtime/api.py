@@ -30,3 +30,7 @@ class Backend(Protocol):
     def stats(self, timeout: float = 2.0) -> dict[str, Any]: ...
 
     def close(self, cancel_pending: bool = False) -> None: ...
+
+    # Optional: ``map(fn, iterables, *, ordered, chunksize)`` -> iterator.  When a backend
+    # has it, ``Pilot.map`` uses it instead of ``mapping.map_iter`` over ``submit`` (the dask
+    # backend batches at two levels: dask tasks between hosts, shoal tasks inside each).

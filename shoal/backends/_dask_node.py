@@ -1,0 +1,273 @@
+"""The node side of the dask backend: one shoal runtime inside each dask worker process.
+
+Data flow (one dask task)::
+
+    dask worker thread ── run_task(cfg, fn blob, args, kwargs) ──► node_runtime(cfg)
+        │  (secede from dask's thread pool while the node has room)      │ a LocalBackend:
+        └── waits on node.backend.submit(fn, ...).result() ◄─────────────┘ shoal workers,
+                                                                            rings, stealing
+
+* ``node_runtime(cfg)`` finds or starts the ``LocalBackend`` of the pilot
+  ``cfg.token`` in this process (called once per pilot and process; later
+  calls are a dict lookup).  Its worker processes are children of the dask
+  worker process and hold the read end of the LocalBackend's lifeline pipe,
+  so they exit when the dask worker dies, even by SIGKILL.
+* ``close_node(token)`` (sent with ``client.run`` when the pilot closes) stops
+  that runtime; an *idle reaper* stops a runtime no task used for
+  ``cfg.idle_timeout`` seconds (a driver that died without closing leaves
+  nothing behind for long).  A later task starts a fresh runtime.
+* Admission: a task *secedes* from dask's thread pool while the node runs
+  fewer tasks than it has shoal workers, so one dask thread can feed a node of
+  many shoal workers; past that it holds its dask slot, which makes the dask
+  scheduler queue further root tasks centrally and hand them to whichever node
+  frees a slot first (cross-node balancing at the granularity of dask tasks).
+* Errors: the exception from the node keeps its type; the shoal worker's
+  traceback text rides along in the exception's ``__dict__`` (which pickle
+  keeps) as ``_shoal_remote_tb``, because dask drops ``__cause__``.
+
+Invariants: one runtime per (process, pilot token); ``inflight`` counts this
+process's dask tasks that are inside a runtime, and the reaper never closes a
+runtime with ``inflight > 0``.
+
+Rejected: a ``WorkerPlugin`` per pilot (its teardown runs only on clean
+shutdown, and workers that join late need the lazy path anyway); running the
+task in the dask worker process itself (no stealing, and ``shoal.spawn``
+would have no worker loop to push to).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import cloudpickle
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from ..runtime.mapping import TARGET_S, map_iter
+from .local import LocalBackend
+
+DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
+_FN_CACHE = 256
+_REAP_EVERY_S = 10.0
+TB_ATTR = "_shoal_remote_tb"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a dask task needs to find (or start) its pilot's runtime in a dask worker."""
+
+    token: str
+    workers: int | None = None  # shoal workers per dask worker; None: from the sizing plugin
+    seed: int = 0
+    idle_timeout: float = 600.0
+
+
+class _Node:
+    """One pilot's runtime in this dask worker process (guarded by ``_lock``)."""
+
+    def __init__(self, cfg: NodeConfig, workers: int):
+        self.backend = LocalBackend(workers, seed=cfg.seed)
+        self.cfg = cfg
+        self.inflight = 0
+        self.tasks = 0
+        self.seceded = 0
+        self.last_used = time.monotonic()
+        self.fns: OrderedDict[bytes, object] = OrderedDict()
+
+    def function(self, blob: bytes):
+        """The function for a cloudpickle blob; the same object for the same blob, so the
+        LocalBackend sends it to its workers once."""
+        with _lock:
+            fn = self.fns.get(blob)
+            if fn is not None:
+                self.fns.move_to_end(blob)
+                return fn
+        fn = cloudpickle.loads(blob)
+        with _lock:
+            fn = self.fns.setdefault(blob, fn)
+            while len(self.fns) > _FN_CACHE:
+                self.fns.popitem(last=False)
+        return fn
+
+
+_lock = threading.Lock()
+_nodes: dict[str, _Node] = {}
+_reaper: threading.Thread | None = None
+
+
+_sizing: dict[str, dict[str, int]] = {}  # pilot token -> {host: shoal workers per dask worker}
+
+
+def _my_host() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address.rsplit(":", 1)[0]
+    except (ImportError, ValueError):
+        return ""
+
+
+def _default_workers(cfg: NodeConfig) -> int:
+    """``cfg.workers``, else what the pilot computed for this host, else all usable CPUs."""
+    if cfg.workers is not None:
+        return cfg.workers
+    per_host = _sizing.get(cfg.token, {})
+    return per_host.get(_my_host()) or max(1, len(os.sched_getaffinity(0)))
+
+
+def node_runtime(cfg: NodeConfig) -> _Node:
+    """This process's runtime for pilot ``cfg.token``, started on first use."""
+    global _reaper
+    with _lock:
+        node = _nodes.get(cfg.token)
+        if node is not None and not node.backend.closing:
+            return node
+    workers = _default_workers(cfg)
+    with _lock:
+        node = _nodes.get(cfg.token)
+        if node is not None and not node.backend.closing:
+            return node
+        node = _nodes[cfg.token] = _Node(cfg, workers)
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap, name="shoal-dask-reaper", daemon=True)
+            _reaper.start()
+    return node
+
+
+def _enter(node: _Node) -> bool:
+    """Count a task in; True when it should leave dask's thread pool (the node has room)."""
+    with _lock:
+        node.inflight += 1
+        node.tasks += 1
+        node.last_used = time.monotonic()
+        room = node.inflight <= node.backend.n
+        if room:
+            node.seceded += 1
+        return room
+
+
+def _leave(node: _Node) -> None:
+    with _lock:
+        node.inflight -= 1
+        node.last_used = time.monotonic()
+
+
+def _secede() -> None:
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):  # not inside a dask task (tests call run_task directly)
+        pass
+
+
+def _tag(exc: BaseException) -> None:
+    """Keep the shoal worker's traceback text on the exception across dask's pickling."""
+    cause = exc.__cause__
+    tb = getattr(cause, "tb", None)
+    if isinstance(tb, str):
+        try:
+            exc.__dict__[TB_ATTR] = tb
+        except (AttributeError, TypeError):  # pragma: no cover - exceptions without __dict__
+            pass
+
+
+def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: float | None):
+    """A dask task: run ``fn(*args, **kwargs)`` on this node's shoal runtime (dask worker)."""
+    node = node_runtime(cfg)
+    fn = node.function(blob)
+    if _enter(node):
+        _secede()
+    try:
+        return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
+    except BaseException as exc:
+        _tag(exc)
+        raise
+    finally:
+        _leave(node)
+
+
+def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
+    """A dask task: one coarse map batch, spread over this node's shoal workers by the
+    node's own adaptive map.  Returns ``(results, scaled seconds)``: the seconds are
+    scaled so that the driver's ``map_iter`` (which aims at ``TARGET_S`` per batch)
+    sizes dask batches to about ``DASK_TARGET_S`` of node time."""
+    node = node_runtime(cfg)
+    fn = node.function(blob)
+    if _enter(node):
+        _secede()
+    try:
+        t0 = time.perf_counter()
+        columns = [list(c) for c in zip(*batch, strict=True)] if star else [batch]
+        out = list(map_iter(node.backend, fn, columns))
+        elapsed = time.perf_counter() - t0
+        return out, elapsed * TARGET_S / DASK_TARGET_S
+    except BaseException as exc:
+        _tag(exc)
+        raise
+    finally:
+        _leave(node)
+
+
+def probe() -> tuple[str, int]:
+    """(host, usable CPUs) of this dask worker (run with ``client.run``)."""
+    return _my_host(), len(os.sched_getaffinity(0))
+
+
+class NodePlugin(WorkerPlugin):
+    """Registered once per pilot: tells every dask worker, also those that join or restart
+    later, how many shoal workers to start for this host; its teardown (pilot close, or the
+    dask worker closing) stops the pilot's runtime in that worker."""
+
+    def __init__(self, token: str, per_host: dict[str, int]):
+        self.token = token
+        self.per_host = dict(per_host)
+
+    def setup(self, worker=None):
+        _sizing[self.token] = self.per_host
+
+    def teardown(self, worker=None):
+        _sizing.pop(self.token, None)
+        close_node(self.token)
+
+
+def node_stats(token: str) -> dict | None:
+    """Stats of pilot ``token``'s runtime here, or None when none runs (``client.run``)."""
+    with _lock:
+        node = _nodes.get(token)
+        if node is None:
+            return None
+        counters = {"dask_tasks": node.tasks, "seceded": node.seceded, "inflight": node.inflight,
+                    "pid": os.getpid()}
+    stats = node.backend.stats()
+    stats["node"] = counters
+    return stats
+
+
+def close_node(token: str) -> bool:
+    """Stop pilot ``token``'s runtime in this process (``client.run`` at pilot close)."""
+    with _lock:
+        node = _nodes.pop(token, None)
+    if node is None:
+        return False
+    node.backend.close(cancel_pending=True)
+    return True
+
+
+def _reap() -> None:
+    """Close runtimes that no task used for their ``idle_timeout`` (daemon thread)."""
+    while True:
+        time.sleep(_REAP_EVERY_S)
+        now = time.monotonic()
+        with _lock:
+            idle = [t for t, n in _nodes.items()
+                    if n.inflight == 0 and now - n.last_used > n.cfg.idle_timeout]
+            nodes = [_nodes.pop(t) for t in idle]
+        for node in nodes:
+            try:
+                node.backend.close(cancel_pending=True)
+            except Exception:  # pragma: no cover - keep reaping the others
+                pass

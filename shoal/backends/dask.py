@@ -1,0 +1,437 @@
+"""The dask.distributed backend: dask moves coarse work between machines, shoal runs it inside.
+
+Two levels::
+
+    driver (this process)                       dask worker process (each host, 1+)
+      Pilot.submit ─► DaskBackend.submit           run_task(cfg, fn blob, args, kwargs)
+        │ client.submit(run_task, ...) ───dask───►   │ node runtime = a LocalBackend:
+        │                                            │ shoal worker processes, rings,
+      shoal.Future ◄── settle ◄── gather ◄───dask──  │ work stealing, shoal.spawn
+                                                     ▼ (see _dask_node.py)
+
+* ``submit`` sends one dask task that runs the function on the node runtime of
+  whichever dask worker dask picks.  ``shoal.spawn`` inside it pushes to that
+  node's deques; idle shoal workers of the node steal.  A spawned tree stays on
+  its node (no shoal task crosses machines except through dask).
+* Futures among the arguments (also inside lists, tuples, dicts) become the
+  dask futures behind them, so dask resolves them **on the workers**: a result
+  that only feeds another task never crosses the driver (the local backend
+  resolves them in the driver).
+* ``map`` reuses ``shoal.runtime.mapping.map_iter`` one level up: a batch is
+  one dask task, spread over the node's shoal workers by the node's own map;
+  the node reports scaled durations so a batch lasts ~``DASK_TARGET_S``
+  (dask costs 1-2 ms a task; shoal's ring costs microseconds).
+* Results: dask's done callback (its callback thread) queues the finished
+  dask future; one coroutine on the client's event loop gathers the queued
+  ones in a batch and settles the shoal futures.  Errors keep their type and
+  the shoal worker's traceback (``__cause__`` = ``RemoteTraceback``).
+* Failure: ``retries`` is dask's (any exception, incl. ``WorkerLost`` and
+  ``TaskTimeout`` from the node); a dask worker that dies mid-task is re-run
+  by dask, and after ``distributed.scheduler.allowed-failures`` deaths the
+  future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
+  futures: they get ``BackendUnavailable``; an address that refuses
+  connections raises it from the constructor within ``connect_timeout``.
+
+Invariants: every shoal Future this backend returned is settled exactly once
+(``_pending`` holds it until then; ``close`` settles leftovers with
+``PilotClosed``); the node runtimes of a pilot live exactly as long as its
+``NodePlugin`` registration (plus the dask worker's lifetime).
+
+Rejected: settling each future with a blocking ``result()`` in dask's single
+callback thread (one network round trip per task, serialised); a home-made
+TCP transport between nodes (dask already has scheduler, comms, TLS and
+dask-jobqueue); running user tasks in dask's thread pool (no stealing, no
+``shoal.spawn``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import enum
+import itertools
+import threading
+import traceback
+import uuid
+
+import cloudpickle
+
+from .._errors import PilotClosed, RemoteTraceback, SerializationError, ShoalError, WorkerLost
+from ..runtime.future import Future
+from ..runtime.mapping import map_iter
+from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, probe, run_batch, run_task
+from ._dask_provider import Provider, make_cluster
+from .local import _check_options, _settle
+
+_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
+_GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
+
+
+class BackendUnavailable(ShoalError, ConnectionError):
+    """The dask cluster cannot be reached, has no workers, or went away mid-run."""
+
+
+class Owned(enum.Enum):
+    """What the backend created, and so closes: nothing, the client, or client and cluster."""
+
+    NOTHING = "nothing"
+    CLIENT = "client"
+    CLUSTER = "cluster"
+
+
+class _Coarse:
+    """``map_iter``'s view of the cluster: ``n`` node workers, and a ``submit`` that turns
+    each batch into one dask task for ``run_batch`` (the per-batch runner is replaced)."""
+
+    def __init__(self, backend: DaskBackend, fn, star: bool):
+        self.backend = backend
+        self.n = backend.n
+        self.blob = backend._blob(fn)
+        self.name = f"map-{_name(fn)}"
+        self.star = star
+
+    def submit(self, _runner, args: tuple, kwargs: dict) -> Future:
+        (batch,) = args
+        be = self.backend
+        return be._send(run_batch, (be.cfg, self.blob, self.star, batch), self.name, 0)
+
+
+class DaskBackend:
+    """Tasks on a dask.distributed cluster, each dask worker running a node-local shoal runtime."""
+
+    kind = "dask"
+
+    def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
+                 cluster=None, provider: str | Provider | None = None, seed: int = 0,
+                 connect_timeout: float = 10.0, idle_timeout: float = 600.0, jobs: int = 1,
+                 **provider_options):
+        given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
+                                ("provider", provider)) if v is not None]
+        if len(given) != 1:
+            raise ValueError("backend='dask' needs exactly one of address='tcp://host:8786', "
+                             "client=<distributed.Client>, cluster=<dask cluster>, "
+                             f"provider='slurm'|'pbs'; got {given or 'none'}")
+        if provider_options and provider is None:
+            raise TypeError(f"unexpected options for backend='dask': {sorted(provider_options)}")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):
+            raise ValueError(f"workers must be an int >= 1 or None, got workers={workers!r}")
+        from distributed import Client
+
+        self.token = uuid.uuid4().hex[:12]
+        self.cluster = cluster
+        self.owned = Owned.CLIENT
+        wait = True
+        if provider is not None:
+            self.cluster = make_cluster(Provider(provider), jobs=jobs, **provider_options)
+            self.owned = Owned.CLUSTER
+            wait = False  # batch jobs start when the queue says so; tasks wait for them
+        try:
+            if client is not None:
+                self.client, self.owned = client, Owned.NOTHING
+            elif self.cluster is not None:
+                self.client = Client(self.cluster, set_as_default=False, timeout=connect_timeout)
+            else:
+                try:
+                    self.client = Client(address, set_as_default=False, timeout=connect_timeout)
+                except (OSError, TimeoutError) as exc:
+                    raise BackendUnavailable(
+                        f"cannot reach the dask scheduler at {address!r} within {connect_timeout} s "
+                        f"({exc}); is `dask scheduler` running there?") from None
+            self._size(workers, seed, idle_timeout, connect_timeout if wait else None)
+            if not wait:  # no worker to probe yet: what the jobs will bring
+                self.n = max(1, jobs * int(provider_options.get("cores", 1)))
+        except BaseException:
+            self._release()
+            raise
+        self.topology = None  # each host has its own; see stats()
+        self.closing = False
+        self.closed = False
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[Future, object]] = {}
+        self._done: list[str] = []
+        self._flushing = False
+        self._ids = itertools.count(1)
+        self._blobs: dict[int, tuple[bytes, object]] = {}
+        self._cancel_cb = self._cancel
+        self.counters = {"submitted": 0, "completed": 0, "failed": 0, "cancelled": 0}
+
+    def _size(self, workers, seed, idle_timeout, wait_s) -> None:
+        """Probe the dask workers, size each host's node runtime, register the plugin."""
+        if wait_s is not None:
+            try:
+                self.client.wait_for_workers(1, timeout=wait_s)
+            except (OSError, TimeoutError) as exc:
+                raise BackendUnavailable(f"the dask cluster at {self.client.scheduler.address} has "
+                                         f"no workers after {wait_s} s ({exc})") from None
+        hosts = self.client.run(probe, on_error="ignore") if wait_s is not None else {}
+        per_host_count: dict[str, int] = {}
+        cpus: dict[str, int] = {}
+        for host, ncpu in hosts.values():
+            per_host_count[host] = per_host_count.get(host, 0) + 1
+            cpus[host] = ncpu
+        per_host = {h: max(1, cpus[h] // c) for h, c in per_host_count.items()}
+        self.cfg = NodeConfig(self.token, workers, seed, idle_timeout)
+        self.n = max(1, sum(workers or per_host[h] for h, _ in hosts.values()))
+        self.client.register_plugin(NodePlugin(self.token, per_host), name=self._plugin_name)
+
+    @property
+    def _plugin_name(self) -> str:
+        return f"shoal-{self.token}"
+
+    # -- submitting --------------------------------------------------------------------
+
+    def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0,
+               timeout: float | None = None) -> Future:
+        if type(retries) is not int or retries or timeout is not None:
+            _check_options(retries, timeout)
+        if not callable(fn):
+            raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
+        try:
+            blob = self._blob(fn)
+            args, kwargs = _to_dask(args), _to_dask(kwargs)
+        except _ForeignFuture as exc:
+            raise ValueError(str(exc)) from None
+        except Exception as exc:
+            return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
+        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout), _name(fn), retries)
+
+    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
+        """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
+        if not callable(fn):
+            raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
+        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables,
+                        ordered=ordered, chunksize=chunksize)
+
+    def _send(self, runner, args: tuple, name: str, retries: int) -> Future:
+        if self.closing:
+            raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
+        if self.client.status != "running":
+            raise BackendUnavailable(f"the dask client is {self.client.status}: the cluster went "
+                                     "away or the client was closed")
+        fut = Future()
+        fut.task_id = tid = next(self._ids)
+        fut._canceller = self._cancel_cb
+        key = f"{name}-{self.token}-{tid}"
+        try:
+            dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None)
+        except Exception as exc:  # arguments dask cannot serialise
+            fut.set_exception(SerializationError(f"task {name}: {exc}"))
+            return fut
+        fut._dask = dfut
+        with self._lock:
+            self._pending[key] = (fut, dfut)
+            self.counters["submitted"] += 1
+        dfut.add_done_callback(self._on_done)
+        return fut
+
+    def _blob(self, fn) -> bytes:
+        entry = self._blobs.get(id(fn))
+        if entry is None:
+            entry = self._blobs[id(fn)] = (cloudpickle.dumps(fn), fn)  # fn kept: id stays unique
+        return entry[0]
+
+    def _cancel(self, fut: Future) -> None:
+        dfut = getattr(fut, "_dask", None)
+        with self._lock:
+            self.counters["cancelled"] += 1
+        if dfut is not None and self.client.status == "running":
+            self.client.loop.add_callback(self._cancel_async, dfut)
+
+    async def _cancel_async(self, dfut) -> None:
+        try:
+            await self.client.cancel([dfut], asynchronous=True)
+        except Exception:  # pragma: no cover - the cluster went away: nothing left to cancel
+            pass
+
+    # -- results -----------------------------------------------------------------------
+
+    def _on_done(self, dfut) -> None:
+        """dask's callback thread: queue the key; one coroutine on the loop gathers batches."""
+        with self._lock:
+            self._done.append(dfut.key)
+            if self._flushing:
+                return
+            self._flushing = True
+        try:
+            self.client.loop.add_callback(self._flush)
+        except Exception:  # the loop is gone: settle what we can here
+            self._settle_gone()
+
+    async def _flush(self) -> None:
+        while True:
+            with self._lock:
+                keys, self._done = self._done, []
+                if not keys:
+                    self._flushing = False
+                    return
+                entries = [self._pending.get(k) for k in keys]
+            finished = [e for e in entries if e is not None and e[1].status == "finished"]
+            others = [e for e in entries if e is not None and e[1].status != "finished"]
+            values = None
+            if finished:
+                try:
+                    values = await self.client.gather([d for _, d in finished], asynchronous=True)
+                except BaseException:
+                    values = None
+            settled = []
+            if values is not None:
+                settled.extend((f, d, True, v) for (f, d), v in zip(finished, values, strict=True))
+            else:
+                others = finished + others
+            for f, d in others:
+                ok, value = await self._outcome(d)
+                settled.append((f, d, ok, value))
+            with self._lock:
+                for _f, d, ok, _ in settled:
+                    self._pending.pop(d.key, None)
+                    self.counters["completed" if ok else "failed"] += 1
+            for f, _, ok, value in settled:
+                if value is not _SKIP:
+                    _settle(f, ok, value)
+
+    async def _outcome(self, dfut):
+        """(ok, value or exception) of a dask future that did not gather cleanly."""
+        status = dfut.status
+        try:
+            if status == "finished":
+                return True, await self.client.gather(dfut, asynchronous=True)
+            if status == "error":
+                exc = await dfut.exception(asynchronous=True)
+                tb = await dfut.traceback(asynchronous=True)
+                return False, _unwrap(exc, tb, dfut.key)
+        except BaseException as exc:  # lost while gathering
+            return False, _gone(dfut.key, exc)
+        if status == "cancelled":
+            reason = getattr(dfut._state.exception, "reason", "")
+            if reason in _GONE or self.client.status != "running":
+                return False, _gone(dfut.key, reason)
+            return False, cf.CancelledError(f"dask cancelled task {dfut.key} ({reason})")
+        return False, _SKIP  # pragma: no cover - a done callback for a pending future
+
+    def _settle_gone(self) -> None:
+        with self._lock:
+            entries = list(self._pending.values())
+            self._pending.clear()
+            self._done.clear()
+            self._flushing = False
+        for fut, dfut in entries:
+            _settle(fut, False, _gone(dfut.key, "the client's event loop stopped"))
+
+    # -- introspection and shutdown ----------------------------------------------------
+
+    def stats(self, timeout: float = 2.0) -> dict:
+        """Per node (each dask worker's runtime, its shoal workers) and driver counters."""
+        from ._dask_node import node_stats
+
+        nodes = {}
+        if self.client.status == "running":
+            nodes = self.client.run(node_stats, self.token, on_error="return")
+        workers = []
+        for addr, st in sorted(nodes.items()):
+            if isinstance(st, dict):
+                for w in st.get("workers", []):
+                    workers.append({**w, "dask_worker": addr})
+        with self._lock:
+            driver = {**self.counters, "outstanding": len(self._pending)}
+        driver.update(dask_workers=len(nodes), scheduler=self._scheduler_address())
+        return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
+
+    def _scheduler_address(self) -> str | None:
+        try:
+            return self.client.scheduler.address
+        except Exception:  # pragma: no cover
+            return None
+
+    def close(self, cancel_pending: bool = False) -> None:
+        if self.closed:
+            return
+        self.closing = True
+        with self._lock:
+            futs = [f for f, _ in self._pending.values()]
+        if cancel_pending:
+            for f in futs:
+                f.cancel()
+        else:
+            cf.wait(futs)
+        self.closed = True
+        try:
+            if self.client.status == "running":
+                self.client.unregister_worker_plugin(self._plugin_name)  # stops node runtimes
+        except Exception:  # a worker already gone: its runtime went with it (lifeline)
+            pass
+        with self._lock:
+            left = list(self._pending.values())
+            self._pending.clear()
+        for f, _ in left:
+            _settle(f, False, PilotClosed("the pilot closed before this task finished"))
+        self._release()
+
+    def _release(self) -> None:
+        client = getattr(self, "client", None)
+        if self.owned is not Owned.NOTHING and client is not None:
+            try:
+                client.close()
+            except Exception:  # pragma: no cover
+                pass
+        if self.owned is Owned.CLUSTER and self.cluster is not None:
+            try:
+                self.cluster.close()
+            except Exception:  # pragma: no cover
+                pass
+
+
+_SKIP = object()
+
+
+def _failed(exc: BaseException) -> Future:
+    fut = Future()
+    fut.set_exception(exc)
+    return fut
+
+
+class _ForeignFuture(Exception):
+    pass
+
+
+def _to_dask(obj, depth: int = 0):
+    """``obj`` with this backend's shoal Futures replaced by their dask futures."""
+    if isinstance(obj, Future):
+        dfut = getattr(obj, "_dask", None)
+        if dfut is None:
+            raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
+                                 "task; pass its .result() instead")
+        return dfut
+    t = type(obj)
+    if t in _ATOMIC or depth >= 5:
+        return obj
+    if t is tuple or t is list:
+        items = [_to_dask(x, depth + 1) for x in obj]
+        return tuple(items) if t is tuple else items
+    if t is dict:
+        return {k: _to_dask(v, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", type(fn).__name__).replace("<", "").replace(">", "")
+
+
+def _unwrap(exc: BaseException, tb, key: str) -> BaseException:
+    """The task's own exception with the shoal worker's traceback as ``__cause__``."""
+    from distributed.scheduler import KilledWorker
+
+    if isinstance(exc, KilledWorker):
+        err = WorkerLost(f"dask workers died while running task {key}, more often than "
+                         f"distributed.scheduler.allowed-failures allows: {exc}")
+        err.__cause__ = exc
+        return err
+    text = exc.__dict__.pop(TB_ATTR, None) if hasattr(exc, "__dict__") else None
+    if text is None and tb is not None:
+        text = "".join(traceback.format_tb(tb))
+    if text:
+        exc.__cause__ = RemoteTraceback(text)
+    return exc
+
+
+def _gone(key: str, why) -> BackendUnavailable:
+    return BackendUnavailable(f"task {key}: the dask cluster went away before it finished ({why})")

@@ -343,8 +343,7 @@ class Engine:
                         break
                 if blocked:
                     continue
-            if item.task.when is not None and item.attempt == 0 and not item.task.when(self.results):
-                self._skip(item, "when= returned false")
+            if item.task.when is not None and item.attempt == 0 and not self._when(item):
                 continue
             if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
                 self.draining = True
@@ -380,6 +379,23 @@ class Engine:
         self.journal.commit()  # pids (a resume kills orphans), failed spawns
         self.moves += 1
         return len(items)
+
+    def _when(self, item: _Item) -> bool:
+        """Evaluate the task's ``when=``; False (and settled: SKIPPED or FAILED) if it must not run."""
+        try:
+            if item.task.when(self.results):
+                return True
+        except Exception as exc:
+            self.waiting.pop(id(item), None)
+            self.sched.forget(id(item))
+            self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
+                                 1, None, time.time())
+            item.attempt = item.task.retries + 1  # no retry: the condition, not the task, failed
+            self._ended(item, Failure(FailureKind.EXCEPTION, f"when= raised {exc!r} (add the tasks "
+                                      "it reads to after=)", attempt=1))
+            return False
+        self._skip(item, "when= returned false")
+        return False
 
     def _estimate(self, task: Task) -> float:
         if task.estimate:

@@ -88,9 +88,9 @@ class StageContext:
         self._prun.stopped = True
 
     @property
-    def iteration(self) -> int:
-        """How many stages of this pipeline have started (handy to name appended stages)."""
-        return self._prun.next_stage
+    def stage_index(self) -> int:
+        """This stage's 0-based position in its pipeline (handy to name appended stages)."""
+        return self._prun.next_stage - 1
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from shoal._errors import ShoalError
+from shoal.patterns.ensemble.commands import add_run, add_status
 from shoal.runtime.topology import Topology, format_cpulist, topology
 
 EXIT_USAGE = 2
@@ -85,7 +86,7 @@ def _add_info(subparsers: argparse._SubParsersAction) -> None:
 
 # Subcommand registrars, in help order.  New commands (bench, run, status, trace)
 # add an ``_add_<name>`` function (or import one from their own module) here.
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_info,)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_info, add_run, add_status)
 
 
 def build_parser() -> argparse.ArgumentParser:

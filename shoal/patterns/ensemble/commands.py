@@ -1,0 +1,101 @@
+"""``shoal run workflow.py`` and ``shoal status run.db``: the ensemble's two subcommands.
+
+Registrars in the style of shoal/cli.py (``add_run(subparsers)``, ``add_status``),
+listed in its ``COMMANDS``.  A workflow file is a Python file that defines
+``workflow``: a Pipeline, a list or iterable of them, or a function returning
+one of those.  It is executed with ``__name__ == "__shoal_workflow__"``, so an
+``if __name__ == "__main__":`` block in it does not run.
+
+Exit status of ``shoal run``: 0 every task done (or skipped), 1 some failed,
+3 stopped at the walltime (resume to finish), 2 usage error / bad workflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from . import parse_walltime, run
+from .model import EnsembleError
+from .report import Report
+
+EXIT_FAILED, EXIT_DRAINED = 1, 3
+
+
+def load_workflow(path: str):
+    if not os.path.isfile(path):
+        raise EnsembleError(f"workflow file {path} does not exist")
+    if not path.endswith(".py"):
+        raise EnsembleError(f"workflow file {path}: only Python workflow files (.py) are supported")
+    namespace = runpy.run_path(path, run_name="__shoal_workflow__")
+    if "workflow" not in namespace:
+        raise EnsembleError(f"{path} defines no 'workflow' (a Pipeline, a list of them, or a function)")
+    return namespace["workflow"]
+
+
+class _Progress:
+    """One status line on stderr (only when it is a terminal)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __call__(self, p: dict) -> None:
+        if not self.tty:
+            return
+        line = (f"\rdone {p['done']}  running {p['running']}  failed {p['failed']}  "
+                f"waiting {p['waiting']}  {p['rate']:.1f} tasks/s  {p['elapsed']:.0f} s")
+        self.stream.write(line.ljust(79))
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _run(args: argparse.Namespace) -> int:
+    workflow = load_workflow(args.workflow)
+    progress = _Progress(sys.stderr)
+    try:
+        report = run(workflow, journal=args.journal, resume=args.resume, workers=args.workers,
+                     gpus=args.gpus, walltime=parse_walltime(args.walltime), sandbox=args.sandbox,
+                     progress=progress)
+    finally:
+        progress.end()
+    print(report)
+    if report.drained:
+        print(f"stopped at the walltime; finish with: shoal run {args.workflow} --journal {args.journal} --resume")
+        return EXIT_DRAINED
+    return 0 if report.ok else EXIT_FAILED
+
+
+def add_run(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run an ensemble workflow file",
+        description="Run the Pipelines a workflow.py defines as `workflow`, journaled to an SQLite file.",
+    )
+    parser.add_argument("workflow", help="a Python file defining `workflow`")
+    parser.add_argument("--journal", default="run.db", help="SQLite journal (default run.db)")
+    parser.add_argument("--resume", action="store_true", help="finish the run the journal holds")
+    parser.add_argument("--workers", type=int, default=None, help="cores to use (default: all usable)")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
+    parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
+    parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")
+    parser.set_defaults(handler=_run)
+
+
+def _status(args: argparse.Namespace) -> int:
+    report = Report.load(args.journal)
+    print(report.table())
+    return 0
+
+
+def add_status(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status", help="print task states recorded in an ensemble journal",
+        description="Per-stage task counts and failures from a journal (works while a run writes it).",
+    )
+    parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
+    parser.set_defaults(handler=_status)

@@ -44,6 +44,7 @@ import shoal
 from .journal import Journal
 from .launcher import Launcher, LaunchError, check_root, kill_leftover, tail
 from .model import (
+    EMBEDDED_REF_RE,
     EnsembleError,
     Failure,
     FailureKind,
@@ -412,7 +413,7 @@ class Engine:
             inputs = t.staged_inputs()
             if inputs:
                 self.launcher.stage_in(inputs, item.sandbox, self._resolve)
-            args = [self._resolve(str(a)) for a in t.arguments]
+            args = [self._resolve_all(str(a)) for a in t.arguments]
             stdin = self._resolve(t.stdin) if t.stdin else None
             if stdin is not None and not os.path.isabs(stdin):
                 stdin = os.path.join(item.sandbox, stdin)
@@ -433,12 +434,20 @@ class Engine:
     def _resolve(self, text: str) -> str:
         return self.launcher.resolve(text, parse_ref(text)) if text.startswith("$") else text
 
+    def _resolve_all(self, text: str) -> str:
+        """Every ``$p.s.t/path`` inside ``text`` (an executable's argument) -> an absolute path."""
+        if "$" not in text:
+            return text
+        return EMBEDDED_REF_RE.sub(
+            lambda m: self.launcher.resolve("", (f"{m[1]}.{m[2]}.{m[3]}", m[4].lstrip("/"))), text)
+
     def _submit(self, item: _Item) -> None:
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
         try:
-            fut = self.pilot.submit(t.function, *t.args, timeout=t.timeout, **dict(t.kwargs))
+            args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
+            fut = self.pilot.submit(t.function, *args, timeout=t.timeout, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.placement)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

@@ -35,6 +35,9 @@ import shoal
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-:+@%=,]+$")
 REF_RE = re.compile(r"^\$([^./\s$]+)\.([^./\s$]+)\.([^./\s$]+)(?:/(.*))?$")
+# a reference inside a longer argument (a shell line): "$p.s.t" or "$p.s.t/some/path"
+EMBEDDED_REF_RE = re.compile(r"\$([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)"
+                             r"((?:/[A-Za-z0-9_\-.+@%=,]+)*)")
 
 
 class EnsembleError(shoal.ShoalError, ValueError):

@@ -78,3 +78,44 @@ def test_sigkill_then_resume(tmp_path):
         lines = (side / uid).read_text().split()
         assert len(lines) == 1, (uid, lines)
     assert sorted(os.listdir(side)) == sorted(_done(journal))  # every task ran (at least once)
+
+
+ORPHAN = '''
+from shoal.ensemble import Pipeline, Stage, Task
+workflow = Pipeline([Stage([Task(executable="/bin/sleep", arguments=["60"], name="long")])], name="o")
+'''
+
+
+def test_resume_kills_processes_the_dead_driver_left(tmp_path):
+    import psutil
+
+    wf = tmp_path / "wf.py"
+    wf.write_text(ORPHAN)
+    journal = tmp_path / "run.db"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    driver = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--journal", str(journal)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while pid is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            try:
+                db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+                row = db.execute("SELECT pid FROM tasks WHERE uid='o.s0.long'").fetchone()
+                db.close()
+                pid = row[0] if row else None
+            except sqlite3.Error:
+                pass
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        driver.wait(30)
+    assert pid is not None and psutil.pid_exists(pid)  # the orphan outlived its driver
+    out = subprocess.run([sys.executable, "-m", "shoal", "run", str(wf), "--journal", str(journal), "--resume",
+                          "--walltime", "1"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr  # drained at the walltime
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

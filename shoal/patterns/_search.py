@@ -1,0 +1,824 @@
+"""The search engine shared by ``backtracking`` and ``branch_and_bound``.
+
+A search is a root node and a lazy node generator ``children(node)``.  Every
+node is named by its *path*: the tuple of child indices from the root (the
+root is ``()``); paths order nodes exactly as a sequential depth-first search
+meets them (lexicographic tuple order = pre-order).
+
+Data flow::
+
+    driver: make Control (SharedArray) [+ BestCell] --submit--> _task(spec, root, ())
+    _task:  visit the unit node, then depth-first from it with an explicit stack of
+            child iterators (one frame per level); every ~0.2 ms poll Control:
+              stop flag set?        -> unwind (find hit, error, KeyboardInterrupt)
+              incumbent improved?   -> prune against it from now on
+              work wanted?          -> split: spawn the shallowest unexplored
+                                       sibling as a new _task (coordination decides when)
+            then join the spawned tasks newest first and merge their Tallies
+    driver: Tally -> count / node / Result + SearchStats
+
+Control is a ``SharedArray((workers + 1, 4), int64)``: one row per process,
+each written only by its owner (the single-writer rule of BestCell):
+SPAWNED and STARTED count search tasks made and begun, ACTIVE counts search
+tasks running (not waiting in a join) and STOP is a flag.  A worker whose
+ACTIVE is 0 is hungry; ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer.
+
+Invariants: every node of the tree is visited by exactly one task (a split
+takes a sibling *out* of its frame's iterator before shipping it), so counts
+add up exactly whoever stole what; a frame's index counter advances for every
+child taken, also by a split, so paths stay true.
+
+Coordinations (YewPar's names): SEQUENTIAL (one task), DEPTH_BOUNDED (one task
+per node above ``spawn_depth``), BUDGET (after ``budget`` backtracks, spawn all
+unexplored siblings of the shallowest level), STACK_STEALING (demand-driven:
+when some worker is hungry and nothing is on offer, spawn the shallowest
+unexplored sibling, so thieves get the biggest subtrees) and INDEXED (as
+stack-stealing but a task ships only a path; the thief replays ``children``
+from the root along it).
+
+Alternatives rejected: true stack stealing (a thief reaching into the victim's
+Python stack: the runtime steals whole tasks, and a spawned task is exactly a
+piece of the stack put where thieves look); spawning at every node (~5 us per
+spawn swamps small nodes); splitting by the runtime's hunger flags (internal,
+not public API); reading the incumbent at every node (a few us each).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+
+import shoal
+
+__all__ = ["Coordination", "SearchError", "SearchStats"]
+
+
+class Coordination(enum.Enum):
+    """How a search is split into tasks (see the module docstring)."""
+
+    SEQUENTIAL = "sequential"
+    DEPTH_BOUNDED = "depth-bounded"
+    BUDGET = "budget"
+    STACK_STEALING = "stack-stealing"
+    INDEXED = "indexed"
+
+
+class Goal(enum.Enum):
+    COUNT = "count"
+    FIND = "find"
+    OPTIMISE = "optimise"
+
+
+class SearchError(shoal.ShoalError):
+    """A user function (children, accept, goal, objective, bound) failed at a node; names its path."""
+
+
+class _Stopped(Exception):
+    """Internal: the stop flag is set; unwind this task."""
+
+
+SPAWNED, STARTED, ACTIVE, STOP = range(4)
+POLL_S = 0.0002  # seconds between two reads of Control by a running task
+STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
+_FRAMES_PER_NESTING = 20
+_EMPTY = iter(())
+_END = object()  # next(iterator, _END): the end of a level
+_nesting = 0  # search tasks nested in joins on this worker's stack
+
+
+def max_nesting() -> int:
+    """Search tasks a worker may nest in joins before it stops splitting (bounds the stack)."""
+    return max(4, min(256, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
+
+
+def coordination_of(value) -> Coordination:
+    if isinstance(value, Coordination):
+        return value
+    try:
+        return Coordination(value)
+    except ValueError:
+        choices = ", ".join(repr(c.value) for c in Coordination)
+        raise ValueError(f"unknown coordination={value!r}; choose one of {choices}") from None
+
+
+def number(value, what: str, path) -> float:
+    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node."""
+    t = type(value)
+    if t is int or t is float:
+        if value != value:
+            raise TypeError(f"{what} returned NaN at node path {path}; it must return a number")
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{what} returned {value!r} ({t.__name__}) at node path {path}; "
+                    "it must return a real number (int or float)")
+
+
+def check_picklable(node, path, why: str) -> None:
+    try:
+        pickle.dumps(node, 5)
+    except Exception:
+        try:
+            import cloudpickle
+
+            cloudpickle.dumps(node)
+        except Exception as exc:
+            raise SearchError(f"the node at path {path} cannot be pickled ({why}): {exc!r}; "
+                              "make nodes picklable, or use coordination='indexed'") from None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything a search task needs (pickled with every stolen task)."""
+
+    root: object
+    children: object
+    goal: Goal
+    control: object  # Pinned(SharedArray)
+    coordination: Coordination = Coordination.STACK_STEALING
+    accept: object = None  # COUNT: which nodes count; FIND: the goal
+    objective: object = None
+    bound: object = None
+    negate: bool = False  # minimise: values are negated inside
+    cell: object = None  # Pinned(BestCell) (always "max" of the possibly negated values)
+    initial: float = -math.inf
+    prune_level: bool = True
+    ordered: bool = False
+    spawn_depth: int = 2
+    budget: int = 10_000
+    per_depth: bool = False
+    collect: bool = False  # COUNT: keep accepted nodes (solutions())
+
+
+@dataclass
+class Tally:
+    """What a task found; tasks' tallies merge up the join tree."""
+
+    count: int = 0
+    nodes: int = 0
+    pruned: int = 0
+    tasks: int = 1
+    splits: int = 0
+    per_depth: list = field(default_factory=list)
+    best: float = -math.inf
+    best_path: tuple | None = None
+    best_node: object = None
+    t_first: float | None = None
+    t_best: float | None = None
+    updates: int = 0
+    found: tuple | None = None  # (path, node)
+    t_hit: float | None = None
+    found_nodes: list | None = None
+
+    def merge(self, o: Tally) -> None:
+        self.count += o.count
+        self.nodes += o.nodes
+        self.pruned += o.pruned
+        self.tasks += o.tasks
+        self.splits += o.splits
+        self.updates += o.updates
+        if o.per_depth:
+            pd = self.per_depth
+            if len(pd) < len(o.per_depth):
+                pd.extend([0] * (len(o.per_depth) - len(pd)))
+            for d, k in enumerate(o.per_depth):
+                pd[d] += k
+        if o.best_path is not None and (self.best_path is None or o.best > self.best
+                                        or (o.best == self.best and o.best_path < self.best_path)):
+            self.best, self.best_path, self.best_node = o.best, o.best_path, o.best_node
+            self.t_best = o.t_best
+        if o.t_first is not None and (self.t_first is None or o.t_first < self.t_first):
+            self.t_first = o.t_first
+        if o.found is not None and (self.found is None or o.t_hit < self.t_hit):
+            self.found, self.t_hit = o.found, o.t_hit
+        if o.found_nodes:
+            if self.found_nodes is None:
+                self.found_nodes = []
+            self.found_nodes.extend(o.found_nodes)
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """What a search did.  Times are seconds since the search began."""
+
+    coordination: Coordination
+    workers: int
+    nodes: int  # nodes visited (B&B: bounded and not pruned)
+    pruned: int = 0  # B&B: nodes cut by the bound (prune_level siblings not included)
+    tasks: int = 1  # search tasks run
+    splits: int = 0  # tasks spawned by the skeleton
+    per_depth: tuple = ()  # nodes visited per depth (stats=True)
+    steals_local: int = 0  # pilot.stats() deltas over the search
+    steals_remote: int = 0
+    elapsed_s: float = 0.0
+    first_incumbent_s: float | None = None
+    final_incumbent_s: float | None = None
+    incumbent_updates: int = 0
+    stop_latency_s: float | None = None  # find(): hit -> driver has the answer
+    work_inflation: float | None = None  # B&B: nodes / reference_nodes when given
+
+
+def _slot(array) -> int:
+    w = shoal.current_worker()
+    return 0 if w is None else w.id % len(array)
+
+
+# ---------------------------------------------------------------------------
+# the explorer: one task's depth-first search
+# ---------------------------------------------------------------------------
+
+
+class Explorer:
+    """Depth-first search of one unit of work inside one task: worker thread only."""
+
+    def __init__(self, spec: Spec, base: tuple, ctl, me: int, split: bool):
+        self.spec = spec
+        self.children = unwrap(spec.children)
+        self.accept = unwrap(spec.accept)
+        self.objective = unwrap(spec.objective)
+        self.bound = unwrap(spec.bound)
+        self.base = base
+        self.ctl = ctl
+        self.me = me
+        self.tally = Tally()
+        self.futs: list = []
+        self.split_ok = split and _nesting < max_nesting()
+        self.demand = split and spec.coordination in (Coordination.STACK_STEALING,
+                                                     Coordination.INDEXED)
+        self.next_poll = 0.0
+        self.skips: dict = {}  # level -> children split off while the level was on the path
+        self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
+        self.cell = None if spec.cell is None else spec.cell.obj
+        g = spec.initial
+        if self.cell is not None:
+            g = max(g, self.cell.value)
+        self.glob = g  # best value anywhere (as of the last poll)
+        self.local = spec.initial  # best value this task found
+        self._limits()
+
+    def _limits(self) -> None:
+        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
+        if self.spec.ordered:
+            self.lim, self.slim = self.local, self.glob
+        else:
+            self.lim = self.slim = max(self.glob, self.local)
+
+    # -- user functions, with errors that name the node ---------------------------
+
+    def kids(self, node, path):
+        return kids_of(self.children, node, path)
+
+    def visit(self, node, depth: int, path) -> bool:
+        """Account for ``node``; True if its children are to be explored.  ``path``: tuple or callable."""
+        spec, t = self.spec, self.tally
+        if spec.goal is Goal.OPTIMISE:
+            try:
+                b = self.bound(node)
+            except Exception as exc:
+                raise SearchError(f"bound() raised {exc!r} at node path {_p(path)}") from exc
+            b = number(b, "bound()", _p(path))
+            if spec.negate:
+                b = -b
+            if b <= self.lim or b < self.slim:
+                t.pruned += 1
+                return False
+            try:
+                v = self.objective(node)
+            except Exception as exc:
+                raise SearchError(f"objective() raised {exc!r} at node path {_p(path)}") from exc
+            v = number(v, "objective()", _p(path))
+            if spec.negate:
+                v = -v
+            if v > self.lim and v >= self.slim:
+                self.improve(node, v, _p(path))
+        elif spec.goal is Goal.FIND:
+            try:
+                hit = self.accept(node)
+            except Exception as exc:
+                raise SearchError(f"goal() raised {exc!r} at node path {_p(path)}") from exc
+            if hit:
+                p = _p(path)
+                check_picklable(node, p, "a found node travels back to the driver")
+                t.found, t.t_hit = (p, node), time.monotonic()
+                self.ctl[self.me, STOP] = 1
+                t.nodes += 1
+                raise _Stopped
+        elif self.accept is not None:
+            try:
+                ok = self.accept(node)
+            except Exception as exc:
+                raise SearchError(f"accept() raised {exc!r} at node path {_p(path)}") from exc
+            if ok:
+                t.count += 1
+                if spec.collect:
+                    check_picklable(node, _p(path), "a solution travels back to the driver")
+                    t.found_nodes.append(node)
+        else:
+            t.count += 1
+        t.nodes += 1
+        if spec.per_depth:
+            pd = t.per_depth
+            while len(pd) <= depth:
+                pd.append(0)
+            pd[depth] += 1
+        return True
+
+    def improve(self, node, v: float, path: tuple) -> None:
+        t = self.tally
+        check_picklable(node, path, "the incumbent travels back to the driver")
+        now = time.monotonic()
+        t.best, t.best_path, t.best_node, t.t_best = v, path, node, now
+        if t.t_first is None:
+            t.t_first = now
+        t.updates += 1
+        self.local = v
+        if v > self.glob:
+            self.glob = v
+        self.cell.offer(v)
+        self._limits()
+
+    # -- control -------------------------------------------------------------------
+
+    def poll(self, iters, idx) -> None:
+        """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+        a = self.ctl
+        if a[:, STOP].any():
+            raise _Stopped
+        cell = self.cell
+        if cell is not None:
+            g = cell.value
+            if g > self.glob:
+                self.glob = g
+                self._limits()
+        if self.demand and self.split_ok:
+            hungry = int((a[1:, ACTIVE] == 0).sum())
+            if not hungry:
+                self.stale = 0
+            else:
+                offered = int(a[:, SPAWNED].sum() - a[:, STARTED].sum())
+                if offered < hungry:
+                    # two at least: the runtime wakes a parked thief when a deque reaches 2
+                    self.split(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.stale = 0
+                else:
+                    self.stale += 1
+                    if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
+                        self.split(iters, idx, 1, whole_level=False)
+                        self.stale = 0
+        self.next_poll = time.perf_counter() + POLL_S
+
+    def split(self, iters, idx, want: int, whole_level: bool) -> None:
+        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
+        shipped = 0
+        for lvl in range(len(iters)):
+            it = iters[lvl]
+            if it is _EMPTY:
+                continue
+            while want > 0:
+                try:
+                    child = next(it)
+                except StopIteration:
+                    iters[lvl] = _EMPTY
+                    break
+                except Exception as exc:
+                    path = self.base + tuple(idx[:lvl])
+                    raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+                if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
+                    idx[lvl] += 1
+                    path = self.base + tuple(idx)
+                else:  # idx[lvl] is on the current path: count the skip, apply it on return
+                    skips = self.skips
+                    skips[lvl] = skips.get(lvl, 0) + 1
+                    path = self.base + tuple(idx[:lvl]) + (idx[lvl] + skips[lvl],)
+                if self.spec.goal is Goal.OPTIMISE and self.prunable(child, path):
+                    if self.spec.prune_level:
+                        iters[lvl] = _EMPTY
+                        break
+                    continue
+                self.ship(child, path)
+                shipped += 1
+                if not whole_level:
+                    want -= 1
+            if want <= 0 or (whole_level and shipped):
+                return
+
+    def prunable(self, node, path) -> bool:
+        try:
+            b = self.bound(node)
+        except Exception as exc:
+            raise SearchError(f"bound() raised {exc!r} at node path {path}") from exc
+        b = number(b, "bound()", path)
+        if self.spec.negate:
+            b = -b
+        if b <= self.lim or b < self.slim:
+            self.tally.pruned += 1
+            return True
+        return False
+
+    def ship(self, node, path) -> None:
+        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed)."""
+        if self.spec.coordination is Coordination.INDEXED:
+            node = None
+        else:
+            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+        a = self.ctl
+        a[self.me, SPAWNED] += 1
+        self.futs.append(shoal.spawn(task, self.spec, node, path))
+        self.tally.splits += 1
+
+    # -- the depth-first loop --------------------------------------------------------
+
+    def dfs(self, node) -> None:
+        """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
+        if self.spec.goal is Goal.COUNT and not self.spec.collect:
+            return self.dfs_count(node)
+        base = self.base
+        d0 = len(base)
+        if not self.visit(node, d0, base):
+            return
+        spec = self.spec
+        visit, kids = self.visit, self.kids
+        prune_level = spec.prune_level and spec.goal is Goal.OPTIMISE
+        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
+        backtracks = 0
+        skips = self.skips
+        clock = time.perf_counter
+        iters = [kids(node, base)]
+        idx = [-1]
+
+        def pathf():  # the path of the node just taken (idx is updated in place)
+            return base + tuple(idx)
+
+        tick = 0
+        while iters:
+            try:
+                child = next(iters[-1], _END)
+            except Exception as exc:
+                raise SearchError(f"children() raised {exc!r} at node path "
+                                  f"{base + tuple(idx[:-1])}") from exc
+            if child is _END:
+                iters.pop()
+                idx.pop()
+                if skips and len(idx) - 1 in skips:
+                    idx[-1] += skips.pop(len(idx) - 1)
+                if budget:
+                    backtracks += 1
+                    if backtracks >= budget:
+                        backtracks = 0
+                        self.split(iters, idx, 1, whole_level=True)
+                continue
+            idx[-1] += 1
+            tick += 1
+            if tick >= 16:
+                tick = 0
+                if clock() >= self.next_poll:
+                    self.poll(iters, idx)
+            if not visit(child, d0 + len(idx), pathf):
+                if prune_level:
+                    iters.pop()
+                    idx.pop()
+                    if skips and len(idx) - 1 in skips:
+                        idx[-1] += skips.pop(len(idx) - 1)
+                    if budget:
+                        backtracks += 1
+                continue
+            iters.append(kids(child, pathf))
+            idx.append(-1)
+
+    def dfs_count(self, node) -> None:
+        """``dfs`` specialised for counting: the hot loop of backtracking.count, all locals."""
+        base, t = self.base, self.tally
+        d0 = len(base)
+        self.visit(node, d0, base)
+        children, accept = self.children, self.accept
+        pd = t.per_depth if self.spec.per_depth else None
+        budget = self.spec.budget if (self.spec.coordination is Coordination.BUDGET
+                                      and self.split_ok) else 0
+        backtracks = count = nodes = tick = 0
+        skips = self.skips
+        clock = time.perf_counter
+        iters = [self.kids(node, base)]
+        idx = [-1]
+        phase = "children()"
+        child = None
+        nxt, end = next, _END
+        try:
+            while iters:
+                phase = "next"
+                child = nxt(iters[-1], end)  # no StopIteration object per leaf: 2x faster
+                if child is end:
+                    iters.pop()
+                    idx.pop()
+                    if skips and len(idx) - 1 in skips:
+                        idx[-1] += skips.pop(len(idx) - 1)
+                    if budget:
+                        backtracks += 1
+                        if backtracks >= budget:
+                            backtracks = 0
+                            self.split(iters, idx, 1, whole_level=True)
+                    continue
+                idx[-1] += 1
+                tick += 1
+                if tick >= 16:
+                    tick = 0
+                    if clock() >= self.next_poll:
+                        self.poll(iters, idx)
+                nodes += 1
+                if accept is None:
+                    count += 1
+                else:
+                    phase = "accept()"
+                    if accept(child):
+                        count += 1
+                if pd is not None:
+                    d = d0 + len(idx)
+                    while len(pd) <= d:
+                        pd.append(0)
+                    pd[d] += 1
+                phase = "children()"
+                kids = children(child)
+                phase = "iter"
+                iters.append(iter(kids))
+                idx.append(-1)
+        except (_Stopped, SearchError):
+            raise
+        except Exception as exc:
+            path = base + tuple(idx)
+            if phase == "iter":
+                raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
+                                  f"at node path {path}; return a list, tuple or generator"
+                                  ) from None
+            if phase == "next":  # raised inside a generator: while listing a parent's children
+                path, phase = base + tuple(idx[:-1]), "children()"
+            raise SearchError(f"{phase} raised {exc!r} at node path {path}") from exc
+        finally:
+            t.count += count
+            t.nodes += nodes
+
+    def join(self) -> None:
+        """Wait for the spawned tasks (newest first) and merge what they found."""
+        if not self.futs:
+            return
+        a = self.ctl
+        a[self.me, ACTIVE] -= 1  # waiting in a join: this worker may be hungry
+        try:
+            for f in reversed(self.futs):
+                if a[self.me, STOP] or a[:, STOP].any():
+                    for g in self.futs:
+                        g.cancel()
+                if f.cancelled():
+                    continue
+                self.tally.merge(f.result())
+        except BaseException:
+            a[self.me, STOP] = 1
+            for g in self.futs:
+                g.cancel()
+            raise
+        finally:
+            a[self.me, ACTIVE] += 1
+
+
+def _p(path) -> tuple:
+    """A path given as a tuple or as a function computing it (paths are built only for errors)."""
+    return path() if callable(path) else path
+
+
+def kids_of(children, node, path):
+    """``iter(children(node))``, with errors that name the node's path."""
+    try:
+        kids = children(node)
+    except _Stopped:
+        raise
+    except Exception as exc:
+        raise SearchError(f"children() raised {exc!r} at node path {_p(path)}") from exc
+    try:
+        return iter(kids)
+    except TypeError:
+        raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
+                          f"at node path {_p(path)}; return a list, tuple or generator") from None
+
+
+def replay(spec: Spec, path: tuple):
+    """The node at ``path``, re-derived by replaying ``children`` from the root (indexed)."""
+    node = spec.root
+    for depth, i in enumerate(path):
+        it = kids_of(spec.children, node, path[:depth])
+        try:
+            node = next(islice(it, i, None))
+        except StopIteration:
+            raise SearchError(f"children() is not deterministic: node path {path[:depth + 1]} "
+                              "no longer exists on replay; coordination='indexed' needs "
+                              "children() to yield the same children in the same order") from None
+    return node
+
+
+# ---------------------------------------------------------------------------
+# tasks
+# ---------------------------------------------------------------------------
+
+
+def task(spec: Spec, node, path: tuple) -> Tally:
+    """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
+    global _nesting
+    ctl = spec.control.obj.array
+    me = _slot(ctl)
+    ctl[me, STARTED] += 1
+    ctl[me, ACTIVE] += 1
+    _nesting += 1
+    try:
+        coord = spec.coordination
+        ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+        if spec.collect:
+            ex.tally.found_nodes = []
+        try:
+            if ctl[:, STOP].any():
+                return ex.tally
+            if node is None:
+                node = replay(spec, path)
+            if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
+                _spawn_children(ex, node, path)
+            else:
+                ex.dfs(node)
+        except _Stopped:
+            pass
+        except BaseException:
+            ctl[me, STOP] = 1
+            for f in ex.futs:
+                f.cancel()
+            raise
+        ex.join()
+        return ex.tally
+    finally:
+        _nesting -= 1
+        ctl[me, ACTIVE] -= 1
+
+
+def _spawn_children(ex: Explorer, node, path: tuple) -> None:
+    """Depth-bounded: visit ``node`` and spawn one task per (unpruned) child."""
+    if not ex.visit(node, len(path), path):
+        return
+    it = ex.kids(node, path)
+    for i in range(sys.maxsize):
+        try:
+            child = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+        cpath = path + (i,)
+        if ex.spec.goal is Goal.OPTIMISE and ex.prunable(child, cpath):
+            if ex.spec.prune_level:
+                return
+            continue
+        ex.ship(child, cpath)
+
+
+# ---------------------------------------------------------------------------
+# the driver side
+# ---------------------------------------------------------------------------
+
+STOP_WAIT_S = 10.0  # how long an interrupted search waits for its tasks to unwind
+
+
+def validate(pilot, children, coordination, spawn_depth: int, budget: int) -> Coordination:
+    coord = coordination_of(coordination)
+    if not callable(children):
+        raise TypeError(f"children must be a function node -> iterable of nodes, got {children!r}")
+    if not isinstance(spawn_depth, int) or spawn_depth < 0:
+        raise ValueError(f"spawn_depth must be an int >= 0, got {spawn_depth!r}")
+    if not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be an int >= 1 (backtracks before a split), got {budget!r}")
+    if not hasattr(pilot, "submit") or not hasattr(pilot, "workers"):
+        raise TypeError(f"the first argument must be a shoal.Pilot, got {pilot!r}")
+    return coord
+
+
+class _ByValue:
+    """Ships a function defined in ``__main__`` by value (workers have another ``__main__``).
+
+    Unpickles to a wrapper again (a bare function from cloudpickle would make
+    the next plain pickle of a stolen task fail); Explorer unwraps it once per
+    task (``unwrap``), so the hot path pays nothing.
+    """
+
+    __slots__ = ("fn", "blob")
+
+    def __init__(self, fn, blob=None):
+        self.fn, self.blob = fn, blob
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @staticmethod
+    def _load(blob):
+        import cloudpickle
+
+        return _ByValue(cloudpickle.loads(blob), blob)
+
+    def __reduce__(self):
+        if self.blob is None:
+            import cloudpickle
+
+            self.blob = cloudpickle.dumps(self.fn)
+        return (_ByValue._load, (self.blob,))
+
+
+class Pinned:
+    """A SharedArray or BestCell that always re-pickles as the driver pickled it.
+
+    Works around shoal's SharedArray handle, which a worker re-pickles with its
+    own fd number (a task stolen from a worker then maps the wrong file); the
+    driver's pickle names the driver's fd, valid for every worker.
+    """
+
+    __slots__ = ("obj", "blob")
+
+    def __init__(self, obj, blob=None):
+        self.obj = obj
+        self.blob = pickle.dumps(obj, 5) if blob is None else blob
+
+    @staticmethod
+    def _load(blob):
+        return Pinned(pickle.loads(blob), blob)
+
+    def __reduce__(self):
+        return (Pinned._load, (self.blob,))
+
+
+def unwrap(fn):
+    return fn.fn if type(fn) is _ByValue else fn
+
+
+def portable(fn):
+    """``fn``, wrapped to travel by value when it (or a partial's function) lives in __main__."""
+    inner = getattr(fn, "func", fn)
+    if getattr(inner, "__module__", None) == "__main__":
+        return _ByValue(fn)
+    return fn
+
+
+def _steals(pilot) -> tuple[int, int]:
+    ws = pilot.stats().get("workers", [])
+    return (sum(w.get("stolen_local", 0) for w in ws), sum(w.get("stolen_remote", 0) for w in ws))
+
+
+def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
+          reference_nodes: int | None = None, **spec_kw) -> tuple[Tally, SearchStats]:
+    """Run one search to the end on ``pilot``; (merged Tally, SearchStats).
+
+    An exception in the driver while waiting (KeyboardInterrupt) or in a task
+    sets the stop flag, so every task unwinds at its next poll; the driver
+    waits up to ``STOP_WAIT_S`` for that before re-raising.
+    """
+    import concurrent.futures as cf
+
+    check_picklable(root, (), "the root is sent to a worker")
+    ctl = shoal.SharedArray((pilot.workers + 1, 4), "int64", fill=0)
+    cell = None
+    try:
+        if goal is Goal.OPTIMISE:
+            cell = shoal.BestCell.for_pilot(pilot, "max", initial=spec_kw.get("initial"))
+        for key in ("accept", "objective", "bound"):
+            if spec_kw.get(key) is not None:
+                spec_kw[key] = portable(spec_kw[key])
+        spec = Spec(root=root, children=portable(children), goal=goal, control=Pinned(ctl),
+                    cell=None if cell is None else Pinned(cell),
+                    coordination=coordination, per_depth=stats, **spec_kw)
+        before = _steals(pilot) if stats else (0, 0)
+        t0 = time.monotonic()
+        fut = pilot.submit(task, spec, root, ())
+        try:
+            tally = fut.result()
+        except BaseException:
+            ctl.array[0, STOP] = 1  # every task unwinds at its next poll
+            # (no cancel() first: a cancelled driver future never counts as done for wait())
+            if not cf.wait([fut], timeout=STOP_WAIT_S).done:
+                fut.cancel()
+            raise
+        t_end = time.monotonic()
+        after = _steals(pilot) if stats else (0, 0)
+    finally:
+        ctl.close()
+        if cell is not None:
+            cell.close()
+
+    def rel(t):
+        return None if t is None else max(0.0, t - t0)
+
+    st = SearchStats(
+        coordination=coordination, workers=pilot.workers, nodes=tally.nodes,
+        pruned=tally.pruned, tasks=tally.tasks, splits=tally.splits,
+        per_depth=tuple(tally.per_depth), steals_local=after[0] - before[0],
+        steals_remote=after[1] - before[1], elapsed_s=t_end - t0,
+        first_incumbent_s=rel(tally.t_first), final_incumbent_s=rel(tally.t_best),
+        incumbent_updates=tally.updates,
+        stop_latency_s=None if tally.t_hit is None else max(0.0, t_end - tally.t_hit),
+        work_inflation=(tally.nodes / reference_nodes) if reference_nodes else None,
+    )
+    return tally, st

@@ -1,0 +1,197 @@
+"""Parallel backtracking: enumerate (``count``, ``solutions``) and decide (``find``).
+
+A search is plain Python: a ``root`` node and ``children(node)``, a lazy node
+generator (a function returning an iterable; a generator function is best, it
+yields children in heuristic order and is only advanced as far as needed).
+Nodes are named by their child-index path from the root, ``()`` for the root.
+
+Data flow (``count``/``find``): the driver submits one task for the root; the
+task searches depth-first with an explicit stack of child iterators and, as
+the ``coordination`` says, spawns unexplored siblings as new tasks, which idle
+workers steal (``shoal.patterns._search`` has the details and the invariants).
+Tallies merge up the join tree.  ``find`` sets a shared stop flag on the first
+hit; every task reads it every ~0.2 ms and unwinds (``stats.stop_latency_s``:
+hit to answer in the driver).
+
+``solutions`` streams: its driver keeps a frontier of unexplored subtrees and
+at most ``window`` tasks in flight; each task explores its subtrees for at most
+``chunk_nodes`` nodes or ``chunk_solutions`` hits and returns them with what it
+left unexplored.  Memory is bounded by the window, the chunk sizes and the
+frontier (kept depth-first, so about depth x branching per task), and the
+search only runs ahead of the consumer by one window.  Rejected: spawned tasks
+returning everything at the end (memory grows with the answer); a queue from
+workers to the driver (not in the public API).
+
+Invariant: results do not depend on the worker count or the coordination:
+``count`` is exact (each node is visited by exactly one task); ``find``
+returns *some* goal node (which one may vary with timing, unless there is one).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+from dataclasses import dataclass
+
+import shoal
+
+from ._search import (
+    STOP,
+    STOP_WAIT_S,
+    Coordination,
+    Explorer,
+    Goal,
+    Pinned,
+    SearchError,
+    SearchStats,
+    Spec,
+    check_picklable,
+    drive,
+    portable,
+    validate,
+)
+
+__all__ = ["Coordination", "Count", "Found", "SearchError", "SearchStats", "count", "find",
+           "solutions"]
+
+
+class Count(int):
+    """The result of ``count``: an int, with ``.stats`` (a SearchStats)."""
+
+    stats: SearchStats
+
+    def __new__(cls, value: int, stats: SearchStats):
+        self = super().__new__(cls, value)
+        self.stats = stats
+        return self
+
+    def __reduce__(self):
+        return (Count, (int(self), self.stats))
+
+
+@dataclass(frozen=True)
+class Found:
+    """``find(..., stats=True)``: the goal node (or None), its path, and what the search did."""
+
+    node: object
+    path: tuple | None
+    stats: SearchStats
+
+
+def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK_STEALING,
+          spawn_depth: int = 2, budget: int = 10_000, stats: bool = False) -> Count:
+    """The number of nodes of the tree under ``root`` (root included), or of those for
+    which ``accept(node)`` is true.
+
+    ``coordination``: a ``Coordination`` or its value ("sequential",
+    "depth-bounded" with ``spawn_depth``, "budget" with ``budget`` backtracks
+    per split, "stack-stealing", "indexed").  ``stats=True`` adds per-depth
+    counts and the steals of the search to ``result.stats``.
+    """
+    coord = validate(pilot, children, coordination, spawn_depth, budget)
+    if accept is not None and not callable(accept):
+        raise TypeError(f"accept must be a function node -> bool or None, got {accept!r}")
+    tally, st = drive(pilot, root, children, Goal.COUNT, coordination=coord, stats=stats,
+                      accept=accept, spawn_depth=spawn_depth, budget=budget)
+    return Count(tally.count, st)
+
+
+def find(pilot, root, children, goal, *, coordination=Coordination.STACK_STEALING,
+         spawn_depth: int = 2, budget: int = 10_000, stats: bool = False):
+    """A node for which ``goal(node)`` is true, or None; the first hit stops all tasks.
+
+    With ``stats=True`` a ``Found(node, path, stats)`` instead of the bare node.
+    """
+    coord = validate(pilot, children, coordination, spawn_depth, budget)
+    if not callable(goal):
+        raise TypeError(f"goal must be a function node -> bool, got {goal!r}")
+    tally, st = drive(pilot, root, children, Goal.FIND, coordination=coord, stats=stats,
+                      accept=goal, spawn_depth=spawn_depth, budget=budget)
+    path, node = tally.found if tally.found is not None else (None, None)
+    return Found(node, path, st) if stats else node
+
+
+def solutions(pilot, root, children, accept, *, window: int | None = None,
+              chunk_nodes: int = 20_000, chunk_solutions: int = 256):
+    """Iterate over the nodes for which ``accept(node)`` is true, as they are found.
+
+    Order is unspecified (it depends on timing); the set is exact.  At most
+    ``window`` tasks (default 2 per worker) run ahead of the consumer, each
+    returning at most ``chunk_solutions`` nodes; closing the iterator (or
+    breaking out of a for loop) cancels the outstanding tasks.
+    """
+    validate(pilot, children, Coordination.STACK_STEALING, 0, 1)
+    if not callable(accept):
+        raise TypeError(f"accept must be a function node -> bool, got {accept!r}")
+    window = 2 * pilot.workers if window is None else window
+    if window < 1 or chunk_nodes < 1 or chunk_solutions < 1:
+        raise ValueError("window, chunk_nodes and chunk_solutions must be >= 1")
+    return _stream(pilot, root, children, accept, max_nodes=chunk_nodes,
+                  max_found=chunk_solutions, window=window)
+
+
+# -- solutions(): driver-side chunks --------------------------------------------------
+
+
+def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, window: int):
+    """solutions(): a generator of accepted nodes; see backtracking.solutions."""
+    check_picklable(root, (), "the root is sent to a worker")
+    ctl = shoal.SharedArray((pilot.workers + 1, 4), "int64", fill=0)
+    spec = Spec(root=root, children=portable(children), goal=Goal.COUNT, control=Pinned(ctl),
+                accept=portable(accept),
+                coordination=Coordination.STACK_STEALING, collect=True)
+    frontier: list = [[(root, ())]]  # lists of units, LIFO: depth-first, so it stays small
+    pending: set = set()
+    try:
+        while frontier or pending:
+            while frontier and len(pending) < window:
+                units = frontier.pop()
+                free = window - len(pending) - len(frontier)
+                if len(units) > 1 and free > 1:  # cut it so idle workers get a piece
+                    step = -(-len(units) // min(free, len(units)))
+                    pieces = [units[i:i + step] for i in range(0, len(units), step)]
+                    units = pieces.pop(0)
+                    frontier.extend(reversed(pieces))
+                pending.add(pilot.submit(_chunk_task, spec, units, max_nodes, max_found))
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                found, left, _ = f.result()
+                if left:
+                    frontier.append(left)
+                yield from found
+    finally:
+        ctl.array[0, STOP] = 1  # running chunks return at their next node
+        _, late = cf.wait(pending, timeout=STOP_WAIT_S)
+        for f in late:
+            f.cancel()
+        ctl.close()
+
+
+def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
+    """solutions(): explore ``units`` [(node, path)] sequentially until ``max_nodes`` nodes
+    or ``max_found`` accepted nodes; return (found nodes, units left, tally)."""
+    ctl = spec.control.obj.array
+    ex = Explorer(spec, (), ctl, 0 if shoal.current_worker() is None else shoal.current_worker().id % len(ctl), split=False)
+    ex.tally.found_nodes = []
+    t = ex.tally
+    left: list = []
+    stack = list(reversed(units))  # next unit last
+    while stack:
+        if t.nodes >= max_nodes or len(t.found_nodes) >= max_found or ctl[:, STOP].any():
+            left.extend(reversed(stack))
+            break
+        node, path = stack.pop()
+        if not ex.visit(node, len(path), path):
+            continue
+        it = ex.kids(node, path)
+        kids = []
+        for i in range(sys.maxsize):
+            try:
+                child = next(it)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+            kids.append((child, path + (i,)))
+        stack.extend(reversed(kids))
+    return t.found_nodes, left, t

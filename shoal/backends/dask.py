@@ -234,6 +234,8 @@ class DaskBackend:
         dfut = getattr(fut, "_dask", None)
         with self._lock:
             self.counters["cancelled"] += 1
+            if dfut is not None:
+                self._pending.pop(dfut.key, None)  # close() must not wait for it
         if dfut is not None and self.client.status == "running":
             self.client.loop.add_callback(self._cancel_async, dfut)
 

@@ -1,0 +1,112 @@
+"""Real dask clusters for the tests: LocalCluster, and a `dask scheduler` plus `dask worker`
+processes started from the command line (the way users run it), on free loopback ports.
+
+Everything a helper starts is torn down by it: command-line processes run in their own
+process groups and are SIGKILLed as groups; ``shoal_workers()`` lists the shoal worker
+processes below a pid, for the leak checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, HERE, env.get("PYTHONPATH")] if p)
+    return env
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], env=_env(), start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def shoal_workers(pid: int | None = None) -> list[int]:
+    """Pids of shoal worker processes below ``pid`` (default: this process)."""
+    out = []
+    for p in descendants(pid):
+        with contextlib.suppress(psutil.Error):
+            if "shoal.runtime.worker" in " ".join(p.cmdline()):
+                out.append(p.pid)
+    return out
+
+
+def wait_until(cond, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class CliCluster:
+    """`dask scheduler` + ``n`` x `dask worker --nworkers 1 --nthreads 1` as OS processes."""
+
+    def __init__(self, n_workers: int = 2):
+        self.port = free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.scheduler = _start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                 "--port", str(self.port), "--no-dashboard"])
+        self.workers = [
+            _start(["distributed.cli.dask_worker", self.address, "--nworkers", "1",
+                    "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"])
+            for _ in range(n_workers)]
+        try:
+            from distributed import Client
+
+            with Client(self.address, timeout=30, set_as_default=False) as c:
+                c.wait_for_workers(n_workers, timeout=60)
+        except BaseException:
+            self.close()
+            raise
+
+    def kill_scheduler(self) -> None:
+        _kill_group(self.scheduler)
+
+    def close(self) -> None:
+        procs = [self.scheduler, *self.workers]
+        pids = {p.pid for proc in procs for p in descendants(proc.pid)} | {p.pid for p in procs}
+        for proc in procs:
+            _kill_group(proc)
+        wait_until(lambda: not [p for p in pids if psutil.pid_exists(p)
+                                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
+                   10, "the cluster's processes to exit")
+
+
+def local_cluster(n_workers: int = 2):
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                        dashboard_address=None)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import enum
 import itertools
+import socket
 import threading
 import traceback
 import uuid
@@ -132,6 +133,7 @@ class DaskBackend:
                 self.client = Client(self.cluster, set_as_default=False, timeout=connect_timeout)
             else:
                 try:
+                    _probe_tcp(address, connect_timeout)
                     self.client = Client(address, set_as_default=False, timeout=connect_timeout)
                 except (OSError, TimeoutError) as exc:
                     raise BackendUnavailable(
@@ -412,6 +414,21 @@ def _to_dask(obj, depth: int = 0):
     if t is dict:
         return {k: _to_dask(v, depth + 1) for k, v in obj.items()}
     return obj
+
+
+def _probe_tcp(address: str, timeout: float) -> None:
+    """Fail fast (OSError) when a ``tcp://host:port`` address refuses connections.
+
+    A ``distributed.Client`` that cannot connect keeps retrying until its timeout and then
+    leaves its event-loop thread's descriptors behind; a plain socket does neither."""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp"):
+        return  # tls://, ucx://, inproc://: leave it to distributed
+    host, _, port = rest.rpartition(":")
+    if not port.isdigit():
+        return  # no port given: distributed's default applies
+    with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+        pass
 
 
 def _name(fn) -> str:

@@ -1,0 +1,117 @@
+"""Faults on the dask backend, with real processes: a dask worker SIGKILLed mid-map and
+mid-spawn-tree, retries exhausted, an address that refuses connections, a scheduler that
+vanishes mid-run.  Each test owns its cluster; the shared leak check (tests/conftest.py)
+then sees every process the test started go away."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import dask
+import dask_tasks as t
+import psutil
+import pytest
+from dask_cluster import CliCluster, free_port, local_cluster, shoal_workers, wait_until
+
+import shoal
+from shoal.backends.dask import BackendUnavailable
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker():
+    """multiprocessing's resource tracker (started by the first LocalCluster) lives as long
+    as this process: start it before the per-test leak check looks, it is no leak."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def cluster():
+    c = local_cluster(2)
+    yield c
+    c.close()
+
+
+def _gone(pids) -> bool:
+    return not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_sigkill_dask_worker_mid_map(cluster):
+    with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
+        it = pilot.map(t.slow_item, range(300))
+        got = [next(it) for _ in range(30)]
+        wait_until(lambda: len(shoal_workers()) == 2, 20, "both node runtimes")
+        node_worker = shoal_workers()[0]
+        victim = psutil.Process(node_worker).ppid()  # a dask worker process
+        os.kill(victim, signal.SIGKILL)
+        got += list(it)
+        assert got == [x * x for x in range(300)]
+        wait_until(lambda: _gone([node_worker]), 10, "the dead dask worker's shoal workers (lifeline)")
+    wait_until(lambda: not shoal_workers(), 10, "no shoal workers after close")
+
+
+def test_sigkill_dask_worker_mid_spawn_tree(cluster, tmp_path):
+    pidfile = str(tmp_path / "root")
+    with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
+        fut = pilot.submit(t.slow_tree_reporting, 3, 4, 0.02, pidfile)
+        wait_until(lambda: os.path.exists(pidfile), 30, "the tree's root to start")
+        shoal_pid, dask_pid = map(int, open(pidfile).read().split())
+        os.kill(dask_pid, signal.SIGKILL)
+        assert fut.result(120) == 1 + 4 + 16 + 64  # re-run by dask on a live worker
+        wait_until(lambda: _gone([shoal_pid]), 10, "the killed node's shoal workers (lifeline)")
+    wait_until(lambda: not shoal_workers(), 10, "no shoal workers after close")
+
+
+def test_node_worker_lost_retries_exhausted(cluster):
+    with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
+        with pytest.raises(shoal.WorkerLost):
+            pilot.submit(t.die_node_worker, retries=1).result(60)
+        assert pilot.submit(t.inc, 1).result(30) == 2
+
+
+def test_dask_worker_deaths_exhausted():
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        c = local_cluster(2)
+    try:
+        with shoal.Pilot(backend="dask", cluster=c, workers=1) as pilot:
+            with pytest.raises(shoal.WorkerLost, match="allowed-failures"):
+                pilot.submit(t.kill_dask_worker).result(60)
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_address():
+    with pytest.raises(BackendUnavailable, match="cannot reach the dask scheduler") as info:
+        shoal.Pilot(backend="dask", address=f"tcp://127.0.0.1:{free_port()}", connect_timeout=2)
+    assert isinstance(info.value, shoal.ShoalError) and isinstance(info.value, ConnectionError)
+
+
+@pytest.mark.timeout(90)
+def test_cluster_vanishes_mid_run(tmp_path):
+    cli = CliCluster(1)
+    try:
+        pilot = shoal.Pilot(backend="dask", address=cli.address, workers=1)
+        pidfile = str(tmp_path / "root")
+        fut = pilot.submit(t.slow_tree_reporting, 2, 2, 30, pidfile)
+        wait_until(lambda: os.path.exists(pidfile), 30, "the task to start")
+        cli.kill_scheduler()
+        with pytest.raises(BackendUnavailable, match="went away"):
+            fut.result(60)
+        with pytest.raises(BackendUnavailable):
+            pilot.submit(t.inc, 1)
+        pilot.close()
+    finally:
+        cli.close()
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="exactly one of"):
+        shoal.Pilot(backend="dask")
+    with pytest.raises(ValueError, match="exactly one of"):
+        shoal.Pilot(backend="dask", address="tcp://x:1", provider="slurm")
+    with pytest.raises(ValueError, match="topology"):
+        shoal.Pilot(backend="dask", address="tcp://x:1", topology="2x2")

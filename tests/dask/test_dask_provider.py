@@ -1,0 +1,49 @@
+"""dask-jobqueue provider: the pure option mapping, and the error without dask-jobqueue.
+(No batch system runs here, so no SLURMCluster is started.)"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import shoal
+from shoal.backends._dask_provider import Provider, jobqueue_kwargs, walltime_seconds
+
+
+def test_walltime_seconds():
+    assert walltime_seconds("02:00:00") == 7200
+    assert walltime_seconds("30:00") == 1800
+    assert walltime_seconds("45") == 2700
+    assert walltime_seconds("1-00:00:10") == 86410
+    with pytest.raises(ValueError):
+        walltime_seconds("1:2:3:4")
+
+
+def test_jobqueue_kwargs_mapping():
+    kw = jobqueue_kwargs(cores=32, memory="64GB", walltime="02:00:00", queue="normal",
+                         account="proj", job_extra_directives=["--exclusive"])
+    assert kw["cores"] == 32 and kw["memory"] == "64GB" and kw["processes"] == 1
+    assert kw["queue"] == "normal" and kw["account"] == "proj" and kw["walltime"] == "02:00:00"
+    assert kw["job_extra_directives"] == ["--exclusive"]
+    args = kw["worker_extra_args"]
+    lifetime = int(args[args.index("--lifetime") + 1].rstrip("s"))
+    assert lifetime == 7200 - 300  # drains 5 minutes before the walltime
+    assert "--lifetime-stagger" in args
+
+
+def test_jobqueue_kwargs_short_walltime_and_no_walltime():
+    kw = jobqueue_kwargs(cores=4, memory="8GB", walltime="00:20:00")
+    args = kw["worker_extra_args"]
+    assert int(args[args.index("--lifetime") + 1].rstrip("s")) == 1200 - 300
+    assert "worker_extra_args" not in jobqueue_kwargs(cores=4, memory="8GB")
+    with pytest.raises(ValueError):
+        jobqueue_kwargs(cores=0, memory="8GB")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dask_jobqueue") is not None,
+                    reason="dask-jobqueue is installed")
+@pytest.mark.parametrize("provider", [p.value for p in Provider])
+def test_missing_dask_jobqueue_is_a_clear_error(provider):
+    with pytest.raises(ImportError, match="pip install dask-jobqueue"):
+        shoal.Pilot(backend="dask", provider=provider, cores=4, memory="8GB", walltime="01:00:00")

@@ -148,4 +148,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run main() from the module imported by name, so that the workers (which inherit
+    # this sys.path) can unpickle its classes and functions by reference
+    import search_flowshop
+
+    search_flowshop.main()

@@ -167,6 +167,7 @@ def main() -> None:
         nodes1 = None
         for w in (1, 2):
             with shoal.Pilot(workers=w) as pilot:
+                max_clique(pilot, g._replace(n=min(g.n, 20)))  # warm up: workers import numpy
                 t = time.perf_counter()
                 r = max_clique(pilot, g, coordination=args.coordination, stats=True,
                                reference_nodes=nodes1)
@@ -184,4 +185,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run main() from the module imported by name, so that the workers (which inherit
+    # this sys.path) can unpickle its classes and functions by reference
+    import search_maxclique
+
+    search_maxclique.main()

@@ -87,4 +87,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run main() from the module imported by name, so that the workers (which inherit
+    # this sys.path) can unpickle its classes and functions by reference
+    import search_nqueens
+
+    search_nqueens.main()

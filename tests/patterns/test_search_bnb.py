@@ -14,7 +14,8 @@ mc = apps.search_maxclique
 fs = apps.search_flowshop
 
 FAST = {"MANN_a9": 16, "hamming6-4": 4, "c-fat200-1": 12, "johnson16-2-4": 8}
-SLOW = {"brock200_2": 12, "keller4": 11, "p_hat300-1": 8, "C125.9": 34, "hamming8-4": 16}
+MEDIUM = {"brock200_2": 12, "keller4": 11, "p_hat300-1": 8}  # ~0.1-0.5 s each on 2 workers
+SLOW = {"C125.9": 34, "hamming8-4": 16}
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +51,21 @@ def test_max_clique_johnson(pilot2):
     assert r.stats.per_depth[0] == 1 and sum(r.stats.per_depth) == r.stats.nodes
 
 
+@pytest.mark.no_leak_check
+@pytest.mark.parametrize("name", list(MEDIUM))
+def test_max_clique_medium(pilot2, name):
+    g = apps.dimacs(name)
+    r = mc.max_clique(pilot2, g)
+    assert r.value == MEDIUM[name] and mc.is_clique(g, r.node)
+
+
 @pytest.mark.slow
 @pytest.mark.no_leak_check
 @pytest.mark.parametrize("name", list(SLOW))
-def test_max_clique_hard(pilot2, name):
+@pytest.mark.parametrize("coordination", apps.COORDINATIONS)
+def test_max_clique_hard(pilot2, name, coordination):
     g = apps.dimacs(name)
-    r = mc.max_clique(pilot2, g)
+    r = mc.max_clique(pilot2, g, coordination=coordination)
     assert r.value == SLOW[name] and mc.is_clique(g, r.node)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -101,9 +102,8 @@ def test_resume_kills_processes_the_dead_driver_left(tmp_path):
         while pid is None and time.monotonic() < deadline:
             time.sleep(0.02)
             try:
-                db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
-                row = db.execute("SELECT pid FROM tasks WHERE uid='o.s0.long'").fetchone()
-                db.close()
+                with contextlib.closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)) as db:
+                    row = db.execute("SELECT pid FROM tasks WHERE uid='o.s0.long'").fetchone()
                 pid = row[0] if row else None
             except sqlite3.Error:
                 pass

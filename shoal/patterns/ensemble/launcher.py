@@ -165,10 +165,10 @@ class Launcher:
             lines.append("exit $rc")
             exe, argv = "/bin/sh", ["/bin/sh", "-c", "\n".join(lines)]
         env = dict(self.base_env)
+        env["OMP_NUM_THREADS"] = str(task.cores)  # unless the task's own environment says otherwise
         env.update({k: str(v) for k, v in task.environment.items()})
         env["SHOAL_SANDBOX"] = sandbox
         env["SHOAL_TASK"] = uid
-        env.setdefault("OMP_NUM_THREADS", str(task.cores))
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         if stdin is not None and not os.path.isfile(stdin):

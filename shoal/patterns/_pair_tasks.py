@@ -31,8 +31,8 @@ Invariants:
   abort flag; every task checks it before work, parents cancel their children.
 
 Rejected: shipping items with every task (a stolen task would carry the data
-set; instead the Run handle carries one pickled blob that a process unpickles
-once); returning tiles to the driver in the default mode (the result matrix is
+set; instead the Spec is pickled once into a SharedArray that each process
+maps and unpickles once, and tasks carry only a handle to it); returning tiles to the driver in the default mode (the result matrix is
 shared memory written in place); a cache per run (a worker would hold two
 runs' items at once, with two budgets).
 """
@@ -101,20 +101,35 @@ class Spec:
 
 
 class Run:
-    """A run's handle, passed to every task: pickles to ``(run_id, blob)``."""
+    """A run's handle, passed to every task: pickles to ``(run_id, blob handle, length)``.
 
-    __slots__ = ("run_id", "blob")
+    The Spec's pickle lives in a ``shoal.SharedArray`` (bytes), so a task message
+    carries only the handle (a few dozen bytes) however big the items are.  The
+    handle is that SharedArray pickled once *by the driver*: a worker passing a
+    stolen task on re-sends those bytes, never re-pickles its own attached copy
+    (whose fd number is the worker's, not the creator's).
+    """
 
-    def __init__(self, run_id: str, blob: bytes):
-        self.run_id, self.blob = run_id, blob
+    __slots__ = ("run_id", "handle", "size", "_blob")
+
+    def __init__(self, run_id: str, handle: bytes, size: int):
+        self.run_id, self.handle, self.size, self._blob = run_id, handle, size, None
 
     def __reduce__(self):
-        return (_attach, (self.run_id, self.blob))
+        return (_attach, (self.run_id, self.handle, self.size))
+
+    def blob(self):
+        """The mapped SharedArray holding the Spec (mapped on first use in this process)."""
+        if self._blob is None:
+            import pickle
+
+            self._blob = pickle.loads(self.handle)
+        return self._blob
 
 
-def _attach(run_id: str, blob: bytes) -> Run:
+def _attach(run_id: str, handle: bytes, size: int) -> Run:
     state = _RUNS.get(run_id)
-    return state.run if state is not None else Run(run_id, blob)
+    return state.run if state is not None else Run(run_id, handle, size)
 
 
 _CACHE: ItemCache | None = None  # this process's items, all runs
@@ -129,7 +144,7 @@ class RunState:
         import numpy as np
 
         global _CACHE
-        spec = cloudpickle.loads(run.blob)
+        spec = cloudpickle.loads(run.blob().array[:run.size].tobytes())
         self.run, self.spec = run, spec
         me = shoal.current_worker()
         self.worker = me.id if me is not None else 0
@@ -288,8 +303,7 @@ class RunState:
         rid = self.run.run_id
         self.cache.drop(lambda key: key[0] == rid)
         self.target = self.ctr = self.loads = self.flags = None
-        for name in ("result", "counters", "loads", "flags"):
-            shared = getattr(self.spec, name, None)
+        for shared in (self.spec.result, self.spec.counters, self.spec.loads, self.spec.flags, self.run.blob()):
             if shared is not None:
                 shared.close()
 

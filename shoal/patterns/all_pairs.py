@@ -7,7 +7,8 @@ costlier than comparing two, so the design is about reusing loaded items.
 
 Data flow::
 
-    driver ── Spec (keys, load, compare, output handles) pickled once ─► Run handle
+    driver ── Spec (keys, load, compare, output handles) pickled once into a
+      │       SharedArray ─► Run handle (tiny: every task message carries it)
       │  probe (only with load= and no tile=): one task loads item 0 → its size
       │  tile = default_tile(n, m, workers, cache_bytes, item size)   [_tiles.py]
       ├─ in-place outputs (shared-memory matrix, .npy memmap): ONE root task for
@@ -37,6 +38,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import os
+import pickle
 import time
 import uuid
 
@@ -184,7 +186,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     mode = (Output.TOPK if top_k is not None else Output.ARRAY if out is None
             else Output.CALLBACK if callable(out) else Output.MEMMAP)
 
-    shared = []
+    shared, flags = [], None
     try:
         result_sa, path = None, None
         if mode is Output.ARRAY:
@@ -206,7 +208,10 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         except Exception as exc:
             raise TypeError(f"all_pairs.compute: cannot pickle items/load/compare/block for the workers: {exc!r}; "
                             "use module-level functions and picklable items") from exc
-        run = Run(uuid.uuid4().hex, blob)
+        blob_sa = shoal.SharedArray((len(blob),), "uint8")  # items reach workers by memory, not rings
+        shared.append(blob_sa)
+        blob_sa.array[:] = np.frombuffer(blob, dtype=np.uint8)
+        run = Run(uuid.uuid4().hex, pickle.dumps(blob_sa), len(blob))
 
         if n and m and tile is None:
             item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
@@ -230,8 +235,8 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         result.stats = stats
         return result
     finally:
-        if shared:
-            shared[-1].array[Flag.DONE] = 1  # flags: workers drop this run's state on their next run
+        if flags is not None:
+            flags.array[Flag.DONE] = 1  # workers drop this run's state when they see their next run
         for sa in shared:
             sa.close()
 

@@ -157,6 +157,9 @@ class Future(cf.Future):
     def cancel(self) -> bool:
         if not super().cancel():
             return False
+        # Tell concurrent.futures.wait/as_completed at once (CANCELLED_AND_NOTIFIED), as an
+        # executor does when it dequeues a cancelled item: our items may never be dequeued.
+        self.set_running_or_notify_cancel()
         canceller = self._canceller
         if canceller is not None:
             canceller(self)

@@ -57,6 +57,7 @@ class SharedArray:
             raise OSError("SharedArray needs Linux memfd_create")
         os.ftruncate(self._fd, nbytes)
         self._pid = os.getpid()
+        self._origin = (self._pid, self._fd)  # what every handle names, wherever it is re-sent from
         self._token = uuid.uuid4().hex
         self._map(nbytes)
         if fill is not None:
@@ -90,6 +91,7 @@ class SharedArray:
                 raise OSError(f"cannot map the SharedArray of process {pid} (fd {fd}): {exc}; "
                               "it can only be used by that process's shoal workers") from exc
         self._pid = pid
+        self._origin = (pid, fd)
         nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
         self._map(nbytes)
         _ATTACHED[token] = self
@@ -100,7 +102,8 @@ class SharedArray:
     def __reduce__(self):
         if self._fd is None:
             raise ValueError("a closed SharedArray cannot be sent to a task")
-        return (SharedArray._attach, (self._token, self._pid, self._fd, self.shape, self.dtype.str))
+        pid, fd = self._origin  # the creator's fd, not this process's copy
+        return (_attach, (self._token, pid, fd, self.shape, self.dtype.str))
 
     def close(self) -> None:
         """Drop this process's mapping (the array must not be used after)."""
@@ -122,6 +125,12 @@ class SharedArray:
 
     def __repr__(self) -> str:
         return f"<shoal.SharedArray shape={self.shape} dtype={self.dtype}>"
+
+
+def _attach(token, pid, fd, shape, dtype) -> SharedArray:
+    # A module-level function, not the classmethod itself: cloudpickle would send a
+    # classmethod by value (its qualified name does not lead back to the function).
+    return SharedArray._attach(token, pid, fd, shape, dtype)
 
 
 class BestCell:

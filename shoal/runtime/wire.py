@@ -97,7 +97,12 @@ def describe(fn) -> str:
 
 def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
     try:
-        return _dumps((args, kwargs), _PROTO)
+        data = _dumps((args, kwargs), _PROTO)
+        if b"__main__" not in data:
+            return data
+        # A class or function of the driver's __main__ pickles by reference, and a
+        # worker's __main__ is not the driver's: send those by value.
+        return cloudpickle.dumps((args, kwargs), _PROTO)
     except Exception as exc:
         # Plain pickle refuses lambdas and local classes; cloudpickle takes them.
         try:
@@ -130,7 +135,10 @@ def decode_define(msg: bytes):
 
 def encode_result(task_id: int, value) -> bytes:
     try:
-        return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + _dumps(value, _PROTO)
+        data = _dumps(value, _PROTO)
+        if b"__main__" in data:  # classes rebuilt by value in this worker (see dump_args)
+            data = cloudpickle.dumps(value, _PROTO)
+        return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + data
     except Exception:
         try:
             return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloudpickle.dumps(value, _PROTO)

@@ -166,6 +166,7 @@ class Worker:
         self.any_cancel = False
         self.scope: Scope | None = None
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
+        self.depth = 0  # tasks on this worker's stack (nested by help-first joins)
         self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
         self.seq = 0
         self.stop = False
@@ -204,8 +205,8 @@ class Worker:
             self.poll()
             if len(deq) > 1:
                 self.wake_sleepers()
-        elif len(deq) == 2:
-            self.wake_sleepers()
+        elif len(deq) == 1:
+            self.wake_sleepers()  # a task is running here and offers its first child
         self.in_user = in_user
         return fut
 
@@ -447,7 +448,9 @@ class Worker:
         if self.dead.get(thief, -1) >= gen:
             return  # asked before it died; its replacement asks for itself
         deq = self.deque
-        give = len(deq) // 2
+        # Steal half, rounded up while a task runs here (its owner is busy anyway; a lone
+        # child is worth giving), rounded down between tasks (keep one to run next).
+        give = (len(deq) + 1) // 2 if self.depth else len(deq) // 2
         loot, moved, keep = [], {}, []
         while give > 0 and deq:
             task = deq.popleft()
@@ -535,6 +538,7 @@ class Worker:
         self.scope = fut._scope = Scope(task.scope)
         tracer = self.tracer
         t0 = time.perf_counter() if tracer is not None else 0.0
+        self.depth += 1
         try:
             args, kwargs = task.args, task.kwargs
             if task.pinned:
@@ -550,6 +554,7 @@ class Worker:
         finally:
             self.in_user = False
             self.scope = outer
+            self.depth -= 1
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(task.fn, "__name__", "task"), t0, time.perf_counter())
@@ -583,6 +588,7 @@ class Worker:
         self.scope = scope
         tracer = self.tracer
         t0 = time.perf_counter() if tracer is not None else 0.0
+        self.depth += 1
         try:
             if fn is None:
                 fn, args, kwargs = wire.pickle.loads(body)
@@ -599,6 +605,7 @@ class Worker:
         finally:
             self.in_user = False
             self.scope = outer
+            self.depth -= 1
             del self.running_scopes[tid]
             if driver_task:
                 status[STATUS_DEPTH] -= 1

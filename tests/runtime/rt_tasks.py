@@ -179,3 +179,27 @@ def slow_tree_reporting(depth, fanout, leaf_s, pidfile):
     with open(pidfile, "w") as f:
         f.write(str(os.getpid()))
     return slow_leaf_tree(depth, fanout, leaf_s)
+
+
+def fill_rows_nested(arr, n):
+    """Spawn a child per row; stolen children re-send the SharedArray handle from a worker."""
+    futs = [shoal.spawn(_fill_row, arr, i) for i in range(n)]
+    return sum(f.result() for f in futs)
+
+
+def _fill_row(arr, i):
+    time.sleep(0.001)
+    arr.array[i, :] = i
+    return 1
+
+
+def lone_child():
+    """One child and long inline work: an idle worker should take the child."""
+    child = shoal.spawn(_where_after, 0.3)
+    mine = _where_after(0.3)
+    return mine, child.result()
+
+
+def _where_after(s):
+    time.sleep(s)
+    return shoal.current_worker().id

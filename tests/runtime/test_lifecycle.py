@@ -80,6 +80,25 @@ def test_functions_defined_in_main_script():
     assert out.stdout.split() == ["49", "55"]
 
 
+def test_main_classes_as_arguments_and_results():
+    code = textwrap.dedent("""
+        import shoal
+        from dataclasses import dataclass
+        @dataclass
+        class Point:
+            x: int
+            y: int
+        def norm1(p):
+            return Point(abs(p.x), abs(p.y))
+        if __name__ == "__main__":
+            with shoal.Pilot(workers=2) as p:
+                print(p.submit(norm1, Point(-3, 4)).result(30))
+    """)
+    out = run_script(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Point(x=3, y=4)"
+
+
 def test_driver_with_threads_running():
     """Works while the driver runs other threads (e.g. a dask Client's event loop)."""
     import threading

@@ -214,3 +214,14 @@ def test_waiting_semantics_many_threads_and_timeouts(pilot):
     slow.add_done_callback(lambda f: called.append(f.result()))  # already done: runs at once
     assert called == [0.3]
     assert repr(slow).startswith("<shoal.Future")
+
+
+def test_cancel_running_future_releases_waiters(pilot):
+    fut = pilot.submit(t.sleep, 0.5)
+    import time
+
+    time.sleep(0.1)
+    assert fut.cancel()
+    done, not_done = cf.wait([fut], timeout=5)
+    assert fut in done and not not_done
+    assert list(cf.as_completed([fut], timeout=5)) == [fut]

@@ -131,3 +131,20 @@ def test_trace_file(tmp_path):
     cats = {e.get("cat") for e in events}
     assert {"task", "idle"} <= cats, cats
     assert not list(tmp_path.glob("run.json.w*")), "worker parts should be merged away"
+
+
+def test_shared_array_handle_survives_stealing():
+    np = pytest.importorskip("numpy")
+    with shoal.Pilot(workers=2) as pilot, shoal.SharedArray((64, 4), "int64") as arr:
+        assert pilot.submit(t.fill_rows_nested, arr, 64).result(60) == 64
+        assert np.array_equal(arr.array[:, 0], np.arange(64))
+
+
+def test_a_lone_child_is_stolen_by_an_idle_worker():
+    with shoal.Pilot(workers=2) as pilot:
+        pilot.submit(t.inc, 1).result(30)
+        for _ in range(3):  # the other worker may still be starting the first time
+            mine, child = pilot.submit(t.lone_child).result(60)
+            if mine != child:
+                break
+        assert mine != child, "the idle worker never took the only child"

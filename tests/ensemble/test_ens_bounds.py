@@ -43,6 +43,7 @@ def test_lazy_pipelines(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_million_lazy_tasks_bounded(tmp_path):
     report, peak = _peak(tmp_path, 1_000_000)
     assert report.done == 1_000_000

@@ -3,8 +3,9 @@
 Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
 ``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
 write-ahead state), ``launcher`` (sandboxes, staging, posix_spawn, reaping),
-``report`` (Results/StageContext/Report), ``engine`` (the driver loop), and
-``workflow_file`` (loading ``workflow.py`` files for ``shoal run``).  The
+``report`` (Results/StageContext/Report), ``walker`` (pipelines, stages,
+the stage barrier), ``engine`` (the driver loop: place, launch, reap), and
+``commands`` (``shoal run`` / ``shoal status``).  The
 public face is ``shoal.ensemble``; see docs/ensemble.md.
 """
 

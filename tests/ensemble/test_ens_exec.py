@@ -124,3 +124,30 @@ def test_sandbox_cannot_be_created(tmp_path):
 def test_many_true_tasks(tmp_path):
     report = _run(tmp_path, [Task(executable="/bin/true") for _ in range(200)])
     assert report.ok and report.done == 200
+
+
+def _intervals(tmp_path):
+    import sqlite3
+
+    db = sqlite3.connect(str(tmp_path / "run.db"))
+    try:
+        return {uid.rsplit(".", 1)[1]: (s, f) for uid, s, f in db.execute("SELECT uid, started, finished FROM tasks")}
+    finally:
+        db.close()
+
+
+def test_memory_is_not_overcommitted(tmp_path):
+    tasks = [Task(executable="/bin/sleep", arguments=["0.2"], memory="600M", name=f"m{i}") for i in range(3)]
+    assert _run(tmp_path, tasks, cores=2, memory="1G").ok
+    spans = sorted(_intervals(tmp_path).values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # one at a time
+
+
+def test_engine_backfills_around_a_wide_task(tmp_path):
+    tasks = [Task(executable="/bin/sleep", arguments=["0.3"], name="a"),
+             Task(executable="/bin/true", cores=2, name="wide"),
+             Task(executable="/bin/true", name="small")]
+    assert _run(tmp_path, tasks, cores=2).ok
+    t = _intervals(tmp_path)
+    assert t["small"][0] < t["wide"][0]  # the small task filled the free core first
+    assert t["wide"][0] >= t["a"][1]

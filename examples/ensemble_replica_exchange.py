@@ -1,8 +1,9 @@
 """Replica exchange: replicas run an MD-like step per stage; between stages neighbours swap states.
 
-Each replica is a pipeline-independent task inside one stage per cycle; after
-each cycle a post_exec callback decides swaps (Metropolis criterion, seeded)
-and appends the next cycle with the exchanged states.
+Each cycle is one stage with a task per replica; after each cycle a
+post_exec callback decides swaps between neighbouring temperatures
+(Metropolis criterion, seeded) and appends the next cycle with the
+exchanged states.
 """
 
 import math
@@ -37,7 +38,8 @@ def exchange(ctx):
         delta = (1 / TEMPS[r] - 1 / TEMPS[r + 1]) * (out[r + 1]["energy"] - out[r]["energy"])
         if delta >= 0 or rng.random() < math.exp(delta):
             xs[r], xs[r + 1] = xs[r + 1], xs[r]
-    ctx.append(cycle(c + 1, xs)) if c + 1 < CYCLES else None
+    if c + 1 < CYCLES:
+        ctx.append(cycle(c + 1, xs))
 
 
 if __name__ == "__main__":

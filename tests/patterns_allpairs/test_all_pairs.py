@@ -254,3 +254,10 @@ def test_bad_arguments(pilot, kwargs, exc):
 def test_items_must_be_a_sequence(pilot):
     with pytest.raises(TypeError, match="sequence"):
         all_pairs.compute(pilot, "abc", t.absdiff)
+
+
+def test_large_in_memory_items_do_not_travel_with_tasks(pilot):
+    # 1.4 MB of items: more than a ring holds; tasks carry a handle, not the data set
+    xs = list(np.random.default_rng(11).normal(size=(300, 600)))
+    r = all_pairs.compute(pilot, xs, block=t.block_euclidean, tile=16)
+    _close(r[np.triu_indices(300, 1)], pdist(np.array(xs)))

@@ -14,6 +14,8 @@ small and noisy; absolute times are printed only for context):
    * the naive pool approach (joblib if installed, else multiprocessing.Pool):
      one task per row ``i`` that loads item ``i`` and every item ``j >= i``
      itself -> ``N (N + 1) / 2`` loads;
+   * the same compute on a 1-worker pilot (shoal pins each worker to a CPU, so
+     on a shared machine "2 workers vs 1 worker" isolates the scaling);
 2. items in memory, the vectorised ``block`` path (``cdist`` per tile) vs
    scipy's single-core ``cdist`` on the whole data.
 
@@ -124,9 +126,10 @@ def main(argv=None) -> int:
 
         ys = rng.normal(size=(args.block_n, args.block_dim))
         items = list(ys)
-        t_seq = t_shoal = t_cdist = t_block = float("inf")
-        with shoal.Pilot(workers=args.workers) as pilot:
+        t_seq = t_shoal = t_one = t_cdist = t_block = float("inf")
+        with shoal.Pilot(workers=args.workers) as pilot, shoal.Pilot(workers=1) as one:
             all_pairs.compute(pilot, paths[:200], compare, load=np.load)  # warm: imports, code paths
+            all_pairs.compute(one, paths[:200], compare, load=np.load)
             all_pairs.compute(pilot, items[:50], block=block)  # warm: workers import scipy
             for _ in range(args.repeat):  # interleaved, best of each: noise only ever adds time
                 t0 = time.perf_counter()
@@ -137,6 +140,9 @@ def main(argv=None) -> int:
                 t_shoal = min(t_shoal, time.perf_counter() - t0)
                 st = got.stats
                 assert np.allclose(got, ref, rtol=1e-12), "shoal result differs from the sequential loop"
+                t0 = time.perf_counter()
+                one_loads = all_pairs.compute(one, paths, compare, load=np.load).stats.loads
+                t_one = min(t_one, time.perf_counter() - t0)
 
                 t0 = time.perf_counter()
                 ref_b = cdist(ys, ys)
@@ -159,6 +165,7 @@ def main(argv=None) -> int:
     print(f"# shoal: tile {st.tile}, {st.tiles} tiles, {st.tiles_stolen} stolen "
           f"({st.tiles_stolen_warm} warm), cache {st.cache_hits} hits / {st.cache_misses} misses")
     rows.append(("sequential loop (load once, i<=j)", t_seq, seq_loads, "1.00x"))
+    rows.append(("shoal all_pairs (1 worker)", t_one, one_loads, f"{t_seq / t_one:.2f}x"))
     rows.append((f"shoal all_pairs ({args.workers} workers)", t_shoal, st.loads, f"{t_seq / t_shoal:.2f}x"))
     if not args.skip_naive:
         rows.append((f"{pool_name}, one task per row, load inside", t_naive, naive_loads,
@@ -167,7 +174,8 @@ def main(argv=None) -> int:
     for name, secs, loads, ratio in rows:
         print(f"| {name} | {secs:.2f} | {loads:,} | {loads / n:.1f} | {ratio} |")
     print()
-    print(f"shoal speed-up over the sequential loop: {t_seq / t_shoal:.2f}x (target >= 1.8x)")
+    print(f"shoal speed-up over the sequential loop: {t_seq / t_shoal:.2f}x (target >= 1.8x); "
+          f"{args.workers} workers over 1 worker: {t_one / t_shoal:.2f}x")
     if not args.skip_naive:
         print(f"loads, per-row pool / shoal: {naive_loads / max(1, st.loads):.0f}x fewer (target >= 10x); "
               f"time, per-row pool / shoal: {t_naive / t_shoal:.2f}x")

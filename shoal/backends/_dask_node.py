@@ -47,6 +47,7 @@ import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..runtime.mapping import TARGET_S, map_iter
+from ..runtime.topology import topology as get_topology
 from .local import LocalBackend
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
@@ -98,24 +99,32 @@ _nodes: dict[str, _Node] = {}
 _reaper: threading.Thread | None = None
 
 
-_sizing: dict[str, dict[str, int]] = {}  # pilot token -> {host: shoal workers per dask worker}
+_slices: dict[str, dict[str, tuple[int, ...]]] = {}  # pilot token -> {dask worker: its CPUs}
 
 
-def _my_host() -> str:
+def _my_address() -> str:
     try:
         from distributed import get_worker
 
-        return get_worker().address.rsplit(":", 1)[0]
+        return get_worker().address
     except (ImportError, ValueError):
         return ""
 
 
-def _default_workers(cfg: NodeConfig) -> int:
-    """``cfg.workers``, else what the pilot computed for this host, else all usable CPUs."""
+def _claim_cpus(cfg: NodeConfig) -> int:
+    """Restrict this dask worker process to its slice of the host's CPUs (so the node
+    runtimes of several dask workers on one host pin their shoal workers to disjoint CPUs)
+    and return how many shoal workers to start: ``cfg.workers``, else the slice's size."""
+    mine = _slices.get(cfg.token, {}).get(_my_address())
+    if mine:
+        try:
+            os.sched_setaffinity(0, mine)
+            get_topology(refresh=True)
+        except OSError:  # pragma: no cover - CPUs gone from the cgroup meanwhile
+            pass
     if cfg.workers is not None:
         return cfg.workers
-    per_host = _sizing.get(cfg.token, {})
-    return per_host.get(_my_host()) or max(1, len(os.sched_getaffinity(0)))
+    return len(mine) if mine else max(1, len(os.sched_getaffinity(0)))
 
 
 def node_runtime(cfg: NodeConfig) -> _Node:
@@ -125,7 +134,7 @@ def node_runtime(cfg: NodeConfig) -> _Node:
         node = _nodes.get(cfg.token)
         if node is not None and not node.backend.closing:
             return node
-    workers = _default_workers(cfg)
+    workers = _claim_cpus(cfg)
     with _lock:
         node = _nodes.get(cfg.token)
         if node is not None and not node.backend.closing:
@@ -212,25 +221,40 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
         _leave(node)
 
 
-def probe() -> tuple[str, int]:
+def probe() -> tuple[str, tuple[int, ...]]:
     """(host, usable CPUs) of this dask worker (run with ``client.run``)."""
-    return _my_host(), len(os.sched_getaffinity(0))
+    return _my_address().rsplit(":", 1)[0], tuple(sorted(os.sched_getaffinity(0)))
+
+
+def cpu_slices(probes: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """Split each host's CPUs between the dask workers on it (pure): ``{address: CPUs}``,
+    disjoint when there are at least as many CPUs as dask workers, at least one CPU each."""
+    by_host: dict[str, list[str]] = {}
+    for addr, (host, _) in sorted(probes.items()):
+        by_host.setdefault(host, []).append(addr)
+    out = {}
+    for addrs in by_host.values():
+        cpus = probes[addrs[0]][1] or (0,)
+        k = max(1, len(cpus) // len(addrs))
+        for i, addr in enumerate(addrs):
+            out[addr] = tuple(cpus[(i * k + j) % len(cpus)] for j in range(k))
+    return out
 
 
 class NodePlugin(WorkerPlugin):
-    """Registered once per pilot: tells every dask worker, also those that join or restart
-    later, how many shoal workers to start for this host; its teardown (pilot close, or the
-    dask worker closing) stops the pilot's runtime in that worker."""
+    """Registered once per pilot: gives every dask worker it knows its slice of the host's
+    CPUs (a worker that joins or restarts later, under a new address, takes all of them);
+    its teardown (pilot close, or the dask worker closing) stops the pilot's runtime there."""
 
-    def __init__(self, token: str, per_host: dict[str, int]):
+    def __init__(self, token: str, slices: dict[str, tuple[int, ...]]):
         self.token = token
-        self.per_host = dict(per_host)
+        self.slices = dict(slices)
 
     def setup(self, worker=None):
-        _sizing[self.token] = self.per_host
+        _slices[self.token] = self.slices
 
     def teardown(self, worker=None):
-        _sizing.pop(self.token, None)
+        _slices.pop(self.token, None)
         close_node(self.token)
 
 

@@ -59,7 +59,7 @@ import cloudpickle
 from .._errors import PilotClosed, RemoteTraceback, SerializationError, ShoalError, WorkerLost
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
-from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, probe, run_batch, run_task
+from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
 
@@ -165,16 +165,11 @@ class DaskBackend:
             except (OSError, TimeoutError) as exc:
                 raise BackendUnavailable(f"the dask cluster at {self.client.scheduler.address} has "
                                          f"no workers after {wait_s} s ({exc})") from None
-        hosts = self.client.run(probe, on_error="ignore") if wait_s is not None else {}
-        per_host_count: dict[str, int] = {}
-        cpus: dict[str, int] = {}
-        for host, ncpu in hosts.values():
-            per_host_count[host] = per_host_count.get(host, 0) + 1
-            cpus[host] = ncpu
-        per_host = {h: max(1, cpus[h] // c) for h, c in per_host_count.items()}
+        probes = self.client.run(probe, on_error="ignore") if wait_s is not None else {}
+        slices = cpu_slices(probes)
         self.cfg = NodeConfig(self.token, workers, seed, idle_timeout)
-        self.n = max(1, sum(workers or per_host[h] for h, _ in hosts.values()))
-        self.client.register_plugin(NodePlugin(self.token, per_host), name=self._plugin_name)
+        self.n = max(1, sum(workers or len(s) for s in slices.values()))
+        self.client.register_plugin(NodePlugin(self.token, slices), name=self._plugin_name)
 
     @property
     def _plugin_name(self) -> str:

@@ -47,3 +47,14 @@ def test_jobqueue_kwargs_short_walltime_and_no_walltime():
 def test_missing_dask_jobqueue_is_a_clear_error(provider):
     with pytest.raises(ImportError, match="pip install dask-jobqueue"):
         shoal.Pilot(backend="dask", provider=provider, cores=4, memory="8GB", walltime="01:00:00")
+
+
+def test_cpu_slices_split_each_host():
+    from shoal.backends._dask_node import cpu_slices
+
+    probes = {"tcp://a:2": ("tcp://a", (0, 1, 2, 3)), "tcp://a:1": ("tcp://a", (0, 1, 2, 3)),
+              "tcp://b:1": ("tcp://b", (0, 1))}
+    assert cpu_slices(probes) == {"tcp://a:1": (0, 1), "tcp://a:2": (2, 3), "tcp://b:1": (0, 1)}
+    crowded = {f"tcp://a:{i}": ("tcp://a", (0, 1)) for i in range(3)}
+    assert all(len(s) == 1 for s in cpu_slices(crowded).values())
+    assert cpu_slices({}) == {}

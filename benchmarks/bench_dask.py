@@ -1,0 +1,111 @@
+"""shoal's dask backend next to plain dask and the local backend: one run, ratios.
+
+Usage::
+
+    python benchmarks/bench_dask.py [--tasks 20000] [--queens 12] [--submits 2000] [--repeat 2]
+
+On one LocalCluster (2 worker processes x 1 thread, the shape of this 2-core machine):
+
+* ``map``: 20,000 tiny tasks -- shoal-on-dask ``Pilot.map`` (batched: a batch is one dask
+  task spread over the node runtime) vs plain dask ``client.map`` + ``gather`` (one dask
+  task per item), and vs the local backend's ``Pilot.map``.
+* ``submit``: 2,000 tiny ``Pilot.submit`` calls, each its own future (no batching), on
+  the dask backend vs the local backend -- the per-task cost of each.
+* ``nqueens``: ``shoal.workloads.nqueens.count_parallel(pilot, 12)`` -- one root task
+  whose spawned tree stays on one node -- on the dask backend vs the local backend.
+
+Every pool is started and warmed before it is timed; each timing is the best of
+``--repeat`` runs; every result is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import shoal  # noqa: E402
+from shoal.workloads import nqueens  # noqa: E402
+
+
+def inc(x):
+    return x + 1
+
+
+def best(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=20000)
+    ap.add_argument("--submits", type=int, default=2000)
+    ap.add_argument("--queens", type=int, default=12)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args(argv)
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    from distributed import Client, LocalCluster
+
+    n, want = args.tasks, sum(range(1, args.tasks + 1))
+    queens_want = nqueens.OEIS_A000170[args.queens]
+    rows = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client, \
+            shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dpilot, \
+            shoal.Pilot(2) as lpilot:
+
+        def plain_dask():
+            futs = client.map(inc, range(n), pure=False)
+            assert sum(client.gather(futs)) == want
+            del futs
+
+        def shoal_map(pilot):
+            assert sum(pilot.map(inc, range(n))) == want
+
+        def submits(pilot):
+            futs = [pilot.submit(inc, i) for i in range(args.submits)]
+            assert sum(f.result() for f in futs) == sum(range(1, args.submits + 1))
+
+        def queens(pilot):
+            assert nqueens.count_parallel(pilot, args.queens) == queens_want
+
+        for warm in (plain_dask, lambda: shoal_map(dpilot), lambda: shoal_map(lpilot),
+                     lambda: submits(dpilot), lambda: queens(dpilot), lambda: queens(lpilot)):
+            warm()
+        t_plain = best(plain_dask, args.repeat)
+        t_dmap = best(lambda: shoal_map(dpilot), args.repeat)
+        t_lmap = best(lambda: shoal_map(lpilot), args.repeat)
+        t_dsub = best(lambda: submits(dpilot), args.repeat)
+        t_lsub = best(lambda: submits(lpilot), args.repeat)
+        t_dq = best(lambda: queens(dpilot), args.repeat)
+        t_lq = best(lambda: queens(lpilot), args.repeat)
+
+    rows.append((f"{n:,} tiny tasks: shoal-on-dask map vs plain dask client.map+gather",
+                 f"{n / t_dmap:,.0f}/s vs {n / t_plain:,.0f}/s", t_plain / t_dmap))
+    rows.append((f"{n:,} tiny tasks: map, dask backend vs local backend",
+                 f"{n / t_dmap:,.0f}/s vs {n / t_lmap:,.0f}/s", t_lmap / t_dmap))
+    rows.append((f"{args.submits:,} tiny submits, dask backend vs local backend",
+                 f"{args.submits / t_dsub:,.0f}/s vs {args.submits / t_lsub:,.0f}/s",
+                 t_lsub / t_dsub))
+    rows.append((f"N-Queens {args.queens} (count_parallel), dask backend vs local backend",
+                 f"{t_dq * 1e3:,.0f} ms vs {t_lq * 1e3:,.0f} ms", t_lq / t_dq))
+    print("| workload | rates / times | ratio (higher: dask backend / shoal-on-dask faster) |")
+    print("|---|---|---|")
+    for what, detail, ratio in rows:
+        print(f"| {what} | {detail} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import (
+    BackendUnavailable,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
@@ -27,7 +28,6 @@ from .runtime.api import BackendKind
 from .runtime.future import Future
 from .runtime.shared import BestCell, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
-
 
 
 def __getattr__(name: str):
@@ -92,6 +92,7 @@ __all__ = [
     "NumaNode",
     "BackendKind",
     "ShoalError",
+    "BackendUnavailable",
     "TopologyError",
     "PilotClosed",
     "TaskTimeout",

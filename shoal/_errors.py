@@ -21,6 +21,10 @@ class WorkerLost(ShoalError, RuntimeError):
     """The worker process running a task died (segfault, ``os._exit``, SIGKILL, OOM kill)."""
 
 
+class BackendUnavailable(ShoalError, ConnectionError):
+    """The backend's cluster cannot be reached, has no workers, or went away mid-run."""
+
+
 class SerializationError(ShoalError, TypeError):
     """A function, argument or result could not be pickled or unpickled."""
 

@@ -11,7 +11,7 @@ EXPECTED = {
     "Pilot", "Future", "spawn", "current_worker", "WorkerInfo", "topology", "Topology",
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
-    "RemoteTraceback",
+    "RemoteTraceback", "BackendUnavailable",
 }
 
 

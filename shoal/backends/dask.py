@@ -56,7 +56,13 @@ import uuid
 
 import cloudpickle
 
-from .._errors import PilotClosed, RemoteTraceback, SerializationError, ShoalError, WorkerLost
+from .._errors import (
+    BackendUnavailable,
+    PilotClosed,
+    RemoteTraceback,
+    SerializationError,
+    WorkerLost,
+)
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
@@ -65,10 +71,6 @@ from .local import _check_options, _settle
 
 _ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
-
-
-class BackendUnavailable(ShoalError, ConnectionError):
-    """The dask cluster cannot be reached, has no workers, or went away mid-run."""
 
 
 class Owned(enum.Enum):

@@ -15,7 +15,7 @@ import pytest
 from dask_cluster import CliCluster, free_port, local_cluster, shoal_workers, wait_until
 
 import shoal
-from shoal.backends.dask import BackendUnavailable
+from shoal import BackendUnavailable
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -41,7 +41,6 @@ import threading
 from .model import EnsembleError, FailureKind, Input, Staging, Task
 
 
-
 class LaunchError(Exception):
     """An executable task that could not start; ``kind`` says which step failed."""
 

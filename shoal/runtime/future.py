@@ -22,7 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
-from concurrent.futures._base import FINISHED, PENDING
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 
 from . import context
 
@@ -155,6 +155,8 @@ class Future(cf.Future):
         return super().exception(timeout)
 
     def cancel(self) -> bool:
+        if self._state == CANCELLED_AND_NOTIFIED:
+            return True  # cancelled before: nothing more to do
         if not super().cancel():
             return False
         # Tell concurrent.futures.wait/as_completed at once (CANCELLED_AND_NOTIFIED), as an

@@ -225,3 +225,9 @@ def test_cancel_running_future_releases_waiters(pilot):
     done, not_done = cf.wait([fut], timeout=5)
     assert fut in done and not not_done
     assert list(cf.as_completed([fut], timeout=5)) == [fut]
+
+
+def test_cancel_twice(pilot):
+    fut = pilot.submit(t.sleep, 0.3)
+    assert fut.cancel() and fut.cancel()
+    assert fut.cancelled()

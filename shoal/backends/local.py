@@ -206,7 +206,7 @@ class LocalBackend:
             self.out[ep].pending.clear()
             for other in self.endpoints:
                 if other != ep:
-                    self.out[other].send(wire.encode_control(Kind.DIED, [ep, dead_gen]))
+                    self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
             for tid, task in list(self.tasks.items()):
                 if task.placed == ep:
                     self.placement.finished(ep - 1)
@@ -222,7 +222,7 @@ class LocalBackend:
             if not self.closing:
                 self._start_worker(ep)
                 for msg in self.defines:
-                    self.out[ep].send(msg, wake=False)
+                    self._send(ep, msg, wake=False)
         for task in lost:
             tid = task.future.task_id
             if tid == overran:
@@ -319,9 +319,17 @@ class LocalBackend:
             msg = wire.encode_define(fn_id, blob)
             self.defines.append(msg)
             for ep in self.endpoints:
-                self.out[ep].send(msg, wake=False)
+                self._send(ep, msg, wake=False)
             self.fn_ids[id(fn)] = (fn_id, fn)
         return fn_id
+
+    def _send(self, ep: int, msg: bytes, wake: bool = True) -> None:
+        """Send to a worker (lock held).  What does not fit waits in the outbox; the pump
+        flushes it, so the pump must not sleep through it: ring its doorbell."""
+        box = self.out[ep]
+        box.send(msg, wake)
+        if box.pending:
+            self.doorbell.ring()
 
     def _dispatch(self, task: _Task) -> None:
         """Send a task to a worker (lock held)."""
@@ -331,7 +339,7 @@ class LocalBackend:
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep
-        self.out[ep].send(task.msg)
+        self._send(ep, task.msg)
 
     def _cancel(self, fut: Future) -> None:
         with self.lock:
@@ -341,7 +349,7 @@ class LocalBackend:
             if task.placed:
                 self.placement.finished(task.placed - 1)
             if task.where and not self.closed:
-                self.out[task.where].send(wire.encode_control(Kind.CANCEL, [fut.task_id]))
+                self._send(task.where, wire.encode_control(Kind.CANCEL, [fut.task_id]))
 
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException) -> None:
         if task.retries > 0 and not self.closing:
@@ -479,7 +487,7 @@ class LocalBackend:
             self.stats_replies.clear()
         with self.lock:
             for ep in self.endpoints:
-                self.out[ep].send(wire.encode_control(Kind.STATS, []))
+                self._send(ep, wire.encode_control(Kind.STATS, []))
         deadline = time.monotonic() + timeout
         with self.stats_cond:
             while len(self.stats_replies) < self.n:
@@ -510,7 +518,7 @@ class LocalBackend:
             cf.wait([t.future for t in list(self.tasks.values())])
         with self.lock:
             for ep in self.endpoints:
-                self.out[ep].send(wire.encode_control(Kind.SHUTDOWN, []))
+                self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
         deadline = time.monotonic() + 5.0
         for proc in self.procs.values():
             try:

@@ -62,14 +62,20 @@ class Outbox:
         self.flush()
 
     def flush(self) -> bool:
-        """Push what waits; True when nothing is left waiting."""
+        """Push what waits (and wake the consumer if any went); True when nothing is left."""
         pending = self.pending
         push = self.ring.push
-        while pending:
-            if push(pending[0]) is not _OK:
-                return False
-            pending.popleft()
-        return True
+        pushed = False
+        try:
+            while pending:
+                if push(pending[0]) is not _OK:
+                    return False
+                pending.popleft()
+                pushed = True
+            return True
+        finally:
+            if pushed:
+                self.doorbell.ring()
 
 
 class Inbox:

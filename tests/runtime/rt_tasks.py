@@ -203,3 +203,9 @@ def lone_child():
 def _where_after(s):
     time.sleep(s)
     return shoal.current_worker().id
+
+
+def big_children(n, size):
+    """Children with big arguments, so stolen ones cross the (smaller) worker rings in fragments."""
+    futs = [shoal.spawn(len, bytes(size)) for _ in range(n)]
+    return sum(f.result() for f in futs)

@@ -231,3 +231,10 @@ def test_cancel_twice(pilot):
     fut = pilot.submit(t.sleep, 0.3)
     assert fut.cancel() and fut.cancel()
     assert fut.cancelled()
+
+
+@pytest.mark.parametrize("size", [300_000, 5_000_000, 30_000_000])
+def test_big_arguments_and_results(pilot, size):
+    """Messages bigger than a ring travel in fragments, both ways."""
+    assert pilot.submit(len, b"x" * size).result(60) == size
+    assert len(pilot.submit(bytes, size).result(60)) == size

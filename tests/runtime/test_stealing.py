@@ -148,3 +148,8 @@ def test_a_lone_child_is_stolen_by_an_idle_worker():
             if mine != child:
                 break
         assert mine != child, "the idle worker never took the only child"
+
+
+def test_stolen_tasks_with_big_arguments():
+    with shoal.Pilot(workers=2) as pilot:
+        assert pilot.submit(t.big_children, 16, 600_000).result(120) == 16 * 600_000

@@ -2,9 +2,11 @@
 
 - ``shoal.patterns.backtracking``: ``count``, ``find``, ``solutions`` over a lazy search tree
 - ``shoal.patterns.branch_and_bound``: ``maximise``, ``minimise`` with a shared incumbent
+- ``shoal.patterns.all_pairs``: ``compute`` over every pair of items, tiled, cached, stolen
+- ``shoal.ensemble`` (implemented in ``shoal.patterns.ensemble``): Pipeline/Stage/Task workflows
 """
 
-from . import backtracking, branch_and_bound
+from . import all_pairs, backtracking, branch_and_bound
 from ._search import Coordination, SearchError, SearchStats
 
-__all__ = ["Coordination", "SearchError", "SearchStats", "backtracking", "branch_and_bound"]
+__all__ = ["Coordination", "SearchError", "SearchStats", "all_pairs", "backtracking", "branch_and_bound"]

@@ -58,6 +58,7 @@ from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
 from ..runtime.worker import (
+    _ATOMIC,
     STATUS_DEPTH,
     STATUS_RUNNING,
     STATUS_SLOTS,
@@ -66,7 +67,6 @@ from ..runtime.worker import (
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
 

@@ -23,8 +23,15 @@ import time
 from collections import deque
 
 TARGET_S = 0.005
-FIRST_BATCH = 16  # items in the first batches, before any duration was measured
+FIRST_BATCH = 128  # items in the first batches, before any duration was measured
 MAX_BATCH = 65536
+
+
+class Batch(list):
+    """A batch of map items.  Its own type, so the dependency scan of ``submit``
+    (which looks for Futures inside plain lists) skips it: map items are data."""
+
+    __slots__ = ()
 
 
 def _batch_runner(fn, star: bool):
@@ -62,10 +69,36 @@ def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | N
     items = zip(*iterables, strict=False) if star else iter(iterables[0])  # like map(): shortest wins
     runner = _batch_runner(fn, star)
     first = min(cap, FIRST_BATCH)
-    return _generate(backend, runner, items, ordered, chunksize, first, cap, 2 * workers + 2)
+    return MapIterator(_batches(backend, runner, items, ordered, chunksize, first, cap, 2 * workers + 2))
 
 
-def _generate(backend, runner, items, ordered, chunksize, first, cap, window):
+class MapIterator:
+    """The iterator ``Pilot.map`` returns: results item by item, closable.
+
+    ``for``/``list``/``sum`` get an ``itertools.chain`` over the result batches
+    (``__iter__``), so the per-item cost is C code, not a generator resumption
+    per item; ``next()`` works too.  ``close()`` (or garbage collection) cancels
+    the batches still in flight.
+    """
+
+    __slots__ = ("_batches", "_items")
+
+    def __init__(self, batches):
+        self._batches = batches
+        self._items = itertools.chain.from_iterable(batches)
+
+    def __iter__(self):
+        return self._items
+
+    def __next__(self):
+        return next(self._items)
+
+    def close(self) -> None:
+        self._batches.close()
+
+
+def _batches(backend, runner, items, ordered, chunksize, first, cap, window):
+    """Yield lists of results, batch by batch, keeping ``window`` batches in flight."""
     size = chunksize or first
     inflight: deque = deque()
     pending: set = set()
@@ -74,7 +107,7 @@ def _generate(backend, runner, items, ordered, chunksize, first, cap, window):
     try:
         while True:
             while not exhausted and len(inflight) < window:
-                batch = list(itertools.islice(items, size))
+                batch = Batch(itertools.islice(items, size))
                 if not batch:
                     exhausted = True
                     break
@@ -95,7 +128,7 @@ def _generate(backend, runner, items, ordered, chunksize, first, cap, window):
                 sample = elapsed / len(results)
                 per_item = sample if per_item is None else 0.7 * per_item + 0.3 * sample
                 size = max(1, min(cap, int(TARGET_S / max(per_item, 1e-9))))
-            yield from results
+            yield results
     finally:
         for fut in inflight:
             fut.cancel()

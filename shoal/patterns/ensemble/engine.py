@@ -52,6 +52,7 @@ from .model import (
     EnsembleError,
     Failure,
     FailureKind,
+    Pipeline,
     Task,
     TaskKind,
     TaskState,
@@ -71,7 +72,9 @@ class Engine(Walker):
                  walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | None = None, patience: int = 64):
-        self.workflow = iter(as_pipelines(workflow))
+        pipelines = as_pipelines(workflow)
+        self.total = count_tasks(pipelines)  # None when lazy: the progress line then has no ETA
+        self.workflow = iter(pipelines)
         self.user_pilot = pilot
         self.pilot = pilot
         self.workers = workers
@@ -146,6 +149,7 @@ class Engine(Walker):
                 self._wait()
                 self._reap()
                 self._report_progress(t0)
+            self._report_progress(t0, force=True)
             drained = self.draining and not self._finished()
         except BaseException:
             self._abort()
@@ -477,16 +481,46 @@ class Engine(Walker):
             self.pilot.close(cancel_pending=True)
         self.pilot = None
 
-    def _report_progress(self, t0: float) -> None:
+    def grow_total(self, stages, sign: int = 1) -> None:
+        """Stages appended / pipelines added at run time (sign=1: the total grows, or becomes
+        unknown if they are lazy) or stages that will not run (sign=-1: skipped, pipeline stopped)."""
+        if self.total is not None and stages:
+            more = count_tasks([Pipeline(list(stages))])
+            self.total = None if more is None else max(0, self.total + sign * more)
+
+    def _report_progress(self, t0: float, force: bool = False) -> None:
         if self.progress is None:
             return
         now = time.monotonic()
-        if now - self._last_progress < 0.5:
+        if now - self._last_progress < 0.5 and not force:
             return
         self._last_progress = now
         c = self.session_counts
         done = c[TaskState.DONE]
-        self.progress({"done": done, "running": len(self.running), "failed": c[TaskState.FAILED],
-                       "skipped": c[TaskState.SKIPPED], "waiting": len(self.waiting),
-                       "rate": done / max(now - t0, 1e-9), "elapsed": now - t0})
+        settled = done + c[TaskState.FAILED] + c[TaskState.SKIPPED]
+        elapsed = now - t0
+        rate = settled / elapsed if elapsed > 0 else 0.0
+        eta = None
+        if self.total is not None:
+            left = max(0, self.total - settled - c["replayed"])
+            eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
+        self.progress({"done": done + c["replayed"], "running": len(self.running),
+                       "failed": c[TaskState.FAILED], "skipped": c[TaskState.SKIPPED],
+                       "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
+                       "elapsed": elapsed, "final": force})
 
+
+def count_tasks(pipelines) -> int | None:
+    """Tasks in a workflow whose pipelines and stages are all lists; None if any part is lazy."""
+    if not isinstance(pipelines, list | tuple):
+        return None
+    n = 0
+    for p in pipelines:
+        if not isinstance(p, Pipeline):
+            return None
+        for s in p.stages:
+            tasks = getattr(s, "tasks", None)
+            if not isinstance(tasks, list | tuple):
+                return None
+            n += len(tasks)
+    return n

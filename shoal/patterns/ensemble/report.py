@@ -76,6 +76,7 @@ class StageContext:
             if not isinstance(s, Stage):
                 raise EnsembleError(f"append() takes Stage objects, got {s!r}")
         self.pipeline.stages.extend(stages)
+        self._engine.grow_total(stages)
         if self._prun.stopped:
             raise EnsembleError(f"pipeline {self._prun.uid} was stopped; it takes no more stages")
 

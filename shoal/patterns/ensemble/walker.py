@@ -146,11 +146,13 @@ class Walker:
                 return False
             if state is not TaskState.DONE:
                 prun.next_stage += 1
+                self.grow_total([stage], -1)
                 self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
                 prun.stopped, prun.failed = True, True
                 return self._start_next_stage(prun)
         prun.next_stage += 1
         if stage.when is not None and not stage.when(self.results):
+            self.grow_total([stage], -1)
             self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
             return self._start_next_stage(prun)
         prun.stage = _StageRun(stage, stage.uid, prun)
@@ -175,6 +177,7 @@ class Walker:
         if self.replay:
             state = self.journal.state(task.uid)
             if state is not None and state.terminal:
+                self.session_counts["replayed"] += 1
                 self._settle_counts(srun, state)
                 return
             attempt = self.journal.attempt(task.uid)
@@ -211,6 +214,7 @@ class Walker:
     def _end_pipeline(self, prun: _PipeRun, state: TaskState | None = None) -> None:
         if prun in self.pipes:
             self.pipes.remove(prun)
+            self.grow_total(prun.pipeline.stages[prun.next_stage:], -1)  # stages that will not run
         self.moves += 1
         if state is None:
             state = TaskState.FAILED if prun.failed else TaskState.DONE
@@ -219,3 +223,4 @@ class Walker:
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         self._add_pipeline(pipeline)
+        self.grow_total(pipeline.stages)

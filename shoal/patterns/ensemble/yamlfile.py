@@ -1,0 +1,365 @@
+"""YAML workflow files: ``shoal run workflow.yaml`` (schema in docs/ensemble.md).
+
+Data flow: text ──yaml.compose──► node tree (every node keeps its line) ──
+``_Loader`` walks it against the schema below ──► ``Pipeline``/``Stage``/
+``Task`` objects (the same ones Python workflows build) ──► ``engine.run``.
+
+Invariants: every error is an ``EnsembleError`` that starts with
+``file:line:`` and names the offending key by its path
+(``pipelines[0].stages[1].tasks[2].cores``); unknown keys, duplicate keys,
+wrong types, names used twice, ``after:`` / ``$p.s.t`` references to tasks,
+stages or pipelines the file does not define, and ``module:function`` paths
+that do not import are all errors at load time, before anything runs.
+Function tasks name their callable as ``"module:function"``; the module is
+imported with the workflow file's directory first on ``sys.path`` (the pilot's
+workers inherit the driver's ``sys.path``, so they import it too).
+
+Rejected alternatives: ``yaml.safe_load`` then validating the dicts (it drops
+line numbers and silently keeps the last of two duplicate keys); a JSON-schema
+library (another dependency, and its messages name schema paths, not lines).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from .model import (
+    EMBEDDED_REF_RE,
+    NAME_RE,
+    EnsembleError,
+    Input,
+    Pipeline,
+    Stage,
+    Staging,
+    Task,
+    parse_ref,
+    parse_size,
+)
+
+try:
+    import yaml
+    from yaml.constructor import SafeConstructor
+    from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+except ImportError:  # pragma: no cover - pyyaml is a dependency
+    yaml = None
+
+TOP_KEYS = {"pipelines": "list of pipelines"}
+PIPELINE_KEYS = {"name": "name", "stages": "list of stages", "after": "list of uids"}
+STAGE_KEYS = {"name": "name", "tasks": "list of tasks", "after": "list of uids",
+              "post_exec": "'module:function'"}
+TASK_KEYS = {
+    "executable": "string", "arguments": "list of strings", "environment": "mapping of strings",
+    "pre_exec": "list of strings", "post_exec": "list of strings", "stdin": "string",
+    "function": "'module:function'", "args": "list", "kwargs": "mapping",
+    "cores": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
+    "retries": "integer", "on_retry": "'module:function'", "name": "name", "tags": "mapping",
+    "inputs": "list of inputs", "outputs": "list of strings", "after": "list of uids",
+}
+INPUT_KEYS = {"source": "string", "target": "string", "mode": "copy, link or move"}
+
+
+class _Loader:
+    def __init__(self, path: str):
+        self.path = path
+        self.constructor = SafeConstructor()
+        self.uids: set[str] = set()  # every pipeline, stage and task uid the file defines
+        self.refs: list[tuple[str, object, str]] = []  # (uid, node, where) checked at the end
+
+    # -- errors and plain values ------------------------------------------------------
+    def error(self, node, where: str, message: str) -> EnsembleError:
+        line = node.start_mark.line + 1 if node is not None else 1
+        return EnsembleError(f"{self.path}:{line}: {where}: {message}")
+
+    def value(self, node):
+        return self.constructor.construct_object(node, deep=True)
+
+    def mapping(self, node, where: str, keys: dict[str, str]) -> dict[str, tuple[object, object]]:
+        """{key: (key node, value node)}; unknown and duplicate keys are errors."""
+        if not isinstance(node, MappingNode):
+            raise self.error(node, where, f"expected a mapping with keys {', '.join(keys)}, "
+                             f"got {self.kind(node)}")
+        out: dict[str, tuple[object, object]] = {}
+        for knode, vnode in node.value:
+            key = self.value(knode) if isinstance(knode, ScalarNode) else None
+            if not isinstance(key, str):
+                raise self.error(knode, where, f"keys must be strings, got {self.kind(knode)}")
+            if key not in keys:
+                close = difflib.get_close_matches(key, keys, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.error(knode, where, f"unknown key {key!r}{hint}; allowed: {', '.join(keys)}")
+            if key in out:
+                raise self.error(knode, where, f"key {key!r} is given twice")
+            out[key] = (knode, vnode)
+        return out
+
+    @staticmethod
+    def kind(node) -> str:
+        if isinstance(node, MappingNode):
+            return "a mapping"
+        if isinstance(node, SequenceNode):
+            return "a list"
+        if node.tag.endswith(":null"):
+            return "nothing (null)"
+        return f"{node.tag.rsplit(':', 1)[-1]} {node.value!r}"
+
+    def seq(self, node, where: str, what: str) -> list:
+        if not isinstance(node, SequenceNode):
+            raise self.error(node, where, f"expected a list of {what}, got {self.kind(node)}")
+        return node.value
+
+    def scalar(self, node, where: str, types: tuple[type, ...], what: str):
+        if not isinstance(node, ScalarNode):
+            raise self.error(node, where, f"expected {what}, got {self.kind(node)}")
+        v = self.value(node)
+        if isinstance(v, bool) and bool not in types or not isinstance(v, types):
+            raise self.error(node, where, f"expected {what}, got {self.kind(node)}")
+        return v
+
+    def string(self, node, where: str) -> str:
+        return self.scalar(node, where, (str,), "a string")
+
+    def strings(self, node, where: str, numbers: bool = False) -> list[str]:
+        types = (str, int, float) if numbers else (str,)
+        what = "a string or number" if numbers else "a string"
+        return [str(self.scalar(n, f"{where}[{i}]", types, what))
+                for i, n in enumerate(self.seq(node, where, "strings"))]
+
+    def name(self, node, where: str) -> str:
+        v = self.string(node, where)
+        if not NAME_RE.match(v):
+            raise self.error(node, where, f"name {v!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
+        return v
+
+    def integer(self, node, where: str, low: int) -> int:
+        v = self.scalar(node, where, (int,), "an integer")
+        if v < low:
+            raise self.error(node, where, f"must be an integer >= {low}, got {v}")
+        return v
+
+    def number(self, node, where: str) -> float:
+        v = self.scalar(node, where, (int, float), "a number of seconds")
+        if v <= 0:
+            raise self.error(node, where, f"must be a number of seconds > 0, got {v}")
+        return v
+
+    def plain(self, node, where: str, container: type):
+        if container is dict and not isinstance(node, MappingNode):
+            raise self.error(node, where, f"expected a mapping, got {self.kind(node)}")
+        if container is list and not isinstance(node, SequenceNode):
+            raise self.error(node, where, f"expected a list, got {self.kind(node)}")
+        try:
+            v = self.value(node)
+        except yaml.YAMLError as exc:
+            raise self.error(node, where, str(exc).splitlines()[0]) from None
+        if container is dict and not all(isinstance(k, str) for k in v):
+            raise self.error(node, where, "keys must be strings")
+        return v
+
+    def callable_(self, node, where: str) -> Callable:
+        spec = self.string(node, where)
+        module, sep, attr = spec.partition(":")
+        if not sep or not module or not attr:
+            raise self.error(node, where, f"expected 'module:function', got {spec!r}")
+        try:
+            obj = importlib.import_module(module)
+        except Exception as exc:
+            raise self.error(node, where, f"cannot import module {module!r}: {exc!r}") from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise self.error(node, where, f"module {module!r} has no {attr!r}")
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise self.error(node, where, f"{spec!r} is not callable")
+        return obj
+
+    def uid_list(self, node, where: str) -> list[str]:
+        out = []
+        for i, n in enumerate(self.seq(node, where, "uids ('pipeline', 'pipeline.stage' or 'p.s.task')")):
+            uid = self.string(n, f"{where}[{i}]")
+            self.refs.append((uid, n, f"{where}[{i}]"))
+            out.append(uid)
+        return out
+
+    # -- the schema -------------------------------------------------------------------
+    def top(self, root) -> list[Pipeline]:
+        if root is None:
+            raise EnsembleError(f"{self.path}:1: the file is empty; it needs 'pipelines:'")
+        keys = self.mapping(root, "top level", TOP_KEYS)
+        if "pipelines" not in keys:
+            raise self.error(root, "top level", "missing key 'pipelines'")
+        nodes = self.seq(keys["pipelines"][1], "pipelines", "pipelines")
+        if not nodes:
+            raise self.error(keys["pipelines"][1], "pipelines", "the list is empty")
+        pipelines = [self.pipeline(n, i) for i, n in enumerate(nodes)]
+        for uid, node, where in self.refs:
+            if uid not in self.uids:
+                close = difflib.get_close_matches(uid, self.uids, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.error(node, where, f"{uid!r} names no pipeline, stage or task of this file{hint}")
+        return pipelines
+
+    def unique(self, uid: str, node, where: str) -> None:
+        if uid in self.uids:
+            raise self.error(node, where, f"{uid!r} is defined twice; names must be unique")
+        self.uids.add(uid)
+
+    def pipeline(self, node, i: int) -> Pipeline:
+        where = f"pipelines[{i}]"
+        keys = self.mapping(node, where, PIPELINE_KEYS)
+        name = self.name(keys["name"][1], f"{where}.name") if "name" in keys else f"p{i}"
+        self.unique(name, keys["name"][1] if "name" in keys else node, where)
+        if "stages" not in keys:
+            raise self.error(node, where, "missing key 'stages'")
+        after = self.uid_list(keys["after"][1], f"{where}.after") if "after" in keys else []
+        stages = [self.stage(n, f"{where}.stages[{j}]", name, j)
+                  for j, n in enumerate(self.seq(keys["stages"][1], f"{where}.stages", "stages"))]
+        return Pipeline(stages, name=name if "name" in keys else None, after=after)
+
+    def stage(self, node, where: str, pname: str, j: int) -> Stage:
+        keys = self.mapping(node, where, STAGE_KEYS)
+        name = self.name(keys["name"][1], f"{where}.name") if "name" in keys else f"s{j}"
+        uid = f"{pname}.{name}"
+        self.unique(uid, keys["name"][1] if "name" in keys else node, where)
+        if "tasks" not in keys:
+            raise self.error(node, where, "missing key 'tasks'")
+        after = self.uid_list(keys["after"][1], f"{where}.after") if "after" in keys else []
+        post = self.callable_(keys["post_exec"][1], f"{where}.post_exec") if "post_exec" in keys else None
+        tasks = [self.task(n, f"{where}.tasks[{k}]", uid, k)
+                 for k, n in enumerate(self.seq(keys["tasks"][1], f"{where}.tasks", "tasks"))]
+        return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after)
+
+    def task(self, node, where: str, suid: str, k: int) -> Task:
+        keys = self.mapping(node, where, TASK_KEYS)
+        kw: dict = {}
+
+        def at(key):
+            return keys[key][1], f"{where}.{key}"
+
+        if ("executable" in keys) == ("function" in keys):
+            raise self.error(node, where, "give exactly one of 'executable' or 'function'")
+        for key in ("executable", "stdin"):
+            if key in keys:
+                kw[key] = self.string(*at(key))
+        if "function" in keys:
+            kw["function"] = self.callable_(*at("function"))
+            for key in ("pre_exec", "post_exec", "stdin", "arguments", "environment"):
+                if key in keys:
+                    raise self.error(keys[key][0], f"{where}.{key}", "applies to executable tasks only")
+        else:
+            for key in ("args", "kwargs"):
+                if key in keys:
+                    raise self.error(keys[key][0], f"{where}.{key}", "applies to function tasks only")
+        if "arguments" in keys:
+            kw["arguments"] = self.strings(*at("arguments"), numbers=True)
+        for key in ("pre_exec", "post_exec", "outputs"):
+            if key in keys:
+                kw[key] = self.strings(*at(key))
+        if "environment" in keys:
+            env = self.plain(*at("environment"), dict)
+            for var, val in env.items():
+                if isinstance(val, bool) or not isinstance(val, str | int | float):
+                    raise self.error(keys["environment"][1], f"{where}.environment.{var}",
+                                     f"expected a string or number, got {val!r}")
+            kw["environment"] = {var: str(val) for var, val in env.items()}
+        if "args" in keys:
+            kw["args"] = tuple(self.plain(*at("args"), list))
+        if "kwargs" in keys:
+            kw["kwargs"] = self.plain(*at("kwargs"), dict)
+        if "tags" in keys:
+            kw["tags"] = self.plain(*at("tags"), dict)
+        for key, low in (("cores", 1), ("gpus", 0), ("retries", 0)):
+            if key in keys:
+                kw[key] = self.integer(*at(key), low)
+        for key in ("timeout", "estimate"):
+            if key in keys:
+                kw[key] = self.number(*at(key))
+        if "memory" in keys:
+            mem = self.scalar(*at("memory"), (int, str), "bytes or a size like '2G'")
+            try:
+                parse_size(mem, "memory")
+            except EnsembleError as exc:
+                raise self.error(keys["memory"][1], f"{where}.memory", str(exc).split(": ", 1)[1]) from None
+            kw["memory"] = mem
+        if "on_retry" in keys:
+            kw["on_retry"] = self.callable_(*at("on_retry"))
+        if "inputs" in keys:
+            kw["inputs"] = [self.input(n, f"{where}.inputs[{i}]")
+                            for i, n in enumerate(self.seq(keys["inputs"][1], f"{where}.inputs", "inputs"))]
+        if "after" in keys:
+            kw["after"] = self.uid_list(*at("after"))
+        if "name" in keys:
+            kw["name"] = self.name(*at("name"))
+        uid = f"{suid}.{kw.get('name', f't{k}')}"
+        self.unique(uid, keys["name"][1] if "name" in keys else node, where)
+        argkey = "arguments" if "executable" in kw else "args"
+        if argkey in keys:
+            for i, (n, a) in enumerate(zip(keys[argkey][1].value, kw[argkey], strict=True)):
+                if isinstance(a, str) and "$" in a:
+                    for m in EMBEDDED_REF_RE.finditer(a):
+                        self.refs.append((f"{m[1]}.{m[2]}.{m[3]}", n, f"{where}.{argkey}[{i}]"))
+        if "stdin" in kw and parse_ref(kw["stdin"]):
+            self.refs.append((parse_ref(kw["stdin"])[0], keys["stdin"][1], f"{where}.stdin"))
+        task = Task(**kw)
+        try:
+            task.validate()
+        except EnsembleError as exc:
+            raise self.error(node, where, str(exc).split(": ", 1)[-1]) from None
+        return task
+
+    def input(self, node, where: str) -> Input:
+        if isinstance(node, ScalarNode):
+            source = self.string(node, where)
+            ref = parse_ref(source)
+            if source.startswith("$") and ref is None:
+                raise self.error(node, where, f"{source!r} is not a reference '$pipeline.stage.task/path'")
+            if ref:
+                self.refs.append((ref[0], node, where))
+            return Input(source, (ref[1] if ref else source).rsplit("/", 1)[-1])
+        keys = self.mapping(node, where, INPUT_KEYS)
+        for key in ("source", "target"):
+            if key not in keys:
+                raise self.error(node, where, f"missing key {key!r}")
+        source = self.string(keys["source"][1], f"{where}.source")
+        target = self.string(keys["target"][1], f"{where}.target")
+        mode = Staging.COPY
+        if "mode" in keys:
+            text = self.string(keys["mode"][1], f"{where}.mode")
+            try:
+                mode = Staging(text)
+            except ValueError:
+                raise self.error(keys["mode"][1], f"{where}.mode",
+                                 f"expected copy, link or move, got {text!r}") from None
+        ref = parse_ref(source)
+        if source.startswith("$") and ref is None:
+            raise self.error(keys["source"][1], f"{where}.source",
+                             f"{source!r} is not a reference '$pipeline.stage.task/path'")
+        if ref:
+            self.refs.append((ref[0], keys["source"][1], f"{where}.source"))
+        return Input(source, target, mode)
+
+
+def load_yaml(path: str) -> list[Pipeline]:
+    """The pipelines a YAML workflow file describes; ``EnsembleError`` with ``file:line:`` if invalid."""
+    if yaml is None:  # pragma: no cover
+        raise EnsembleError("YAML workflow files need PyYAML: pip install pyyaml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise EnsembleError(f"workflow file {path}: {exc.strerror}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise EnsembleError(f"{path}:{line}: not valid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise EnsembleError(f"{path}: not valid YAML: {exc}") from None
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:
+        sys.path.insert(0, here)  # 'module:function' next to the file imports (workers inherit sys.path)
+    return _Loader(path).top(root)

@@ -33,7 +33,8 @@ def test_doc_block(code, tmp_path):
     _check(run_py(str(script), cwd=tmp_path), code)
 
 
-@pytest.mark.parametrize("name", ["ensemble_pipelines.py", "ensemble_sal.py", "ensemble_replica_exchange.py"])
+@pytest.mark.parametrize("name", ["ensemble_pipelines.py", "ensemble_sal.py", "ensemble_replica_exchange.py",
+                                  "ensemble_pipeline_of_ensembles.py"])
 def test_example(name, tmp_path):
     path = ROOT / "examples" / name
     _check(run_py(str(path), cwd=tmp_path), path.read_text())

@@ -85,6 +85,7 @@ class _Stopped(Exception):
 
 SPAWNED, STARTED, ACTIVE, STOP = range(4)
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
+TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
 _FRAMES_PER_NESTING = 20
 _EMPTY = iter(())
@@ -438,6 +439,8 @@ class Explorer:
         """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
         if self.spec.goal is Goal.COUNT and not self.spec.collect:
             return self.dfs_count(node)
+        if self.spec.goal is Goal.OPTIMISE:
+            return self.dfs_bnb(node)
         base = self.base
         d0 = len(base)
         if not self.visit(node, d0, base):
@@ -457,6 +460,11 @@ class Explorer:
 
         tick = 0
         while iters:
+            tick += 1
+            if tick >= TICK:  # before taking a child: a split ships the siblings after it
+                tick = 0
+                if clock() >= self.next_poll:
+                    self.poll(iters, idx)
             try:
                 child = next(iters[-1], _END)
             except Exception as exc:
@@ -474,11 +482,6 @@ class Explorer:
                         self.split(iters, idx, 1, whole_level=True)
                 continue
             idx[-1] += 1
-            tick += 1
-            if tick >= 16:
-                tick = 0
-                if clock() >= self.next_poll:
-                    self.poll(iters, idx)
             if not visit(child, d0 + len(idx), pathf):
                 if prune_level:
                     iters.pop()
@@ -491,8 +494,35 @@ class Explorer:
             iters.append(kids(child, pathf))
             idx.append(-1)
 
+    def _poll_at(self, iters, idx, d, top, i):
+        """Poll with the loop's split state (ancestors in ``iters``/``idx``, the level
+        being listed in ``top``/``i``); returns the (possibly emptied) ``top``.
+
+        The child at index ``i`` has been taken and is about to be explored, so a
+        split of this level ships its *later* siblings; their slots become a skip,
+        applied when the loop comes back to this level.
+        """
+        full, fidx = iters[:d] + [top], idx[:d] + [i]
+        self.poll(full, fidx)
+        return self._after_split(iters, full, fidx, d, i)
+
+    def _after_split(self, iters, full, fidx, d, i):
+        """Write a split's changes back into the loop's state; the new ``top``."""
+        if fidx[-1] != i:
+            self.skips[d] = self.skips.get(d, 0) + fidx[-1] - i
+        iters[:d] = full[:-1]
+        return full[-1]
+
     def dfs_count(self, node) -> None:
-        """``dfs`` specialised for counting: the hot loop of backtracking.count, all locals."""
+        """``dfs`` specialised for counting: the hot loop of backtracking.count.
+
+        All state is in locals: ``top``/``i`` are the iterator being listed and the
+        index of its last child taken, ``iters``/``idx`` the ancestors' ones.  The
+        level is walked with a ``for`` loop (FOR_ITER, no ``next()`` call per
+        node); descending breaks out of it.  Control is read at most every
+        ``TICK`` descents, and only if ``POLL_S`` has passed.  try blocks cost
+        nothing in 3.11, so user calls are wrapped one by one.
+        """
         base, t = self.base, self.tally
         d0 = len(base)
         self.visit(node, d0, base)
@@ -500,66 +530,202 @@ class Explorer:
         pd = t.per_depth if self.spec.per_depth else None
         budget = self.spec.budget if (self.spec.coordination is Coordination.BUDGET
                                       and self.split_ok) else 0
-        backtracks = count = nodes = tick = 0
+        backtracks = count = nodes = 0
+        tick = TICK
         skips = self.skips
         clock = time.perf_counter
-        iters = [self.kids(node, base)]
-        idx = [-1]
-        phase = "children()"
-        child = None
-        nxt, end = next, _END
+        iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
+        idx: list = [0] * 32
+        d = 0
+        top = self.kids(node, base)
+        i = -1
         try:
-            while iters:
-                phase = "next"
-                child = nxt(iters[-1], end)  # no StopIteration object per leaf: 2x faster
-                if child is end:
-                    iters.pop()
-                    idx.pop()
-                    if skips and len(idx) - 1 in skips:
-                        idx[-1] += skips.pop(len(idx) - 1)
+            while True:
+                for child in top:
+                    i += 1
+                    if accept is not None:  # (without accept, count = nodes: added at the end)
+                        try:
+                            if accept(child):
+                                count += 1
+                        except Exception as exc:
+                            raise SearchError(f"accept() raised {exc!r} at node path "
+                                              f"{base + tuple(idx[:d]) + (i,)}") from exc
+                    try:
+                        kids = children(child)
+                    except Exception as exc:
+                        raise SearchError(f"children() raised {exc!r} at node path "
+                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                    if pd is not None:
+                        dd = d0 + d + 1
+                        while len(pd) <= dd:
+                            pd.append(0)
+                        pd[dd] += 1
+                    tick -= 1
+                    if not tick:
+                        nodes += TICK
+                        tick = TICK
+                        if clock() >= self.next_poll:
+                            top = self._poll_at(iters, idx, d, top, i)
+                    try:  # push (the lists only grow: d is the depth below the base)
+                        iters[d] = top
+                        idx[d] = i
+                    except IndexError:
+                        iters.append(top)
+                        idx.append(i)
+                    d += 1
+                    try:
+                        top = iter(kids)
+                    except TypeError:
+                        raise SearchError(f"children() returned a non-iterable "
+                                          f"{type(kids).__name__} at node path "
+                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
+                                          "generator") from None
+                    i = -1
+                    break
+                else:  # the level is done: back up
+                    if not d:
+                        break
+                    d -= 1
+                    top = iters[d]
+                    i = idx[d]
+                    if skips and d in skips:
+                        i += skips.pop(d)
                     if budget:
                         backtracks += 1
                         if backtracks >= budget:
                             backtracks = 0
-                            self.split(iters, idx, 1, whole_level=True)
-                    continue
-                idx[-1] += 1
-                tick += 1
-                if tick >= 16:
-                    tick = 0
-                    if clock() >= self.next_poll:
-                        self.poll(iters, idx)
-                nodes += 1
-                if accept is None:
-                    count += 1
-                else:
-                    phase = "accept()"
-                    if accept(child):
-                        count += 1
-                if pd is not None:
-                    d = d0 + len(idx)
-                    while len(pd) <= d:
-                        pd.append(0)
-                    pd[d] += 1
-                phase = "children()"
-                kids = children(child)
-                phase = "iter"
-                iters.append(iter(kids))
-                idx.append(-1)
+                            top = self._poll_split(iters, idx, d, top, i)
+        except (_Stopped, SearchError):
+            raise
+        except Exception as exc:  # raised inside a generator, listing top's children
+            raise SearchError(f"children() raised {exc!r} at node path "
+                              f"{base + tuple(idx[:d])}") from exc
+        finally:
+            nodes += TICK - tick
+            t.nodes += nodes
+            t.count += nodes if accept is None else count
+
+    def _poll_split(self, iters, idx, d, top, i):
+        """A budget split from the loop's state (the level's last child is done)."""
+        full, fidx = iters[:d] + [top], idx[:d] + [i]
+        self.split(full, fidx, 1, whole_level=True)
+        return self._after_split(iters, full, fidx, d, i)
+
+    def dfs_bnb(self, node) -> None:
+        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
+        base, t, spec = self.base, self.tally, self.spec
+        d0 = len(base)
+        if not self.visit(node, d0, base):
+            return
+        children, bound, objective = self.children, self.bound, self.objective
+        negate, prune_level = spec.negate, spec.prune_level
+        pd = t.per_depth if spec.per_depth else None
+        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
+        backtracks = nodes = pruned = 0
+        tick = TICK
+        lim, slim = self.lim, self.slim
+        skips = self.skips
+        clock = time.perf_counter
+        iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
+        idx: list = [0] * 32
+        d = 0
+        top = self.kids(node, base)
+        i = -1
+        bad = None  # set while number() checks a value: its TypeError is the user's answer
+        try:
+            while True:
+                for child in top:
+                    i += 1
+                    try:
+                        b = bound(child)
+                    except Exception as exc:
+                        raise SearchError(f"bound() raised {exc!r} at node path "
+                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                    tb = type(b)
+                    if tb is not int and (tb is not float or b != b):
+                        bad = "bound()"
+                        b = number(b, bad, base + tuple(idx[:d]) + (i,))
+                        bad = None
+                    if negate:
+                        b = -b
+                    if b <= lim or b < slim:
+                        pruned += 1
+                        if prune_level:
+                            top = _EMPTY  # the rest of the level is pruned too
+                            break
+                        continue
+                    try:
+                        v = objective(child)
+                    except Exception as exc:
+                        raise SearchError(f"objective() raised {exc!r} at node path "
+                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                    tv = type(v)
+                    if tv is not int and (tv is not float or v != v):
+                        bad = "objective()"
+                        v = number(v, bad, base + tuple(idx[:d]) + (i,))
+                        bad = None
+                    if negate:
+                        v = -v
+                    if v > lim and v >= slim:
+                        self.improve(child, v, base + tuple(idx[:d]) + (i,))
+                        lim, slim = self.lim, self.slim
+                    nodes += 1
+                    if pd is not None:
+                        dd = d0 + d + 1
+                        while len(pd) <= dd:
+                            pd.append(0)
+                        pd[dd] += 1
+                    try:
+                        kids = children(child)
+                    except Exception as exc:
+                        raise SearchError(f"children() raised {exc!r} at node path "
+                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                    tick -= 1
+                    if not tick:
+                        tick = TICK
+                        if clock() >= self.next_poll:
+                            top = self._poll_at(iters, idx, d, top, i)
+                            lim, slim = self.lim, self.slim
+                    try:  # push (the lists only grow: d is the depth below the base)
+                        iters[d] = top
+                        idx[d] = i
+                    except IndexError:
+                        iters.append(top)
+                        idx.append(i)
+                    d += 1
+                    try:
+                        top = iter(kids)
+                    except TypeError:
+                        raise SearchError(f"children() returned a non-iterable "
+                                          f"{type(kids).__name__} at node path "
+                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
+                                          "generator") from None
+                    i = -1
+                    break
+                else:  # the level is done (or pruned): back up
+                    if not d:
+                        break
+                    d -= 1
+                    top = iters[d]
+                    i = idx[d]
+                    if skips and d in skips:
+                        i += skips.pop(d)
+                    if budget:
+                        backtracks += 1
+                        if backtracks >= budget:
+                            backtracks = 0
+                            top = self._poll_split(iters, idx, d, top, i)
+                            lim, slim = self.lim, self.slim
         except (_Stopped, SearchError):
             raise
         except Exception as exc:
-            path = base + tuple(idx)
-            if phase == "iter":
-                raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
-                                  f"at node path {path}; return a list, tuple or generator"
-                                  ) from None
-            if phase == "next":  # raised inside a generator: while listing a parent's children
-                path, phase = base + tuple(idx[:-1]), "children()"
-            raise SearchError(f"{phase} raised {exc!r} at node path {path}") from exc
+            if bad is not None:  # number() rejected a bound or objective value
+                raise
+            raise SearchError(f"children() raised {exc!r} at node path "
+                              f"{base + tuple(idx[:d])}") from exc
         finally:
-            t.count += count
             t.nodes += nodes
+            t.pruned += pruned
 
     def join(self) -> None:
         """Wait for the spawned tasks (newest first) and merge what they found."""

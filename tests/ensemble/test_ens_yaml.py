@@ -237,3 +237,88 @@ def test_progress_eta_unknown_for_lazy_workflow(tmp_path):
     run([Pipeline([Stage([Task(function=square, args=(i,)) for i in range(5)])])],
         journal=str(tmp_path / "list.db"), progress=seen.append)
     assert seen[-1]["total"] == 5 and seen[-1]["eta"] == 0.0
+
+
+def test_yaml_callables_from_a_module_next_to_the_file(tmp_path):
+    """function/when/post_exec/on_retry by import path, from a module beside the YAML file (workers too)."""
+    (tmp_path / "yhelpers.py").write_text(textwrap.dedent("""\
+        def triple(x):
+            return 3 * x
+
+        def never(results):
+            return False
+
+        def big(results):
+            return results["p.a.t0"] > 100
+
+        def grow(ctx):
+            from shoal.ensemble import Stage, Task
+            if ctx.stage_index < 2:
+                ctx.append(Stage([Task(function=triple, args=(ctx.stage_index,))], name=f"more{ctx.stage_index}"))
+        """))
+    (tmp_path / "wf.yaml").write_text(textwrap.dedent("""\
+        pipelines:
+          - name: p
+            stages:
+              - name: a
+                post_exec: "yhelpers:grow"
+                tasks:
+                  - {function: "yhelpers:triple", args: [2]}
+                  - {function: "yhelpers:triple", args: [1], when: "yhelpers:never"}
+              - name: b
+                when: "yhelpers:big"
+                tasks:
+                  - {executable: /bin/true}
+        """))
+    out = shoal_cli("run", "wf.yaml", "--journal", "run.db", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "2 done, 0 failed" in out.stdout and "p.more0" in out.stdout, out.stdout
+    assert "p.b " not in out.stdout  # when= false: the stage was skipped
+    assert "3/3" in out.stderr, out.stderr  # t0, t1 (skipped), more0; p.b was taken off the total
+    status = shoal_cli("status", "run.db", cwd=tmp_path)
+    assert "p.a" in status.stdout
+
+
+def test_yaml_sigkill_then_resume(tmp_path):
+    """shoal run wf.yaml killed with SIGKILL mid-run; --resume finishes without re-running DONE tasks."""
+    import signal
+    import sqlite3
+    import time
+
+    side = tmp_path / "side"
+    side.mkdir()
+    task = ('          - {{name: x{i}, executable: /bin/sh, '
+            'arguments: ["-c", "echo 1 >> {side}/$SHOAL_TASK; sleep 0.15"]}}\n')
+    text = "pipelines:\n  - name: p\n    stages:\n"
+    for s in range(2):
+        text += f"      - name: s{s}\n        tasks:\n" + "".join(task.format(i=i, side=side) for i in range(8))
+    (tmp_path / "wf.yaml").write_text(text)
+
+    def done():
+        try:
+            db = sqlite3.connect(f"file:{tmp_path / 'run.db'}?mode=ro", uri=True, timeout=5)
+            try:
+                return {u for (u,) in db.execute("SELECT uid FROM tasks WHERE state='done'")}
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return set()
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    driver = subprocess.Popen([sys.executable, "-m", "shoal", "run", "wf.yaml", "--journal", "run.db"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while len(done()) < 4 and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.02)
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        driver.wait(30)
+    done_at_kill = done()
+    assert driver.returncode == -signal.SIGKILL and 4 <= len(done_at_kill) < 16
+    out = shoal_cli("run", "wf.yaml", "--journal", "run.db", "--resume", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(done()) == 16
+    assert "16/16" in out.stderr and "done 16" in out.stderr, out.stderr  # resumed tasks count as done
+    for uid in done_at_kill:
+        assert (side / uid).read_text() == "1\n", uid  # nothing DONE ran twice

@@ -496,16 +496,18 @@ class Engine(Walker):
             return
         self._last_progress = now
         c = self.session_counts
-        done = c[TaskState.DONE]
-        settled = done + c[TaskState.FAILED] + c[TaskState.SKIPPED]
+        settled = c[TaskState.DONE] + c[TaskState.FAILED] + c[TaskState.SKIPPED]  # this session
         elapsed = now - t0
         rate = settled / elapsed if elapsed > 0 else 0.0
+        old = {s: c["replayed", s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED,
+                                              TaskState.CANCELED)}  # found finished by a resume
         eta = None
         if self.total is not None:
-            left = max(0, self.total - settled - c["replayed"])
+            left = max(0, self.total - settled - sum(old.values()))
             eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
-        self.progress({"done": done + c["replayed"], "running": len(self.running),
-                       "failed": c[TaskState.FAILED], "skipped": c[TaskState.SKIPPED],
+        self.progress({"done": c[TaskState.DONE] + old[TaskState.DONE], "running": len(self.running),
+                       "failed": c[TaskState.FAILED] + old[TaskState.FAILED],
+                       "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
                        "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
                        "elapsed": elapsed, "final": force})
 

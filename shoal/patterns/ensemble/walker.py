@@ -177,7 +177,7 @@ class Walker:
         if self.replay:
             state = self.journal.state(task.uid)
             if state is not None and state.terminal:
-                self.session_counts["replayed"] += 1
+                self.session_counts["replayed", state] += 1  # for the progress line
                 self._settle_counts(srun, state)
                 return
             attempt = self.journal.attempt(task.uid)

@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - pyyaml is a dependency
 TOP_KEYS = {"pipelines": "list of pipelines"}
 PIPELINE_KEYS = {"name": "name", "stages": "list of stages", "after": "list of uids"}
 STAGE_KEYS = {"name": "name", "tasks": "list of tasks", "after": "list of uids",
-              "post_exec": "'module:function'"}
+              "post_exec": "'module:function'", "when": "'module:function'"}
 TASK_KEYS = {
     "executable": "string", "arguments": "list of strings", "environment": "mapping of strings",
     "pre_exec": "list of strings", "post_exec": "list of strings", "stdin": "string",
@@ -58,6 +58,7 @@ TASK_KEYS = {
     "cores": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
     "retries": "integer", "on_retry": "'module:function'", "name": "name", "tags": "mapping",
     "inputs": "list of inputs", "outputs": "list of strings", "after": "list of uids",
+    "when": "'module:function'",
 }
 INPUT_KEYS = {"source": "string", "target": "string", "mode": "copy, link or move"}
 
@@ -228,9 +229,10 @@ class _Loader:
             raise self.error(node, where, "missing key 'tasks'")
         after = self.uid_list(keys["after"][1], f"{where}.after") if "after" in keys else []
         post = self.callable_(keys["post_exec"][1], f"{where}.post_exec") if "post_exec" in keys else None
+        when = self.callable_(keys["when"][1], f"{where}.when") if "when" in keys else None
         tasks = [self.task(n, f"{where}.tasks[{k}]", uid, k)
                  for k, n in enumerate(self.seq(keys["tasks"][1], f"{where}.tasks", "tasks"))]
-        return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after)
+        return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after, when=when)
 
     def task(self, node, where: str, suid: str, k: int) -> Task:
         keys = self.mapping(node, where, TASK_KEYS)
@@ -284,8 +286,9 @@ class _Loader:
             except EnsembleError as exc:
                 raise self.error(keys["memory"][1], f"{where}.memory", str(exc).split(": ", 1)[1]) from None
             kw["memory"] = mem
-        if "on_retry" in keys:
-            kw["on_retry"] = self.callable_(*at("on_retry"))
+        for key in ("on_retry", "when"):
+            if key in keys:
+                kw[key] = self.callable_(*at(key))
         if "inputs" in keys:
             kw["inputs"] = [self.input(n, f"{where}.inputs[{i}]")
                             for i, n in enumerate(self.seq(keys["inputs"][1], f"{where}.inputs", "inputs"))]

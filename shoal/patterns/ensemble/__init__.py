@@ -2,10 +2,11 @@
 
 Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
 ``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
-write-ahead state), ``launcher`` (sandboxes, staging, posix_spawn, reaping),
+write-ahead state), ``launcher`` (sandboxes, staging, Popen, reaping),
 ``report`` (Results/StageContext/Report), ``walker`` (pipelines, stages,
 the stage barrier), ``engine`` (the driver loop: place, launch, reap), and
-``commands`` (``shoal run`` / ``shoal status``).  The
+``commands`` (``shoal run`` / ``shoal status``, the progress line) with
+``yamlfile`` (YAML workflow files).  The
 public face is ``shoal.ensemble``; see docs/ensemble.md.
 """
 

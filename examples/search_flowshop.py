@@ -1,15 +1,16 @@
 """Permutation flowshop (minimise makespan) with shoal.patterns.branch_and_bound.
 
-    python examples/search_flowshop.py [jobs] [--compare]
+    python examples/search_flowshop.py [jobs] [--instance 1..10] [--prove] [--one-machine]
 
 Instances are Taillard's (1993): processing times drawn with his published
 generator (a Lehmer LCG, ``unif(seed, 1, 99)``) from the time seed of each
 instance; ta001 (20 jobs x 5 machines, seed 873654221) has optimum 1278, and
 its first machine row starts 54 83 15 71 77.  A node is a partial sequence with
-its completion time on every machine; its lower bound is the classic one-machine
-bound (for each machine: completion so far + remaining work on it + the least
-tail of a remaining job after it).  Children come in non-decreasing bound order,
-so ``prune_level`` applies.  The NEH heuristic gives the initial incumbent.
+its completion time on every machine; its lower bound is the larger of the
+one-machine bound and the two-machine (Johnson) bound, see ``lower_bound``.
+Children come in non-decreasing bound order, so ``prune_level`` applies.  The
+NEH heuristic gives the initial incumbent (``--prove`` starts from the published
+optimum instead).
 """
 
 from __future__ import annotations
@@ -70,29 +71,76 @@ class Node(NamedTuple):
     lb: int  # lower bound of any completion of seq
 
 
-def _lb(p, tails, done, left) -> int:
+class Problem(NamedTuple):
+    p: tuple  # p[machine][job]
+    tails: tuple  # tails[k][j]: work of job j on the machines after k
+    pairs: tuple  # per machine pair k < l: (k, l, Johnson order, p[k], lags, p[l], tails[l])
+    johnson: bool  # use the two-machine bound (else only the one-machine bound)
+
+
+def johnson_order(a, b) -> tuple:
+    """Johnson's rule: jobs with a <= b by increasing a, then the others by decreasing b."""
+    jobs = range(len(a))
+    first = sorted((j for j in jobs if a[j] <= b[j]), key=lambda j: (a[j], j))
+    last = sorted((j for j in jobs if a[j] > b[j]), key=lambda j: (-b[j], j))
+    return tuple(first + last)
+
+
+def problem(p, johnson: bool = True) -> Problem:
+    m, n = len(p), len(p[0])
+    tails = tuple(tuple(sum(p[i][j] for i in range(k + 1, m)) for j in range(n)) for k in range(m))
+    pairs = []
+    for k in range(m):
+        for k2 in range(k + 1, m):
+            lag = tuple(sum(p[i][j] for i in range(k + 1, k2)) for j in range(n))
+            order = johnson_order([p[k][j] + lag[j] for j in range(n)],
+                                  [p[k2][j] + lag[j] for j in range(n)])
+            pairs.append((k, k2, order, p[k], lag, p[k2], tails[k2]))
+    return Problem(p, tails, tuple(pairs), johnson)
+
+
+def lower_bound(pr: Problem, done, left: int) -> int:
+    """A lower bound on the makespan of any completion of a sequence with completion
+    times ``done`` (per machine) and unscheduled jobs ``left``.
+
+    The one-machine bound: for each machine k, done[k] + the remaining work on k +
+    the least tail of a remaining job after k.  The two-machine bound (Lageweg,
+    Lenstra and Rinnooy Kan 1978; Johnson's rule with time lags): for each pair
+    k < l, relax every other machine to a pure delay (the job's work on the
+    machines between them); Johnson's order of the remaining jobs is then optimal
+    for the two machines, started at done[k] and done[l]; add the least tail after l.
+    """
+    p, tails = pr.p, pr.tails
     rest = [j for j in range(len(p[0])) if left >> j & 1]
     if not rest:
         return done[-1]
-    return max(done[k] + sum(p[k][j] for j in rest) + min(tails[k][j] for j in rest)
-               for k in range(len(p)))
-
-
-class Problem(NamedTuple):
-    p: tuple
-    tails: tuple  # tails[k][j]: work of job j on the machines after k
-
-
-def problem(p) -> Problem:
-    m, n = len(p), len(p[0])
-    tails = tuple(tuple(sum(p[i][j] for i in range(k + 1, m)) for j in range(n)) for k in range(m))
-    return Problem(p, tails)
+    lb = 0
+    for k, row in enumerate(p):
+        tk = tails[k]
+        v = done[k] + sum([row[j] for j in rest]) + min([tk[j] for j in rest])
+        if v > lb:
+            lb = v
+    if pr.johnson:
+        for k, k2, order, pk, lag, pl, tl in pr.pairs:
+            t1, t2, tail = done[k], done[k2], 1 << 62
+            for j in order:
+                if left >> j & 1:
+                    t1 += pk[j]
+                    s = t1 + lag[j]
+                    if s > t2:
+                        t2 = s
+                    t2 += pl[j]
+                    if tl[j] < tail:
+                        tail = tl[j]
+            if t2 + tail > lb:
+                lb = t2 + tail
+    return lb
 
 
 def root(pr: Problem) -> Node:
     n = len(pr.p[0])
     done = (0,) * len(pr.p)
-    return Node((), done, (1 << n) - 1, _lb(pr.p, pr.tails, done, (1 << n) - 1))
+    return Node((), done, (1 << n) - 1, lower_bound(pr, done, (1 << n) - 1))
 
 
 def children(pr: Problem, node: Node) -> list:
@@ -107,7 +155,7 @@ def children(pr: Problem, node: Node) -> list:
             prev = max(node.done[k], prev) + row[j]
             done.append(prev)
         rest = node.left & ~bit
-        out.append(Node(node.seq + (j,), tuple(done), rest, _lb(p, pr.tails, done, rest)))
+        out.append(Node(node.seq + (j,), tuple(done), rest, lower_bound(pr, done, rest)))
     out.sort(key=lambda c: c.lb)  # non-decreasing lower bounds: prune_level holds
     return out
 
@@ -120,12 +168,18 @@ def bound(node: Node) -> int:
     return node.lb
 
 
-def solve(pilot, p, **options):
-    """branch_and_bound.minimise of the makespan; NEH's value is the initial incumbent + 1."""
-    pr = problem(p)
-    start, _ = neh(p)
+def solve(pilot, p, *, upper: int | None = None, johnson: bool = True, **options):
+    """branch_and_bound.minimise of the makespan.
+
+    The search looks for schedules of makespan <= ``upper`` (default: NEH's
+    makespan, so the NEH incumbent).  ``upper`` = a published optimum turns the
+    run into a proof: a schedule that good exists, and none better.
+    """
+    pr = problem(p, johnson)
+    if upper is None:
+        upper, _ = neh(p)
     return branch_and_bound.minimise(pilot, root(pr), functools.partial(children, pr), objective,
-                                     bound, initial=start + 1, **options)
+                                     bound, initial=upper + 1, **options)
 
 
 def brute_force(p) -> int:
@@ -134,17 +188,25 @@ def brute_force(p) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("jobs", type=int, nargs="?", default=10, help="first jobs of ta001 (20 = ta001)")
+    ap.add_argument("jobs", type=int, nargs="?", default=20, help="the first jobs only (20: all)")
+    ap.add_argument("--instance", type=int, default=1, help="Taillard's ta001..ta010: 1..10")
+    ap.add_argument("--prove", action="store_true",
+                    help="start from the published optimum (+1) instead of NEH")
+    ap.add_argument("--one-machine", action="store_true", help="the one-machine bound only")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    p = tuple(row[:args.jobs] for row in taillard(TA20x5_SEEDS[0], 20, 5))
+    i = args.instance - 1
+    p = tuple(row[:args.jobs] for row in taillard(TA20x5_SEEDS[i], 20, 5))
+    full = args.jobs == 20
+    upper = TA20x5_OPTIMA[i] if args.prove and full else None
     with shoal.Pilot(workers=args.workers) as pilot:
         t = time.perf_counter()
-        r = solve(pilot, p, stats=True)
+        r = solve(pilot, p, upper=upper, johnson=not args.one_machine, stats=True)
         dt = time.perf_counter() - t
-    ref = f" (published optimum {TA20x5_OPTIMA[0]})" if args.jobs == 20 else ""
-    print(f"ta001, first {args.jobs} jobs: makespan {r.value}{ref}, order {r.node and r.node.seq}; "
-          f"{r.stats.nodes} nodes, {r.stats.pruned} pruned, {dt:.2f} s")
+    ref = f" (published optimum {TA20x5_OPTIMA[i]})" if full else ""
+    print(f"ta{i + 1:03d}, first {args.jobs} jobs: makespan {r.value}{ref}, "
+          f"order {r.node and r.node.seq}; {r.stats.nodes} nodes, {r.stats.pruned} pruned, "
+          f"{dt:.2f} s")
 
 
 if __name__ == "__main__":

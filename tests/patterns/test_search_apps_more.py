@@ -81,3 +81,51 @@ def test_vertex_cover_every_coordination(pilot2, coordination):
 def test_vertex_cover_no_edges(pilot2):
     r = vc.solve(pilot2, (0, 0, 0))
     assert r.value == 0 and r.node.cover == 0
+
+
+# -- permutation flowshop: Taillard's 20x5 instances --------------------------------------
+
+fs = apps.search_flowshop
+
+
+def test_flowshop_bounds_are_lower_bounds():
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for trial in range(40):
+        p = tuple(row[:7] for row in fs.taillard(fs.TA20x5_SEEDS[trial % 10], 20, 5))
+        pr = fs.problem(p)
+        seq = tuple(rng.sample(range(7), rng.randint(0, 5)))
+        rest = [j for j in range(7) if j not in seq]
+        done = [0] * 5
+        for j in seq:
+            prev = 0
+            for k in range(5):
+                prev = done[k] = max(done[k], prev) + p[k][j]
+        lb = fs.lower_bound(pr, tuple(done), sum(1 << j for j in rest))
+        best = min(fs.makespan(p, seq + tail) for tail in itertools.permutations(rest))
+        assert fs.lower_bound(fs.problem(p, False), tuple(done), sum(1 << j for j in rest)) <= lb
+        assert lb <= best
+
+
+def test_johnson_order():
+    assert fs.johnson_order([3, 5, 1, 6, 7], [6, 2, 2, 6, 5]) == (2, 0, 3, 4, 1)
+
+
+@pytest.mark.no_leak_check
+def test_ta002_with_neh(pilot2):
+    p = fs.taillard(fs.TA20x5_SEEDS[1], 20, 5)
+    r = fs.solve(pilot2, p)
+    assert r.value == fs.TA20x5_OPTIMA[1] == fs.makespan(p, r.node.seq)
+
+
+@pytest.mark.slow
+@pytest.mark.no_leak_check
+@pytest.mark.parametrize("instance, prove", [(7, False), (3, True), (9, True)])
+def test_taillard_optima(pilot2, instance, prove):
+    """ta007 from NEH; ta003 and ta009 as a proof (searching from the published optimum)."""
+    p = fs.taillard(fs.TA20x5_SEEDS[instance - 1], 20, 5)
+    want = fs.TA20x5_OPTIMA[instance - 1]
+    r = fs.solve(pilot2, p, upper=want if prove else None)
+    assert r.value == want == fs.makespan(p, r.node.seq)

@@ -118,7 +118,7 @@ class Queens(App):
         return queens_calls(self.n, nq.ROOT)
 
     def shoal(self, pilot):
-        r = nq.count_queens(pilot, self.n, stats=True)
+        r = nq.count_queens(pilot, self.n)
         return int(r), r.stats.nodes
 
     def pool(self, pool):
@@ -142,7 +142,7 @@ class Clique(App):
         return bnb_from(functools.partial(mc.children, self.g), mc.root(self.g), mc.size, mc.bound)
 
     def shoal(self, pilot):
-        r = mc.max_clique(pilot, self.g, stats=True)
+        r = mc.max_clique(pilot, self.g)
         return r.value, r.stats.nodes
 
     def pool(self, pool):
@@ -167,7 +167,7 @@ class Knapsack(App):
                         ks.bound)
 
     def shoal(self, pilot):
-        r = ks.solve(pilot, self.pr, stats=True)
+        r = ks.solve(pilot, self.pr)
         return r.value, r.stats.nodes
 
     def pool(self, pool):

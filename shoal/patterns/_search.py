@@ -528,7 +528,7 @@ class Explorer:
         d0 = len(base)
         self.visit(node, d0, base)
         children, accept = self.children, self.accept
-        pd = t.per_depth if self.spec.per_depth else None
+        pd = [0] * 32 if self.spec.per_depth else None
         budget = self.spec.budget if (self.spec.coordination is Coordination.BUDGET
                                       and self.split_ok) else 0
         backtracks = count = nodes = 0
@@ -556,11 +556,12 @@ class Explorer:
                     except Exception as exc:
                         raise SearchError(f"children() raised {exc!r} at node path "
                                           f"{base + tuple(idx[:d]) + (i,)}") from exc
-                    if pd is not None:
-                        dd = d0 + d + 1
-                        while len(pd) <= dd:
-                            pd.append(0)
-                        pd[dd] += 1
+                    if pd is not None:  # a local list indexed by depth below the base - 1
+                        try:
+                            pd[d] += 1
+                        except IndexError:
+                            pd.extend([0] * (d + 1 - len(pd)))
+                            pd[d] += 1
                     tick -= 1
                     if not tick:
                         nodes += TICK
@@ -604,7 +605,19 @@ class Explorer:
         finally:
             nodes += TICK - tick
             t.nodes += nodes
+            if pd is not None:
+                self._add_per_depth(pd, d0 + 1)
             t.count += nodes if accept is None else count
+
+    def _add_per_depth(self, counts: list, first: int) -> None:
+        """Add a hot loop's per-depth counts (``counts[k]``: nodes at depth ``first + k``)."""
+        pd = self.tally.per_depth
+        while counts and not counts[-1]:
+            counts.pop()
+        if len(pd) < first + len(counts):
+            pd.extend([0] * (first + len(counts) - len(pd)))
+        for k, c in enumerate(counts):
+            pd[first + k] += c
 
     def _poll_split(self, iters, idx, d, top, i):
         """A budget split from the loop's state (the level's last child is done)."""
@@ -620,7 +633,7 @@ class Explorer:
             return
         children, bound, objective = self.children, self.bound, self.objective
         negate, prune_level = spec.negate, spec.prune_level
-        pd = t.per_depth if spec.per_depth else None
+        pd = [0] * 32 if spec.per_depth else None
         budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
         backtracks = nodes = pruned = 0
         tick = TICK
@@ -671,11 +684,12 @@ class Explorer:
                         self.improve(child, v, base + tuple(idx[:d]) + (i,))
                         lim, slim = self.lim, self.slim
                     nodes += 1
-                    if pd is not None:
-                        dd = d0 + d + 1
-                        while len(pd) <= dd:
-                            pd.append(0)
-                        pd[dd] += 1
+                    if pd is not None:  # a local list indexed by depth below the base - 1
+                        try:
+                            pd[d] += 1
+                        except IndexError:
+                            pd.extend([0] * (d + 1 - len(pd)))
+                            pd[d] += 1
                     try:
                         kids = children(child)
                     except Exception as exc:
@@ -727,6 +741,8 @@ class Explorer:
         finally:
             t.nodes += nodes
             t.pruned += pruned
+            if pd is not None:
+                self._add_per_depth(pd, d0 + 1)
 
     def join(self) -> None:
         """Wait for the spawned tasks (newest first) and merge what they found."""

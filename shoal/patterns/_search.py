@@ -751,10 +751,10 @@ class Explorer:
         a = self.ctl
         a[self.me, ACTIVE] -= 1  # waiting in a join: this worker may be hungry
         try:
+            # No cancelling on STOP here: the sibling that raised (and set STOP) may
+            # still be on its way back from a thief, and a cancelled future would drop
+            # its error.  Siblings see STOP at their next poll and return at once.
             for f in reversed(self.futs):
-                if a[self.me, STOP] or a[:, STOP].any():
-                    for g in self.futs:
-                        g.cancel()
                 if f.cancelled():
                     continue
                 self.tally.merge(f.result())

@@ -98,6 +98,14 @@ class CliCluster:
     def close(self) -> None:
         procs = [self.scheduler, *self.workers]
         pids = {p.pid for proc in procs for p in descendants(proc.pid)} | {p.pid for p in procs}
+        # SIGTERM first: dask's nanny and multiprocessing's resource tracker then clean up
+        # (a SIGKILLed process group leaves its named semaphores in /dev/shm).
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
         for proc in procs:
             _kill_group(proc)
         wait_until(lambda: not [p for p in pids if psutil.pid_exists(p)

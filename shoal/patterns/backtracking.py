@@ -35,21 +35,18 @@ from dataclasses import dataclass
 
 import shoal
 
+from ._portable import Pinned, portable
 from ._search import (
     STOP,
-    STOP_WAIT_S,
     Coordination,
     Explorer,
     Goal,
-    Pinned,
     SearchError,
     SearchStats,
     Spec,
     check_picklable,
-    drive,
-    portable,
-    validate,
 )
+from ._search_driver import STOP_WAIT_S, drive, validate
 
 __all__ = ["Coordination", "Count", "Found", "SearchError", "SearchStats", "count", "find",
            "solutions"]

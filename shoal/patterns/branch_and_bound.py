@@ -43,7 +43,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._search import Coordination, Goal, SearchError, SearchStats, drive, number, validate
+from ._search import Coordination, Goal, SearchError, SearchStats, number
+from ._search_driver import drive, validate
 
 __all__ = ["Coordination", "Result", "SearchError", "SearchStats", "maximise", "minimise"]
 

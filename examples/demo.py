@@ -36,7 +36,7 @@ def merge(*parts: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: usable CPUs)")
-    ap.add_argument("--queens", type=int, default=12, help="board size for the speed-up run (default 12)")
+    ap.add_argument("--queens", type=int, default=13, help="board size for the speed-up run (default 13)")
     args = ap.parse_args()
 
     topo = shoal.topology()

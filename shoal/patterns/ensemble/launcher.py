@@ -26,6 +26,13 @@ Reaping uses pidfds and ``waitpid(pid)`` for our own pids only — never
 Rejected alternatives: ``shell=True`` for every task (a shell start per task,
 quoting bugs); a helper process per task that pins and chdirs (one more exec
 per task); ``preexec_fn`` (forces fork instead of vfork, unsafe with threads).
+
+The steps that do not depend on where the process runs — sandbox creation,
+staging, finding the executable, the shell wrapper, the environment, the
+check of declared outputs, and ``exit_failure`` (exit status -> Failure) —
+are module-level functions, shared with ``remote.run_executable``, which runs
+executables on the nodes of a dask pilot: the same inputs give the same
+Failure there, byte for byte.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import signal
 import subprocess
 import threading
 
-from .model import EnsembleError, FailureKind, Input, Staging, Task
+from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
 
 
 class LaunchError(Exception):
@@ -60,6 +67,103 @@ def tail(path: str, limit: int = 2000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def make_sandbox(path: str) -> str:
+    """Create the task's sandbox directory (and its parents); LaunchError(SANDBOX) if impossible."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(FailureKind.SANDBOX, f"cannot create sandbox {path}: {exc.strerror}") from None
+    return path
+
+
+def stage_in(pairs, sandbox: str) -> None:
+    """Copy / link / move each ``(Input, resolved source path)`` into ``sandbox``."""
+    for inp, src in pairs:
+        dst = os.path.join(sandbox, inp.target)
+        try:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            if os.path.lexists(dst):
+                if os.path.isdir(dst) and not os.path.islink(dst):
+                    shutil.rmtree(dst)
+                else:
+                    os.unlink(dst)
+            if inp.mode is Staging.LINK:
+                if not os.path.exists(src):
+                    raise FileNotFoundError(errno.ENOENT, "no such file", src)
+                os.symlink(src, dst)
+            elif inp.mode is Staging.MOVE:
+                shutil.move(src, dst)
+            elif os.path.isdir(src):
+                shutil.copytree(src, dst)
+            else:
+                shutil.copy2(src, dst)
+        except OSError as exc:
+            raise LaunchError(
+                FailureKind.STAGING,
+                f"cannot {inp.mode.value} input {inp.source!r} -> {inp.target}: "
+                f"{exc.strerror or exc} ({src})",
+            ) from None
+
+
+def check_outputs(names, sandbox: str) -> list[str]:
+    """The declared outputs' paths; LaunchError(STAGING) naming the missing ones."""
+    paths = [os.path.join(sandbox, name) for name in names]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise LaunchError(FailureKind.STAGING, f"declared outputs missing after exit 0: {missing}")
+    return paths
+
+
+def find_executable(exe: str, cwd: str, path: str | None) -> str:
+    """``exe`` as an absolute path: relative to ``cwd`` if it has a '/', else found on ``path``."""
+    if "/" in exe:
+        full = os.path.join(cwd, exe)
+        if not os.path.isfile(full):
+            raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} does not exist")
+        if not os.access(full, os.X_OK):
+            raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} is not executable (chmod +x?)")
+        return full
+    found = shutil.which(exe, path=path)
+    if found is None:
+        raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} not found on PATH")
+    return found
+
+
+def command(exe: str, arguments, pre_exec, post_exec) -> list[str]:
+    """The argv to start: ``exe`` and its arguments, or ``/bin/sh -c`` around the shell lines."""
+    argv = [exe, *arguments]
+    if pre_exec or post_exec:
+        lines = [f"{line}\nrc=$?; [ $rc -eq 0 ] || exit $rc" for line in pre_exec]
+        lines.append(shlex.join(argv))
+        lines.append("rc=$?")
+        lines += list(post_exec)
+        lines.append("exit $rc")
+        argv = ["/bin/sh", "-c", "\n".join(lines)]
+    return argv
+
+
+def task_env(base, cores: int, environment, sandbox: str, uid: str) -> dict[str, str]:
+    """``base`` + OMP_NUM_THREADS (unless the task sets it) + the task's own + SHOAL_SANDBOX/TASK."""
+    env = dict(base)
+    env["OMP_NUM_THREADS"] = str(cores)
+    env.update({k: str(v) for k, v in environment.items()})
+    env["SHOAL_SANDBOX"] = sandbox
+    env["SHOAL_TASK"] = uid
+    return env
+
+
+def exit_failure(timeout, code: int, timed_out: bool, stderr_tail: str, attempt: int) -> Failure | None:
+    """How an executable's end is classified (None: success); the same for both launch paths.
+
+    ``code`` is ``os.waitstatus_to_exitcode``'s: negative when killed by that signal."""
+    if timed_out:
+        return Failure(FailureKind.TIMEOUT, f"killed after timeout={timeout}s", code, stderr_tail, attempt)
+    if code != 0:
+        what = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
+        return Failure(FailureKind.EXIT_CODE, what, code, stderr_tail, attempt)
+    return None
 
 
 class Launcher:
@@ -90,57 +194,18 @@ class Launcher:
         return os.path.join(self.sandbox_of(uid), rel) if rel else self.sandbox_of(uid)
 
     def make_sandbox(self, uid: str) -> str:
-        path = self.sandbox_of(uid)
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            raise LaunchError(FailureKind.SANDBOX, f"cannot create sandbox {path}: {exc.strerror}") from None
-        return path
+        return make_sandbox(self.sandbox_of(uid))
 
     def stage_in(self, inputs: list[Input], sandbox: str, resolve) -> None:
-        for inp in inputs:
-            src = resolve(inp.source)
-            dst = os.path.join(sandbox, inp.target)
-            try:
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                if os.path.lexists(dst):
-                    if os.path.isdir(dst) and not os.path.islink(dst):
-                        shutil.rmtree(dst)
-                    else:
-                        os.unlink(dst)
-                if inp.mode is Staging.LINK:
-                    if not os.path.exists(src):
-                        raise FileNotFoundError(errno.ENOENT, "no such file", src)
-                    os.symlink(src, dst)
-                elif inp.mode is Staging.MOVE:
-                    shutil.move(src, dst)
-                elif os.path.isdir(src):
-                    shutil.copytree(src, dst)
-                else:
-                    shutil.copy2(src, dst)
-            except OSError as exc:
-                raise LaunchError(
-                    FailureKind.STAGING,
-                    f"cannot {inp.mode.value} input {inp.source!r} -> {inp.target}: "
-                    f"{exc.strerror or exc} ({src})",
-                ) from None
+        stage_in([(inp, resolve(inp.source)) for inp in inputs], sandbox)
 
     def outputs(self, task: Task, sandbox: str) -> list[str]:
-        paths = [os.path.join(sandbox, name) for name in task.outputs]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise LaunchError(FailureKind.STAGING, f"declared outputs missing after exit 0: {missing}")
-        return paths
+        return check_outputs(task.outputs, sandbox)
 
     # -- spawning ---------------------------------------------------------------------
     def _executable(self, exe: str) -> str:
         if "/" in exe:
-            path = os.path.join(self.cwd, exe)
-            if not os.path.isfile(path):
-                raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} does not exist")
-            if not os.access(path, os.X_OK):
-                raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} is not executable (chmod +x?)")
-            return path
+            return find_executable(exe, self.cwd, None)
         if exe not in self._which:
             self._which[exe] = shutil.which(exe, path=self.base_env.get("PATH"))
         found = self._which[exe]
@@ -152,19 +217,8 @@ class Launcher:
               stdin: str | None) -> tuple[int, int]:
         """Start ``task``; returns (pid, pidfd).  Raises LaunchError (nothing left running)."""
         exe = self._executable(task.executable)
-        argv = [exe, *arguments]
-        if task.pre_exec or task.post_exec:
-            lines = [f"{line}\nrc=$?; [ $rc -eq 0 ] || exit $rc" for line in task.pre_exec]
-            lines.append(shlex.join(argv))
-            lines.append("rc=$?")
-            lines += list(task.post_exec)
-            lines.append("exit $rc")
-            exe, argv = "/bin/sh", ["/bin/sh", "-c", "\n".join(lines)]
-        env = dict(self.base_env)
-        env["OMP_NUM_THREADS"] = str(task.cores)  # unless the task's own environment says otherwise
-        env.update({k: str(v) for k, v in task.environment.items()})
-        env["SHOAL_SANDBOX"] = sandbox
-        env["SHOAL_TASK"] = uid
+        argv = command(exe, arguments, task.pre_exec, task.post_exec)
+        env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         if stdin is not None and not os.path.isfile(stdin):

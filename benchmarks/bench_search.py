@@ -1,39 +1,63 @@
-"""Search skeletons against hand-written sequential Python and a static multiprocessing.Pool.
+"""Search skeletons against hand-written sequential Python, multiprocessing.Pool and dask.
 
-    python benchmarks/bench_search.py [--quick] [--workers 2]
+    python benchmarks/bench_search.py [--quick] [--workers 2] [--uts T3] [--apps ...] [--no-dask]
 
-For each app, in one run: the hand-written recursive search (the reference,
+For each app, in one run: the hand-written sequential search (the reference,
 no shoal; it inlines accept/objective/bound as attribute reads), the same
-recursion calling the user functions the skeleton is given, shoal with 1 worker (the skeleton's overhead) and with ``--workers``
-workers (default stack stealing), and what a pool user writes: the tree's top
-levels expanded in the driver, then one ``Pool.map`` task per subtree, each
-searched sequentially without incumbent sharing.  Every time is the best of
-``--repeat`` runs; the table prints reference time / time (higher is better)
-and, for branch and bound, nodes and work inflation (nodes / 1-worker nodes).
+search calling the user functions the skeleton is given, shoal with 1 worker
+(the skeleton's overhead) and with ``--workers`` workers (default stack
+stealing), and what a pool user writes: the tree's top levels expanded in the
+driver, then one task per subtree, each searched sequentially without
+incumbent sharing -- once with ``multiprocessing.Pool.map`` and once with
+dask.distributed (``client.map`` + ``client.gather`` on a LocalCluster of
+``--workers`` single-threaded worker processes).
+
+The apps: N-Queens, maximum clique (DIMACS), 0/1 knapsack and UTS (T3 by
+default, ``--uts``), the latter through ``backtracking.count`` with
+``uts.children``; its count is checked against the published tree size.
+
+Order: every app's reference, 1-worker, N-worker and Pool columns first, with
+the pilots and the pool running; then those are closed and one LocalCluster is
+started for the dask column of every app, and closed at the end.  A live
+cluster's scheduler runs in this process (heartbeats, an event loop), so it
+would share the CPU and the GIL with the references timed here.
+
+Every time is the best of ``--repeat`` runs; the table prints reference time /
+time (higher is better) and, for branch and bound, nodes and work inflation
+(nodes / 1-worker nodes).  A second table checks the issue's targets.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import multiprocessing
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "examples"))  # before any worker starts: they inherit sys.path
 
 import search_knapsack as ks  # noqa: E402
 import search_maxclique as mc  # noqa: E402
 import search_nqueens as nq  # noqa: E402
 
 import shoal  # noqa: E402
+from shoal.patterns import backtracking  # noqa: E402
+from shoal.workloads import uts  # noqa: E402
 
 DIMACS = ROOT.parent / "shared" / "data" / "dimacs"
+APPS = ("queens", "clique", "knapsack", "uts")
+# the issue's targets for --workers 2: speed-up over the reference, and 1-worker overhead
+SPEEDUP_TARGETS = {"UTS T3": 1.85, "N-Queens 14": 1.85, "max clique C125.9": 1.8}
+OVERHEAD_TARGET = 1.3
+UTS_STATIC_TASKS = 500  # the static columns expand UTS levels until this many subtrees
 
 
-# -- sequential searches from a given node (the pool's tasks and the references) ------
+# -- sequential searches from a given node (the static tasks and the references) -------
 
 
 def queens_from(n: int, node) -> int:
@@ -80,6 +104,20 @@ def bnb_from(children, node, value_of, bound_of) -> int:
     return best
 
 
+def uts_from(params, node) -> int:
+    """Nodes of ``node``'s UTS subtree (itself included), with the children() the
+    skeleton is given.  An explicit stack, not recursion: T3 is 1572 levels deep,
+    past Python's default recursion limit."""
+    kids = functools.partial(uts.children, params)
+    stack = [node]
+    pop, push_all = stack.pop, stack.extend
+    total = 0
+    while stack:
+        total += 1
+        push_all(kids(pop()))
+    return total
+
+
 def frontier(children, root, depth: int) -> list:
     """The nodes at ``depth`` (and the leaves above it), in depth-first order."""
     level = [root]
@@ -96,11 +134,39 @@ def frontier(children, root, depth: int) -> list:
     return shallow + level
 
 
+def uts_frontier(params, min_tasks: int) -> tuple[int, list, int]:
+    """Expand whole levels of the tree until at least ``min_tasks`` nodes are open.
+
+    Returns (nodes expanded here, the open nodes, levels expanded): the tree has
+    ``expanded + sum(uts_from(n) for n in open)`` nodes.
+    """
+    expanded, level, levels = 0, [uts.root(params)], 0
+    while level and len(level) < min_tasks:
+        expanded += len(level)
+        level = [c for nd in level for c in uts.children(params, nd)]
+        levels += 1
+    return expanded, level, levels
+
+
+def import_apps() -> None:
+    """Run in each dask worker before timing: the imports the tasks need."""
+    import search_knapsack  # noqa: F401
+    import search_maxclique  # noqa: F401
+    import search_nqueens  # noqa: F401
+
+    import shoal.workloads.uts  # noqa: F401
+
+
 # -- the apps ---------------------------------------------------------------------------
+#
+# Each app has: reference() -> (value, None); calls() -> value (only where has_calls:
+# without user functions besides children it is the reference itself); shoal(pilot) -> (value, nodes); static() -> (job, inputs, combine), the pool user's
+# decomposition: ``combine([job(x) for x in inputs])`` is the value.
 
 
 class App:
     kind = "count"
+    has_calls = True
 
     def __init__(self, name):
         self.name = name
@@ -121,11 +187,11 @@ class Queens(App):
         r = nq.count_queens(pilot, self.n)
         return int(r), r.stats.nodes
 
-    def pool(self, pool):
+    def static(self):
         fr = frontier(functools.partial(nq.children, self.n), nq.ROOT, 2)
         inner = [nd for nd in fr if nd[0] == 2]
         above = sum(1 for nd in fr if nd[0] != 2 and nd[0] == self.n)
-        return above + sum(pool.map(functools.partial(queens_from, self.n), inner, chunksize=1))
+        return functools.partial(queens_from, self.n), inner, lambda rs: above + sum(rs)
 
 
 class Clique(App):
@@ -133,7 +199,12 @@ class Clique(App):
 
     def __init__(self, name):
         super().__init__(f"max clique {name}")
-        self.g = mc.read_dimacs(DIMACS / f"{name}.clq")
+        path = DIMACS / f"{name}.clq"
+        if not path.exists():
+            raise SystemExit(f"{path} is missing: the max clique rows need the DIMACS graphs "
+                             "in shared/data/dimacs beside the repository (or leave out "
+                             "'clique' with --apps)")
+        self.g = mc.read_dimacs(path)
 
     def reference(self):
         return mc.sequential_reference(self.g), None
@@ -145,11 +216,10 @@ class Clique(App):
         r = mc.max_clique(pilot, self.g)
         return r.value, r.stats.nodes
 
-    def pool(self, pool):
+    def static(self):
         kids = functools.partial(mc.children, self.g)
         fr = frontier(kids, mc.root(self.g), 1)
-        job = functools.partial(bnb_from, kids, value_of=mc.size, bound_of=mc.bound)
-        return max(pool.map(job, fr, chunksize=1))
+        return functools.partial(bnb_from, kids, value_of=mc.size, bound_of=mc.bound), fr, max
 
 
 class Knapsack(App):
@@ -170,11 +240,61 @@ class Knapsack(App):
         r = ks.solve(pilot, self.pr)
         return r.value, r.stats.nodes
 
-    def pool(self, pool):
+    def static(self):
         kids = functools.partial(ks.children, self.pr)
         fr = frontier(kids, ks.root(self.pr), 4)
-        job = functools.partial(bnb_from, kids, value_of=ks.value, bound_of=ks.bound)
-        return max(pool.map(job, fr, chunksize=1))
+        return functools.partial(bnb_from, kids, value_of=ks.value, bound_of=ks.bound), fr, max
+
+
+class UTS(App):
+    """A UTS tree counted node by node: ``backtracking.count(pilot, root, children)``."""
+
+    has_calls = False  # the skeleton is given children only
+
+    def __init__(self, preset: str):
+        try:
+            self.params = uts.UTSParams.preset(preset)
+        except KeyError as exc:
+            raise SystemExit(f"--uts: {exc.args[0]}") from None
+        name = self.params.name
+        super().__init__(f"UTS {name}")
+        known = uts.PUBLISHED.get(name) or uts.DERIVED.get(name)
+        self.want = None if known is None else known.nodes
+
+    def check(self, value: int, who: str) -> int:
+        if self.want is not None and value != self.want:
+            raise SystemExit(f"{self.name}: {who} counted {value:,} nodes, the tree has "
+                             f"{self.want:,}")
+        return value
+
+    def reference(self):
+        return self.check(uts_from(self.params, uts.root(self.params)), "the reference"), None
+
+    def shoal(self, pilot):
+        r = backtracking.count(pilot, uts.root(self.params),
+                               functools.partial(uts.children, self.params))
+        return self.check(int(r), "the skeleton"), r.stats.nodes
+
+    def static(self):
+        expanded, fr, _ = uts_frontier(self.params, UTS_STATIC_TASKS)
+        return functools.partial(uts_from, self.params), fr, lambda rs: expanded + sum(rs)
+
+
+def make_apps(args) -> list[App]:
+    want = set(args.apps.split(","))
+    if not want <= set(APPS):
+        raise SystemExit(f"--apps: unknown {sorted(want - set(APPS))}; known: {','.join(APPS)}")
+    apps: list[App] = []
+    if "queens" in want:
+        apps += [Queens(12)] if args.quick else [Queens(13), Queens(14)]
+    if "clique" in want:
+        apps += [Clique("keller4")] if args.quick else [Clique("C125.9"), Clique("keller4")]
+    if "knapsack" in want:
+        apps.append(Knapsack(80, 1, "strong"))
+    if "uts" in want:
+        trees = args.uts or ("T3XS" if args.quick else "T3")
+        apps += [UTS(t) for t in trees.split(",")]
+    return apps
 
 
 def best_of(repeat, fn):
@@ -186,43 +306,126 @@ def best_of(repeat, fn):
     return min(times), out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="N-Queens 12, keller4 and no C125.9")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
-    apps = [Queens(12 if args.quick else 13), Clique("keller4"), Knapsack(80, 1, "strong")]
-    if not args.quick:
-        apps[1:1] = [Queens(14), Clique("C125.9")]
-    rows = []
+def run_static(app, map_fn):
+    """One static run: decompose in the driver, map the subtrees, combine."""
+    job, inputs, combine = app.static()
+    return combine(map_fn(job, inputs))
+
+
+def time_local(apps, args) -> dict:
+    """The reference, calls, 1-worker, N-worker and Pool columns of every app."""
+    rows = {}
     with shoal.Pilot(workers=1) as p1, shoal.Pilot(workers=args.workers) as p2, \
             multiprocessing.get_context("fork").Pool(args.workers) as pool:
         for p in (p1, p2):  # warm up: every worker imports the apps
             for _ in range(2 * p.workers):
                 nq.count_queens(p, 6)
+        pool_map = functools.partial(pool.map, chunksize=1)
         for app in apps:
+            subtrees = len(app.static()[1])
             t_ref, (want, _) = best_of(args.repeat, app.reference)
-            t_calls, vc = best_of(args.repeat, app.calls)
+            if not app.has_calls:
+                t_calls, vc = t_ref, want
+            else:
+                t_calls, vc = best_of(args.repeat, app.calls)
             t1, (v1, n1) = best_of(args.repeat, lambda app=app: app.shoal(p1))
             t2, (v2, n2) = best_of(args.repeat, lambda app=app: app.shoal(p2))
-            tp, vp = best_of(args.repeat, lambda app=app: app.pool(pool))
+            tp, vp = best_of(args.repeat, lambda app=app: run_static(app, pool_map))
             if not (want == vc == v1 == v2 == vp):
-                raise SystemExit(f"{app.name}: results differ: {want} {vc} {v1} {v2} {vp}")
-            rows.append((app, t_ref, t_calls, t1, t2, tp, n1, n2))
-            print(f"{app.name}: reference {t_ref:.2f} s, with calls {t_calls:.2f} s, 1 worker {t1:.2f} s, "
-                  f"{args.workers} workers {t2:.2f} s, Pool {tp:.2f} s", flush=True)
-    w = args.workers
+                raise SystemExit(f"{app.name}: results differ: reference {want}, with calls "
+                                 f"{vc}, 1 worker {v1}, {args.workers} workers {v2}, Pool {vp}")
+            rows[app.name] = dict(want=want, ref=t_ref, calls=t_calls, t1=t1, t2=t2, pool=tp,
+                                  n1=n1, n2=n2, dask=None)
+            print(f"{app.name}: reference {t_ref:.2f} s, with calls {t_calls:.2f} s, "
+                  f"1 worker {t1:.2f} s, {args.workers} workers {t2:.2f} s, Pool {tp:.2f} s "
+                  f"({subtrees} subtrees)", flush=True)
+    return rows
+
+
+def time_dask(apps, args, rows: dict) -> None:
+    """The dask static column of every app, on one LocalCluster started for them all."""
+    from distributed import Client, LocalCluster
+
+    # no dashboard; its HTTP server still binds 8787, or another port if that one is taken
+    warnings.filterwarnings("ignore", message="Port 8787 is already in use")
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        client.wait_for_workers(args.workers)
+        client.run(import_apps)  # on every worker, before anything is timed
+
+        def dask_map(job, inputs):
+            futures = client.map(job, inputs, pure=False)
+            try:
+                return client.gather(futures)
+            finally:
+                client.cancel(futures)
+
+        for app in apps:
+            td, vd = best_of(args.repeat, lambda app=app: run_static(app, dask_map))
+            row = rows[app.name]
+            if vd != row["want"]:
+                raise SystemExit(f"{app.name}: dask static found {vd}, the reference "
+                                 f"{row['want']}")
+            row["dask"] = td
+            print(f"{app.name}: dask static {td:.2f} s", flush=True)
+
+
+def print_tables(apps, rows: dict, workers: int, dask: bool) -> None:
+    w = workers
     print()
     print(f"| app | reference | 1 worker: overhead (vs reference calling the user functions) | "
-          f"{w} workers: speed-up | Pool({w}) static: speed-up | "
+          f"{w} workers: speed-up | Pool({w}) static: speed-up | dask({w}) static: speed-up | "
           f"B&B nodes 1 -> {w} workers (inflation) |")
-    print("|---|---|---|---|---|---|")
-    for app, t_ref, t_calls, t1, t2, tp, n1, n2 in rows:
-        nodes = f"{n1:,} -> {n2:,} ({n2 / n1:.2f})" if app.kind == "bnb" else ""
-        print(f"| {app.name} | {t_ref:.2f} s | {t1 / t_ref:.2f}x ({t1 / t_calls:.2f}x) | "
-              f"{t_ref / t2:.2f}x | "
-              f"{t_ref / tp:.2f}x | {nodes} |")
+    print("|---|---|---|---|---|---|---|")
+    for app in apps:
+        r = rows[app.name]
+        nodes = (f"{r['n1']:,} -> {r['n2']:,} ({r['n2'] / r['n1']:.2f})"
+                 if app.kind == "bnb" else "")
+        td = f"{r['ref'] / r['dask']:.2f}x" if r["dask"] else "not run"
+        print(f"| {app.name} | {r['ref']:.2f} s | {r['t1'] / r['ref']:.2f}x "
+              f"({r['t1'] / r['calls']:.2f}x) | {r['ref'] / r['t2']:.2f}x | "
+              f"{r['ref'] / r['pool']:.2f}x | {td} | {nodes} |")
+    print()
+    print("| target | measured | |")
+    print("|---|---|---|")
+    for app in apps:
+        r = rows[app.name]
+        over = r["t1"] / r["ref"]
+        print(f"| {app.name}: 1-worker overhead <= {OVERHEAD_TARGET}x | {over:.2f}x "
+              f"({r['t1'] / r['calls']:.2f}x vs calls) | "
+              f"{'met' if over <= OVERHEAD_TARGET else 'missed'} |")
+        target = SPEEDUP_TARGETS.get(app.name)
+        if target is not None and w == 2:
+            s = r["ref"] / r["t2"]
+            print(f"| {app.name}: 2 workers >= {target}x over the reference | {s:.2f}x | "
+                  f"{'met' if s >= target else 'missed'} |")
+    if not dask:
+        print("\n(dask column not run: --no-dask)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="N-Queens 12, keller4 (no C125.9), UTS T3XS unless --uts is given")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--apps", default=",".join(APPS),
+                    help=f"comma-separated subset of {','.join(APPS)} (default: all)")
+    ap.add_argument("--uts", default=None,
+                    help="comma-separated UTS presets (default T3, T3XS with --quick); "
+                         f"known: {', '.join(uts.PRESETS)}")
+    ap.add_argument("--no-dask", action="store_true", help="skip the dask static column")
+    args = ap.parse_args()
+    if args.workers < 1 or args.repeat < 1:
+        raise SystemExit("--workers and --repeat must be >= 1")
+    apps = make_apps(args)
+    if not apps:
+        raise SystemExit("no apps to run")
+    rows = time_local(apps, args)
+    if not args.no_dask:
+        time_dask(apps, args, rows)
+    print_tables(apps, rows, args.workers, not args.no_dask)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,16 @@ one of those.  It is executed with ``__name__ == "__shoal_workflow__"``, so an
 
 Exit status of ``shoal run``: 0 every task done (or skipped), 1 some failed,
 3 stopped at the walltime (resume to finish), 2 usage error / bad workflow.
+
+``--dask tcp://host:8786`` runs the workflow on a dask pilot connected to that
+scheduler (executables run on its nodes; the journal stays here); ``--workers``
+is then the number of shoal workers per dask worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
@@ -103,12 +108,19 @@ class Progress:
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
     progress = Progress(sys.stderr)
-    try:
-        report = run(workflow, journal=args.journal, resume=args.resume, workers=args.workers,
-                     gpus=args.gpus, walltime=parse_walltime(args.walltime), sandbox=args.sandbox,
-                     progress=progress)
-    finally:
-        progress.end()
+    with contextlib.ExitStack() as stack:
+        pilot = None
+        if args.dask:
+            import shoal
+
+            pilot = stack.enter_context(
+                shoal.Pilot(args.workers, backend=shoal.BackendKind.DASK, address=args.dask))
+        try:
+            report = run(workflow, pilot=pilot, journal=args.journal, resume=args.resume,
+                         workers=None if pilot else args.workers, gpus=args.gpus,
+                         walltime=parse_walltime(args.walltime), sandbox=args.sandbox, progress=progress)
+        finally:
+            progress.end()
     print(report)
     if report.drained:
         print(f"stopped at the walltime; finish with: shoal run {args.workflow} --journal {args.journal} --resume")
@@ -124,7 +136,10 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("workflow", help="a Python file defining `workflow`")
     parser.add_argument("--journal", default="run.db", help="SQLite journal (default run.db)")
     parser.add_argument("--resume", action="store_true", help="finish the run the journal holds")
-    parser.add_argument("--workers", type=int, default=None, help="cores to use (default: all usable)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="cores to use (default: all usable); with --dask: shoal workers per dask worker")
+    parser.add_argument("--dask", default=None, metavar="ADDRESS",
+                        help="run on the dask cluster whose scheduler is at ADDRESS (tcp://host:8786)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
     parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
     parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")

@@ -22,6 +22,16 @@ The pipeline/stage half (pulling pipelines and tasks, the stage barrier,
 ``after=``/``when=`` of stages, callbacks) lives in walker.py, mixed in as
 ``Walker``; this module places, launches, reaps and journals.
 
+Two ways to launch an executable, chosen once per run from the pilot: on the
+local backend the driver spawns it (launcher.py: Popen, pinned to the cores
+the Scheduler granted, reaped through a pidfd); on a dask pilot it becomes a
+pilot task (remote.py: ``run_executable`` on a node, reaped like a function
+task through its future) and the Scheduler's "cores" are slots, one per shoal
+worker of the cluster (``pilot.workers``): the driver cannot see or pin the
+nodes' CPUs, and refuses ``gpus=`` there rather than hand out GPU ids of a
+machine it does not know.  Everything else — journal, stages, retries,
+reports — is the same code on both.
+
 Resume replays the workflow definition: tasks whose journal row is terminal
 are counted, not run; a stage whose tasks are all terminal runs its
 ``post_exec`` again (so callbacks must be functions of the results, which the
@@ -46,7 +56,7 @@ from collections.abc import Callable
 import shoal
 
 from .journal import Journal
-from .launcher import Launcher, LaunchError, check_root, kill_leftover, tail
+from .launcher import Launcher, LaunchError, check_root, exit_failure, kill_leftover, tail
 from .model import (
     EMBEDDED_REF_RE,
     EnsembleError,
@@ -59,6 +69,7 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
+from .remote import Ended, ExecSpec, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
 from .walker import Walker, _Item, _PipeRun
@@ -78,7 +89,10 @@ class Engine(Walker):
         self.user_pilot = pilot
         self.pilot = pilot
         self.workers = workers
-        if cores is None:
+        self.remote = pilot is not None and pilot.backend is shoal.BackendKind.DASK
+        if self.remote:
+            cpus = _slots(pilot, cores, gpus)
+        elif cores is None:
             cpus = (pilot.topology if pilot is not None else shoal.topology()).usable_cpus
             if workers is not None and pilot is None:
                 cpus = cpus[:workers] if workers <= len(cpus) else list(range(workers))
@@ -86,7 +100,9 @@ class Engine(Walker):
             cpus = list(range(cores))
         else:
             cpus = list(cores)
-        if memory is None:
+        if memory is None and self.remote:
+            memory_total = 0  # not tracked: the driver does not know the nodes' memory
+        elif memory is None:
             import psutil
 
             memory_total = psutil.virtual_memory().total
@@ -132,6 +148,7 @@ class Engine(Walker):
         t0 = time.monotonic()
         self.deadline = t0 + self.walltime if self.walltime else None
         wall0 = time.time()
+        self.walltime_at = wall0 + self.walltime if self.walltime else None  # for the nodes
         try:
             if self.resume:
                 for _uid, pid, start in self.journal.take_over():
@@ -174,6 +191,19 @@ class Engine(Walker):
     # -- pulling work -----------------------------------------------------------------
     def _request(self, task: Task, key) -> Request:
         return Request(key, task.cores, task.gpus, task.memory_bytes)
+
+    def _impossible(self, task: Task) -> str | None:
+        """Why ``task`` can never be placed on this run's resources (None if it can)."""
+        why = self.sched.impossible(self._request(task, 0))
+        if why and self.remote:
+            if task.gpus:
+                return (f"asks for {task.gpus} GPUs, but an ensemble on a dask pilot places no "
+                        "GPUs (the driver cannot see the nodes'); run GPU tasks with a local pilot "
+                        "on the GPU machine")
+            if task.cores > len(self.sched.cpus):
+                return (f"asks for {task.cores} cores but the dask pilot has "
+                        f"{len(self.sched.cpus)} slots (pilot.workers)")
+        return why
 
     # -- starting ---------------------------------------------------------------------
     def _schedule(self) -> int:
@@ -258,6 +288,8 @@ class Engine(Walker):
         return total / n if n else 0.0
 
     def _spawn(self, item: _Item) -> bool:
+        if self.remote:
+            return self._spawn_remote(item)
         t = item.task
         try:
             self.launcher.make_sandbox(item.uid)
@@ -280,6 +312,32 @@ class Engine(Walker):
             self.by_pidfd[pidfd] = item
             self.poller.register(pidfd, select.POLLIN)
         self.journal.pid(item.uid, pid, time.time())
+        return True
+
+    def _spawn_remote(self, item: _Item) -> bool:
+        """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
+        t = item.task
+        stdin = self._resolve(t.stdin) if t.stdin else None
+        if stdin is not None and not os.path.isabs(stdin):
+            stdin = os.path.join(item.sandbox, stdin)
+        spec = ExecSpec(
+            uid=item.uid, executable=t.executable,
+            arguments=tuple(self._resolve_all(str(a)) for a in t.arguments),
+            sandbox=item.sandbox, cwd=self.launcher.cwd, cores=t.cores,
+            environment=tuple((str(k), str(v)) for k, v in t.environment.items()),
+            pre_exec=tuple(t.pre_exec), post_exec=tuple(t.post_exec),
+            inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
+            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at)
+        try:
+            fut = self.pilot.submit(run_executable, spec)
+        except Exception as exc:
+            self.sched.release(item.placement)
+            self._ended(item, Failure(FailureKind.SPAWN, f"cannot submit to the dask pilot: {exc!r}",
+                                      attempt=item.attempt))
+            return False
+        item.future = fut
+        self.running[id(fut)] = item
+        fut.add_done_callback(self._on_future)
         return True
 
     def _resolve(self, text: str) -> str:
@@ -332,6 +390,7 @@ class Engine(Walker):
     def _reap(self) -> None:
         now = time.monotonic()
         ended: list[tuple[_Item, Failure | None, object]] = []
+        ended_any = False
         for fd, _ev in getattr(self, "ready", ()):
             if fd == self.wake_r:
                 with contextlib.suppress(BlockingIOError):
@@ -350,8 +409,20 @@ class Engine(Walker):
         while self.finished_futures:
             fut = self.finished_futures.popleft()
             item = self.running.get(id(fut))
-            if item is not None:
+            if item is None:
+                continue
+            if item.task.kind is TaskKind.FUNCTION:
                 ended.append(self._fn_outcome(item, fut))
+                continue
+            outcome = self._remote_outcome(item, fut)
+            if outcome is None:  # killed on its node at the walltime: PENDING for a resume
+                del self.running[id(fut)]
+                self.sched.release(item.placement)
+                self.journal.unstart(item.uid)
+                self.draining = True
+                ended_any = True
+            else:
+                ended.append(outcome)
         for item in list(self.running.values()):
             if item.future is None and item.deadline is not None and now >= item.deadline:
                 self.launcher.kill(item.pid)  # reaped on a later pass, as a timeout
@@ -364,24 +435,38 @@ class Engine(Walker):
             self.durations[0] += now - item.t0
             self.durations[1] += 1
             self._ended(item, failure, value)
-        if ended:
+        if ended or ended_any:
             self.journal.commit()  # DONE/FAILED durable before successors start
 
     def _exe_outcome(self, item: _Item, code: int):
         timed_out = item.future is False
         sandbox = item.sandbox
-        if timed_out:
-            return item, Failure(FailureKind.TIMEOUT, f"killed after timeout={item.task.timeout}s",
-                                 code, tail(os.path.join(sandbox, "stderr")), item.attempt), None
-        if code != 0:
-            what = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
-            return item, Failure(FailureKind.EXIT_CODE, what, code,
-                                 tail(os.path.join(sandbox, "stderr")), item.attempt), None
+        if timed_out or code != 0:
+            return item, exit_failure(item.task.timeout, code, timed_out,
+                                      tail(os.path.join(sandbox, "stderr")), item.attempt), None
         try:
             outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
         except LaunchError as exc:
             return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, outputs)
+
+    def _remote_outcome(self, item: _Item, fut):
+        """(item, failure, value) of an executable run on a node, classified exactly as
+        ``_exe_outcome`` classifies a local one; None when its node killed it at the walltime."""
+        if fut.exception() is not None:  # lost with its dask workers, the cluster gone, ...
+            return self._fn_outcome(item, fut)
+        out = fut.result()
+        if out.ended is Ended.WALLTIME:
+            return None
+        if out.ended is Ended.NOT_STARTED:
+            return item, Failure(out.failure, out.message, attempt=item.attempt), None
+        failure = exit_failure(item.task.timeout, out.exit_code, out.ended is Ended.TIMED_OUT,
+                               out.stderr_tail, item.attempt)
+        if failure is not None:
+            return item, failure, None
+        if out.failure is not None:  # declared outputs missing after exit 0
+            return item, Failure(out.failure, out.message, 0, "", item.attempt), None
+        return item, None, (0, list(out.outputs) if out.outputs else None)
 
     def _fn_outcome(self, item: _Item, fut):
         exc = fut.exception()
@@ -461,6 +546,8 @@ class Engine(Walker):
                 with contextlib.suppress(Exception):
                     self.launcher.exit_code(item.pid, item.pidfd if item.pidfd is not None else -1)
                 item.pidfd = None
+            elif self.remote:  # queued on the cluster: do not let it start after we are gone
+                item.future.cancel()
             with contextlib.suppress(Exception):
                 self.journal.unstart(item.uid)
         self.running.clear()
@@ -526,3 +613,18 @@ def count_tasks(pipelines) -> int | None:
                 return None
             n += len(tasks)
     return n
+
+
+def _slots(pilot, cores, gpus: int) -> list[int]:
+    """The Scheduler's "CPUs" on a dask pilot: one slot per shoal worker of the cluster."""
+    if gpus:
+        raise EnsembleError(f"run(gpus={gpus}) is not supported on a dask pilot: the driver cannot "
+                            "see the nodes' GPUs to hand out CUDA_VISIBLE_DEVICES; run GPU tasks "
+                            "with a local pilot on the GPU machine")
+    if cores is None:
+        return list(range(pilot.workers))
+    if isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1:
+        return list(range(cores))
+    raise EnsembleError(f"run(cores={cores!r}) on a dask pilot: give a number of slots (an int "
+                        f">= 1; default pilot.workers = {pilot.workers}); CPU ids name the driver's "
+                        "CPUs, which do not run the tasks")

@@ -169,7 +169,7 @@ class Walker:
         task.uid = f"{srun.uid}.{task.name or f't{srun.index}'}"
         srun.index += 1
         task.validate()
-        why = self.sched.impossible(self._request(task, 0))
+        why = self._impossible(task)
         if why:
             raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
         srun.outstanding += 1

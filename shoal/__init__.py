@@ -49,8 +49,9 @@ class WorkerInfo:
 
     id: int  # endpoint number, 1..N
     cpu: int
-    node: int
+    node: int  # NUMA node
     pid: int
+    workers: int  # N: the workers of this runtime (on dask: of this worker's machine)
 
 
 def spawn(fn, /, *args, **kwargs) -> Future:
@@ -75,7 +76,7 @@ def current_worker() -> WorkerInfo | None:
         return None
     import os
 
-    return WorkerInfo(worker.ep, worker.cpu, worker.node, os.getpid())
+    return WorkerInfo(worker.ep, worker.cpu, worker.node, os.getpid(), len(worker.node_of))
 
 
 __all__ = [

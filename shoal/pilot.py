@@ -78,6 +78,11 @@ class Pilot:
         return self._backend.n
 
     @property
+    def nodes(self) -> int:
+        """Machines (node runtimes) the pilot spans now: 1 locally; dask workers on dask."""
+        return getattr(self._backend, "nodes", 1)
+
+    @property
     def topology(self):
         return self._backend.topology
 

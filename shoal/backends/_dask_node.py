@@ -48,6 +48,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..runtime.mapping import TARGET_S, map_iter
 from ..runtime.topology import topology as get_topology
+from ._dask_cells import drop_pilot, register_worker
 from .local import LocalBackend
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
@@ -252,10 +253,12 @@ class NodePlugin(WorkerPlugin):
 
     def setup(self, worker=None):
         _slices[self.token] = self.slices
+        register_worker(self.token, worker)
 
     def teardown(self, worker=None):
         _slices.pop(self.token, None)
         close_node(self.token)
+        drop_pilot(self.token)
 
 
 def node_stats(token: str) -> dict | None:
@@ -290,6 +293,8 @@ def _reap() -> None:
             idle = [t for t, n in _nodes.items()
                     if n.inflight == 0 and now - n.last_used > n.cfg.idle_timeout]
             nodes = [_nodes.pop(t) for t in idle]
+        for token in idle:
+            drop_pilot(token)
         for node in nodes:
             try:
                 node.backend.close(cancel_pending=True)

@@ -65,6 +65,7 @@ from .._errors import (
 )
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
+from ._dask_cells import CellHub, ClusterCell, NodeArray
 from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
@@ -147,6 +148,7 @@ class DaskBackend:
         except BaseException:
             self._release()
             raise
+        self.hub = CellHub(self.client, self.token)
         self.topology = None  # each host has its own; see stats()
         self.closing = False
         self.closed = False
@@ -171,7 +173,24 @@ class DaskBackend:
         slices = cpu_slices(probes)
         self.cfg = NodeConfig(self.token, workers, seed, idle_timeout)
         self.n = max(1, sum(workers or len(s) for s in slices.values()))
+        self.nodes_seen = max(1, len(slices))
         self.client.register_plugin(NodePlugin(self.token, slices), name=self._plugin_name)
+
+    @property
+    def nodes(self) -> int:
+        """Dask workers (each runs one node runtime) connected now."""
+        try:
+            return max(1, len(self.client.scheduler_info().get("workers", {})))
+        except Exception:  # pragma: no cover - the cluster is going away
+            return self.nodes_seen
+
+    def best_cell(self, sense, initial) -> ClusterCell:
+        """``BestCell.for_pilot``: one replica per node, improvements broadcast."""
+        return self.hub.cell(sense, initial)
+
+    def node_array(self, shape, dtype, fill) -> NodeArray:
+        """``SharedArray.per_node``: each node makes its own copy."""
+        return self.hub.array(shape, dtype, fill)
 
     @property
     def _plugin_name(self) -> str:
@@ -355,6 +374,7 @@ class DaskBackend:
         else:
             cf.wait(futs)
         self.closed = True
+        self.hub.close()
         try:
             if self.client.status == "running":
                 self.client.unregister_worker_plugin(self._plugin_name)  # stops node runtimes

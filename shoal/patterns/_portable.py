@@ -58,7 +58,10 @@ class Pinned:
 
     @staticmethod
     def _load(blob):
-        return Pinned(pickle.loads(blob), blob)
+        # pickled again from the object loaded here: the same bytes for a SharedArray or
+        # BestCell of this machine (handles name their creator), but on a dask node the
+        # node's own replica (shoal.backends._dask_cells), which its workers must share
+        return Pinned(pickle.loads(blob))
 
     def __reduce__(self):
         return (Pinned._load, (self.blob,))

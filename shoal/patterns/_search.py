@@ -87,6 +87,7 @@ class _Stopped(Exception):
 
 SPAWNED, STARTED, ACTIVE, STOP = range(4)
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
+STOP_CELL_EVERY = 4  # polls between two reads of the stop cell (the cross-node stop flag)
 TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
 _FRAMES_PER_NESTING = 20
@@ -150,6 +151,7 @@ class Spec:
     bound: object = None
     negate: bool = False  # minimise: values are negated inside
     cell: object = None  # Pinned(BestCell) (always "max" of the possibly negated values)
+    stop: object = None  # Pinned(BestCell): > 0 once the search must stop, on every node
     initial: float = -math.inf
     prune_level: bool = True
     ordered: bool = False
@@ -258,6 +260,10 @@ class Explorer:
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.cell = None if spec.cell is None else spec.cell.obj
+        self.stop_cell = None if spec.stop is None else spec.stop.obj
+        self.polls = 0
+        w = shoal.current_worker()
+        self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
         g = spec.initial
         if self.cell is not None:
             g = max(g, self.cell.value)
@@ -309,7 +315,7 @@ class Explorer:
                 p = _p(path)
                 check_picklable(node, p, "a found node travels back to the driver")
                 t.found, t.t_hit = (p, node), time.monotonic()
-                self.ctl[self.me, STOP] = 1
+                self.halt()
                 t.nodes += 1
                 raise _Stopped
         elif self.accept is not None:
@@ -348,12 +354,25 @@ class Explorer:
 
     # -- control -------------------------------------------------------------------
 
+    def halt(self) -> None:
+        """Stop the whole search: this node at once (Control), the others through the cell."""
+        self.ctl[self.me, STOP] = 1
+        if self.stop_cell is not None:
+            self.stop_cell.offer(1.0)
+
     def poll(self, iters, idx) -> None:
         """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
             if r[STOP]:
                 raise _Stopped
+        if self.stop_cell is not None:
+            self.polls += 1
+            if self.polls >= STOP_CELL_EVERY:
+                self.polls = 0
+                if self.stop_cell.value > 0:  # stopped elsewhere (another node, the driver)
+                    self.ctl[self.me, STOP] = 1
+                    raise _Stopped
         cell = self.cell
         if cell is not None:
             g = cell.value
@@ -361,7 +380,7 @@ class Explorer:
                 self.glob = g
                 self._limits()
         if self.demand and self.split_ok:
-            hungry = sum(1 for r in rows[1:] if r[ACTIVE] == 0)
+            hungry = sum(1 for r in rows[1:self.peers + 1] if r[ACTIVE] == 0)
             if not hungry:
                 self.stale = 0
             else:
@@ -761,7 +780,7 @@ class Explorer:
                     continue
                 self.tally.merge(f.result())
         except BaseException:
-            a[self.me, STOP] = 1
+            self.halt()
             for g in self.futs:
                 g.cancel()
             raise
@@ -822,7 +841,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
         if spec.collect:
             ex.tally.found_nodes = []
         try:
-            if ctl[:, STOP].any():
+            if stopped(spec, ctl):
                 return ex.tally
             if node is None:
                 node = replay(spec, path)
@@ -833,7 +852,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
         except _Stopped:
             pass
         except BaseException:
-            ctl[me, STOP] = 1
+            ex.halt()
             for f in ex.futs:
                 f.cancel()
             raise
@@ -842,6 +861,27 @@ def task(spec: Spec, node, path: tuple) -> Tally:
     finally:
         _nesting -= 1
         ctl[me, ACTIVE] -= 1
+
+
+def stopped(spec: Spec, ctl) -> bool:
+    """Has the search been stopped (on this node, or anywhere through the stop cell)?"""
+    return bool(ctl[:, STOP].any()) or (spec.stop is not None and spec.stop.obj.value > 0)
+
+
+def units_task(spec: Spec, units: list) -> Tally:
+    """A group of subtrees ``[(node, path)]`` (the driver's split of the top levels on a
+    pilot of several nodes): one task each, spawned here, so this node's workers share them."""
+    tally = Tally(tasks=0)
+    futs = [shoal.spawn(task, spec, node, path) for node, path in units[:0:-1]]
+    try:
+        tally.merge(task(spec, *units[0]))
+        for f in reversed(futs):
+            tally.merge(f.result())
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        raise
+    return tally
 
 
 def _spawn_children(ex: Explorer, node, path: tuple) -> None:

@@ -45,6 +45,7 @@ from ._search import (
     SearchStats,
     Spec,
     check_picklable,
+    stopped,
 )
 from ._search_driver import STOP_WAIT_S, drive, validate
 
@@ -133,9 +134,10 @@ def solutions(pilot, root, children, accept, *, window: int | None = None,
 def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, window: int):
     """solutions(): a generator of accepted nodes; see backtracking.solutions."""
     check_picklable(root, (), "the root is sent to a worker")
-    ctl = shoal.SharedArray((pilot.workers + 1, 4), "int64", fill=0)
+    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 4), "int64", fill=0)
+    stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
     spec = Spec(root=root, children=portable(children), goal=Goal.COUNT, control=Pinned(ctl),
-                accept=portable(accept),
+                stop=Pinned(stop), accept=portable(accept),
                 coordination=Coordination.STACK_STEALING, collect=True)
     frontier: list = [[(root, ())]]  # lists of units, LIFO: depth-first, so it stays small
     pending: set = set()
@@ -158,10 +160,12 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
                 yield from found
     finally:
         ctl.array[0, STOP] = 1  # running chunks return at their next node
+        stop.offer(1.0)
         _, late = cf.wait(pending, timeout=STOP_WAIT_S)
         for f in late:
             f.cancel()
         ctl.close()
+        stop.close()
 
 
 def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
@@ -174,7 +178,7 @@ def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
     left: list = []
     stack = list(reversed(units))  # next unit last
     while stack:
-        if t.nodes >= max_nodes or len(t.found_nodes) >= max_found or ctl[:, STOP].any():
+        if t.nodes >= max_nodes or len(t.found_nodes) >= max_found or stopped(spec, ctl):
             left.extend(reversed(stack))
             break
         node, path = stack.pop()

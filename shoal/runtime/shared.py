@@ -52,13 +52,15 @@ class SharedArray:
             raise ValueError(f"SharedArray shape must be non-negative ints, got {shape!r}")
         self.dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
-        self._fd = os.memfd_create("shoal-array", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else None
-        if self._fd is None:  # pragma: no cover - non-Linux
+        if not hasattr(os, "memfd_create"):  # pragma: no cover - non-Linux
             raise OSError("SharedArray needs Linux memfd_create")
+        self._token = uuid.uuid4().hex
+        # the name carries the token: an attacher checks it, because the creator's fd
+        # number is reused once this array is closed (a late task must not map the next one)
+        self._fd = os.memfd_create(f"shoal-{self._token}", os.MFD_CLOEXEC)
         os.ftruncate(self._fd, nbytes)
         self._pid = os.getpid()
         self._origin = (self._pid, self._fd)  # what every handle names, wherever it is re-sent from
-        self._token = uuid.uuid4().hex
         self._map(nbytes)
         if fill is not None:
             self.array[...] = fill
@@ -69,6 +71,20 @@ class SharedArray:
         self._mmap = mmap.mmap(self._fd, nbytes)
         count = int(np.prod(self.shape, dtype=np.int64))
         self.array = np.frombuffer(self._mmap, dtype=self.dtype, count=count).reshape(self.shape)
+
+    @classmethod
+    def per_node(cls, pilot, shape, dtype="float64", *, fill=None) -> SharedArray:
+        """An array shared by the driver and workers of each *node* of ``pilot``.
+
+        Local backend: one ordinary SharedArray (the machine is the one node).
+        dask backend: each node makes its own array of this shape and fill the
+        first time a task carrying the handle reaches it; the nodes' copies are
+        independent (for per-node bookkeeping, such as who is idle there).
+        """
+        make = getattr(getattr(pilot, "_backend", None), "node_array", None)
+        if make is not None:
+            return make(tuple(shape) if not isinstance(shape, int) else (shape,), dtype, fill)
+        return cls(shape, dtype, fill=fill)
 
     @classmethod
     def _attach(cls, token: str, pid: int, fd: int, shape, dtype) -> SharedArray:
@@ -90,6 +106,10 @@ class SharedArray:
             except OSError as exc:
                 raise OSError(f"cannot map the SharedArray of process {pid} (fd {fd}): {exc}; "
                               "it can only be used by that process's shoal workers") from exc
+            if token not in os.readlink(f"/proc/self/fd/{self._fd}"):
+                os.close(self._fd)
+                raise ValueError(f"the SharedArray of process {pid} (fd {fd}) was closed by its "
+                                 "creator: a task must not outlive the arrays it was given")
         self._pid = pid
         self._origin = (pid, fd)
         nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
@@ -143,6 +163,15 @@ class BestCell:
 
     @classmethod
     def for_pilot(cls, pilot, sense: Sense | str = Sense.MAX, *, initial: float | None = None) -> BestCell:
+        """A cell for the tasks of ``pilot``, on every node it spans.
+
+        Local backend: one cell in this machine's shared memory.  dask backend:
+        one replica per node, kept in step through the driver (an improvement
+        reaches the other nodes within milliseconds; docs/dask.md).
+        """
+        make = getattr(getattr(pilot, "_backend", None), "best_cell", None)
+        if make is not None:
+            return make(sense, initial)
         return cls(pilot.workers + 1, sense, initial=initial)
 
     def _me(self) -> int:

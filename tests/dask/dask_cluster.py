@@ -118,3 +118,41 @@ def local_cluster(n_workers: int = 2):
 
     return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                         dashboard_address=None)
+
+
+BACKENDS = ["local", "dask-localcluster", "dask-cli"]
+
+
+class Clusters:
+    """The clusters of one test module (module-scoped fixture), started on first use:
+    ``pilot(kind)`` opens a Pilot on the local backend (2 workers), on dask with a
+    LocalCluster, or on dask with a command-line cluster; each dask worker hosts a node
+    runtime of one shoal worker, so the 2-core test machine is not oversubscribed much."""
+
+    def __init__(self):
+        self.made: dict = {}
+
+    def pilot(self, kind: str):
+        import shoal
+
+        if kind == "local":
+            return shoal.Pilot(2)
+        if kind not in self.made:
+            self.made[kind] = local_cluster(2) if kind == "dask-localcluster" else CliCluster(2)
+        cluster = self.made[kind]
+        if kind == "dask-localcluster":
+            return shoal.Pilot(backend="dask", cluster=cluster, workers=1)
+        return shoal.Pilot(backend="dask", address=cluster.address, workers=1)
+
+    def client(self, kind: str):
+        """A new distributed.Client to the cluster of ``kind`` (close it)."""
+        from distributed import Client
+
+        cluster = self.made[kind]
+        return Client(cluster if kind == "dask-localcluster" else cluster.address,
+                      set_as_default=False)
+
+    def close(self) -> None:
+        for cluster in self.made.values():
+            cluster.close()
+        self.made.clear()

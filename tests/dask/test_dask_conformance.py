@@ -15,46 +15,31 @@ import os
 
 import dask_tasks as t
 import pytest
-from dask_cluster import CliCluster, local_cluster, shoal_workers, wait_until
+from dask_cluster import BACKENDS, Clusters, shoal_workers, wait_until
 
 import shoal
 from shoal.workloads import nqueens
 
-BACKENDS = ["local", "dask-localcluster", "dask-cli"]
-
 
 @pytest.fixture(scope="module")
 def clusters():
-    made = {}
+    made = Clusters()
     yield made
-    for cluster in made.values():
-        cluster.close()
+    made.close()
     assert not shoal_workers(), "shoal workers outlived their clusters"
-
-
-def _pilot(kind, clusters):
-    if kind == "local":
-        return shoal.Pilot(2)
-    if kind == "dask-localcluster":
-        if kind not in clusters:
-            clusters[kind] = local_cluster(2)
-        return shoal.Pilot(backend="dask", cluster=clusters[kind], workers=1)
-    if kind not in clusters:
-        clusters[kind] = CliCluster(2)
-    return shoal.Pilot(backend="dask", address=clusters[kind].address, workers=1)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kind(request, clusters):
     # start the cluster here, at module scope, before the per-test leak check snapshots
     if request.param != "local":
-        _pilot(request.param, clusters).close()
+        clusters.pilot(request.param).close()
     return request.param
 
 
 @pytest.fixture
 def pilot(kind, clusters):
-    with _pilot(kind, clusters) as p:
+    with clusters.pilot(kind) as p:
         yield p
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 

@@ -1,0 +1,321 @@
+"""Shared state across the nodes of a dask pilot: cluster-wide best cells, per-node arrays.
+
+On the local backend a ``BestCell`` or ``SharedArray`` is one memfd that the
+driver and all workers map.  A dask pilot spans hosts, so the two public
+factories mean, on this backend:
+
+* ``BestCell.for_pilot(pilot)`` -> a **ClusterCell**: every node gets its own
+  replica (a plain BestCell in that dask worker's memory, mapped by its shoal
+  workers), and the replicas are kept in step through the driver::
+
+      node A: a worker offers v ─► replica A's slot (lock-free, as locally)
+      node A: sync thread sees max(worker slots) > last published
+              ─► dask worker.log_event(topic, {cell, value})  ─► scheduler
+      driver: topic handler (client event loop) ─► driver copy; if v beats it:
+              client.run(cell_offer, cell, v, wait=False) ─► every node writes v
+              into its replica's slot 0 (the "from elsewhere" slot)
+      driver: cell.offer(v) (e.g. a stop flag) ─► the same broadcast
+
+  A value crosses the cluster in a few milliseconds (two scheduler hops).
+  Values only improve, so replicas converge to the same best whatever the
+  order of messages; a late or duplicated message is a no-op.
+* ``SharedArray.per_node(pilot, shape, dtype, fill)`` -> a **NodeArray**: each
+  node makes its own array (same shape and fill) the first time a task that
+  carries the handle reaches it; nothing is synchronised.  The search engine
+  keeps its per-worker counters there (who is hungry on *this* node).
+
+Replicas are made when dask unpickles a task's arguments in the dask worker
+process (``node_cell`` / ``node_array`` are the unpickling functions; the
+pilot's worker plugin marks the processes that are dask workers — elsewhere,
+e.g. in the scheduler, a handle stays a handle); that process owns the memfd,
+and re-pickling them for its shoal workers yields ordinary handles.  They are dropped when the driver closes the object, when
+the pilot closes (``drop_pilot``), and by an LRU bound.
+
+Rejected: dask's ``Variable``/``Event`` (polled through the scheduler: a round
+trip per read, where a poll must cost nanoseconds); dask pub/sub (deprecated
+in distributed, and a subscriber per node would still need a thread per
+node); letting nodes open each other's memfds (works on one host only — the
+loopback test clusters would hide exactly the multi-host case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+
+from ..runtime.shared import BestCell, Sense, SharedArray
+
+SYNC_S = 0.0005  # how often a node's sync thread looks at its replicas
+SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica
+_MAX_ITEMS = 256  # replicas kept per process (LRU) beyond those closed explicitly
+REMOTE = 0  # the replica slot written with values from other nodes
+
+
+def topic(pilot_token: str) -> str:
+    return f"shoal-cells-{pilot_token}"
+
+
+def _better(sense: Sense, a: float, b: float) -> bool:
+    return a > b if sense is Sense.MAX else a < b
+
+
+# ---------------------------------------------------------------------------
+# driver side
+# ---------------------------------------------------------------------------
+
+
+class ClusterCell(BestCell):
+    """A BestCell of a dask pilot: replicated on every node, improvements broadcast."""
+
+    def __init__(self, hub: CellHub, sense: Sense | str, initial: float | None):
+        # slot 0: the driver's own offers; slot 1: improvements from nodes (event-loop thread)
+        super().__init__(2, sense, initial=initial)
+        self._hub = hub
+        self.token = uuid.uuid4().hex
+
+    def _me(self) -> int:
+        return 0
+
+    def offer(self, value: float) -> bool:
+        better = super().offer(value)
+        if better:
+            self._hub.broadcast(self.token, float(value))
+        return better
+
+    def _from_node(self, value: float) -> bool:
+        """A node's improvement (event-loop thread only); True if it beats every other."""
+        a = self._slots.array
+        if a is None or not _better(self.sense, value, self.value):
+            return False
+        a[1] = value
+        return True
+
+    def __reduce__(self):
+        return (node_cell, (self._hub.pilot_token, self.token, self.sense.value, self.value))
+
+    def close(self) -> None:
+        if self._slots.array is not None:
+            self._hub.forget(self.token)
+        super().close()
+
+
+class NodeArray(SharedArray):
+    """A SharedArray of a dask pilot that each node replaces with its own copy."""
+
+    def __init__(self, hub: CellHub, shape, dtype, fill):
+        super().__init__(shape, dtype, fill=fill)
+        self._hub = hub
+        self._fill = fill
+
+    def __reduce__(self):
+        return (node_array, (self._hub.pilot_token, self._token, self.shape, self.dtype.str,
+                             self._fill))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._hub.forget(self._token)
+        super().close()
+
+
+class CellHub:
+    """The driver's end: makes cells and node arrays, relays improvements between nodes."""
+
+    def __init__(self, client, pilot_token: str):
+        self.client = client
+        self.pilot_token = pilot_token
+        self._cells: dict[str, ClusterCell] = {}
+        self._subscribed = False
+        self._lock = threading.Lock()
+
+    def cell(self, sense, initial) -> ClusterCell:
+        c = ClusterCell(self, sense, initial)
+        with self._lock:
+            self._cells[c.token] = c
+            if not self._subscribed:
+                self.client.subscribe_topic(topic(self.pilot_token), self._on_event)
+                self._subscribed = True
+        return c
+
+    def array(self, shape, dtype, fill) -> NodeArray:
+        return NodeArray(self, shape, dtype, fill)
+
+    def _on_event(self, event) -> None:
+        """A node published an improvement (runs on the client's event-loop thread)."""
+        msg = event[1]
+        cell = self._cells.get(msg.get("cell"))
+        if cell is not None and cell._from_node(float(msg["value"])):
+            coro = self.client.run(cell_offer, cell.token, float(msg["value"]), wait=False,
+                                   asynchronous=True, on_error="ignore")
+            asyncio.ensure_future(coro)
+
+    def broadcast(self, token: str, value: float) -> None:
+        """Send ``value`` to every node's replica (driver threads, not the event loop)."""
+        try:
+            self.client.run(cell_offer, token, value, wait=False, on_error="ignore")
+        except Exception:  # the cluster is going away: nothing left to tell
+            pass
+
+    def forget(self, token: str) -> None:
+        with self._lock:
+            self._cells.pop(token, None)
+        try:
+            if self.client.status == "running":
+                self.client.run(drop, token, wait=False, on_error="ignore")
+        except Exception:  # pragma: no cover - the cluster is going away
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            subscribed, self._subscribed = self._subscribed, False
+            self._cells.clear()
+        if subscribed:
+            try:
+                self.client.unsubscribe_topic(topic(self.pilot_token))
+            except Exception:  # pragma: no cover
+                pass
+
+
+# ---------------------------------------------------------------------------
+# node side (dask worker processes)
+# ---------------------------------------------------------------------------
+
+
+class _Replica:
+    __slots__ = ("pilot", "cell", "array", "last")
+
+    def __init__(self, pilot: str, cell: BestCell | None = None, array: SharedArray | None = None):
+        self.pilot, self.cell, self.array = pilot, cell, array
+        self.last = None if cell is None else cell.value  # last value published
+
+
+_lock = threading.Lock()
+_replicas: OrderedDict[str, _Replica] = OrderedDict()
+_workers: dict[str, object] = {}  # pilot token -> this process's dask Worker (for log_event)
+_sync: threading.Thread | None = None
+
+
+def register_worker(pilot_token: str, worker) -> None:
+    """Remember the dask worker of this process for pilot ``pilot_token`` (plugin setup)."""
+    if worker is not None:
+        _workers[pilot_token] = worker
+
+
+def _keep(token: str, rep: _Replica) -> None:
+    _replicas[token] = rep
+    while len(_replicas) > _MAX_ITEMS:
+        _close(_replicas.popitem(last=False)[1])
+
+
+def _close(rep: _Replica) -> None:
+    (rep.cell or rep.array).close()
+
+
+class _Unplaced:
+    """A handle unpickled outside a dask worker (the scheduler deserialises task
+    arguments too): pickles back to itself, makes no replica there."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, *call):
+        self.call = call
+
+    def __reduce__(self):
+        return self.call
+
+
+def node_cell(pilot_token: str, token: str, sense: str, value: float) -> BestCell:
+    """Unpickling a ClusterCell here: this process's replica (made on first use)."""
+    global _sync
+    if pilot_token not in _workers:
+        return _Unplaced(node_cell, (pilot_token, token, sense, value))
+    with _lock:
+        rep = _replicas.get(token)
+        if rep is None:
+            # slot 0: values from other nodes; slots 1..: this node's workers (by endpoint)
+            rep = _Replica(pilot_token, cell=BestCell((os.cpu_count() or 1) + 2, sense,
+                                                       initial=value))
+            _keep(token, rep)
+            if _sync is None or not _sync.is_alive():
+                _sync = threading.Thread(target=_sync_loop, name="shoal-cell-sync", daemon=True)
+                _sync.start()
+        else:
+            _replicas.move_to_end(token)
+        return rep.cell
+
+
+def node_array(pilot_token: str, token: str, shape, dtype, fill) -> SharedArray:
+    """Unpickling a NodeArray here: this process's own array (made on first use)."""
+    if pilot_token not in _workers:
+        return _Unplaced(node_array, (pilot_token, token, shape, dtype, fill))
+    with _lock:
+        rep = _replicas.get(token)
+        if rep is None:
+            rep = _Replica(pilot_token, array=SharedArray(tuple(shape), dtype, fill=fill))
+            _keep(token, rep)
+        else:
+            _replicas.move_to_end(token)
+        return rep.array
+
+
+async def cell_offer(token: str, value: float) -> None:
+    """A better value from elsewhere (``client.run``, on the dask worker's event loop)."""
+    with _lock:
+        rep = _replicas.get(token)
+        if rep is None or rep.cell is None:
+            return
+        a = rep.cell._slots.array
+        if a is not None and _better(rep.cell.sense, value, a[REMOTE]):
+            a[REMOTE] = value
+
+
+async def drop(token: str) -> None:
+    """The driver closed this cell or array (``client.run``)."""
+    with _lock:
+        rep = _replicas.pop(token, None)
+    if rep is not None:
+        _close(rep)
+
+
+def drop_pilot(pilot_token: str) -> None:
+    """The pilot closed: drop all its replicas in this process."""
+    _workers.pop(pilot_token, None)
+    with _lock:
+        gone = [t for t, r in _replicas.items() if r.pilot == pilot_token]
+        reps = [_replicas.pop(t) for t in gone]
+    for rep in reps:
+        _close(rep)
+
+
+def _sync_loop() -> None:
+    """Publish this node's improvements (daemon thread; exits when idle)."""
+    global _sync
+    idle_since = time.monotonic()
+    while True:
+        time.sleep(SYNC_S)
+        with _lock:
+            cells = [(t, r) for t, r in _replicas.items() if r.cell is not None]
+            if not cells:
+                if time.monotonic() - idle_since > SYNC_IDLE_EXIT_S:
+                    _sync = None
+                    return
+                continue
+            idle_since = time.monotonic()
+            news = []
+            for token, rep in cells:
+                a = rep.cell._slots.array
+                mine = float(a[1:].max() if rep.cell.sense is Sense.MAX else a[1:].min())
+                if _better(rep.cell.sense, mine, rep.last) and _better(rep.cell.sense, mine,
+                                                                       float(a[REMOTE])):
+                    rep.last = mine
+                    news.append((rep.pilot, token, mine))
+        for pilot, token, value in news:
+            worker = _workers.get(pilot)
+            if worker is not None:
+                try:
+                    worker.log_event(topic(pilot), {"cell": token, "value": value})
+                except Exception:  # pragma: no cover - the worker is closing
+                    pass

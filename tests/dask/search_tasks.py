@@ -1,0 +1,100 @@
+"""Search apps for the skeleton tests across backends (module-level, so dask workers and
+shoal workers import them by name: the test clusters put this directory on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import random
+
+OEIS_A000170 = {4: 2, 5: 10, 6: 4, 7: 40, 8: 92, 9: 352, 10: 724}
+
+
+def queens(n: int, node: tuple):
+    """Children of a partial placement (one queen per row, columns in ``node``)."""
+    r = len(node)
+    if r == n:
+        return
+    for c in range(n):
+        if all(c != x and abs(c - x) != r - i for i, x in enumerate(node)):
+            yield node + (c,)
+
+
+def placed(n: int, node: tuple) -> bool:
+    return len(node) == n
+
+
+def knapsack_instance(seed: int, n: int = 24):
+    """(items sorted by value/weight, capacity): weakly correlated, a seeded RNG."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        w = rng.randint(5, 40)
+        items.append((w, max(1, w + rng.randint(-5, 5))))
+    items.sort(key=lambda it: it[1] / it[0], reverse=True)
+    return tuple(items), sum(w for w, _ in items) // 2
+
+
+def knapsack_dp(items, cap: int) -> int:
+    best = [0] * (cap + 1)
+    for w, v in items:
+        for c in range(cap, w - 1, -1):
+            best[c] = max(best[c], best[c - w] + v)
+    return best[cap]
+
+
+class Knapsack:
+    """A 0/1 knapsack as a search: node = (next item, weight, value); take first, then skip."""
+
+    def __init__(self, items, cap: int):
+        self.items, self.cap = items, cap
+
+    def children(self, node):
+        i, w, v = node
+        if i == len(self.items):
+            return []
+        iw, iv = self.items[i]
+        kids = [(i + 1, w + iw, v + iv)] if w + iw <= self.cap else []
+        kids.append((i + 1, w, v))
+        return kids
+
+    def objective(self, node):
+        return node[2]
+
+    def bound(self, node):
+        """Dantzig's fractional bound (items are sorted by value/weight)."""
+        i, w, v = node
+        room = self.cap - w
+        for iw, iv in self.items[i:]:
+            if iw <= room:
+                room -= iw
+                v += iv
+            else:
+                return v + iv * room / iw
+        return v
+
+    def cost(self, node):  # for minimise: the value left out
+        return -node[2]
+
+    def cost_bound(self, node):
+        return -self.bound(node)
+
+
+def needle(node):
+    """A tree where DFS meets the goal early, but every other subtree never ends:
+    root ("r", 0) -> 8 children; child 0 leads to the goal at depth 6, the others are
+    binary trees 60 levels deep (2**60 nodes: only a stop ends them)."""
+    kind, depth = node
+    if kind == "r":
+        return [("g", 1)] + [("x", 1)] * 7
+    if kind == "g":
+        return [("g", depth + 1)] if depth < 6 else []
+    return [("x", depth + 1), ("x", depth + 1)] if depth < 60 else []
+
+
+def is_needle(node) -> bool:
+    return node == ("g", 6)
+
+
+def bad_children(node):
+    if len(node) == 2:
+        raise ValueError("no children here")
+    return [node + (i,) for i in range(3)]

@@ -1,0 +1,168 @@
+"""Skeleton conformance: the search skeletons give the same answers on the local backend,
+on dask with a LocalCluster and on dask with a command-line cluster (two dask workers, one
+shoal worker each, so every search spans two machines' worth of node runtimes); the
+cross-node protocol (cells kept in step through the driver, a stop reaching every node);
+and a dask worker SIGKILLed in the middle of a search."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+import search_tasks as st
+from dask_cluster import BACKENDS, Clusters, local_cluster, shoal_workers, wait_until
+
+import shoal
+from shoal.backends import _dask_cells
+from shoal.patterns import backtracking as bt
+from shoal.patterns import branch_and_bound as bb
+
+COORDS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    made = Clusters()
+    yield made
+    made.close()
+    assert not shoal_workers(), "shoal workers outlived their clusters"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def kind(request, clusters):
+    if request.param != "local":  # start the cluster before the per-test leak check looks
+        clusters.pilot(request.param).close()
+    return request.param
+
+
+@pytest.fixture
+def pilot(kind, clusters):
+    with clusters.pilot(kind) as p:
+        yield p
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
+def _q(n):
+    return functools.partial(st.queens, n), functools.partial(st.placed, n)
+
+
+@pytest.mark.parametrize("coordination", COORDS)
+def test_count_nqueens(pilot, coordination):
+    children, leaf = _q(8)
+    got = bt.count(pilot, (), children, accept=leaf, coordination=coordination, stats=True,
+                   budget=50)
+    assert got == st.OEIS_A000170[8]
+    if pilot.nodes > 1 and coordination != "sequential":
+        assert got.stats.tasks > 1  # the driver split the top of the tree between machines
+
+
+def test_count_all_nodes_and_per_depth(pilot):
+    children, _ = _q(6)
+    got = bt.count(pilot, (), children, stats=True)
+    seq = bt.count(pilot, (), children, coordination="sequential", stats=True)
+    assert got == seq and got.stats.per_depth == seq.stats.per_depth
+    assert sum(got.stats.per_depth) == got
+
+
+def test_find_and_no_solution(pilot):
+    children, leaf = _q(10)
+    hit = bt.find(pilot, (), children, leaf)
+    assert leaf(hit) and list(children(hit)) == []
+    assert all(abs(a - b) != j - i for i, a in enumerate(hit) for j, b in enumerate(hit) if i < j)
+    children3, leaf3 = _q(3)
+    assert bt.find(pilot, (), children3, leaf3) is None
+
+
+def test_solutions_stream(pilot):
+    children, leaf = _q(7)
+    got = sorted(bt.solutions(pilot, (), children, leaf, chunk_nodes=50))
+    assert len(got) == st.OEIS_A000170[7] and len(set(got)) == len(got)
+
+
+@pytest.mark.parametrize("coordination", ["depth-bounded", "stack-stealing", "indexed"])
+def test_maximise_minimise_knapsack(pilot, coordination):
+    items, cap = st.knapsack_instance(seed=3)
+    k = st.Knapsack(items, cap)
+    want = st.knapsack_dp(items, cap)
+    res = bb.maximise(pilot, (0, 0, 0), k.children, k.objective, k.bound,
+                      coordination=coordination, stats=True)
+    assert res.value == want and k.objective(res.node) == want and res.node[1] <= cap
+    low = bb.minimise(pilot, (0, 0, 0), k.children, k.cost, k.cost_bound,
+                      coordination=coordination)
+    assert low.value == -want
+
+
+def test_error_names_the_path(pilot):
+    with pytest.raises(bt.SearchError, match=r"children\(\) raised ValueError.*path \(\d+, \d+\)"):
+        bt.count(pilot, (), st.bad_children)
+
+
+# -- across nodes --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dask_kind(kind):
+    if kind == "local":
+        pytest.skip("a cross-node protocol: dask only")
+    return kind
+
+
+def test_find_stops_every_node(dask_kind, clusters):
+    """The other machines are deep in subtrees that never end: only the stop broadcast
+    (hit on one node -> driver -> every node) lets find() return."""
+    with clusters.pilot(dask_kind) as pilot:
+        assert pilot.nodes == 2
+        got = bt.find(pilot, ("r", 0), st.needle, st.is_needle, stats=True)
+        assert got.node == ("g", 6) and got.path == (0,) * 6
+        assert got.stats.stop_latency_s is not None
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
+def _replica_value(cell) -> float:
+    return cell.value  # unpickled in the dask worker process: that node's replica
+
+
+def _write_worker_slot(cell, value) -> None:
+    cell._slots.array[1] = value  # what a shoal worker's offer() does on that node
+
+
+def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
+    with clusters.pilot(dask_kind) as pilot, clusters.client(dask_kind) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        cell = shoal.BestCell.for_pilot(pilot, "max")
+        assert client.run(_replica_value, cell, workers=[b])[b] == float("-inf")
+        client.run(_write_worker_slot, cell, 5.0, workers=[a])
+        wait_until(lambda: cell.value == 5.0, 10, "node a's improvement to reach the driver")
+        wait_until(lambda: client.run(_replica_value, cell, workers=[b])[b] == 5.0, 10,
+                   "the driver to relay it to node b")
+        assert cell.offer(9.0)  # the driver's own offers go to every node too
+        wait_until(lambda: set(client.run(_replica_value, cell).values()) == {9.0}, 10,
+                   "the driver's offer to reach every node")
+        client.run(_write_worker_slot, cell, 7.0, workers=[b])  # worse: changes nothing
+        assert cell.value == 9.0
+        cell.close()
+        assert _dask_cells.topic(pilot._backend.token).startswith("shoal-cells-")
+
+
+def test_sigkill_dask_worker_mid_search():
+    """A dask worker dies with part of the tree: dask re-runs its group elsewhere, from
+    scratch (a group's count reaches the driver only whole), so the count stays exact."""
+    cluster = local_cluster(2)
+    try:
+        with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
+            children, leaf = _q(10)
+            box = {}
+            th = threading.Thread(target=lambda: box.update(n=bt.count(
+                pilot, (), children, accept=leaf, coordination="indexed")))
+            th.start()
+            wait_until(lambda: len(shoal_workers()) == 2, 30, "both node runtimes")
+            victim = psutil.Process(shoal_workers()[0]).ppid()  # a dask worker process
+            os.kill(victim, signal.SIGKILL)
+            th.join(100)
+            assert box.get("n") == st.OEIS_A000170[10]
+    finally:
+        cluster.close()

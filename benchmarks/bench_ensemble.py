@@ -7,6 +7,12 @@
    ensemble API: tasks/s (untraced run) and the peak traced driver memory
    (a second run under tracemalloc).  About a minute on 2 cores; ``--functions
    10000`` for a quick look.
+3. K ``/bin/true`` executables (default 200) on the local backend (the driver
+   spawns them, 2 cores) vs on a dask pilot (a LocalCluster of 2 worker
+   processes x 1 thread, one shoal worker each, so 2 slots; each executable is
+   a pilot task that a node's shoal worker spawns): tasks/s and the ratio.  The
+   cluster and the pilot start before the clock does, and a warm-up run starts
+   the node runtimes.  ``--only dask --dask-tasks 50`` for a quick look.
 
 For context: RADICAL-EnTK 1.103 ran 512 ``/bin/true`` tasks on a 2-core
 machine in ~155 s (~3 tasks/s).  Quote ratios; the machines are small and noisy.
@@ -72,23 +78,64 @@ def bench_functions(m: int, tmp: str) -> dict:
     return {"rate": rate, "peak_bytes": peak}
 
 
+def bench_dask(k: int, tmp: str) -> dict:
+    from distributed import LocalCluster
+
+    import shoal
+
+    def wf():
+        return Pipeline([Stage([Task(executable="/bin/true") for _ in range(k)])])
+
+    t = time.perf_counter()
+    report = run(wf(), journal=os.path.join(tmp, "dask-local.db"), cores=2)
+    local = k / (time.perf_counter() - t)
+    assert report.ok and report.done == k, report
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
+        warm = run(Pipeline([Stage([Task(executable="/bin/true") for _ in range(4)])]), pilot=pilot,
+                   journal=os.path.join(tmp, "dask-warm.db"))
+        assert warm.ok
+        t = time.perf_counter()
+        report = run(wf(), pilot=pilot, journal=os.path.join(tmp, "dask.db"))
+        remote = k / (time.perf_counter() - t)
+        assert report.ok and report.done == k, report
+        slots = pilot.workers
+    return {"local": local, "dask": remote, "slots": slots}
+
+
+SECTIONS = ("true", "functions", "dask")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=512)
     ap.add_argument("--functions", type=int, default=100_000)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--dask-tasks", type=int, default=200)
+    ap.add_argument("--only", action="append", choices=SECTIONS,
+                    help="run only this section (repeatable); default: all")
     args = ap.parse_args()
+    only = set(args.only or SECTIONS)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = bench_true(args.tasks, args.cores, tmp)
-        print(f"{args.tasks} x /bin/true on {args.cores} cores (journal on):")
-        xargs = rows["xargs"]
-        for name in ("xargs", "subprocess loop", "shoal.ensemble"):
-            print(f"  {name:<16} {rows[name]:8.0f} tasks/s   {rows[name] / xargs:5.2f}x xargs")
-        print(f"  EnTK 1.103 (measured earlier, 2 cores): ~3 tasks/s = {3 / xargs:.3f}x xargs")
-        print(f"  run() to first task start: {rows['first_task_s'] * 1000:.0f} ms")
-        fn = bench_functions(args.functions, tmp)
-        print(f"{args.functions} function tasks through the ensemble API: {fn['rate']:.0f} tasks/s, "
-              f"peak traced driver memory {fn['peak_bytes'] / 1024:.0f} KiB")
+        if "true" in only:
+            rows = bench_true(args.tasks, args.cores, tmp)
+            print(f"{args.tasks} x /bin/true on {args.cores} cores (journal on):")
+            xargs = rows["xargs"]
+            for name in ("xargs", "subprocess loop", "shoal.ensemble"):
+                print(f"  {name:<16} {rows[name]:8.0f} tasks/s   {rows[name] / xargs:5.2f}x xargs")
+            print(f"  EnTK 1.103 (measured earlier, 2 cores): ~3 tasks/s = {3 / xargs:.3f}x xargs")
+            print(f"  run() to first task start: {rows['first_task_s'] * 1000:.0f} ms")
+        if "functions" in only:
+            fn = bench_functions(args.functions, tmp)
+            print(f"{args.functions} function tasks through the ensemble API: {fn['rate']:.0f} tasks/s, "
+                  f"peak traced driver memory {fn['peak_bytes'] / 1024:.0f} KiB")
+        if "dask" in only:
+            d = bench_dask(args.dask_tasks, tmp)
+            print(f"{args.dask_tasks} x /bin/true, ensemble of executables (journal on):")
+            rows = [("local backend (the driver spawns, 2 cores)", d["local"]),
+                    (f"dask backend (LocalCluster, 2 workers, {d['slots']} slots)", d["dask"])]
+            for name, rate in rows:
+                print(f"  {name:<50} {rate:8.0f} tasks/s   {rate / d['local']:5.2f}x local")
 
 
 if __name__ == "__main__":

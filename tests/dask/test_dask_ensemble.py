@@ -21,12 +21,15 @@ gone when the leak check looks.
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
+import dataclasses
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 
 import dask
 import dask_tasks as t
@@ -37,6 +40,7 @@ from dask_cluster import ROOT, CliCluster, local_cluster, shoal_workers, wait_un
 import shoal
 from shoal.ensemble import EnsembleError, FailureKind, Pipeline, Stage, Task, TaskState, run
 from shoal.patterns.ensemble import journal as journal_mod
+from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]
 
@@ -395,3 +399,75 @@ def test_driver_sigkill_then_resume_on_dask(tmp_path):
     ran = collections.Counter(log.read_text().split())
     assert all(ran[uid] == 1 for uid in done_at_kill), ran
     assert set(ran) == {f"p.s.t{i}" for i in range(30)}
+
+
+# -- the node side and the engine's dask path without a cluster -------------------------------
+
+
+def test_run_executable_outcomes(tmp_path):
+    def spec(name, line, **kw):
+        return ExecSpec(uid=f"p.s.{name}", executable="/bin/sh", arguments=("-c", line),
+                        sandbox=str(tmp_path / name), cwd=str(tmp_path), **kw)
+
+    ok = run_executable(spec("ok", "echo hi; echo $SHOAL_TASK > f", outputs=("f",)))
+    assert (ok.ended, ok.exit_code, ok.failure) == (Ended.EXITED, 0, None)
+    assert ok.outputs == (str(tmp_path / "ok" / "f"),) and (tmp_path / "ok/f").read_text() == "p.s.ok\n"
+    bad = run_executable(spec("bad", "echo no >&2; exit 4"))
+    assert (bad.ended, bad.exit_code, bad.stderr_tail) == (Ended.EXITED, 4, "no\n")
+    slow = run_executable(spec("slow", "sleep 10", timeout=0.2))
+    assert (slow.ended, slow.exit_code) == (Ended.TIMED_OUT, -9)
+    late = run_executable(spec("late", "sleep 10", walltime_at=time.time() + 0.2))
+    assert (late.ended, late.exit_code) == (Ended.WALLTIME, -9)
+    nostdin = run_executable(spec("nostdin", "cat", stdin=str(tmp_path / "nope")))
+    assert (nostdin.ended, nostdin.failure) == (Ended.NOT_STARTED, FailureKind.STAGING)
+    noout = run_executable(spec("noout", "true", outputs=("x",)))
+    assert (noout.ended, noout.exit_code, noout.failure) == (Ended.EXITED, 0, FailureKind.STAGING)
+
+
+class ThreadPilot:
+    """A stand-in dask pilot: pilot tasks on threads of this process.  ``skew`` moves the
+    walltime the nodes see earlier (a node clock ahead of the driver's); ``refuse`` makes
+    submit raise (a cluster gone)."""
+
+    backend = shoal.BackendKind.DASK
+    workers = 2
+
+    def __init__(self, skew: float = 0.0, refuse: bool = False):
+        self.pool = cf.ThreadPoolExecutor(2)
+        self.skew, self.refuse = skew, refuse
+
+    def submit(self, fn, *args, **kwargs):
+        if self.refuse:
+            raise shoal.BackendUnavailable("the dask client is closed")
+        if fn is run_executable and self.skew and args[0].walltime_at is not None:
+            args = (dataclasses.replace(args[0], walltime_at=args[0].walltime_at - self.skew),)
+        return self.pool.submit(fn, *args, **kwargs)
+
+    def close(self):
+        self.pool.shutdown()
+
+
+def test_node_kills_at_the_walltime_first(tmp_path):
+    """A node whose clock runs ahead kills its program at the walltime before the driver
+    gets there: the task is PENDING again (not failed), the run drained, a resume finishes."""
+    journal = str(tmp_path / "run.db")
+    pilot = ThreadPilot(skew=0.6)
+    try:
+        first = run(Pipeline([Stage([sh(f"t{i}", "sleep 10") for i in range(2)], name="s")], name="p"),
+                    pilot=pilot, journal=journal, walltime=1.0)
+        assert first.drained and first.counts.get(TaskState.PENDING) == 2 and first.failed == 0
+        assert first.wall_s < 5
+        again = run(Pipeline([Stage([sh(f"t{i}", "true") for i in range(2)], name="s")], name="p"),
+                    pilot=pilot, journal=journal, resume=True)
+        assert again.ok and again.done == 2
+    finally:
+        pilot.close()
+
+
+def test_submit_refused_is_a_spawn_failure(tmp_path):
+    pilot = ThreadPilot(refuse=True)
+    report = run(Pipeline([Stage([sh("a", "true")], name="s")], name="p"), pilot=pilot,
+                 journal=str(tmp_path / "run.db"))
+    (failure,) = report.failures
+    assert failure["kind"] is FailureKind.SPAWN
+    assert failure["reason"].startswith("cannot submit to the dask pilot: BackendUnavailable")

@@ -3,6 +3,7 @@
 Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
 ``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
 write-ahead state), ``launcher`` (sandboxes, staging, Popen, reaping),
+``remote`` (executables as pilot tasks on the nodes of a dask pilot),
 ``report`` (Results/StageContext/Report), ``walker`` (pipelines, stages,
 the stage barrier), ``engine`` (the driver loop: place, launch, reap), and
 ``commands`` (``shoal run`` / ``shoal status``, the progress line) with
@@ -65,6 +66,12 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     tasks may be placed on.  ``walltime`` (seconds or '2h'): stop starting
     tasks that cannot finish in time, drain, and leave the journal resumable.
     ``sandbox``: root of the per-task directories (default ``<journal>.sandbox``).
+
+    On a dask pilot (``pilot.backend is BackendKind.DASK``) executables run on
+    the cluster's nodes as pilot tasks, ``cores`` is a number of slots
+    (default ``pilot.workers``), ``gpus`` is refused, ``memory`` is tracked only
+    when given, and sandboxes and inputs must be on a filesystem the nodes
+    share with the driver; the journal stays here (docs/ensemble.md).
     """
     from .engine import Engine
 

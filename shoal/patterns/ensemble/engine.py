@@ -50,6 +50,7 @@ import contextlib
 import fcntl
 import os
 import select
+import threading
 import time
 from collections.abc import Callable
 
@@ -132,6 +133,8 @@ class Engine(Walker):
         self.by_pidfd: dict[int, _Item] = {}
         self.finished_futures: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
+        self.wake_lock = threading.Lock()
+        self.wake_closed = False
         for fd in (self.wake_r, self.wake_w):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
             os.set_inheritable(fd, False)
@@ -366,12 +369,18 @@ class Engine(Walker):
         fut.add_done_callback(self._on_future)
 
     def _on_future(self, fut) -> None:
-        """Runs on the pilot's result thread: hand over and wake the loop (never blocks)."""
+        """Runs on the pilot's result thread: hand over and wake the loop (never blocks).
+
+        A future may settle after the run ended (cancelled at the walltime, or killed on its
+        node then): the lock and the closed flag keep it from writing into a reused fd."""
         self.finished_futures.append(fut)
-        try:
-            os.write(self.wake_w, b"x")
-        except OSError:
-            pass
+        with self.wake_lock:
+            if self.wake_closed:
+                return
+            try:
+                os.write(self.wake_w, b"x")
+            except OSError:
+                pass
 
     # -- waiting and reaping ----------------------------------------------------------
     def _wait(self) -> None:
@@ -561,9 +570,11 @@ class Engine(Walker):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.by_pidfd.clear()
-        for fd in (self.wake_r, self.wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self.wake_lock:
+            self.wake_closed = True
+            for fd in (self.wake_r, self.wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         if self.pilot is not None and self.pilot is not self.user_pilot:
             self.pilot.close(cancel_pending=True)
         self.pilot = None

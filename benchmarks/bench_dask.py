@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/bench_dask.py [--tasks 20000] [--queens 12] [--submits 2000] [--repeat 2]
+                                    [--search-queens 14] [--uts T3] [--no-search]
 
 On one LocalCluster (2 worker processes x 1 thread, the shape of this 2-core machine):
 
@@ -13,6 +14,11 @@ On one LocalCluster (2 worker processes x 1 thread, the shape of this 2-core mac
   the dask backend vs the local backend -- the per-task cost of each.
 * ``nqueens``: ``shoal.workloads.nqueens.count_parallel(pilot, 12)`` -- one root task
   whose spawned tree stays on one node -- on the dask backend vs the local backend.
+* ``search``: N-Queens 14 and UTS T3 through the search skeleton
+  (``backtracking.count``: on two nodes the driver splits the top of the tree into
+  groups, one dask task each, and the incumbent/stop cells span the nodes) and UTS T3
+  through ``uts.count_parallel`` (one root task, its spawned tree on one node), on the
+  dask backend vs the local backend.  Timed once each (they take seconds).
 
 Every pool is started and warmed before it is timed; each timing is the best of
 ``--repeat`` runs; every result is checked.
@@ -21,6 +27,7 @@ Every pool is started and warmed before it is timed; each timing is the best of
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import pathlib
 import sys
@@ -31,11 +38,25 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 import shoal  # noqa: E402
-from shoal.workloads import nqueens  # noqa: E402
+from shoal.patterns import backtracking  # noqa: E402
+from shoal.workloads import nqueens, uts  # noqa: E402
 
 
 def inc(x):
     return x + 1
+
+
+def queens_children(n, node):
+    """Rows placed so far -> the safe placements of the next row (as examples/search_nqueens)."""
+    r = len(node)
+    if r < n:
+        for c in range(n):
+            if all(c != x and abs(c - x) != r - i for i, x in enumerate(node)):
+                yield node + (c,)
+
+
+def placed(n, node):
+    return len(node) == n
 
 
 def best(fn, repeat):
@@ -53,6 +74,9 @@ def main(argv=None):
     ap.add_argument("--submits", type=int, default=2000)
     ap.add_argument("--queens", type=int, default=12)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--search-queens", type=int, default=14)
+    ap.add_argument("--uts", default="T3", help="a UTS tree of shoal.workloads.uts.PUBLISHED")
+    ap.add_argument("--no-search", action="store_true", help="skip the search rows")
     args = ap.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     from distributed import Client, LocalCluster
@@ -91,6 +115,7 @@ def main(argv=None):
         t_lsub = best(lambda: submits(lpilot), args.repeat)
         t_dq = best(lambda: queens(dpilot), args.repeat)
         t_lq = best(lambda: queens(lpilot), args.repeat)
+        search = [] if args.no_search else search_rows(args, dpilot, lpilot)
 
     rows.append((f"{n:,} tiny tasks: shoal-on-dask map vs plain dask client.map+gather",
                  f"{n / t_dmap:,.0f}/s vs {n / t_plain:,.0f}/s", t_plain / t_dmap))
@@ -101,10 +126,40 @@ def main(argv=None):
                  t_lsub / t_dsub))
     rows.append((f"N-Queens {args.queens} (count_parallel), dask backend vs local backend",
                  f"{t_dq * 1e3:,.0f} ms vs {t_lq * 1e3:,.0f} ms", t_lq / t_dq))
+    rows += search
     print("| workload | rates / times | ratio (higher: dask backend / shoal-on-dask faster) |")
     print("|---|---|---|")
     for what, detail, ratio in rows:
         print(f"| {what} | {detail} | {ratio:.2f}x |")
+
+
+def search_rows(args, dpilot, lpilot) -> list:
+    """N-Queens and UTS through the skeleton, UTS through its spawn tree: dask vs local."""
+    q = args.search_queens
+    q_kids = functools.partial(queens_children, q)
+    params = uts.UTSParams.preset(args.uts)
+    u_want = {**uts.PUBLISHED, **uts.DERIVED}[args.uts].nodes
+    u_kids = functools.partial(uts.children, params)
+    cases = [(f"N-Queens {q} (backtracking.count)",
+              lambda p: backtracking.count(p, (), q_kids, accept=functools.partial(placed, q)),
+              nqueens.OEIS_A000170[q])]
+    cases.append((f"UTS {args.uts} (backtracking.count)",
+                  lambda p: backtracking.count(p, uts.root(params), u_kids), u_want))
+    cases.append((f"UTS {args.uts} (uts.count_parallel, one spawn tree)",
+                  lambda p: uts.count_parallel(p, params), u_want))
+    rows = []
+    for what, run, want in cases:
+        times = {}
+        for name, pilot in (("dask", dpilot), ("local", lpilot)):
+            t0 = time.perf_counter()
+            got = run(pilot)
+            times[name] = time.perf_counter() - t0
+            assert got == want, (what, name, got, want)
+        rows.append((f"{what}, dask backend vs local backend",
+                     f"{times['dask']:.2f} s vs {times['local']:.2f} s",
+                     times["local"] / times["dask"]))
+        print(f"  {what}: dask {times['dask']:.2f} s, local {times['local']:.2f} s", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

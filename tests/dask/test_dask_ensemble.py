@@ -243,10 +243,12 @@ def test_walltime_drain_then_resume_on_dask(kind, clusters, tmp_path):
     with _pilot(kind, clusters) as p:
         first = run(workflow(), pilot=p, journal=journal, walltime=1.5)
         assert first.drained and 0 < first.done < 16
+        done_first = _done(journal)
         second = run(workflow(), pilot=p, journal=journal, resume=True)
     assert second.ok and second.done == 16
-    ran = log.read_text().split()
-    assert sorted(ran) == sorted(f"p.s.t{i}" for i in range(16))  # each ran to its end once
+    ran = collections.Counter(log.read_text().split())
+    assert set(ran) == {f"p.s.t{i}" for i in range(16)}
+    assert all(ran[uid] == 1 for uid in done_first), ran  # DONE before the resume: not run again
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
@@ -351,7 +353,7 @@ LOG = {log!r}
 
 workflow = Pipeline([Stage([Task(executable="/bin/sh", name=f"t{{i}}",
                                  arguments=["-c", f"sleep 0.2; echo $SHOAL_TASK >> {{LOG}}"])
-                            for i in range(30)], name="s")], name="p")
+                            for i in range(20)], name="s")], name="p")
 '''
 
 
@@ -381,24 +383,24 @@ def test_driver_sigkill_then_resume_on_dask(tmp_path):
              "--dask", cluster.scheduler_address, "--workers", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
         try:
-            wait_until(lambda: len(_done(journal)) >= 6 or driver.poll() is not None, 60,
+            wait_until(lambda: len(_done(journal)) >= 4 or driver.poll() is not None, 60,
                        "the driver to finish some tasks")
             os.kill(driver.pid, signal.SIGKILL)
         finally:
             driver.wait(30)
         assert driver.returncode == -signal.SIGKILL
         done_at_kill = _done(journal)
-        assert 6 <= len(done_at_kill) < 30, "the kill should land mid-run"
+        assert 4 <= len(done_at_kill) < 20, "the kill should land mid-run"
         from shoal.patterns.ensemble.commands import load_workflow
 
         with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
             report = run(load_workflow(str(wf)), pilot=pilot, journal=str(journal), resume=True)
     finally:
         cluster.close()
-    assert report.ok and report.done == 30
+    assert report.ok and report.done == 20
     ran = collections.Counter(log.read_text().split())
     assert all(ran[uid] == 1 for uid in done_at_kill), ran
-    assert set(ran) == {f"p.s.t{i}" for i in range(30)}
+    assert set(ran) == {f"p.s.t{i}" for i in range(20)}
 
 
 # -- the node side and the engine's dask path without a cluster -------------------------------

@@ -38,9 +38,10 @@ What runs where: the node's environment (``os.environ`` of the shoal
 worker, so the node's PATH) plus the task's; the executable is found on the
 node; relative executable paths and sandboxes are paths of the driver,
 assumed to name the same files on the node (a shared filesystem mounted at the
-same place; on one machine they are the same files).  The process may use all
-CPUs of its dask worker (the driver cannot see node CPUs to pin to);
-``OMP_NUM_THREADS`` is the task's ``cores``.
+same place; on one machine they are the same files).  The process gets the
+CPU affinity of its dask worker process, not its shoal worker's single CPU
+(the driver cannot see node CPUs to pin to); ``OMP_NUM_THREADS`` is the
+task's ``cores``.
 
 Rejected alternatives: spawning in the driver on dask too (the programs would
 all run on the driver's machine); ``run_executable`` in the dask worker's own
@@ -210,9 +211,9 @@ def _kill_group(pid: int) -> None:
 
 
 def _child_setup():
-    """A ``preexec_fn`` for the executable: SIGKILL it when this shoal worker dies, and let it
-    use every CPU of its dask worker (a shoal worker is pinned to one CPU, which the child
-    would otherwise inherit).  Everything it calls is resolved here, before the fork."""
+    """A ``preexec_fn`` for the executable: SIGKILL it when this shoal worker dies, and give
+    it the CPU affinity of the process hosting the node runtime (the dask worker; a shoal
+    worker is pinned to one CPU, which the child would otherwise inherit).  Everything it calls is resolved here, before the fork."""
     parent = os.getpid()
     try:
         cpus = os.sched_getaffinity(os.getppid())  # the dask worker's slice of the host

@@ -45,44 +45,27 @@ not public API); reading the incumbent at every node (a few us each).
 
 from __future__ import annotations
 
-import enum
-import math
-import numbers
-import pickle
 import sys
 import time
-from dataclasses import dataclass, field
 from itertools import islice
 
 import shoal
 
 from ._portable import unwrap
+from ._search_model import (  # noqa: F401 - re-exported for the drivers
+    Coordination,
+    Goal,
+    SearchError,
+    SearchStats,
+    Spec,
+    Tally,
+    _Stopped,
+    check_picklable,
+    coordination_of,
+    number,
+)
 
 __all__ = ["Coordination", "SearchError", "SearchStats"]
-
-
-class Coordination(enum.Enum):
-    """How a search is split into tasks (see the module docstring)."""
-
-    SEQUENTIAL = "sequential"
-    DEPTH_BOUNDED = "depth-bounded"
-    BUDGET = "budget"
-    STACK_STEALING = "stack-stealing"
-    INDEXED = "indexed"
-
-
-class Goal(enum.Enum):
-    COUNT = "count"
-    FIND = "find"
-    OPTIMISE = "optimise"
-
-
-class SearchError(shoal.ShoalError):
-    """A user function (children, accept, goal, objective, bound) failed at a node; names its path."""
-
-
-class _Stopped(Exception):
-    """Internal: the stop flag is set; unwind this task."""
 
 
 SPAWNED, STARTED, ACTIVE, STOP = range(4)
@@ -99,134 +82,6 @@ _nesting = 0  # search tasks nested in joins on this worker's stack
 def max_nesting() -> int:
     """Search tasks a worker may nest in joins before it stops splitting (bounds the stack)."""
     return max(4, min(256, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
-
-
-def coordination_of(value) -> Coordination:
-    if isinstance(value, Coordination):
-        return value
-    try:
-        return Coordination(value)
-    except ValueError:
-        choices = ", ".join(repr(c.value) for c in Coordination)
-        raise ValueError(f"unknown coordination={value!r}; choose one of {choices}") from None
-
-
-def number(value, what: str, path) -> float:
-    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node."""
-    t = type(value)
-    if t is int or t is float:
-        if value != value:
-            raise TypeError(f"{what} returned NaN at node path {path}; it must return a number")
-        return value
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    raise TypeError(f"{what} returned {value!r} ({t.__name__}) at node path {path}; "
-                    "it must return a real number (int or float)")
-
-
-def check_picklable(node, path, why: str) -> None:
-    try:
-        pickle.dumps(node, 5)
-    except Exception:
-        try:
-            import cloudpickle
-
-            cloudpickle.dumps(node)
-        except Exception as exc:
-            raise SearchError(f"the node at path {path} cannot be pickled ({why}): {exc!r}; "
-                              "make nodes picklable, or use coordination='indexed'") from None
-
-
-@dataclass(frozen=True)
-class Spec:
-    """Everything a search task needs (pickled with every stolen task)."""
-
-    root: object
-    children: object
-    goal: Goal
-    control: object  # Pinned(SharedArray)
-    coordination: Coordination = Coordination.STACK_STEALING
-    accept: object = None  # COUNT: which nodes count; FIND: the goal
-    objective: object = None
-    bound: object = None
-    negate: bool = False  # minimise: values are negated inside
-    cell: object = None  # Pinned(BestCell) (always "max" of the possibly negated values)
-    stop: object = None  # Pinned(BestCell): > 0 once the search must stop, on every node
-    initial: float = -math.inf
-    prune_level: bool = True
-    ordered: bool = False
-    spawn_depth: int = 2
-    budget: int = 10_000
-    per_depth: bool = False
-    collect: bool = False  # COUNT: keep accepted nodes (solutions())
-
-
-@dataclass
-class Tally:
-    """What a task found; tasks' tallies merge up the join tree."""
-
-    count: int = 0
-    nodes: int = 0
-    pruned: int = 0
-    tasks: int = 1
-    splits: int = 0
-    per_depth: list = field(default_factory=list)
-    best: float = -math.inf
-    best_path: tuple | None = None
-    best_node: object = None
-    t_first: float | None = None
-    t_best: float | None = None
-    updates: int = 0
-    found: tuple | None = None  # (path, node)
-    t_hit: float | None = None
-    found_nodes: list | None = None
-
-    def merge(self, o: Tally) -> None:
-        self.count += o.count
-        self.nodes += o.nodes
-        self.pruned += o.pruned
-        self.tasks += o.tasks
-        self.splits += o.splits
-        self.updates += o.updates
-        if o.per_depth:
-            pd = self.per_depth
-            if len(pd) < len(o.per_depth):
-                pd.extend([0] * (len(o.per_depth) - len(pd)))
-            for d, k in enumerate(o.per_depth):
-                pd[d] += k
-        if o.best_path is not None and (self.best_path is None or o.best > self.best
-                                        or (o.best == self.best and o.best_path < self.best_path)):
-            self.best, self.best_path, self.best_node = o.best, o.best_path, o.best_node
-            self.t_best = o.t_best
-        if o.t_first is not None and (self.t_first is None or o.t_first < self.t_first):
-            self.t_first = o.t_first
-        if o.found is not None and (self.found is None or o.t_hit < self.t_hit):
-            self.found, self.t_hit = o.found, o.t_hit
-        if o.found_nodes:
-            if self.found_nodes is None:
-                self.found_nodes = []
-            self.found_nodes.extend(o.found_nodes)
-
-
-@dataclass(frozen=True)
-class SearchStats:
-    """What a search did.  Times are seconds since the search began."""
-
-    coordination: Coordination
-    workers: int
-    nodes: int  # nodes visited (B&B: bounded and not pruned)
-    pruned: int = 0  # B&B: nodes cut by the bound (prune_level siblings not included)
-    tasks: int = 1  # search tasks run
-    splits: int = 0  # tasks spawned by the skeleton
-    per_depth: tuple = ()  # nodes visited per depth (stats=True)
-    steals_local: int = 0  # pilot.stats() deltas over the search
-    steals_remote: int = 0
-    elapsed_s: float = 0.0
-    first_incumbent_s: float | None = None
-    final_incumbent_s: float | None = None
-    incumbent_updates: int = 0
-    stop_latency_s: float | None = None  # find(): hit -> driver has the answer
-    work_inflation: float | None = None  # B&B: nodes / reference_nodes when given
 
 
 def _slot(array) -> int:

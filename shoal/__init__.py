@@ -26,7 +26,7 @@ from .pilot import Pilot
 from .runtime import context as _context
 from .runtime.api import BackendKind
 from .runtime.future import Future
-from .runtime.shared import BestCell, Sense, SharedArray
+from .runtime.shared import BestCell, Channel, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
 
 
@@ -87,6 +87,7 @@ __all__ = [
     "WorkerInfo",
     "SharedArray",
     "BestCell",
+    "Channel",
     "Sense",
     "topology",
     "Topology",

@@ -9,7 +9,7 @@ import shoal
 
 EXPECTED = {
     "Pilot", "Future", "spawn", "current_worker", "WorkerInfo", "topology", "Topology",
-    "NumaNode", "BackendKind", "SharedArray", "BestCell", "Sense", "ShoalError",
+    "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
     "RemoteTraceback", "BackendUnavailable",
 }

@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import time
 import uuid
 from collections import OrderedDict
 
-from ..runtime.shared import BestCell, Sense, SharedArray
+from ..runtime.shared import BestCell, Channel, Sense, SharedArray
 
-SYNC_S = 0.0005  # how often a node's sync thread looks at its replicas
+SYNC_S = 0.002  # how often a node's sync thread looks at its replicas
 SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica
 _MAX_ITEMS = 256  # replicas kept per process (LRU) beyond those closed explicitly
 REMOTE = 0  # the replica slot written with values from other nodes
@@ -121,24 +122,57 @@ class NodeArray(SharedArray):
         super().close()
 
 
+class DriverChannel(Channel):
+    """A Channel of a dask pilot: each node has its own slots, which its sync thread
+    empties and forwards (``log_event``); ``get()`` takes what has reached the driver."""
+
+    def __init__(self, hub: CellHub, size: int):
+        self.size = size
+        self._hub = hub
+        self.token = uuid.uuid4().hex
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, blob: bytes) -> bool:
+        raise RuntimeError("a dask pilot's Channel is written by tasks, read by the driver")
+
+    def get(self) -> list[bytes]:
+        out = []
+        while True:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def __reduce__(self):
+        return (node_channel, (self._hub.pilot_token, self.token, self.size))
+
+    def close(self) -> None:
+        self._hub.forget(self.token)
+
+
 class CellHub:
     """The driver's end: makes cells and node arrays, relays improvements between nodes."""
 
     def __init__(self, client, pilot_token: str):
         self.client = client
         self.pilot_token = pilot_token
-        self._cells: dict[str, ClusterCell] = {}
+        self._cells: dict[str, ClusterCell | DriverChannel] = {}
         self._subscribed = False
         self._lock = threading.Lock()
 
-    def cell(self, sense, initial) -> ClusterCell:
-        c = ClusterCell(self, sense, initial)
+    def _register(self, obj):
         with self._lock:
-            self._cells[c.token] = c
+            self._cells[obj.token] = obj
             if not self._subscribed:
                 self.client.subscribe_topic(topic(self.pilot_token), self._on_event)
                 self._subscribed = True
-        return c
+        return obj
+
+    def cell(self, sense, initial) -> ClusterCell:
+        return self._register(ClusterCell(self, sense, initial))
+
+    def channel(self, size: int) -> DriverChannel:
+        return self._register(DriverChannel(self, size))
 
     def array(self, shape, dtype, fill) -> NodeArray:
         return NodeArray(self, shape, dtype, fill)
@@ -147,6 +181,10 @@ class CellHub:
         """A node published an improvement (runs on the client's event-loop thread)."""
         msg = event[1]
         cell = self._cells.get(msg.get("cell"))
+        if "blob" in msg:  # a Channel message
+            if cell is not None:
+                cell._inbox.put(msg["blob"])
+            return
         if cell is not None and cell._from_node(float(msg["value"])):
             coro = self.client.run(cell_offer, cell.token, float(msg["value"]), wait=False,
                                    asynchronous=True, on_error="ignore")
@@ -185,10 +223,11 @@ class CellHub:
 
 
 class _Replica:
-    __slots__ = ("pilot", "cell", "array", "last")
+    __slots__ = ("pilot", "cell", "array", "channel", "last")
 
-    def __init__(self, pilot: str, cell: BestCell | None = None, array: SharedArray | None = None):
-        self.pilot, self.cell, self.array = pilot, cell, array
+    def __init__(self, pilot: str, cell: BestCell | None = None, array: SharedArray | None = None,
+                 channel: Channel | None = None):
+        self.pilot, self.cell, self.array, self.channel = pilot, cell, array, channel
         self.last = None if cell is None else cell.value  # last value published
 
 
@@ -211,7 +250,14 @@ def _keep(token: str, rep: _Replica) -> None:
 
 
 def _close(rep: _Replica) -> None:
-    (rep.cell or rep.array).close()
+    (rep.cell or rep.array or rep.channel).close()
+
+
+def _start_sync() -> None:
+    global _sync
+    if _sync is None or not _sync.is_alive():
+        _sync = threading.Thread(target=_sync_loop, name="shoal-cell-sync", daemon=True)
+        _sync.start()
 
 
 class _Unplaced:
@@ -229,7 +275,6 @@ class _Unplaced:
 
 def node_cell(pilot_token: str, token: str, sense: str, value: float) -> BestCell:
     """Unpickling a ClusterCell here: this process's replica (made on first use)."""
-    global _sync
     if pilot_token not in _workers:
         return _Unplaced(node_cell, (pilot_token, token, sense, value))
     with _lock:
@@ -239,9 +284,7 @@ def node_cell(pilot_token: str, token: str, sense: str, value: float) -> BestCel
             rep = _Replica(pilot_token, cell=BestCell((os.cpu_count() or 1) + 2, sense,
                                                        initial=value))
             _keep(token, rep)
-            if _sync is None or not _sync.is_alive():
-                _sync = threading.Thread(target=_sync_loop, name="shoal-cell-sync", daemon=True)
-                _sync.start()
+            _start_sync()
         else:
             _replicas.move_to_end(token)
         return rep.cell
@@ -259,6 +302,21 @@ def node_array(pilot_token: str, token: str, shape, dtype, fill) -> SharedArray:
         else:
             _replicas.move_to_end(token)
         return rep.array
+
+
+def node_channel(pilot_token: str, token: str, size: int) -> Channel:
+    """Unpickling a DriverChannel here: this node's slots (made on first use)."""
+    if pilot_token not in _workers:
+        return _Unplaced(node_channel, (pilot_token, token, size))
+    with _lock:
+        rep = _replicas.get(token)
+        if rep is None:
+            rep = _Replica(pilot_token, channel=Channel((os.cpu_count() or 1) + 2, size))
+            _keep(token, rep)
+            _start_sync()
+        else:
+            _replicas.move_to_end(token)
+        return rep.channel
 
 
 async def cell_offer(token: str, value: float) -> None:
@@ -291,31 +349,35 @@ def drop_pilot(pilot_token: str) -> None:
 
 
 def _sync_loop() -> None:
-    """Publish this node's improvements (daemon thread; exits when idle)."""
+    """Publish this node's cell improvements and Channel messages (daemon thread; exits
+    when idle)."""
     global _sync
     idle_since = time.monotonic()
     while True:
         time.sleep(SYNC_S)
         with _lock:
-            cells = [(t, r) for t, r in _replicas.items() if r.cell is not None]
-            if not cells:
+            live = [(t, r) for t, r in _replicas.items() if r.array is None]
+            if not live:
                 if time.monotonic() - idle_since > SYNC_IDLE_EXIT_S:
                     _sync = None
                     return
                 continue
             idle_since = time.monotonic()
             news = []
-            for token, rep in cells:
+            for token, rep in live:
+                if rep.channel is not None:
+                    news += [(rep.pilot, {"cell": token, "blob": b}) for b in rep.channel.get()]
+                    continue
                 a = rep.cell._slots.array
                 mine = float(a[1:].max() if rep.cell.sense is Sense.MAX else a[1:].min())
                 if _better(rep.cell.sense, mine, rep.last) and _better(rep.cell.sense, mine,
                                                                        float(a[REMOTE])):
                     rep.last = mine
-                    news.append((rep.pilot, token, mine))
-        for pilot, token, value in news:
+                    news.append((rep.pilot, {"cell": token, "value": mine}))
+        for pilot, msg in news:
             worker = _workers.get(pilot)
             if worker is not None:
                 try:
-                    worker.log_event(topic(pilot), {"cell": token, "value": value})
+                    worker.log_event(topic(pilot), msg)
                 except Exception:  # pragma: no cover - the worker is closing
                     pass

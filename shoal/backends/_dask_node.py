@@ -16,11 +16,14 @@ Data flow (one dask task)::
   that runtime; an *idle reaper* stops a runtime no task used for
   ``cfg.idle_timeout`` seconds (a driver that died without closing leaves
   nothing behind for long).  A later task starts a fresh runtime.
-* Admission: a task *secedes* from dask's thread pool while the node runs
-  fewer tasks than it has shoal workers, so one dask thread can feed a node of
-  many shoal workers; past that it holds its dask slot, which makes the dask
-  scheduler queue further root tasks centrally and hand them to whichever node
-  frees a slot first (cross-node balancing at the granularity of dask tasks).
+* Admission: a task *secedes* from dask's thread pool while the node has
+  more idle shoal workers than the dask worker has threads, so one dask thread
+  can feed a node of many shoal workers; the last tasks hold their dask slots,
+  so a node whose shoal workers are all busy looks full to the scheduler, which
+  keeps further root tasks centrally and hands them to whichever node frees a
+  slot first (cross-node balancing at the granularity of dask tasks).  Rejected:
+  seceding while the node has any idle worker — the scheduler then queues a
+  task behind the busy workers, where it waits while another node idles.
 * Errors: the exception from the node keeps its type; the shoal worker's
   traceback text rides along in the exception's ``__dict__`` (which pickle
   keeps) as ``_shoal_remote_tb``, because dask drops ``__cause__``.
@@ -148,15 +151,30 @@ def node_runtime(cfg: NodeConfig) -> _Node:
 
 
 def _enter(node: _Node) -> bool:
-    """Count a task in; True when it should leave dask's thread pool (the node has room)."""
+    """Count a task in; True when it should leave dask's thread pool.
+
+    The last ``threads`` tasks a node can run keep their dask slots: once every
+    shoal worker has a task, the dask worker looks full to the scheduler, which
+    then holds further tasks centrally instead of queueing them behind busy
+    workers here (where they would wait while another node idles)."""
+    threads = _dask_threads()
     with _lock:
         node.inflight += 1
         node.tasks += 1
         node.last_used = time.monotonic()
-        room = node.inflight <= node.backend.n
+        room = node.inflight <= node.backend.n - threads
         if room:
             node.seceded += 1
         return room
+
+
+def _dask_threads() -> int:
+    try:
+        from distributed import get_worker
+
+        return max(1, get_worker().state.nthreads)
+    except (ImportError, ValueError, AttributeError):  # not in a dask task (unit tests)
+        return 1
 
 
 def _leave(node: _Node) -> None:

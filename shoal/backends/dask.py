@@ -188,6 +188,10 @@ class DaskBackend:
         """``BestCell.for_pilot``: one replica per node, improvements broadcast."""
         return self.hub.cell(sense, initial)
 
+    def channel(self, size: int):
+        """``Channel.for_pilot``: each node's slots forwarded to the driver."""
+        return self.hub.channel(size)
+
     def node_array(self, shape, dtype, fill) -> NodeArray:
         """``SharedArray.per_node``: each node makes its own copy."""
         return self.hub.array(shape, dtype, fill)

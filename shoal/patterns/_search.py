@@ -45,6 +45,8 @@ not public API); reading the incumbent at every node (a few us each).
 
 from __future__ import annotations
 
+import pickle
+import random
 import sys
 import time
 from itertools import islice
@@ -68,7 +70,7 @@ from ._search_model import (  # noqa: F401 - re-exported for the drivers
 __all__ = ["Coordination", "SearchError", "SearchStats"]
 
 
-SPAWNED, STARTED, ACTIVE, STOP = range(4)
+SPAWNED, STARTED, ACTIVE, STOP, EXPORTED = range(5)
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop cell (the cross-node stop flag)
 TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
@@ -116,6 +118,8 @@ class Explorer:
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.cell = None if spec.cell is None else spec.cell.obj
         self.stop_cell = None if spec.stop is None else spec.stop.obj
+        self.channel = None if spec.channel is None else spec.channel.obj
+        self.exporting: list | None = None  # collects what split() ships, while exporting
         self.polls = 0
         w = shoal.current_worker()
         self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
@@ -228,6 +232,9 @@ class Explorer:
                 if self.stop_cell.value > 0:  # stopped elsewhere (another node, the driver)
                     self.ctl[self.me, STOP] = 1
                     raise _Stopped
+                if (self.channel is not None and self.split_ok
+                        and self.spec.requests.obj.value > sum(r[EXPORTED] for r in rows)):
+                    self.export_level(iters, idx)
         cell = self.cell
         if cell is not None:
             g = cell.value
@@ -300,15 +307,53 @@ class Explorer:
         return False
 
     def ship(self, node, path) -> None:
-        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed)."""
+        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed);
+        while exporting, send it to the driver for another machine instead."""
         if self.spec.coordination is Coordination.INDEXED:
             node = None
         else:
             check_picklable(node, path, "a split-off subtree may be stolen by another process")
+        if self.exporting is not None:
+            self.exporting.append((node, path))
+            return
+        self._spawn(node, path)
+
+    def _spawn(self, node, path) -> None:
         a = self.ctl
         a[self.me, SPAWNED] += 1
         self.futs.append(shoal.spawn(task, self.spec, node, path))
         self.tally.splits += 1
+
+    def export_level(self, iters, idx) -> None:
+        """Another machine ran dry: give it the unexplored siblings of our shallowest open
+        level, in one Channel message (if the slot is still full or the message too big,
+        they are spawned here instead)."""
+        self.exporting = []
+        try:
+            self.split(iters, idx, 1, whole_level=True)
+        finally:
+            units, self.exporting = self.exporting, None
+        if units and not self.export(units):
+            for node, path in units:
+                self._spawn(node, path)
+
+    def export(self, units: list) -> bool:
+        """Put the subtrees in the Channel; False: the slot is still full or it is too big."""
+        uid = random.getrandbits(62)
+        try:
+            blob = pickle.dumps((uid, units), 5)
+        except Exception:
+            import cloudpickle
+
+            blob = cloudpickle.dumps((uid, units))
+        if len(blob) > self.channel.size or not self.channel.put(blob):
+            return False
+        self.ctl[self.me, EXPORTED] += 1
+        t = self.tally
+        if t.exports is None:
+            t.exports = []
+        t.exports.append(uid)
+        return True
 
     # -- the depth-first loop --------------------------------------------------------
 

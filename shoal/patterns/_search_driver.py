@@ -9,6 +9,7 @@ submits the root task, turns an interruption into the stop flag, and builds
 from __future__ import annotations
 
 import concurrent.futures as cf
+import pickle
 import time
 
 import shoal
@@ -33,6 +34,7 @@ STOP_WAIT_S = 10.0  # how long an interrupted search waits for its tasks to unwi
 UNITS_PER_NODE = 16  # a pilot of several machines: subtrees the driver opens per machine ...
 GROUPS_PER_NODE = 4  # ... dealt into this many tasks per machine (dask spreads the tasks)
 MAX_SPLIT_DEPTH = 8  # the driver expands at most this many levels
+EXPORT_POLL_S = 0.002  # the driver's loop over results and exports (several machines)
 
 
 def validate(pilot, children, coordination, spawn_depth: int, budget: int) -> Coordination:
@@ -64,30 +66,40 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     check_picklable(root, (), "the root is sent to a worker")
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
-    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 4), "int64", fill=0)
-    cells = []
+    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 5), "int64", fill=0)
+    owned = [ctl]
     try:
         stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-        cells.append(stop)
-        cell = None
+        owned.append(stop)
+        cell = chan = requests = None
         if goal is Goal.OPTIMISE:
             cell = shoal.BestCell.for_pilot(pilot, "max", initial=spec_kw.get("initial"))
-            cells.append(cell)
+            owned.append(cell)
+        split = pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
+        if split:  # subtrees move between machines on request (see _run_split)
+            chan = shoal.Channel.for_pilot(pilot)
+            requests = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+            owned += [chan, requests]
         for key in ("accept", "objective", "bound"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
+        def pin(x):
+            return None if x is None else Pinned(x)
+
         spec = Spec(root=root, children=portable(children), goal=goal, control=Pinned(ctl),
-                    cell=None if cell is None else Pinned(cell), stop=Pinned(stop),
+                    cell=pin(cell), stop=Pinned(stop), channel=pin(chan), requests=pin(requests),
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
         t0 = time.monotonic()
-        tally = _run(pilot, spec, ctl, stop)
+        if split:
+            tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests)
+        else:
+            tally, exported = _wait(pilot, [pilot.submit(task, spec, root, ())], ctl, stop), 0
         t_end = time.monotonic()
         after = _steals(pilot) if stats else (0, 0)
     finally:
-        ctl.close()
-        for c in cells:
-            c.close()
+        for obj in owned:
+            obj.close()
 
     def rel(t):
         return None if t is None else max(0.0, t - t0)
@@ -101,36 +113,101 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         incumbent_updates=tally.updates,
         stop_latency_s=None if tally.t_hit is None else max(0.0, t_end - tally.t_hit),
         work_inflation=(tally.nodes / reference_nodes) if reference_nodes else None,
+        exported=exported,
     )
     return tally, st
 
 
-def _run(pilot, spec: Spec, ctl, stop) -> Tally:
-    """Submit the search and wait: one root task, or on a pilot of several machines the
-    driver's split of the top levels in groups (``top_split``), one task per group."""
-    nodes = pilot.nodes if spec.coordination is not Coordination.SEQUENTIAL else 1
-    if nodes > 1:
-        tally, groups = top_split(spec, ctl, UNITS_PER_NODE * nodes, GROUPS_PER_NODE * nodes)
-        futs = [pilot.submit(units_task, spec, g) for g in groups]
-    else:
-        tally, futs = Tally(tasks=0), [pilot.submit(task, spec, spec.root, ())]
-    pending = set(futs)
+def _wait(pilot, futs: list, ctl, stop) -> Tally:
+    """Merge the tallies of ``futs``; on an error or an interruption stop every task."""
+    tally, pending = Tally(tasks=0), set(futs)
     try:
         while pending:
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for f in done:
-                part = f.result()
-                tally.merge(part)
-                if part.found is not None:
-                    stop.offer(1.0)  # a find() hit: stop the other groups
+                tally.merge(f.result())
         return tally
     except BaseException:
-        ctl.array[0, STOP] = 1  # every task unwinds at its next poll
-        stop.offer(1.0)
-        # (no cancel() first: a cancelled driver future never counts as done for wait())
-        _, late = cf.wait(pending, timeout=STOP_WAIT_S)
-        for f in late:
-            f.cancel()
+        _stop_all(ctl, stop, pending)
+        raise
+
+
+def _stop_all(ctl, stop, pending) -> None:
+    ctl.array[0, STOP] = 1  # every task unwinds at its next poll
+    stop.offer(1.0)
+    # (no cancel() first: a cancelled driver future never counts as done for wait())
+    _, late = cf.wait(pending, timeout=STOP_WAIT_S)
+    for f in late:
+        f.cancel()
+
+
+def _run_split(pilot, spec: Spec, ctl, stop, chan, requests) -> tuple[Tally, int]:
+    """A search over several machines: (merged Tally, subtrees exported).
+
+    The driver splits the top of the tree into groups (``top_split``), one task each;
+    dask hands them to machines as they free up.  When fewer tasks are left than the
+    pilot has workers, a machine is running dry: the driver raises ``requests``, and
+    every busy machine's next poll gives its shallowest open subtree away through
+    ``chan`` (``Explorer.export``); the driver submits each as a new task.
+
+    Counting stays exact when a machine dies: dask re-runs a lost task from scratch,
+    so the subtrees that attempt exported are explored again by the re-run.  A
+    task's Tally lists the ids it exported, and only exports listed by a counted
+    Tally are counted (orphans of a lost attempt are dropped); the search ends when
+    the groups are done and every listed export is in.
+    """
+    tally, groups = top_split(spec, ctl, UNITS_PER_NODE * pilot.nodes,
+                              GROUPS_PER_NODE * pilot.nodes)
+    if tally.found is not None:
+        return tally, 0
+    uid_of = {pilot.submit(units_task, spec, g): None for g in groups}  # None: a group
+    pending = set(uid_of)
+    held: dict[int, Tally] = {}  # finished exports not (yet) listed by a counted Tally
+    wanted: set[int] = set()  # listed by a counted Tally, not finished yet
+    asked = received = 0
+    stopping = False
+
+    def count(part: Tally) -> None:
+        tally.merge(part)
+        for uid in part.exports or ():
+            later = held.pop(uid, None)
+            if later is None:
+                wanted.add(uid)
+            else:
+                count(later)
+
+    try:
+        while pending or (wanted and not stopping):
+            done, pending = cf.wait(pending, timeout=EXPORT_POLL_S,
+                                    return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                part, uid = f.result(), uid_of.pop(f)
+                if part.found is not None and not stopping:
+                    stopping = True  # a find() hit: stop the others
+                    stop.offer(1.0)
+                if uid is None:
+                    count(part)
+                elif uid in wanted:
+                    wanted.discard(uid)
+                    count(part)
+                else:
+                    held[uid] = part
+            for blob in chan.get():
+                uid, units = pickle.loads(blob)
+                received += 1
+                if not stopping:
+                    f = pilot.submit(units_task, spec, units)
+                    uid_of[f] = uid
+                    pending.add(f)
+            if not stopping and len(pending) <= pilot.workers and asked <= received:
+                asked += 1
+                requests.offer(asked)
+        if stopping:  # found: what was held may hold nothing better than the hit
+            for part in held.values():
+                tally.merge(part)
+        return tally, received
+    except BaseException:
+        _stop_all(ctl, stop, pending)
         raise
 
 

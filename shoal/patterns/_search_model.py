@@ -92,6 +92,8 @@ class Spec:
     negate: bool = False  # minimise: values are negated inside
     cell: object = None  # Pinned(BestCell) (always "max" of the possibly negated values)
     stop: object = None  # Pinned(BestCell): > 0 once the search must stop, on every node
+    channel: object = None  # Pinned(Channel): subtrees given away to other nodes (exports)
+    requests: object = None  # Pinned(BestCell): exports the driver has asked each node for
     initial: float = -math.inf
     prune_level: bool = True
     ordered: bool = False
@@ -120,6 +122,7 @@ class Tally:
     found: tuple | None = None  # (path, node)
     t_hit: float | None = None
     found_nodes: list | None = None
+    exports: list | None = None  # ids of the subtrees given away through the Channel
 
     def merge(self, o: Tally) -> None:
         self.count += o.count
@@ -146,6 +149,10 @@ class Tally:
             if self.found_nodes is None:
                 self.found_nodes = []
             self.found_nodes.extend(o.found_nodes)
+        if o.exports:
+            if self.exports is None:
+                self.exports = []
+            self.exports.extend(o.exports)
 
 
 @dataclass(frozen=True)
@@ -167,3 +174,4 @@ class SearchStats:
     incumbent_updates: int = 0
     stop_latency_s: float | None = None  # find(): hit -> driver has the answer
     work_inflation: float | None = None  # B&B: nodes / reference_nodes when given
+    exported: int = 0  # subtrees moved between machines on request (dask pilots)

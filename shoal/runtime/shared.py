@@ -204,3 +204,60 @@ class BestCell:
 
     def __repr__(self) -> str:
         return f"<shoal.BestCell {self.sense.value} {self.value}>"
+
+
+_HEADER = 3  # int64 words in front of each Channel slot: sequence, acknowledged, length
+
+
+class Channel:
+    """Small messages from tasks to the driver: one slot per process, lock-free.
+
+    ``put(blob)`` (in a task) fills this worker's slot, or returns False while
+    the driver has not yet taken the previous message from it; ``get()`` (in
+    the driver) takes every waiting message.  A slot's words each have one
+    writer: the worker bumps *sequence* after writing the bytes, the driver
+    sets *acknowledged* = *sequence* after copying them out.  On a dask pilot
+    each node has its own slots, which the node forwards to the driver.
+    """
+
+    def __init__(self, slots: int, size: int = 1 << 15):
+        self.size = size
+        self._board = SharedArray((slots, 8 * _HEADER + size), "uint8", fill=0)
+
+    @classmethod
+    def for_pilot(cls, pilot, size: int = 1 << 15) -> Channel:
+        make = getattr(getattr(pilot, "_backend", None), "channel", None)
+        if make is not None:
+            return make(size)
+        return cls(pilot.workers + 1, size)
+
+    def _words(self, row: int):
+        return self._board.array[row, :8 * _HEADER].view("int64")
+
+    def put(self, blob: bytes) -> bool:
+        """Send ``blob`` (at most ``size`` bytes); False if the slot is still full."""
+        if len(blob) > self.size:
+            raise ValueError(f"a Channel message holds at most {self.size} bytes, got {len(blob)}")
+        worker = context.worker
+        row = 0 if worker is None else worker.ep % self._board.shape[0]
+        h = self._words(row)
+        if h[0] != h[1]:
+            return False
+        self._board.array[row, 8 * _HEADER:8 * _HEADER + len(blob)] = memoryview(blob)
+        h[2] = len(blob)
+        h[0] += 1  # publish after the bytes
+        return True
+
+    def get(self) -> list[bytes]:
+        """Take the waiting messages (driver side; never blocks)."""
+        out = []
+        a = self._board.array
+        for row in range(a.shape[0]):
+            h = self._words(row)
+            if h[0] != h[1]:
+                out.append(bytes(a[row, 8 * _HEADER:8 * _HEADER + int(h[2])]))
+                h[1] = h[0]
+        return out
+
+    def close(self) -> None:
+        self._board.close()

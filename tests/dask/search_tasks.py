@@ -98,3 +98,17 @@ def bad_children(node):
     if len(node) == 2:
         raise ValueError("no children here")
     return [node + (i,) for i in range(3)]
+
+
+def lopsided(node):
+    """40 subtrees under the root: the first a complete binary tree 20 levels deep
+    (2**20 - 1 nodes, about a second of work), the others single nodes -- one machine
+    gets nearly all the work unless subtrees move between machines."""
+    if node == ():
+        return [(i,) for i in range(40)]
+    if node[0] != 0 or len(node) > 19:
+        return []
+    return [node + (0,), node + (1,)]
+
+
+LOPSIDED_NODES = 1 + 40 + (2 ** 20 - 2)

@@ -122,6 +122,17 @@ def test_find_stops_every_node(dask_kind, clusters):
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
+@pytest.mark.parametrize("coordination", ["stack-stealing", "indexed"])
+def test_subtrees_move_to_an_idle_machine(dask_kind, clusters, coordination):
+    """One group holds nearly the whole tree: once the others are done the driver asks,
+    the busy machine gives its shallowest open level away, and the count stays exact."""
+    with clusters.pilot(dask_kind) as pilot:
+        got = bt.count(pilot, (), st.lopsided, coordination=coordination, stats=True)
+        assert got == st.LOPSIDED_NODES
+        assert got.stats.exported >= 1
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
 def _replica_value(cell) -> float:
     return cell.value  # unpickled in the dask worker process: that node's replica
 

@@ -209,3 +209,8 @@ def big_children(n, size):
     """Children with big arguments, so stolen ones cross the (smaller) worker rings in fragments."""
     futs = [shoal.spawn(len, bytes(size)) for _ in range(n)]
     return sum(f.result() for f in futs)
+
+
+def channel_put(chan, blobs):
+    """Put each blob into the Channel; the list of put() answers."""
+    return [chan.put(b) for b in blobs]

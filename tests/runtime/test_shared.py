@@ -49,3 +49,19 @@ def test_bad_shapes():
         shoal.SharedArray((-1, 2))
     with pytest.raises(ValueError):
         shoal.BestCell(3, "sideways")
+
+
+def test_channel_tasks_to_driver():
+    with shoal.Pilot(2) as pilot:
+        chan = shoal.Channel.for_pilot(pilot, size=64)
+        try:
+            # one slot per worker: the second put waits for the driver to take the first
+            assert pilot.submit(t.channel_put, chan, [b"one", b"two"]).result(30) == [True, False]
+            assert chan.get() == [b"one"]
+            assert chan.get() == []
+            assert pilot.submit(t.channel_put, chan, [b"three"]).result(30) == [True]
+            assert chan.get() == [b"three"]
+            with pytest.raises(ValueError, match="at most 64 bytes"):
+                pilot.submit(t.channel_put, chan, [b"x" * 65]).result(30)
+        finally:
+            chan.close()

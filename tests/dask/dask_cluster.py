@@ -74,15 +74,16 @@ def wait_until(cond, timeout: float = 20.0, what: str = "condition") -> None:
 class CliCluster:
     """`dask scheduler` + ``n`` x `dask worker --nworkers 1 --nthreads 1` as OS processes."""
 
-    def __init__(self, n_workers: int = 2):
+    def __init__(self, n_workers: int = 2, worker_args=()):
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.scheduler = _start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                  "--port", str(self.port), "--no-dashboard"])
         self.workers = [
             _start(["distributed.cli.dask_worker", self.address, "--nworkers", "1",
-                    "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"])
-            for _ in range(n_workers)]
+                    "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
+                    *[a(i) if callable(a) else a for a in worker_args]])
+            for i in range(n_workers)]
         try:
             from distributed import Client
 

@@ -115,3 +115,24 @@ def test_options_are_checked():
         shoal.Pilot(backend="dask", address="tcp://x:1", provider="slurm")
     with pytest.raises(ValueError, match="topology"):
         shoal.Pilot(backend="dask", address="tcp://x:1", topology="2x2")
+
+
+@pytest.mark.timeout(90)
+def test_worker_lifetime_drains_without_losing_work():
+    """What provider= sets for a walltime: dask retires a worker at its --lifetime (here
+    3 s into a map of about 5 s) and the nanny starts a fresh one; the map's batches on
+    the retiring worker run again elsewhere, and every result is there, once."""
+    from distributed import Client
+
+    cluster = CliCluster(2, worker_args=["--lifetime", lambda i: "3s" if i == 0 else "600s",
+                                         "--lifetime-restart"])
+    try:
+        with Client(cluster.address, set_as_default=False) as client:
+            before = set(client.scheduler_info()["workers"])
+            with shoal.Pilot(backend="dask", address=cluster.address, workers=1) as pilot:
+                got = list(pilot.map(t.slow_item, range(600), [0.015] * 600))
+                assert got == [x * x for x in range(600)]
+            wait_until(lambda: set(client.scheduler_info()["workers"]) - before, 30,
+                       "the retired worker's replacement")
+    finally:
+        cluster.close()

@@ -67,7 +67,9 @@ def leak_check(request):
     assert not (_shoal_threads() - threads), f"test left threads: {_shoal_threads() - threads}"
     new_shm = {n for n in _shm() - shm if n.startswith(("psm_", "shoal", "wnsm_"))}
     assert not new_shm, f"test left /dev/shm segments: {new_shm}"
-    assert _fds() <= fds + 2, f"test leaked file descriptors: {fds} before, {_fds()} after"
+    slack = request.node.get_closest_marker("fd_slack")
+    slack = slack.args[0] if slack else 2
+    assert _fds() <= fds + slack, f"test leaked file descriptors: {fds} before, {_fds()} after"
 
 
 def run_script(code: str, timeout: float = 60, env: dict | None = None):

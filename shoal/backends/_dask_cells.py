@@ -159,13 +159,28 @@ class CellHub:
         self._cells: dict[str, ClusterCell | DriverChannel] = {}
         self._subscribed = False
         self._lock = threading.Lock()
+        self.on_lent = None  # the Balancer's handler of {"lent": id, "ok", "value"} messages
+        self._pinged = threading.Event()
+
+    def subscribe(self, timeout: float = 10.0) -> None:
+        """Subscribe to the pilot's topic and wait until the scheduler has it: an event
+        published before the subscription arrives reaches nobody.  The handshake: ping
+        the topic until the ping comes back."""
+        with self._lock:
+            if self._subscribed:
+                return
+            self._subscribed = True
+        self.client.subscribe_topic(topic(self.pilot_token), self._on_event)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            # (log_event is an RPC of its own: it may overtake the subscription; ping again)
+            self.client.log_event(topic(self.pilot_token), {"ping": 1})
+            if self._pinged.wait(0.02):
+                return
 
     def _register(self, obj):
         with self._lock:
             self._cells[obj.token] = obj
-            if not self._subscribed:
-                self.client.subscribe_topic(topic(self.pilot_token), self._on_event)
-                self._subscribed = True
         return obj
 
     def cell(self, sense, initial) -> ClusterCell:
@@ -180,6 +195,13 @@ class CellHub:
     def _on_event(self, event) -> None:
         """A node published an improvement (runs on the client's event-loop thread)."""
         msg = event[1]
+        if "ping" in msg:
+            self._pinged.set()
+            return
+        if "lent" in msg:
+            if self.on_lent is not None:
+                self.on_lent(msg)
+            return
         cell = self._cells.get(msg.get("cell"))
         if "blob" in msg:  # a Channel message
             if cell is not None:
@@ -348,6 +370,16 @@ def drop_pilot(pilot_token: str) -> None:
         _close(rep)
 
 
+def publish(pilot_token: str, msg: dict) -> None:
+    """Send ``msg`` (msgpack-able) to the pilot's driver on its topic (any thread)."""
+    worker = _workers.get(pilot_token)
+    if worker is not None:
+        try:
+            worker.log_event(topic(pilot_token), msg)
+        except Exception:  # pragma: no cover - the worker is closing
+            pass
+
+
 def _sync_loop() -> None:
     """Publish this node's cell improvements and Channel messages (daemon thread; exits
     when idle)."""
@@ -375,9 +407,4 @@ def _sync_loop() -> None:
                     rep.last = mine
                     news.append((rep.pilot, {"cell": token, "value": mine}))
         for pilot, msg in news:
-            worker = _workers.get(pilot)
-            if worker is not None:
-                try:
-                    worker.log_event(topic(pilot), msg)
-                except Exception:  # pragma: no cover - the worker is closing
-                    pass
+            publish(pilot, msg)

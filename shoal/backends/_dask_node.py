@@ -49,9 +49,12 @@ from dataclasses import dataclass
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .._errors import SerializationError
+from ..runtime import wire
 from ..runtime.mapping import TARGET_S, map_iter
+from ..runtime.shared import portable_dumps
 from ..runtime.topology import topology as get_topology
-from ._dask_cells import drop_pilot, register_worker
+from ._dask_cells import drop_pilot, publish, register_worker
 from .local import LocalBackend
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
@@ -206,7 +209,10 @@ def _tag(exc: BaseException) -> None:
 def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: float | None):
     """A dask task: run ``fn(*args, **kwargs)`` on this node's shoal runtime (dask worker)."""
     node = node_runtime(cfg)
-    fn = node.function(blob)
+    return _run(node, node.function(blob), args, kwargs, timeout)
+
+
+def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None):
     if _enter(node):
         _secede()
     try:
@@ -238,6 +244,122 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
         raise
     finally:
         _leave(node)
+
+
+# -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask.py) --
+
+
+def export_spawned(token: str) -> list[tuple]:
+    """``client.run`` on a busy node: lend spawned tasks for another machine.
+
+    The node runtime steals as endpoint 0 (half of every worker's deque, oldest
+    first); each task whose arguments can leave this machine (no SharedArray,
+    BestCell, ... of this node in them: ``portable_dumps``) is returned as
+    ``(task id, function blob or None, payload, inline)``, the rest run here after
+    all.  A returned task is owed a ``deliver_result``: its owner waits for it.
+    """
+    with _lock:
+        node = _nodes.get(token)
+    if node is None:
+        return []
+    out, back = [], []
+    for msg in node.backend.export():
+        item = _portable(node, msg)
+        if item is None:
+            back.append(msg)
+        else:
+            out.append(item)
+    if back:
+        node.backend.give_back(back)
+    return out
+
+
+def _portable(node: _Node, msg: bytes) -> tuple | None:
+    flags, fn_id, tid = wire.decode_task_header(msg)
+    body = bytes(memoryview(msg)[wire.TASK_HDR.size:])
+    try:
+        if flags & wire.Flag.INLINE_FN:
+            obj, blob = wire.pickle.loads(body), None
+        else:
+            fn = node.backend.function_of(fn_id)
+            if fn is None:
+                return None
+            obj, blob = (fn, wire.pickle.loads(body)), cloudpickle.dumps(fn)
+    except Exception:
+        return None
+    if portable_dumps(obj) is None:
+        return None
+    return tid, blob, body, bool(flags & wire.Flag.INLINE_FN)
+
+
+async def run_lent(cfg: NodeConfig, lid: int, blob: bytes | None, body: bytes,
+                   inline: bool) -> None:
+    """``client.run`` on an idle node: run a task lent by another machine.
+
+    Not a dask task: one would need a free dask thread, and the lending node's
+    root task (waiting in a join for this one) may hold the only one there is.
+    A thread starts the task on this node's runtime and returns; the result is
+    published on the pilot's topic (``lent_done``) for the driver to hand back.
+    """
+    threading.Thread(target=_start_lent, args=(cfg, lid, blob, body, inline),
+                     name="shoal-lent", daemon=True).start()
+
+
+def _start_lent(cfg: NodeConfig, lid: int, blob, body: bytes, inline: bool) -> None:
+    try:
+        node = node_runtime(cfg)
+        if inline:
+            fn, args, kwargs = wire.pickle.loads(body)
+        else:
+            fn = node.function(blob)
+            args, kwargs = wire.pickle.loads(body)
+        with _lock:
+            node.inflight += 1
+            node.last_used = time.monotonic()
+        fut = node.backend.submit(fn, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 - it travels back to the task's owner
+        _lent_done(cfg.token, lid, False, exc)
+        return
+
+    def done(f):
+        with _lock:
+            node.inflight -= 1
+            node.last_used = time.monotonic()
+        try:
+            _lent_done(cfg.token, lid, True, f.result())
+        except BaseException as exc:  # noqa: BLE001
+            _lent_done(cfg.token, lid, False, exc)
+
+    fut.add_done_callback(done)
+
+
+def _lent_done(token: str, lid: int, ok: bool, value) -> None:
+    try:
+        blob = cloudpickle.dumps(value)
+    except Exception as exc:
+        ok, blob = False, cloudpickle.dumps(SerializationError(
+            f"cannot pickle the result of a lent task ({type(value).__name__}): {exc!r}"))
+    publish(token, {"lent": lid, "ok": ok, "value": blob})
+
+
+def node_load(token: str) -> tuple[int, int]:
+    """``client.run``: (shoal workers, how many of them are hungry) of this node's runtime;
+    (0, 0) when it has none."""
+    with _lock:
+        node = _nodes.get(token)
+    if node is None or node.backend.closing:
+        return 0, 0
+    return node.backend.n, node.backend.hungry()
+
+
+def deliver_result(token: str, task_id: int, ok: bool, blob: bytes) -> bool:
+    """``client.run`` on the lending node: the (pickled) result of a task it lent."""
+    with _lock:
+        node = _nodes.get(token)
+    if node is None:
+        return False
+    node.backend.deliver(task_id, ok, cloudpickle.loads(blob))
+    return True
 
 
 def probe() -> tuple[str, tuple[int, ...]]:

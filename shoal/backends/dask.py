@@ -65,6 +65,7 @@ from .._errors import (
 )
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
+from ._dask_balance import Balancer
 from ._dask_cells import CellHub, ClusterCell, NodeArray
 from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
 from ._dask_provider import Provider, make_cluster
@@ -149,6 +150,8 @@ class DaskBackend:
             self._release()
             raise
         self.hub = CellHub(self.client, self.token)
+        self.hub.subscribe()  # before any task: node events (cells, lent results) come on it
+        self.balancer = Balancer(self)
         self.topology = None  # each host has its own; see stats()
         self.closing = False
         self.closed = False
@@ -244,6 +247,7 @@ class DaskBackend:
             self._pending[key] = (fut, dfut)
             self.counters["submitted"] += 1
         dfut.add_done_callback(self._on_done)
+        self.balancer.kick()
         return fut
 
     def _blob(self, fn) -> bytes:
@@ -357,7 +361,8 @@ class DaskBackend:
                     workers.append({**w, "dask_worker": addr})
         with self._lock:
             driver = {**self.counters, "outstanding": len(self._pending)}
-        driver.update(dask_workers=len(nodes), scheduler=self._scheduler_address())
+        driver.update(dask_workers=len(nodes), scheduler=self._scheduler_address(),
+                      moved=self.balancer.moved)
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
     def _scheduler_address(self) -> str | None:
@@ -378,6 +383,7 @@ class DaskBackend:
         else:
             cf.wait(futs)
         self.closed = True
+        self.balancer.close()
         self.hub.close()
         try:
             if self.client.status == "running":

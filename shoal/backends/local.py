@@ -59,7 +59,10 @@ from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
 from ..runtime.worker import (
     _ATOMIC,
+    POKE,
     STATUS_DEPTH,
+    STATUS_HUNGRY,
+    STATUS_PID,
     STATUS_RUNNING,
     STATUS_SLOTS,
     has_futures,
@@ -132,6 +135,10 @@ class LocalBackend:
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
         self.stats_cond = threading.Condition()
+        self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
+        self.loot_wait: set[int] = set()  # ... and the workers yet to answer
+        self.loot_cond = threading.Condition()
+        self.export_lock = threading.Lock()
         self.closing = False
         self.closed = False
         self.deaths = 0
@@ -323,6 +330,13 @@ class LocalBackend:
             self.fn_ids[id(fn)] = (fn_id, fn)
         return fn_id
 
+    def function_of(self, fn_id: int):
+        """The function sent to the workers under ``fn_id`` (None if unknown)."""
+        for fid, fn in list(self.fn_ids.values()):
+            if fid == fn_id:
+                return fn
+        return None
+
     def _send(self, ep: int, msg: bytes, wake: bool = True) -> None:
         """Send to a worker (lock held).  What does not fit waits in the outbox; the pump
         flushes it, so the pump must not sleep through it: ring its doorbell."""
@@ -466,6 +480,63 @@ class LocalBackend:
             with self.stats_cond:
                 self.stats_replies[ep] = wire.decode_control(msg)
                 self.stats_cond.notify_all()
+        elif kind == Kind.LOOT:
+            victim, msgs = wire.decode_control(msg)
+            with self.loot_cond:
+                waited = victim in self.loot_wait
+                if waited:
+                    self.loot_wait.discard(victim)
+                    self.loot.extend(msgs)
+                    self.loot_cond.notify_all()
+            if msgs and not waited:  # an answer after export() gave up: run it here
+                self.give_back(msgs)
+
+    # -- lending spawned work to another machine (the dask backend's balancer) -----------
+
+    def export(self, timeout: float = 1.0) -> list[bytes]:
+        """Steal spawned tasks as endpoint 0: every worker gives half its deque (spawned
+        tasks only, oldest first: the biggest subtrees).  Returns their TASK messages,
+        now lent to endpoint 0: ``deliver`` each one's result, or ``give_back`` the
+        message; their owners wait for them.  Any thread; one export at a time."""
+        with self.export_lock:
+            with self.lock:
+                if self.closing:
+                    return []
+                with self.loot_cond:
+                    self.loot, self.loot_wait = [], set(self.endpoints)
+                for ep in self.endpoints:
+                    self._send(ep, wire.encode_control(Kind.STEAL, [0, 0]))
+                    pid = self.matrix.status(ep)[STATUS_PID]
+                    if pid and not self.out[ep].doorbell.sleeping:
+                        try:
+                            os.kill(pid, POKE)  # deep in a task: answer from the signal handler
+                        except OSError:
+                            pass
+            deadline = time.monotonic() + timeout
+            with self.loot_cond:
+                while self.loot_wait and deadline > time.monotonic():
+                    self.loot_cond.wait(deadline - time.monotonic())
+                got, self.loot, self.loot_wait = self.loot, [], set()
+            return got
+
+    def hungry(self) -> int:
+        """Workers that found nothing to steal and wait for work (status words; any thread)."""
+        return sum(1 for ep in self.endpoints if self.matrix.status(ep)[STATUS_HUNGRY])
+
+    def give_back(self, msgs: list[bytes]) -> None:
+        """Run exported TASK messages here after all (any worker; results go to owners)."""
+        with self.lock:
+            if self.closing:
+                return
+            for m in msgs:
+                self._send(self.placement.choose() + 1, m)
+
+    def deliver(self, task_id: int, ok: bool, value) -> None:
+        """The result of an exported task, from another machine: to the task's owner."""
+        msg = wire.encode_result(task_id, value) if ok else wire.encode_error(task_id, value)
+        with self.lock:
+            if not self.closing and (task_id >> wire.OWNER_SHIFT) in self.out:
+                self._send(task_id >> wire.OWNER_SHIFT, msg)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()

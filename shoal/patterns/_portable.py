@@ -3,8 +3,7 @@
 ``portable(fn)`` wraps a function defined in ``__main__`` so it travels by value
 (workers have another ``__main__``); ``unwrap`` takes the wrapper off once per
 task, so the search's hot loop calls the bare function.  ``Pinned`` ships an
-object (a SharedArray or BestCell) as the driver pickled it, whoever re-sends
-it.  Split out of ``_search`` so the engine module stays about one concept.
+object (a SharedArray or BestCell) wherever it is re-sent.  Split out of ``_search`` so the engine module stays about one concept.
 """
 
 from __future__ import annotations
@@ -43,28 +42,26 @@ class _ByValue:
 
 
 class Pinned:
-    """A SharedArray or BestCell that always re-pickles as the driver pickled it.
+    """A SharedArray, BestCell or Channel in a Spec, pickled afresh wherever it is re-sent.
 
-    Works around shoal's SharedArray handle, which a worker re-pickles with its
-    own fd number (a task stolen from a worker then maps the wrong file); the
-    driver's pickle names the driver's fd, valid for every worker.
+    Handles name their creator, so a re-pickled handle maps the same memory on this
+    machine; on a dask node, re-pickling in the dask worker turns the driver's
+    handle into the node's own replica (shoal.backends._dask_cells), which that
+    node's workers must share.  (It used to keep the driver's bytes instead: a
+    worker's handle once named the worker's own fd number.)
     """
 
-    __slots__ = ("obj", "blob")
+    __slots__ = ("obj",)
 
-    def __init__(self, obj, blob=None):
+    def __init__(self, obj):
         self.obj = obj
-        self.blob = pickle.dumps(obj, 5) if blob is None else blob
 
     @staticmethod
     def _load(blob):
-        # pickled again from the object loaded here: the same bytes for a SharedArray or
-        # BestCell of this machine (handles name their creator), but on a dask node the
-        # node's own replica (shoal.backends._dask_cells), which its workers must share
         return Pinned(pickle.loads(blob))
 
     def __reduce__(self):
-        return (Pinned._load, (self.blob,))
+        return (Pinned._load, (pickle.dumps(self.obj, 5),))
 
 
 def unwrap(fn):

@@ -26,6 +26,8 @@ from __future__ import annotations
 import enum
 import mmap
 import os
+import pickle
+import threading
 import uuid
 from collections import OrderedDict
 
@@ -38,6 +40,33 @@ class Sense(enum.Enum):
 
 
 _ATTACHED: OrderedDict = OrderedDict()  # token -> SharedArray mapped in this process
+_leaving = threading.local()  # .on: pickling for another machine (portable_dumps)
+
+
+class NodeBound(Exception):
+    """Raised while pickling for another machine: the object lives in this machine's memory."""
+
+
+def portable_dumps(obj) -> bytes | None:
+    """``pickle.dumps(obj)`` if nothing in it is shared memory of this machine, else None.
+
+    The dask backend moves spawned tasks between machines only when this says they
+    can go: a SharedArray (or BestCell, or anything holding one) cannot."""
+    _leaving.on = True
+    try:
+        return pickle.dumps(obj, 5)
+    except NodeBound:
+        return None
+    except Exception:
+        try:
+            import cloudpickle
+
+            return cloudpickle.dumps(obj, 5)
+        except NodeBound:
+            return None
+    finally:
+        _leaving.on = False
+
 _ATTACHED_MAX = 64
 
 
@@ -120,6 +149,8 @@ class SharedArray:
         return self
 
     def __reduce__(self):
+        if getattr(_leaving, "on", False):
+            raise NodeBound(repr(self))
         if self._fd is None:
             raise ValueError("a closed SharedArray cannot be sent to a task")
         pid, fd = self._origin  # the creator's fd, not this process's copy

@@ -343,6 +343,7 @@ class Worker:
         if kind == Kind.TASK:
             _, _, tid = wire.decode_task_header(msg)
             self.deque.appendleft(WireTask(msg, tid))
+            self.status[STATUS_HUNGRY] = 0
         elif kind == Kind.RESULT:
             self.on_result(msg)
         elif kind == Kind.DEFINE:
@@ -432,12 +433,14 @@ class Worker:
         if self.steal_pending is not None:
             return False  # an answer is on its way; park until it arrives
         if self.victim_cursor >= len(self.victims):
-            if self.victims and not self.status[STATUS_HUNGRY]:
-                # Announce hunger, then one more round: a peer that spawned work just
-                # before it could see the flag is asked once more.
+            if not self.status[STATUS_HUNGRY]:
+                # Announce hunger (peers wake us; the dask balancer sees an idle node),
+                # then one more round: a peer that spawned work just before it could
+                # see the flag is asked once more.
                 self.status[STATUS_HUNGRY] = 1
-                self.victim_cursor = 0
-                return self.steal()
+                if self.victims:
+                    self.victim_cursor = 0
+                    return self.steal()
             return False
         victim = self.victims[self.victim_cursor]
         self.victim_cursor += 1
@@ -468,7 +471,8 @@ class Worker:
         loot, moved, keep = [], {}, []
         while give > 0 and deq:
             task = deq.popleft()
-            if task.pinned:
+            if task.pinned or (thief == 0 and type(task) is WireTask):
+                # endpoint 0 (the driver) steals only spawned tasks, for another machine
                 keep.append(task)
                 continue
             msg = self._serialize(task, thief, gen)

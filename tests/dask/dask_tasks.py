@@ -100,3 +100,17 @@ def slow_tree_reporting(depth, fanout, leaf_s, pidfile):
             f.write(f"{os.getpid()} {os.getppid()}")
         os.replace(pidfile + ".tmp", pidfile)
     return slow_leaf_tree(depth, fanout, leaf_s)
+
+
+def fill_slices(arr, parts):
+    """Spawn one child per slice of ``arr`` (a SharedArray: this machine's memory, so the
+    children must stay on this node); each writes its slice after some work."""
+    n = arr.shape[0] // parts
+    futs = [shoal.spawn(fill_one, arr, i * n, (i + 1) * n) for i in range(parts)]
+    return sum(f.result() for f in futs)
+
+
+def fill_one(arr, lo, hi):
+    sfib(18)
+    arr.array[lo:hi] = range(lo, hi)
+    return hi - lo

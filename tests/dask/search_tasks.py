@@ -112,3 +112,14 @@ def lopsided(node):
 
 
 LOPSIDED_NODES = 1 + 40 + (2 ** 20 - 2)
+
+
+def replica_value(cell) -> float:
+    """(client.run) The cell as unpickled in a dask worker process: that node's replica."""
+    return cell.value
+
+
+def write_worker_slot(cell, value) -> None:
+    """(client.run) What a shoal worker's offer() does on that node."""
+    cell._slots.array[1] = value
+

@@ -20,6 +20,9 @@ from dask_cluster import BACKENDS, Clusters, shoal_workers, wait_until
 import shoal
 from shoal.workloads import nqueens
 
+# dask pools connections to the module-scoped clusters; more open under concurrency
+pytestmark = pytest.mark.fd_slack(8)
+
 
 @pytest.fixture(scope="module")
 def clusters():
@@ -32,8 +35,7 @@ def clusters():
 @pytest.fixture(scope="module", params=BACKENDS)
 def kind(request, clusters):
     # start the cluster here, at module scope, before the per-test leak check snapshots
-    if request.param != "local":
-        clusters.pilot(request.param).close()
+    clusters.warm(request.param)
     return request.param
 
 

@@ -44,6 +44,9 @@ from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]
 
+# dask pools connections to the module-scoped clusters; more open under concurrency
+pytestmark = pytest.mark.fd_slack(8)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _resource_tracker():

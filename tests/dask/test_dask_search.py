@@ -23,6 +23,9 @@ from shoal.patterns import branch_and_bound as bb
 
 COORDS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
 
+# dask pools connections to the module-scoped clusters; more open under concurrency
+pytestmark = pytest.mark.fd_slack(8)
+
 
 @pytest.fixture(scope="module")
 def clusters():
@@ -34,8 +37,7 @@ def clusters():
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kind(request, clusters):
-    if request.param != "local":  # start the cluster before the per-test leak check looks
-        clusters.pilot(request.param).close()
+    clusters.warm(request.param)  # before the per-test leak check looks
     return request.param
 
 
@@ -133,27 +135,19 @@ def test_subtrees_move_to_an_idle_machine(dask_kind, clusters, coordination):
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
-def _replica_value(cell) -> float:
-    return cell.value  # unpickled in the dask worker process: that node's replica
-
-
-def _write_worker_slot(cell, value) -> None:
-    cell._slots.array[1] = value  # what a shoal worker's offer() does on that node
-
-
 def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
     with clusters.pilot(dask_kind) as pilot, clusters.client(dask_kind) as client:
         a, b = sorted(client.scheduler_info()["workers"])
         cell = shoal.BestCell.for_pilot(pilot, "max")
-        assert client.run(_replica_value, cell, workers=[b])[b] == float("-inf")
-        client.run(_write_worker_slot, cell, 5.0, workers=[a])
+        assert client.run(st.replica_value, cell, workers=[b])[b] == float("-inf")
+        client.run(st.write_worker_slot, cell, 5.0, workers=[a])
         wait_until(lambda: cell.value == 5.0, 10, "node a's improvement to reach the driver")
-        wait_until(lambda: client.run(_replica_value, cell, workers=[b])[b] == 5.0, 10,
+        wait_until(lambda: client.run(st.replica_value, cell, workers=[b])[b] == 5.0, 10,
                    "the driver to relay it to node b")
         assert cell.offer(9.0)  # the driver's own offers go to every node too
-        wait_until(lambda: set(client.run(_replica_value, cell).values()) == {9.0}, 10,
+        wait_until(lambda: set(client.run(st.replica_value, cell).values()) == {9.0}, 10,
                    "the driver's offer to reach every node")
-        client.run(_write_worker_slot, cell, 7.0, workers=[b])  # worse: changes nothing
+        client.run(st.write_worker_slot, cell, 7.0, workers=[b])  # worse: changes nothing
         assert cell.value == 9.0
         cell.close()
         assert _dask_cells.topic(pilot._backend.token).startswith("shoal-cells-")

@@ -1,0 +1,75 @@
+"""Spawned work moving between machines on a dask pilot: the balancer's pure policy, and
+with real clusters (two dask workers, one shoal worker each): a spawn tree that starts on
+one machine ends up run on both, exactly; tasks that hold this machine's shared memory
+stay where they are."""
+
+from __future__ import annotations
+
+import dask_tasks as t
+import pytest
+from dask_cluster import Clusters, shoal_workers, wait_until
+
+import shoal
+from shoal.backends._dask_balance import plan
+from shoal.workloads import uts
+
+pytestmark = pytest.mark.fd_slack(8)
+
+KINDS = ["dask-localcluster", "dask-cli"]
+
+
+# -- the policy (pure) ------------------------------------------------------------------
+
+
+def test_plan_moves_from_the_busiest_to_the_idle():
+    load = {"a": (4, 0), "b": (4, 4), "c": (4, 2), "d": (0, 0)}
+    assert plan(load, 0, {}, 0.0) == ("a", ["b", "d"])
+
+
+def test_plan_waits_for_dask_and_for_quiet_nodes():
+    load = {"a": (2, 0), "b": (2, 2)}
+    assert plan(load, 1, {}, 0.0) is None  # a task of ours is queued: dask will place it
+    assert plan(load, 0, {"a": 5.0}, 1.0) is None  # a gave nothing lately: not before 5.0
+    assert plan(load, 0, {"a": 5.0}, 6.0) == ("a", ["b"])
+    assert plan({"a": (2, 1), "b": (2, 0)}, 0, {}, 0.0) is None  # nobody idle
+    assert plan({"a": (2, 2), "b": (0, 0)}, 0, {}, 0.0) is None  # nobody busy
+
+
+# -- real clusters ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    made = Clusters()
+    yield made
+    made.close()
+    assert not shoal_workers(), "shoal workers outlived their clusters"
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request, clusters):
+    clusters.warm(request.param)
+    return request.param
+
+
+def test_spawn_tree_spreads_over_both_machines(kind, clusters):
+    params = uts.UTSParams.preset("T3S")
+    with clusters.pilot(kind) as pilot:
+        assert uts.count_parallel(pilot, params) == uts.DERIVED["T3S"].nodes
+        stats = pilot.stats()
+        assert stats["driver"]["moved"] >= 1  # spawned tasks ran on the other machine
+        assert all(n["workers"][0]["tasks_run"] > 0 for n in stats["nodes"].values())
+        assert pilot.submit(t.fib, 20, 10).result(60) == t.sfib(20)
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
+def test_tasks_holding_shared_memory_stay(kind, clusters):
+    with clusters.pilot(kind) as pilot:
+        arr = shoal.SharedArray((4000,), "int64", fill=-1)
+        try:
+            assert pilot.submit(t.fill_slices, arr, 40).result(60) == 4000
+            assert arr.array.tolist() == list(range(4000))
+            assert pilot.stats()["driver"]["moved"] == 0
+        finally:
+            arr.close()
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")

@@ -18,6 +18,15 @@ pytestmark = pytest.mark.fd_slack(8)
 KINDS = ["dask-localcluster", "dask-cli"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker():
+    """multiprocessing's resource tracker (started by the first LocalCluster) lives as long
+    as this process: start it before the per-test leak check looks, it is no leak."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
 # -- the policy (pure) ------------------------------------------------------------------
 
 
@@ -73,3 +82,32 @@ def test_tasks_holding_shared_memory_stay(kind, clusters):
         finally:
             arr.close()
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
+def test_borrower_killed_mid_tree():
+    """SIGKILL the machine that borrowed spawned work while the tree runs: the driver
+    lends it again (to the lender at worst) and the count stays exact."""
+    import os
+    import signal
+    import threading
+
+    from dask_cluster import local_cluster
+    from distributed import Client
+
+    params = uts.UTSParams.preset("T3")
+    cluster = local_cluster(2)
+    try:
+        with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot, \
+                Client(cluster, set_as_default=False) as client:
+            box = {}
+            th = threading.Thread(target=lambda: box.update(n=uts.count_parallel(pilot, params)))
+            th.start()
+            wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1, 60, "work lent")
+            idle = [a for a, keys in client.processing().items() if not keys]  # the borrower
+            if idle:
+                pid = client.run(os.getpid, workers=idle[:1])[idle[0]]
+                os.kill(pid, signal.SIGKILL)
+            th.join(110)
+            assert box.get("n") == uts.PUBLISHED["T3"].nodes
+    finally:
+        cluster.close()

@@ -36,6 +36,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "examples"))  # the workers inherit sys.path
+
+import search_nqueens as nq  # noqa: E402  (examples/: the apps of the search benchmarks)
 
 import shoal  # noqa: E402
 from shoal.patterns import backtracking  # noqa: E402
@@ -44,19 +47,6 @@ from shoal.workloads import nqueens, uts  # noqa: E402
 
 def inc(x):
     return x + 1
-
-
-def queens_children(n, node):
-    """Rows placed so far -> the safe placements of the next row (as examples/search_nqueens)."""
-    r = len(node)
-    if r < n:
-        for c in range(n):
-            if all(c != x and abs(c - x) != r - i for i, x in enumerate(node)):
-                yield node + (c,)
-
-
-def placed(n, node):
-    return len(node) == n
 
 
 def best(fn, repeat):
@@ -77,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--search-queens", type=int, default=14)
     ap.add_argument("--uts", default="T3", help="a UTS tree of shoal.workloads.uts.PUBLISHED")
     ap.add_argument("--no-search", action="store_true", help="skip the search rows")
+    ap.add_argument("--only-search", action="store_true", help="only the search rows")
     args = ap.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     from distributed import Client, LocalCluster
@@ -89,6 +80,8 @@ def main(argv=None):
             Client(cluster, set_as_default=False) as client, \
             shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dpilot, \
             shoal.Pilot(2) as lpilot:
+        if args.only_search:
+            return print_table(search_rows(args, dpilot, lpilot))
 
         def plain_dask():
             futs = client.map(inc, range(n), pure=False)
@@ -126,7 +119,10 @@ def main(argv=None):
                  t_lsub / t_dsub))
     rows.append((f"N-Queens {args.queens} (count_parallel), dask backend vs local backend",
                  f"{t_dq * 1e3:,.0f} ms vs {t_lq * 1e3:,.0f} ms", t_lq / t_dq))
-    rows += search
+    print_table(rows + search)
+
+
+def print_table(rows) -> None:
     print("| workload | rates / times | ratio (higher: dask backend / shoal-on-dask faster) |")
     print("|---|---|---|")
     for what, detail, ratio in rows:
@@ -136,12 +132,13 @@ def main(argv=None):
 def search_rows(args, dpilot, lpilot) -> list:
     """N-Queens and UTS through the skeleton, UTS through its spawn tree: dask vs local."""
     q = args.search_queens
-    q_kids = functools.partial(queens_children, q)
+    q_kids = functools.partial(nq.children, q)
     params = uts.UTSParams.preset(args.uts)
     u_want = {**uts.PUBLISHED, **uts.DERIVED}[args.uts].nodes
     u_kids = functools.partial(uts.children, params)
     cases = [(f"N-Queens {q} (backtracking.count)",
-              lambda p: backtracking.count(p, (), q_kids, accept=functools.partial(placed, q)),
+              lambda p: backtracking.count(p, nq.ROOT, q_kids,
+                                           accept=functools.partial(nq.is_solution, q)),
               nqueens.OEIS_A000170[q])]
     cases.append((f"UTS {args.uts} (backtracking.count)",
                   lambda p: backtracking.count(p, uts.root(params), u_kids), u_want))

@@ -1,4 +1,5 @@
-"""Shared state across the nodes of a dask pilot: cluster-wide best cells, per-node arrays.
+"""Shared state across the nodes of a dask pilot: cluster-wide best cells, channels to the
+driver, per-node arrays; and the pilot's topic (node -> driver messages).
 
 On the local backend a ``BestCell`` or ``SharedArray`` is one memfd that the
 driver and all workers map.  A dask pilot spans hosts, so the two public
@@ -19,6 +20,9 @@ factories mean, on this backend:
   A value crosses the cluster in a few milliseconds (two scheduler hops).
   Values only improve, so replicas converge to the same best whatever the
   order of messages; a late or duplicated message is a no-op.
+* ``Channel.for_pilot(pilot)`` -> a **DriverChannel**: each node has its own
+  slots (a plain Channel there); the sync thread empties them and publishes
+  each message; the driver's ``get()`` takes what arrived.
 * ``SharedArray.per_node(pilot, shape, dtype, fill)`` -> a **NodeArray**: each
   node makes its own array (same shape and fill) the first time a task that
   carries the handle reaches it; nothing is synchronised.  The search engine

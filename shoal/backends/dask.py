@@ -11,8 +11,10 @@ Two levels::
 
 * ``submit`` sends one dask task that runs the function on the node runtime of
   whichever dask worker dask picks.  ``shoal.spawn`` inside it pushes to that
-  node's deques; idle shoal workers of the node steal.  A spawned tree stays on
-  its node (no shoal task crosses machines except through dask).
+  node's deques; idle shoal workers of the node steal; when a whole machine
+  runs dry, the driver's balancer lends it spawned tasks of the busiest one
+  (``_dask_balance``).  Cells, per-node arrays and channels that span the
+  machines are in ``_dask_cells``.
 * Futures among the arguments (also inside lists, tuples, dicts) become the
   dask futures behind them, so dask resolves them **on the workers**: a result
   that only feeds another task never crosses the driver (the local backend

@@ -135,6 +135,7 @@ class LocalBackend:
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
         self.stats_cond = threading.Condition()
+        self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
         self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
         self.loot_wait: set[int] = set()  # ... and the workers yet to answer
         self.loot_cond = threading.Condition()
@@ -364,6 +365,10 @@ class LocalBackend:
                 self.placement.finished(task.placed - 1)
             if task.where and not self.closed:
                 self._send(task.where, wire.encode_control(Kind.CANCEL, [fut.task_id]))
+                # it may have been stolen meanwhile: a MOVED on its way is forwarded the cancel
+                self.recently_cancelled[fut.task_id] = None
+                if len(self.recently_cancelled) > 4096:
+                    self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
 
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException) -> None:
         if task.retries > 0 and not self.closing:
@@ -466,6 +471,8 @@ class LocalBackend:
             with self.lock:
                 for tid in ids:
                     task = self.tasks.get(tid)
+                    if task is None and tid in self.recently_cancelled:
+                        self._send(thief, wire.encode_control(Kind.CANCEL, [tid]))
                     if task is not None:
                         task.where = thief
                         if self.generation[thief] != gen:

@@ -1,8 +1,10 @@
-"""Driving one search from the driver: validate, submit the root task, wait, report.
+"""Driving one search from the driver: validate, submit, wait, report.
 
 The engine (``_search``) runs inside workers; this module is the driver's
-side: it makes the Control array (stop flag, counters) and the incumbent cell,
-submits the root task, turns an interruption into the stop flag, and builds
+side: it makes the Control array (per machine), the stop and incumbent cells,
+submits the root task — or, on a pilot of several machines, splits the top of
+the tree into groups and moves subtrees to machines that run dry
+(``_run_split``) — turns an interruption into the stop flag, and builds
 ``SearchStats`` from the merged ``Tally``.
 """
 

@@ -17,6 +17,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -172,3 +173,23 @@ class Clusters:
         for cluster in self.made.values():
             cluster.close()
         self.made.clear()
+
+
+# -- fixtures shared by the test modules (imported there by name) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    """The module's clusters (started on first use, before the per-test leak check)."""
+    made = Clusters()
+    yield made
+    made.close()
+    assert not shoal_workers(), "shoal workers outlived their clusters"
+
+
+@pytest.fixture
+def pilot(kind, clusters):
+    """A Pilot on the backend ``kind`` (a module-scoped fixture of the test module)."""
+    with clusters.pilot(kind) as p:
+        yield p
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import dask_tasks as t
 import pytest
-from dask_cluster import Clusters, shoal_workers, wait_until
+from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
+    clusters,
+    pilot,
+    shoal_workers,
+    wait_until,
+)
 
 import shoal
 from shoal.backends._dask_balance import plan
@@ -45,14 +50,6 @@ def test_plan_waits_for_dask_and_for_quiet_nodes():
 
 
 # -- real clusters ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def clusters():
-    made = Clusters()
-    yield made
-    made.close()
-    assert not shoal_workers(), "shoal workers outlived their clusters"
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -15,7 +15,13 @@ import os
 
 import dask_tasks as t
 import pytest
-from dask_cluster import BACKENDS, Clusters, shoal_workers, wait_until
+from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
+    BACKENDS,
+    clusters,
+    pilot,
+    shoal_workers,
+    wait_until,
+)
 
 import shoal
 from shoal.workloads import nqueens
@@ -24,26 +30,11 @@ from shoal.workloads import nqueens
 pytestmark = pytest.mark.fd_slack(8)
 
 
-@pytest.fixture(scope="module")
-def clusters():
-    made = Clusters()
-    yield made
-    made.close()
-    assert not shoal_workers(), "shoal workers outlived their clusters"
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def kind(request, clusters):
     # start the cluster here, at module scope, before the per-test leak check snapshots
     clusters.warm(request.param)
     return request.param
-
-
-@pytest.fixture
-def pilot(kind, clusters):
-    with clusters.pilot(kind) as p:
-        yield p
-    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
 def test_submit_result(pilot):

@@ -14,7 +14,14 @@ import threading
 import psutil
 import pytest
 import search_tasks as st
-from dask_cluster import BACKENDS, Clusters, local_cluster, shoal_workers, wait_until
+from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
+    BACKENDS,
+    clusters,
+    local_cluster,
+    pilot,
+    shoal_workers,
+    wait_until,
+)
 
 import shoal
 from shoal.backends import _dask_cells
@@ -27,25 +34,10 @@ COORDS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
 pytestmark = pytest.mark.fd_slack(8)
 
 
-@pytest.fixture(scope="module")
-def clusters():
-    made = Clusters()
-    yield made
-    made.close()
-    assert not shoal_workers(), "shoal workers outlived their clusters"
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def kind(request, clusters):
     clusters.warm(request.param)  # before the per-test leak check looks
     return request.param
-
-
-@pytest.fixture
-def pilot(kind, clusters):
-    with clusters.pilot(kind) as p:
-        yield p
-    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
 def _q(n):

@@ -2,13 +2,13 @@
 
 ``portable(fn)`` wraps a function defined in ``__main__`` so it travels by value
 (workers have another ``__main__``); ``unwrap`` takes the wrapper off once per
-task, so the search's hot loop calls the bare function.  ``Pinned`` ships an
-object (a SharedArray or BestCell) wherever it is re-sent.  Split out of ``_search`` so the engine module stays about one concept.
+task, so the search's hot loop calls the bare function.  Split out of
+``_search`` so the engine module stays about one concept.  (A ``Pinned``
+wrapper for SharedArray/BestCell handles used to live here: handles now name
+their creator's fd wherever they are re-pickled, so it had nothing left to do.)
 """
 
 from __future__ import annotations
-
-import pickle
 
 
 class _ByValue:
@@ -39,29 +39,6 @@ class _ByValue:
 
             self.blob = cloudpickle.dumps(self.fn)
         return (_ByValue._load, (self.blob,))
-
-
-class Pinned:
-    """A SharedArray, BestCell or Channel in a Spec, pickled afresh wherever it is re-sent.
-
-    Handles name their creator, so a re-pickled handle maps the same memory on this
-    machine; on a dask node, re-pickling in the dask worker turns the driver's
-    handle into the node's own replica (shoal.backends._dask_cells), which that
-    node's workers must share.  (It used to keep the driver's bytes instead: a
-    worker's handle once named the worker's own fd number.)
-    """
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    @staticmethod
-    def _load(blob):
-        return Pinned(pickle.loads(blob))
-
-    def __reduce__(self):
-        return (Pinned._load, (pickle.dumps(self.obj, 5),))
 
 
 def unwrap(fn):

@@ -116,9 +116,9 @@ class Explorer:
         self.next_poll = 0.0
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
-        self.cell = None if spec.cell is None else spec.cell.obj
-        self.stop_cell = None if spec.stop is None else spec.stop.obj
-        self.channel = None if spec.channel is None else spec.channel.obj
+        self.cell = spec.cell
+        self.stop_cell = spec.stop
+        self.channel = spec.channel
         self.exporting: list | None = None  # collects what split() ships, while exporting
         self.polls = 0
         w = shoal.current_worker()
@@ -233,7 +233,7 @@ class Explorer:
                     self.ctl[self.me, STOP] = 1
                     raise _Stopped
                 if (self.channel is not None and self.split_ok
-                        and self.spec.requests.obj.value > sum(r[EXPORTED] for r in rows)):
+                        and self.spec.requests.value > sum(r[EXPORTED] for r in rows)):
                     self.export_level(iters, idx)
         cell = self.cell
         if cell is not None:
@@ -730,7 +730,7 @@ def replay(spec: Spec, path: tuple):
 def task(spec: Spec, node, path: tuple) -> Tally:
     """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
     global _nesting
-    ctl = spec.control.obj.array
+    ctl = spec.control.array
     me = _slot(ctl)
     ctl[me, STARTED] += 1
     ctl[me, ACTIVE] += 1
@@ -765,7 +765,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
 
 def stopped(spec: Spec, ctl) -> bool:
     """Has the search been stopped (on this node, or anywhere through the stop cell)?"""
-    return bool(ctl[:, STOP].any()) or (spec.stop is not None and spec.stop.obj.value > 0)
+    return bool(ctl[:, STOP].any()) or (spec.stop is not None and spec.stop.value > 0)
 
 
 def units_task(spec: Spec, units: list) -> Tally:

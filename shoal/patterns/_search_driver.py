@@ -16,7 +16,7 @@ import time
 
 import shoal
 
-from ._portable import Pinned, portable
+from ._portable import portable
 from ._search import (
     STOP,
     Coordination,
@@ -85,11 +85,8 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         for key in ("accept", "objective", "bound"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
-        def pin(x):
-            return None if x is None else Pinned(x)
-
-        spec = Spec(root=root, children=portable(children), goal=goal, control=Pinned(ctl),
-                    cell=pin(cell), stop=Pinned(stop), channel=pin(chan), requests=pin(requests),
+        spec = Spec(root=root, children=portable(children), goal=goal, control=ctl,
+                    cell=cell, stop=stop, channel=chan, requests=requests,
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
         t0 = time.monotonic()

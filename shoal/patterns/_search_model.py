@@ -84,16 +84,16 @@ class Spec:
     root: object
     children: object
     goal: Goal
-    control: object  # Pinned(SharedArray)
+    control: object  # SharedArray.per_node: Control (the module docstring of _search)
     coordination: Coordination = Coordination.STACK_STEALING
     accept: object = None  # COUNT: which nodes count; FIND: the goal
     objective: object = None
     bound: object = None
     negate: bool = False  # minimise: values are negated inside
-    cell: object = None  # Pinned(BestCell) (always "max" of the possibly negated values)
-    stop: object = None  # Pinned(BestCell): > 0 once the search must stop, on every node
-    channel: object = None  # Pinned(Channel): subtrees given away to other nodes (exports)
-    requests: object = None  # Pinned(BestCell): exports the driver has asked each node for
+    cell: object = None  # BestCell.for_pilot (always "max" of the possibly negated values)
+    stop: object = None  # BestCell.for_pilot: > 0 once the search must stop, on every node
+    channel: object = None  # Channel.for_pilot: subtrees given away to other nodes (exports)
+    requests: object = None  # BestCell.for_pilot: exports the driver has asked each node for
     initial: float = -math.inf
     prune_level: bool = True
     ordered: bool = False

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import shoal
 
-from ._portable import Pinned, portable
+from ._portable import portable
 from ._search import (
     STOP,
     Coordination,
@@ -136,8 +136,8 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
     check_picklable(root, (), "the root is sent to a worker")
     ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 4), "int64", fill=0)
     stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-    spec = Spec(root=root, children=portable(children), goal=Goal.COUNT, control=Pinned(ctl),
-                stop=Pinned(stop), accept=portable(accept),
+    spec = Spec(root=root, children=portable(children), goal=Goal.COUNT, control=ctl,
+                stop=stop, accept=portable(accept),
                 coordination=Coordination.STACK_STEALING, collect=True)
     frontier: list = [[(root, ())]]  # lists of units, LIFO: depth-first, so it stays small
     pending: set = set()
@@ -171,7 +171,7 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
 def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
     """solutions(): explore ``units`` [(node, path)] sequentially until ``max_nodes`` nodes
     or ``max_found`` accepted nodes; return (found nodes, units left, tally)."""
-    ctl = spec.control.obj.array
+    ctl = spec.control.array
     ex = Explorer(spec, (), ctl, 0 if shoal.current_worker() is None else shoal.current_worker().id % len(ctl), split=False)
     ex.tally.found_nodes = []
     t = ex.tally

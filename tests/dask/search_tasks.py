@@ -101,17 +101,17 @@ def bad_children(node):
 
 
 def lopsided(node):
-    """40 subtrees under the root: the first a complete binary tree 20 levels deep
-    (2**20 - 1 nodes, about a second of work), the others single nodes -- one machine
+    """40 subtrees under the root: the first a complete binary tree 21 levels deep
+    (2**21 - 1 nodes, about a second of work), the others single nodes -- one machine
     gets nearly all the work unless subtrees move between machines."""
     if node == ():
         return [(i,) for i in range(40)]
-    if node[0] != 0 or len(node) > 19:
+    if node[0] != 0 or len(node) > 20:
         return []
     return [node + (0,), node + (1,)]
 
 
-LOPSIDED_NODES = 1 + 40 + (2 ** 20 - 2)
+LOPSIDED_NODES = 1 + 40 + (2 ** 21 - 2)
 
 
 def replica_value(cell) -> float:

@@ -30,7 +30,7 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
         def offer(self, v):
             pass
 
-    kw = dict(objective=lambda n: -1, bound=lambda n: 0, cell=type("P", (), {"obj": Cell()})(),
+    kw = dict(objective=lambda n: -1, bound=lambda n: 0, cell=Cell(),
               prune_level=False) if goal is S.Goal.OPTIMISE else {}
     spec = S.Spec(root=(), children=tree, goal=goal, control=None, **kw)
     total = tasks = 0

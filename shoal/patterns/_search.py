@@ -489,6 +489,18 @@ class Explorer:
                         tick = TICK
                         if clock() >= self.next_poll:
                             top = self._poll_at(iters, idx, d, top, i)
+                    if not kids and (kids.__class__ is list or kids.__class__ is tuple):
+                        # a leaf: no level to push and pop (most nodes of UTS trees)
+                        if skips and d in skips:  # a poll above shipped the next siblings
+                            i += skips.pop(d)
+                        if budget:
+                            backtracks += 1
+                            if backtracks >= budget:
+                                backtracks = 0
+                                top = self._poll_split(iters, idx, d, top, i)
+                                if d in skips:  # siblings shipped from this very level
+                                    i += skips.pop(d)
+                        continue
                     try:  # push (the lists only grow: d is the depth below the base)
                         iters[d] = top
                         idx[d] = i
@@ -518,6 +530,8 @@ class Explorer:
                         if backtracks >= budget:
                             backtracks = 0
                             top = self._poll_split(iters, idx, d, top, i)
+                            if d in skips:  # siblings shipped from the level we go on with
+                                i += skips.pop(d)
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # raised inside a generator, listing top's children
@@ -651,6 +665,8 @@ class Explorer:
                         if backtracks >= budget:
                             backtracks = 0
                             top = self._poll_split(iters, idx, d, top, i)
+                            if d in skips:  # siblings shipped from the level we go on with
+                                i += skips.pop(d)
                             lim, slim = self.lim, self.slim
         except (_Stopped, SearchError):
             raise

@@ -64,3 +64,35 @@ def test_count_per_depth_in_process():
     assert ex.tally.count == ex.tally.nodes == full_count(()) == sum(want.values())
 
 
+
+
+@pytest.mark.parametrize("goal", [S.Goal.COUNT, S.Goal.OPTIMISE])
+@pytest.mark.parametrize("budget", [1, 3])
+def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, budget):
+    """BUDGET splits the shallowest open level after ``budget`` backtracks, also at a leaf
+    (which the count loop does not push): every shipped subtree is named by its true path
+    and the counts add up."""
+    shipped = []
+    monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+
+    class Cell:
+        value = -np.inf
+
+        def offer(self, v):
+            pass
+
+    kw = dict(objective=lambda n: -1, bound=lambda n: 0, cell=Cell(),
+              prune_level=False) if goal is S.Goal.OPTIMISE else {}
+    spec = S.Spec(root=(), children=tree, goal=goal, control=None,
+                  coordination=S.Coordination.BUDGET, budget=budget, **kw)
+    ctl = np.zeros((2, 5), dtype=np.int64)
+    total, todo = 0, [((), ())]
+    while todo:
+        node, path = todo.pop()
+        assert node == path  # a node is its own path in this tree
+        ex = S.Explorer(spec, path, ctl, 0, split=True)
+        ex.dfs(node)
+        total += ex.tally.nodes
+        todo.extend(shipped)
+        shipped.clear()
+    assert total == full_count(())

@@ -49,7 +49,6 @@ import pickle
 import random
 import sys
 import time
-from itertools import islice
 
 import shoal
 
@@ -61,10 +60,13 @@ from ._search_model import (  # noqa: F401 - re-exported for the drivers
     SearchStats,
     Spec,
     Tally,
+    _p,
     _Stopped,
     check_picklable,
     coordination_of,
+    kids_of,
     number,
+    replay,
 )
 
 __all__ = ["Coordination", "SearchError", "SearchStats"]
@@ -704,40 +706,6 @@ class Explorer:
             a[self.me, ACTIVE] += 1
 
 
-def _p(path) -> tuple:
-    """A path given as a tuple or as a function computing it (paths are built only for errors)."""
-    return path() if callable(path) else path
-
-
-def kids_of(children, node, path):
-    """``iter(children(node))``, with errors that name the node's path."""
-    try:
-        kids = children(node)
-    except _Stopped:
-        raise
-    except Exception as exc:
-        raise SearchError(f"children() raised {exc!r} at node path {_p(path)}") from exc
-    try:
-        return iter(kids)
-    except TypeError:
-        raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
-                          f"at node path {_p(path)}; return a list, tuple or generator") from None
-
-
-def replay(spec: Spec, path: tuple):
-    """The node at ``path``, re-derived by replaying ``children`` from the root (indexed)."""
-    node = spec.root
-    for depth, i in enumerate(path):
-        it = kids_of(spec.children, node, path[:depth])
-        try:
-            node = next(islice(it, i, None))
-        except StopIteration:
-            raise SearchError(f"children() is not deterministic: node path {path[:depth + 1]} "
-                              "no longer exists on replay; coordination='indexed' needs "
-                              "children() to yield the same children in the same order") from None
-    return node
-
-
 # ---------------------------------------------------------------------------
 # tasks
 # ---------------------------------------------------------------------------
@@ -818,8 +786,3 @@ def _spawn_children(ex: Explorer, node, path: tuple) -> None:
                 return
             continue
         ex.ship(child, cpath)
-
-
-# ---------------------------------------------------------------------------
-# the driver side
-# ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The search skeletons' data model: options, what a task is given (``Spec``), what it
 returns (``Tally``) and what the user gets (``SearchStats``); plus the checks of user
-values shared by the engine and the drivers.  Split from ``_search`` (the engine) so
-that module stays about the depth-first loop and its splitting.
+values and the path helpers (``kids_of``, ``replay``) shared by the engine and the
+drivers.  Split from ``_search`` (the engine) so that module stays about the
+depth-first loop and its splitting.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import numbers
 import pickle
 from dataclasses import dataclass, field
+from itertools import islice
 
 import shoal
 
@@ -175,3 +177,40 @@ class SearchStats:
     stop_latency_s: float | None = None  # find(): hit -> driver has the answer
     work_inflation: float | None = None  # B&B: nodes / reference_nodes when given
     exported: int = 0  # subtrees moved between machines on request (dask pilots)
+
+
+# -- nodes named by paths ---------------------------------------------------------
+
+
+def _p(path) -> tuple:
+    """A path given as a tuple or as a function computing it (paths are built only for errors)."""
+    return path() if callable(path) else path
+
+
+def kids_of(children, node, path):
+    """``iter(children(node))``, with errors that name the node's path."""
+    try:
+        kids = children(node)
+    except _Stopped:
+        raise
+    except Exception as exc:
+        raise SearchError(f"children() raised {exc!r} at node path {_p(path)}") from exc
+    try:
+        return iter(kids)
+    except TypeError:
+        raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
+                          f"at node path {_p(path)}; return a list, tuple or generator") from None
+
+
+def replay(spec: Spec, path: tuple):
+    """The node at ``path``, re-derived by replaying ``children`` from the root (indexed)."""
+    node = spec.root
+    for depth, i in enumerate(path):
+        it = kids_of(spec.children, node, path[:depth])
+        try:
+            node = next(islice(it, i, None))
+        except StopIteration:
+            raise SearchError(f"children() is not deterministic: node path {path[:depth + 1]} "
+                              "no longer exists on replay; coordination='indexed' needs "
+                              "children() to yield the same children in the same order") from None
+    return node

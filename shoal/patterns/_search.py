@@ -499,9 +499,7 @@ class Explorer:
                             backtracks += 1
                             if backtracks >= budget:
                                 backtracks = 0
-                                top = self._poll_split(iters, idx, d, top, i)
-                                if d in skips:  # siblings shipped from this very level
-                                    i += skips.pop(d)
+                                top, i = self._poll_split(iters, idx, d, top, i)
                         continue
                     try:  # push (the lists only grow: d is the depth below the base)
                         iters[d] = top
@@ -531,9 +529,7 @@ class Explorer:
                         backtracks += 1
                         if backtracks >= budget:
                             backtracks = 0
-                            top = self._poll_split(iters, idx, d, top, i)
-                            if d in skips:  # siblings shipped from the level we go on with
-                                i += skips.pop(d)
+                            top, i = self._poll_split(iters, idx, d, top, i)
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # raised inside a generator, listing top's children
@@ -557,10 +553,13 @@ class Explorer:
             pd[first + k] += c
 
     def _poll_split(self, iters, idx, d, top, i):
-        """A budget split from the loop's state (the level's last child is done)."""
+        """A budget split from the loop's state (child ``i`` of the level is done);
+        ``(top, i)`` to go on with: siblings shipped from this very level are skipped
+        at once, since the loop goes on listing it."""
         full, fidx = iters[:d] + [top], idx[:d] + [i]
         self.split(full, fidx, 1, whole_level=True)
-        return self._after_split(iters, full, fidx, d, i)
+        top = self._after_split(iters, full, fidx, d, i)
+        return top, i + self.skips.pop(d, 0)
 
     def dfs_bnb(self, node) -> None:
         """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
@@ -666,9 +665,7 @@ class Explorer:
                         backtracks += 1
                         if backtracks >= budget:
                             backtracks = 0
-                            top = self._poll_split(iters, idx, d, top, i)
-                            if d in skips:  # siblings shipped from the level we go on with
-                                i += skips.pop(d)
+                            top, i = self._poll_split(iters, idx, d, top, i)
                             lim, slim = self.lim, self.slim
         except (_Stopped, SearchError):
             raise

@@ -16,6 +16,19 @@ def full_count(node) -> int:
     return 1 + sum(full_count(c) for c in tree(node))
 
 
+class _Cell:  # an incumbent that never improves: every node is explored
+    value = -np.inf
+
+    def offer(self, v):
+        pass
+
+
+def _optimise_kw(goal) -> dict:
+    if goal is not S.Goal.OPTIMISE:
+        return {}
+    return dict(objective=lambda n: -1, bound=lambda n: 0, cell=_Cell(), prune_level=False)
+
+
 @pytest.mark.parametrize("goal", [S.Goal.COUNT, S.Goal.OPTIMISE])
 def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
     monkeypatch.setattr(S, "POLL_S", 0.0)  # poll at every tick
@@ -23,16 +36,7 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
     shipped = []
     monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
     ctl = np.zeros((2, 4), dtype=np.int64)  # row 1: a hungry worker, so every poll splits
-
-    class Cell:
-        value = -np.inf
-
-        def offer(self, v):
-            pass
-
-    kw = dict(objective=lambda n: -1, bound=lambda n: 0, cell=Cell(),
-              prune_level=False) if goal is S.Goal.OPTIMISE else {}
-    spec = S.Spec(root=(), children=tree, goal=goal, control=None, **kw)
+    spec = S.Spec(root=(), children=tree, goal=goal, control=None, **_optimise_kw(goal))
     total = tasks = 0
     todo = [((), ())]
     while todo:
@@ -74,17 +78,8 @@ def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, bud
     and the counts add up."""
     shipped = []
     monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
-
-    class Cell:
-        value = -np.inf
-
-        def offer(self, v):
-            pass
-
-    kw = dict(objective=lambda n: -1, bound=lambda n: 0, cell=Cell(),
-              prune_level=False) if goal is S.Goal.OPTIMISE else {}
     spec = S.Spec(root=(), children=tree, goal=goal, control=None,
-                  coordination=S.Coordination.BUDGET, budget=budget, **kw)
+                  coordination=S.Coordination.BUDGET, budget=budget, **_optimise_kw(goal))
     ctl = np.zeros((2, 5), dtype=np.int64)
     total, todo = 0, [((), ())]
     while todo:

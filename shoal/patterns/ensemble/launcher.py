@@ -276,12 +276,7 @@ class Launcher:
     @staticmethod
     def kill(pid: int) -> None:
         """SIGKILL the task's whole process group (it may have started children)."""
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                target()
-                return
-            except (ProcessLookupError, PermissionError):
-                continue
+        kill_group(pid)
 
 
 def kill_leftover(pid: int, start: float) -> bool:
@@ -304,3 +299,13 @@ def kill_leftover(pid: int, start: float) -> bool:
 def check_root(root: str) -> None:
     if os.path.exists(root) and not os.path.isdir(root):
         raise EnsembleError(f"sandbox root {root} exists and is not a directory; pass another sandbox=")
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (or the process alone if it leads none)."""
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+            return
+        except (ProcessLookupError, PermissionError):
+            continue

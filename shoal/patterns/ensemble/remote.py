@@ -70,6 +70,7 @@ from .launcher import (
     check_outputs,
     command,
     find_executable,
+    kill_group,
     make_sandbox,
     stage_in,
     tail,
@@ -152,7 +153,7 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
         ended = _wait(proc, spec.timeout, spec.walltime_at)
     finally:
         if proc.returncode is None:  # an exception while waiting: leave nothing running
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
     code = proc.returncode
     seconds = time.monotonic() - t0
@@ -185,7 +186,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
         while proc.poll() is None:
             left = until - time.monotonic()
             if left <= 0:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
                 return why
             if pidfd >= 0:
@@ -199,15 +200,6 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
         if pidfd >= 0:
             os.close(pidfd)
     return Ended.EXITED
-
-
-def _kill_group(pid: int) -> None:
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-            return
-        except (ProcessLookupError, PermissionError):
-            continue
 
 
 def _child_setup():

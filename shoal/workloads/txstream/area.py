@@ -40,52 +40,67 @@ PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
 _FIELDS = {  # name -> (dtype, which capacity)
     "op_state": ("int8", "ops"), "op_val": ("int64", "ops"), "meta_gid": ("int64", "ops"),
     "txn_abort": ("int8", "txns"), "meta_start": ("int64", "txns1"),
-    "chain_done": ("int8", "ops"), "txn_done": ("int8", "txns"),
+    "chain_done": ("int8", "ops"), "txn_done": ("int8", "txns"), "ctl": ("int64", "ctl"),
+    "lock": ("int64", "keys"),
 }
+_RESET = ("op_state", "txn_abort", "chain_done", "txn_done", "lock", "ctl")
+
+
+def _views(buf: np.ndarray, fields: dict) -> dict:
+    return {name: buf[off: off + n * np.dtype(dt).itemsize].view(dt)
+            for name, (off, dt, n) in fields.items()}
 
 
 class Area:
-    """Shared arrays for one engine; ``ensure`` grows them (driver only)."""
+    """Shared arrays for one engine, all views of ONE SharedArray (plus the inbox); driver only.
+
+    One memfd, not nine: every task carries two handles, and a backend that
+    unpickles task arguments in the driver (dask's in-process scheduler does)
+    maps two arrays per run, not nine."""
 
     def __init__(self, nkeys: int):
-        self.arrays: dict = {}
-        self.cap = {"ops": 0, "txns": 0, "txns1": 0, "bytes": 0}
-        self.ctl = shoal.SharedArray((8,), "int64", fill=0)
-        self.lock = shoal.SharedArray((max(nkeys, 256),), "int64", fill=0)
+        self.cap = {"ops": 0, "txns": 0, "txns1": 0, "ctl": 8, "keys": max(nkeys, 256)}
+        self.state = None
+        self.inbox = None
+        self.fields: dict = {}
+        self._v: dict = {}
 
     def ensure(self, *, ops: int = 0, txns: int = 0, nbytes: int = 0) -> None:
-        want = {"ops": max(ops, 1), "txns": max(txns, 1), "txns1": max(txns, 1) + 1,
-                "bytes": max(nbytes, 1)}
-        for kind in want:
-            if want[kind] > self.cap[kind]:
-                self.cap[kind] = max(want[kind], 2 * self.cap[kind])
-        for name, (dtype, kind) in _FIELDS.items():
-            old = self.arrays.get(name)
-            if old is None or old.shape[0] < self.cap[kind]:
-                if old is not None:
-                    old.close()
-                self.arrays[name] = shoal.SharedArray((self.cap[kind],), dtype, fill=0)
-        old = self.arrays.get("inbox")
-        if old is None or old.shape[0] < self.cap["bytes"]:
-            if old is not None:
-                old.close()
-            self.arrays["inbox"] = shoal.SharedArray((self.cap["bytes"],), "uint8", fill=0)
+        want = {"ops": max(ops, 1), "txns": max(txns, 1), "txns1": max(txns, 1) + 1}
+        grow = self.state is None
+        for kind, n in want.items():
+            if n > self.cap[kind]:
+                self.cap[kind] = max(n, 2 * self.cap[kind])
+                grow = True
+        if grow:
+            fields, off = {}, 0
+            for name, (dt, kind) in _FIELDS.items():
+                fields[name] = (off, dt, self.cap[kind])
+                off += -(-self.cap[kind] * np.dtype(dt).itemsize // 8) * 8
+            if self.state is not None:
+                self.state.close()
+            self.state = shoal.SharedArray((off,), "uint8", fill=0)
+            self.fields = fields
+            self._v = _views(self.state.array, fields)
+        if self.inbox is None or self.inbox.shape[0] < nbytes:
+            if self.inbox is not None:
+                self.inbox.close()
+            self.inbox = shoal.SharedArray((max(nbytes, 2 * (self.inbox.shape[0] if self.inbox else 0)),),
+                                           "uint8")
 
     def reset(self) -> None:
-        for name in ("op_state", "txn_abort", "chain_done", "txn_done"):
-            self.arrays[name].array[...] = 0
-        self.lock.array[...] = 0
-        self.ctl.array[0] = 0
+        for name in _RESET:
+            self._v[name][...] = 0
 
     def view(self, name: str) -> np.ndarray:
-        return self.arrays[name].array
+        return self._v[name]
 
     def close(self) -> None:
-        for arr in self.arrays.values():
-            arr.close()
-        self.arrays.clear()
-        self.ctl.close()
-        self.lock.close()
+        self._v = {}
+        for arr in (self.state, self.inbox):
+            if arr is not None:
+                arr.close()
+        self.state = self.inbox = None
 
 
 @dataclass
@@ -93,9 +108,9 @@ class Job:
     """Everything a batch task needs (small and picklable: shared arrays travel as handles)."""
 
     kind: str                   # "tpg", "2pl", "partitioned"
-    arrays: dict
-    ctl: object
-    lock: object
+    state: object               # Area.state (SharedArray)
+    fields: dict                # Area.fields: name -> (offset, dtype, count)
+    inbox: object               # Area.inbox (SharedArray): the pickled batch
     flat: object                # the store's SharedArray
     layout: dict
     nparts: int
@@ -109,6 +124,17 @@ class Job:
     start_txn: int = 0          # lazy redo: re-run transactions >= start_txn eagerly
     stall_s: float = 120.0
     extra: dict = field(default_factory=dict)
+
+    def view(self, name: str) -> np.ndarray:
+        v = self.__dict__.get("_views")
+        if v is None:
+            v = self.__dict__["_views"] = _views(self.state.array, self.fields)
+        return v[name]
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.pop("_views", None)
+        return d
 
 
 class Cancelled(Exception):
@@ -129,14 +155,14 @@ def claim(job: Job, p: int) -> bool:
     return True
 
 
-def drive(job: Job, slot: int, make_runner) -> list:
+def drive(job: Job, slot: int, make_runner, counters: dict | None = None) -> list:
     """Claim partitions and step their runners until none is left; returns the partitions run.
 
     A runner has ``step() -> bool`` (did it make progress) and ``finished``.
     """
     order = [(slot + i) % job.nparts for i in range(job.nparts)]
     tried: set = set()
-    ctl = job.ctl.array
+    ctl = job.view("ctl")
 
     def take():
         for p in order:
@@ -165,6 +191,8 @@ def drive(job: Job, slot: int, make_runner) -> list:
         if not runners:
             return mine
         idle += 1
+        if counters is not None:
+            counters["waits"] = counters.get("waits", 0) + 1
         if idle < 64:
             continue
         if idle < 256:

@@ -160,7 +160,7 @@ class _PilotRunner:
             except BaseException as exc:
                 if first is None:
                     first = exc
-                    self.area.ctl.array[0] = 1  # the others stop waiting
+                    self.area.view("ctl")[0] = 1  # the others stop waiting
         for p in range(nparts):
             try:
                 os.unlink(os.path.join(self.claim_dir, f"{job.epoch}.{p}"))
@@ -174,13 +174,13 @@ class _PilotRunner:
         e, area = self.e, self.area
         blob = _dumps(batch)
         n = len(batch)
-        area.ensure(ops=4 * n, txns=n, nbytes=len(blob))
+        area.ensure(ops=4 * n, txns=n + 1, nbytes=len(blob))
         kind = e.scheduler.value if isinstance(e.scheduler, Scheduler) else "tpg"
         fn = tpg_task if kind in ("adaptive", "tpg") else locking_task
         while True:
-            area.view("inbox")[:len(blob)] = np.frombuffer(blob, np.uint8)
+            area.inbox.array[:len(blob)] = np.frombuffer(blob, np.uint8)
             area.reset()
-            job = Job(kind, dict(area.arrays), area.ctl, area.lock, e.store.shared,
+            job = Job(kind, area.state, area.fields, area.inbox, e.store.shared,
                       e.store.layout, self.pilot.workers, batch_no, 0, len(blob), self.claim_dir,
                       self.run_id, tpg=e.scheduler if isinstance(e.scheduler, TPG) else None,
                       expected_abort=self.expected_abort, stall_s=e.stall_timeout)
@@ -202,7 +202,7 @@ class _PilotRunner:
             first_op = int(area.view("meta_start")[redo_from])
             area.view("op_state")[first_op:n_ops] = 0
             txn_abort[redo_from:] = 0
-            area.ctl.array[0] = 0
+            area.view("ctl")[0] = 0
             job.extra = {"redo": True}
             job.start_txn = redo_from
             errors = {t: m for t, m in errors.items() if t < redo_from}

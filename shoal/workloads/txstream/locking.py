@@ -83,7 +83,7 @@ def load(job: Job) -> TxnPlan:
     plan = _CACHE.get(key)
     if plan is None:
         _CACHE.clear()
-        events = pickle.loads(job.arrays["inbox"].array[:job.nbytes].tobytes())
+        events = pickle.loads(job.inbox.array[:job.nbytes].tobytes())
         plan = TxnPlan(events, job.layout, job.nparts, job.kind == "partitioned")
         _CACHE[key] = plan
     return plan
@@ -92,13 +92,13 @@ def load(job: Job) -> TxnPlan:
 class _InPlace:
     def __init__(self, plan: TxnPlan, job: Job):
         self.plan, self.job = plan, job
-        a = job.arrays
+        a = job.view
         self.flat = memoryview(job.flat.array)
-        self.st = memoryview(a["op_state"].array)
-        self.val = memoryview(a["op_val"].array)
-        self.abort = memoryview(a["txn_abort"].array)
-        self.lock = memoryview(job.lock.array)
-        self.done = memoryview(a["txn_done"].array)
+        self.st = memoryview(a("op_state"))
+        self.val = memoryview(a("op_val"))
+        self.abort = memoryview(a("txn_abort"))
+        self.lock = memoryview(job.view("lock"))
+        self.done = memoryview(a("txn_done"))
         self.errors: dict = {}
 
     def run_txn(self, t) -> None:
@@ -183,15 +183,15 @@ class Partition:
 
 def locking_task(job: Job, slot: int) -> dict:
     plan = load(job)
-    if plan.n_ops > job.arrays["op_state"].shape[0] or plan.n_txn >= job.arrays["txn_abort"].shape[0]:
+    if plan.n_ops > job.view("op_state").shape[0] or plan.n_txn >= job.view("txn_abort").shape[0]:
         return {"need_ops": plan.n_ops, "need_txns": plan.n_txn + 1}
     ex = _InPlace(plan, job)
     cls = Partition if job.kind == "partitioned" else TwoPL
 
     def make(p):
         if p == 0:
-            job.arrays["meta_gid"].array[:plan.n_ops] = plan.gids
-            job.arrays["meta_start"].array[:plan.n_txn + 1] = plan.txn_start
+            job.view("meta_gid")[:plan.n_ops] = plan.gids
+            job.view("meta_start")[:plan.n_txn + 1] = plan.txn_start
         return cls(ex, p)
 
     parts = drive(job, slot, make)

@@ -30,6 +30,7 @@ a single check (lazy only; the chain graph must be acyclic).
 from __future__ import annotations
 
 import pickle
+import time
 
 from . import tpg as _tpg
 from .area import DONE, FAILED, PENDING, SKIPPED, Job, drive
@@ -46,7 +47,7 @@ def load_plan(job: Job):
     plan = _CACHE.get(key)
     if plan is None:
         _CACHE.clear()
-        events = pickle.loads(job.arrays["inbox"].array[:job.nbytes].tobytes())
+        events = pickle.loads(job.inbox.array[:job.nbytes].tobytes())
         plan = _tpg.build(events, job.layout, job.nparts)
         _CACHE[key] = plan
     return plan
@@ -59,10 +60,10 @@ class _Exec:
         self.plan = plan
         self.job = job
         self.eager = eager
-        a = job.arrays
-        self.st = memoryview(a["op_state"].array)
-        self.val = memoryview(a["op_val"].array)
-        self.abort = memoryview(a["txn_abort"].array)
+        a = job.view
+        self.st = memoryview(a("op_state"))
+        self.val = memoryview(a("op_val"))
+        self.abort = memoryview(a("txn_abort"))
         self.base = memoryview(job.flat.array)
         self.decided = bytearray(plan.n_txn)  # 1: known committed (local cache)
         self.errors: dict = {}
@@ -193,7 +194,7 @@ class ChainRunner:
         self.ex = ex
         self.todo = list(chains)
         self.structured = structured
-        self.done = memoryview(ex.job.arrays["chain_done"].array)
+        self.done = memoryview(ex.job.view("chain_done"))
         self.finished = not self.todo
 
     def _ready(self, c) -> bool:
@@ -228,8 +229,10 @@ class ChainRunner:
 
 def tpg_task(job: Job, slot: int) -> dict:
     """One worker's share of a batch (or of its lazy-abort redo, ``job.start_txn > 0``)."""
+    t0 = time.perf_counter()
     plan = load_plan(job)
-    if plan.n_ops > job.arrays["op_state"].shape[0] or plan.n_txn >= job.arrays["txn_abort"].shape[0]:
+    t_plan = time.perf_counter() - t0
+    if plan.n_ops > job.view("op_state").shape[0] or plan.n_txn >= job.view("txn_abort").shape[0]:
         return {"need_ops": plan.n_ops, "need_txns": plan.n_txn + 1}
     redo = job.extra.get("redo", False)
     if redo:
@@ -252,8 +255,8 @@ def tpg_task(job: Job, slot: int) -> dict:
     def make(p):
         if p == 0 and not redo:
             n = plan.n_ops
-            job.arrays["meta_gid"].array[:n] = plan.gid_array
-            job.arrays["meta_start"].array[:plan.n_txn + 1] = plan.start_array
+            job.view("meta_gid")[:n] = plan.gid_array
+            job.view("meta_start")[:plan.n_txn + 1] = plan.start_array
         if gran is Granularity.CHAIN:
             chains = sorted(plan.part_chains(p), key=topo_rank.__getitem__)
             return ChainRunner(ex, chains, structured)
@@ -262,8 +265,11 @@ def tpg_task(job: Job, slot: int) -> dict:
         chains = [[o for o in plan.chains[c] if o >= first_op] for c in plan.part_chains(p)]
         return OpFree(ex, chains)
 
-    parts = drive(job, slot, make)
+    counters: dict = {}
+    t1 = time.perf_counter()
+    parts = drive(job, slot, make, counters)
     used = f"{gran.value}/{decision.exploration.value}/{'eager' if eager else 'lazy'}"
     return {"parts": parts, "errors": ex.errors, "bad": plan.bad if 0 in parts else {},
             "n_ops": plan.n_ops, "n_txn": plan.n_txn, "decisions": used,
-            "shape": plan.shape if 0 in parts else None}
+            "shape": plan.shape if 0 in parts else None, "plan_s": t_plan,
+            "run_s": time.perf_counter() - t1, "waits": counters.get("waits", 0)}

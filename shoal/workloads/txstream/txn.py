@@ -72,9 +72,10 @@ class Txn:
             base, size = self._layout[table]
         except (KeyError, TypeError):
             raise _BadAccess(f"unknown table {table!r} (tables: {', '.join(self._layout)})") from None
-        if isinstance(key, bool) or not isinstance(key, numbers.Integral):
-            raise _BadAccess(f"key {key!r} of table {table!r} is not an integer")
-        key = int(key)
+        if type(key) is not int:
+            if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+                raise _BadAccess(f"key {key!r} of table {table!r} is not an integer")
+            key = int(key)
         if not 0 <= key < size:
             raise _BadAccess(f"key {key} out of range for table {table!r} (size {size})")
         return base + key

@@ -295,3 +295,30 @@ def test_event_file_errors(tmp_path):
         list(ts.read_events(p))
     with pytest.raises(ValueError, match="format"):
         list(ts.read_events(tmp_path / "x.csv"))
+
+
+def test_example_ledger_runs():
+    """examples/txstream_ledger.py: event functions of __main__ reach the workers (by value)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "txstream_ledger.py"),
+                          "--events", "1500", "--accounts", "200"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "equal to the serial oracle; money conserved" in out.stdout
+
+
+def test_figure_of_the_docs_is_current():
+    import os
+
+    from shoal.workloads.txstream import tpg as _tpg
+
+    evs, layout = _tpg.example_batch()
+    fig = _tpg.to_mermaid(_tpg.build(evs, layout, 2), layout)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    doc = open(os.path.join(root, "docs", "txstream.md")).read()
+    assert fig in doc, "docs/txstream.md's figure is stale: python -m shoal.workloads.txstream.tpg"
+    assert "digraph tpg" in _tpg.to_dot(_tpg.build(evs, layout, 2), layout)

@@ -122,10 +122,16 @@ class Report:
 
 
 def _dumps(batch) -> bytes:
+    """One pickle of the batch; by value (cloudpickle) where a function would not import on a
+    worker: a function of ``__main__`` (plain pickle would name the worker's own __main__)."""
+    if any(getattr(fn, "__module__", None) == "__main__" for fn in {e.fn for e in batch}):
+        import cloudpickle
+
+        return cloudpickle.dumps(batch, 5)
     try:
         return pickle.dumps(batch, 5)
     except Exception:
-        import cloudpickle  # lambdas or functions of __main__ as event functions
+        import cloudpickle  # lambdas, closures
 
         return cloudpickle.dumps(batch, 5)
 

@@ -188,3 +188,73 @@ def _kahn(n: int, deps: list) -> list | None:
             if indeg[u] == 0:
                 ready.append(u)
     return out if len(out) == n else None
+
+
+def to_dot(plan: Plan, layout: dict | None = None) -> str:
+    """The batch's graph in Graphviz DOT: one node per operation, clustered by transaction;
+    temporal edges solid, parametric edges dashed, partitions as fill colours."""
+    from .txn import key_name
+
+    colours = ["#cfe8ff", "#ffe2c6", "#d9f2d0", "#f2d0ef"]
+    lines = ["digraph tpg {", "  rankdir=LR; node [shape=box, style=filled, fontsize=10];"]
+    chain_of = {o: c for c, ops in enumerate(plan.chains) for o in ops}
+    for t in range(plan.n_txn):
+        a, b = plan.txn_start[t], plan.txn_start[t + 1]
+        lines.append(f'  subgraph cluster_t{t} {{ label="txn {t}"; style=dashed;')
+        for o in range(a, b):
+            key = key_name(layout, plan.op_gid[o]) if layout else f"key {plan.op_gid[o]}"
+            fill = colours[int(plan.part_of_chain[chain_of[o]]) % len(colours)]
+            guard = " (guard)" if plan.op_guard[o] is not None else ""
+            lines.append(f'    o{o} [label="o{o}: {key}{guard}", fillcolor="{fill}"];')
+        lines.append("  }")
+    for o in range(plan.n_ops):
+        if plan.prev[o] >= 0:
+            lines.append(f"  o{plan.prev[o]} -> o{o};")
+        for q, _ in plan.op_reads[o]:
+            if q >= 0:
+                lines.append(f"  o{q} -> o{o} [style=dashed];")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def to_mermaid(plan: Plan, layout: dict | None = None) -> str:
+    """The same graph as ``to_dot``, as a mermaid flowchart (renders on GitHub)."""
+    from .txn import key_name
+
+    chain_of = {o: c for c, ops in enumerate(plan.chains) for o in ops}
+    lines = ["flowchart LR"]
+    for t in range(plan.n_txn):
+        lines.append(f'  subgraph t{t}["txn {t}"]')
+        for o in range(plan.txn_start[t], plan.txn_start[t + 1]):
+            key = key_name(layout, plan.op_gid[o]) if layout else f"key {plan.op_gid[o]}"
+            guard = " guard" if plan.op_guard[o] is not None else ""
+            part = int(plan.part_of_chain[chain_of[o]])
+            lines.append(f'    o{o}["o{o} {key}{guard}"]:::p{part}')
+        lines.append("  end")
+    for o in range(plan.n_ops):
+        if plan.prev[o] >= 0:
+            lines.append(f"  o{plan.prev[o]} --> o{o}")
+        for q, _ in plan.op_reads[o]:
+            if q >= 0:
+                lines.append(f"  o{q} -.-> o{o}")
+    lines += ["  classDef p0 fill:#cfe8ff", "  classDef p1 fill:#ffe2c6"]
+    return "\n".join(lines)
+
+
+def example_batch():
+    """The batch of docs/txstream.md's figure: three ledger events and two Grep&Sum events."""
+    from .apps import gs, sl
+    from .txn import Event
+
+    evs = [Event(sl.transfer, {"src": 0, "dst": 1, "amount": 30, "c": 0}),
+           Event(sl.deposit, {"acct": 1, "asset": 2, "amount": 5, "value": 5, "c": 0}),
+           Event(sl.transfer, {"src": 1, "dst": 0, "amount": 10 ** 12, "c": 0}),
+           Event(gs.grep_sum, {"keys": [1, 0], "c": 0, "ok": True}),
+           Event(gs.grep_sum, {"keys": [0, 1, 2], "c": 0, "ok": True})]
+    layout = {"accounts": (0, 4), "assets": (4, 4), "table": (8, 4)}
+    return evs, layout
+
+
+if __name__ == "__main__":  # python -m shoal.workloads.txstream.tpg: the docs' figure
+    _evs, _layout = example_batch()
+    print(to_mermaid(build(_evs, _layout, 2), _layout))

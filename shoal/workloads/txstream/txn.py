@@ -83,22 +83,19 @@ class Txn:
     def update(self, table: str, key: int, fn: Callable, *, guard: Callable | None = None,
                reads=()) -> None:
         """Declare ``table[key] = fn(table[key], *reads)`` if ``guard(same values)`` (else abort)."""
-        if not callable(fn):
-            raise _BadAccess(f"the update of {table!r}[{key!r}] needs a callable fn, got {fn!r}")
-        if guard is not None and not callable(guard):
-            raise _BadAccess(f"the guard of {table!r}[{key!r}] is not callable: {guard!r}")
+        if not callable(fn) or (guard is not None and not callable(guard)):
+            raise _BadAccess(f"the update of {table!r}[{key!r}] needs callables, got fn={fn!r}, "
+                             f"guard={guard!r}")
         gid = self._gid(table, key)
-        try:
-            pairs = list(reads)
-        except TypeError:
-            raise _BadAccess(f"reads must be a list of (table, key) pairs, got {reads!r}") from None
+        if not reads:
+            self.ops.append((gid, fn, guard, ()))
+            return
         rg = []
-        for pair in pairs:
-            try:
-                t, k = pair
-            except (TypeError, ValueError):
-                raise _BadAccess(f"reads must be (table, key) pairs, got {pair!r}") from None
-            rg.append(self._gid(t, k))
+        try:
+            for t, k in reads:
+                rg.append(self._gid(t, k))
+        except (TypeError, ValueError):
+            raise _BadAccess(f"reads must be a list of (table, key) pairs, got {reads!r}") from None
         self.ops.append((gid, fn, guard, tuple(rg)))
 
 

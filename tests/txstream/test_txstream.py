@@ -322,3 +322,23 @@ def test_figure_of_the_docs_is_current():
     doc = open(os.path.join(root, "docs", "txstream.md")).read()
     assert fig in doc, "docs/txstream.md's figure is stale: python -m shoal.workloads.txstream.tpg"
     assert "digraph tpg" in _tpg.to_dot(_tpg.build(evs, layout, 2), layout)
+
+
+def _die(txn, ev):
+    import os
+
+    txn.update("a", 1, lambda v: os._exit(3))
+
+
+@pytest.mark.parametrize("sched", ["2pl", pytest.param("adaptive", marks=pytest.mark.txstream_heavy)])
+def test_worker_killed_mid_batch_leaves_no_half_batch(sched):
+    """A worker dies inside a transaction: the run fails with WorkerLost (nothing hangs: the
+    other task is cancelled), and the store is as of the last punctuation even for the
+    in-place 2pl (regression: it kept the batch's partial writes)."""
+    evs = [ts.Event(_ok, {})] * 6 + [ts.Event(_die, {})] + [ts.Event(_ok, {})]
+    store = ts.Store({"a": np.zeros(3, np.int64)})
+    with shoal.Pilot(2) as pilot:
+        with pytest.raises(shoal.WorkerLost):
+            ts.Engine(store, pilot=pilot, scheduler=sched, punctuation=4).run(evs)
+    assert store.snapshot()["a"].tolist() == [4, 0, 0]
+    store.close()

@@ -20,6 +20,7 @@ or a ``TPG(granularity, exploration, abort)`` (fixed decisions).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import enum
 import os
 import pickle
@@ -157,6 +158,11 @@ class _PilotRunner:
         job.epoch = self.epoch
         nparts = job.nparts
         futs = [self.pilot.submit(fn, job, i) for i in range(nparts)]
+        # the first failure (a worker lost, a stall) cancels the batch at once: the other
+        # tasks may be waiting on a partition the failed one held
+        cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+        if any(f.done() and f.exception() is not None for f in futs):
+            self.area.view("ctl")[0] = 1
         results, first = [], None
         for f in futs:
             try:
@@ -166,7 +172,7 @@ class _PilotRunner:
             except BaseException as exc:
                 if first is None:
                     first = exc
-                    self.area.view("ctl")[0] = 1  # the others stop waiting
+                    self.area.view("ctl")[0] = 1
         for p in range(nparts):
             try:
                 os.unlink(os.path.join(self.claim_dir, f"{job.epoch}.{p}"))
@@ -314,8 +320,16 @@ class Engine:
                     arrivals.append(pc())
                 if not batch:
                     break
-                saved = self.store.flat.copy() if in_place and self.on_error is OnError.STOP else None
-                res = runner.run_batch(batch, seq, batch_no)
+                # in-place schedulers write the store during the batch: keep its state as of
+                # the punctuation, so a stop or a failure (worker lost, stall) never leaves a
+                # half-applied batch behind (the TPG installs only after a batch succeeded)
+                saved = self.store.flat.copy() if in_place else None
+                try:
+                    res = runner.run_batch(batch, seq, batch_no)
+                except BaseException:
+                    if saved is not None:
+                        self.store.flat[:] = saved
+                    raise
                 if res.errors and self.on_error is OnError.STOP:
                     if saved is not None:
                         self.store.flat[:] = saved

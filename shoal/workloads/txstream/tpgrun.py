@@ -66,6 +66,7 @@ class _Exec:
         self.abort = memoryview(a("txn_abort"))
         self.base = memoryview(job.flat.array)
         self.decided = bytearray(plan.n_txn)  # 1: known committed (local cache)
+        self.blocked_on = -1  # after run() returned False: a PENDING operation it waits for
         self.errors: dict = {}
 
     def committed(self, t):
@@ -79,7 +80,10 @@ class _Exec:
         for x in range(ts[t], ts[t + 1]):
             s = st[x]
             if s != DONE:
-                return None if s == PENDING else False
+                if s == PENDING:
+                    self.blocked_on = x
+                    return None
+                return False
         self.decided[t] = 1
         return True
 
@@ -90,6 +94,7 @@ class _Exec:
             while q >= 0:
                 s = st[q]
                 if s == PENDING:
+                    self.blocked_on = q
                     return _NOT_READY
                 if otx[q] == t:
                     return val[q] if s == DONE else _ABORTING
@@ -106,6 +111,7 @@ class _Exec:
                 if s == DONE:
                     return val[q]
                 if s == PENDING:
+                    self.blocked_on = q
                     return _NOT_READY
                 q = prev[q]
         return self.base[gid]
@@ -166,23 +172,32 @@ class OpStructured:
 
 
 class OpFree:
+    """Non-structured: any chain as far as it can go.  A blocked chain remembers the pending
+    operation it waits for and is not retried (one byte read) until that one has run, so a
+    scan over thousands of blocked chains stays cheap."""
+
     def __init__(self, ex: _Exec, chains: list):
         self.ex = ex
-        self.chains = [[c, 0] for c in chains if c]
+        self.chains = [[c, 0, -1] for c in chains if c]  # ops, cursor, blocked on
         self.finished = not self.chains
 
     def step(self) -> bool:
-        run = self.ex.run
+        ex = self.ex
+        run, st = ex.run, ex.st
         progressed = False
         for cur in self.chains:
-            ops, i = cur
+            ops, i, wait = cur
+            if wait >= 0 and st[wait] == PENDING:
+                continue
             n = len(ops)
             start = i
             while i < n and run(ops[i]):
                 i += 1
             cur[1] = i
+            cur[2] = ex.blocked_on if i < n else -1
             progressed = progressed or i > start
-        self.chains = [c for c in self.chains if c[1] < len(c[0])]
+        if progressed:
+            self.chains = [c for c in self.chains if c[1] < len(c[0])]
         self.finished = not self.chains
         return progressed
 

@@ -21,8 +21,8 @@ the batch finishes (the deadlock-freedom argument; ``drive`` adds that every
 partition is held by a running task).
 
 Runners: ``OpStructured`` walks its partition's operations in timestamp order
-and stops at the first blocked one; ``OpFree`` (non-structured) runs any of its
-chains as far as it can; ``ChainStructured``/``ChainFree`` treat a chain as
+and stops at the first blocked one; ``OpFree`` (non-structured) runs, past a
+blocked one, any of the next operations whose inputs are ready; ``ChainStructured``/``ChainFree`` treat a chain as
 the unit: it starts once every chain it reads from is done, then runs without
 a single check (lazy only; the chain graph must be acyclic).
 """
@@ -172,33 +172,43 @@ class OpStructured:
 
 
 class OpFree:
-    """Non-structured: any chain as far as it can go.  A blocked chain remembers the pending
-    operation it waits for and is not retried (one byte read) until that one has run, so a
-    scan over thousands of blocked chains stays cheap."""
+    """Non-structured: the partition's operations in timestamp order, but a blocked one does
+    not stop the worker — it runs any of the next ``window`` pending operations whose own
+    chain predecessor has run (their other inputs are checked by ``run``).  The window
+    bounds the cost of a scan; the oldest pending operation is always in it, so the
+    partition finishes.  (Rejected: rescanning every chain after each step — with thousands
+    of chains blocked on another worker that is O(chains) per operation.)"""
 
-    def __init__(self, ex: _Exec, chains: list):
-        self.ex = ex
-        self.chains = [[c, 0, -1] for c in chains if c]  # ops, cursor, blocked on
-        self.finished = not self.chains
+    WINDOW = 64
+
+    def __init__(self, ex: _Exec, ops: list):
+        self.ex, self.ops, self.i = ex, ops, 0
+        self.ran = bytearray(len(ops))
+        self.finished = not ops
 
     def step(self) -> bool:
-        ex = self.ex
-        run, st = ex.run, ex.st
+        ops, ran, n = self.ops, self.ran, len(self.ops)
+        st, prev, run = self.ex.st, self.ex.plan.prev, self.ex.run
+        i = self.i
         progressed = False
-        for cur in self.chains:
-            ops, i, wait = cur
-            if wait >= 0 and st[wait] == PENDING:
-                continue
-            n = len(ops)
-            start = i
-            while i < n and run(ops[i]):
-                i += 1
-            cur[1] = i
-            cur[2] = ex.blocked_on if i < n else -1
-            progressed = progressed or i > start
-        if progressed:
-            self.chains = [c for c in self.chains if c[1] < len(c[0])]
-        self.finished = not self.chains
+        j, seen = i, 0
+        while j < n and seen < self.WINDOW:
+            if not ran[j]:
+                o = ops[j]
+                p = prev[o]
+                if (p < 0 or st[p] != PENDING) and run(o):
+                    ran[j] = 1
+                    progressed = True
+                    if j == i:  # the window's front moved: look further
+                        while i < n and ran[i]:
+                            i += 1
+                        j = i
+                        continue
+                else:
+                    seen += 1
+            j += 1
+        self.i = i
+        self.finished = i == n
         return progressed
 
 
@@ -277,8 +287,7 @@ def tpg_task(job: Job, slot: int) -> dict:
             return ChainRunner(ex, chains, structured)
         if structured:
             return OpStructured(ex, [o for o in plan.part_ops(p) if o >= first_op])
-        chains = [[o for o in plan.chains[c] if o >= first_op] for c in plan.part_chains(p)]
-        return OpFree(ex, chains)
+        return OpFree(ex, [o for o in plan.part_ops(p) if o >= first_op])
 
     counters: dict = {}
     t1 = time.perf_counter()

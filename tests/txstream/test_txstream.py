@@ -342,3 +342,21 @@ def test_worker_killed_mid_batch_leaves_no_half_batch(sched):
             ts.Engine(store, pilot=pilot, scheduler=sched, punctuation=4).run(evs)
     assert store.snapshot()["a"].tolist() == [4, 0, 0]
     store.close()
+
+
+def test_docs_snippet_runs(tmp_path):
+    """docs/txstream.md's program runs and conserves money."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    doc = open(os.path.join(root, "docs", "txstream.md")).read()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "__main__" in b]
+    script = tmp_path / "snippet.py"
+    script.write_text(block)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=root), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("1000000")

@@ -45,7 +45,8 @@ def pilot2():
         yield p
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.timeout(900)  # the whole Hypothesis run, not one example
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(stream=streams(), sched=hs.sampled_from(SCHEDULERS))
 def test_many_random_streams(pilot2, stream, sched):
     evs, punct = stream

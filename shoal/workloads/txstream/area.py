@@ -42,8 +42,11 @@ _FIELDS = {  # name -> (dtype, which capacity)
     "txn_abort": ("int8", "txns"), "meta_start": ("int64", "txns1"),
     "chain_done": ("int8", "ops"), "txn_done": ("int8", "txns"), "ctl": ("int64", "ctl"),
     "lock": ("int64", "keys"),
+    # split planning (split.py): per-transaction counts, then each operation's key and reads
+    "txn_nops": ("int64", "txns"), "txn_nreads": ("int64", "txns"), "txn_guard": ("int8", "txns"),
+    "op_nreads": ("int64", "ops"), "read_gid": ("int64", "reads"), "phase": ("int64", "parts"),
 }
-_RESET = ("op_state", "txn_abort", "chain_done", "txn_done", "lock", "ctl")
+_RESET = ("op_state", "txn_abort", "chain_done", "txn_done", "lock", "ctl", "phase")
 
 
 def _views(buf: np.ndarray, fields: dict) -> dict:
@@ -59,14 +62,16 @@ class Area:
     maps two arrays per run, not nine."""
 
     def __init__(self, nkeys: int):
-        self.cap = {"ops": 0, "txns": 0, "txns1": 0, "ctl": 8, "keys": max(nkeys, 256)}
+        self.cap = {"ops": 0, "txns": 0, "txns1": 0, "reads": 0, "ctl": 8, "parts": 256,
+                    "keys": max(nkeys, 256)}
         self.state = None
         self.inbox = None
         self.fields: dict = {}
         self._v: dict = {}
 
-    def ensure(self, *, ops: int = 0, txns: int = 0, nbytes: int = 0) -> None:
-        want = {"ops": max(ops, 1), "txns": max(txns, 1), "txns1": max(txns, 1) + 1}
+    def ensure(self, *, ops: int = 0, txns: int = 0, nbytes: int = 0, reads: int = 0) -> None:
+        want = {"ops": max(ops, 1), "txns": max(txns, 1), "txns1": max(txns, 1) + 1,
+                "reads": max(reads, 4 * ops, 1)}
         grow = self.state is None
         for kind, n in want.items():
             if n > self.cap[kind]:

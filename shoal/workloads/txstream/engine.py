@@ -36,7 +36,7 @@ import numpy as np
 from .area import DONE, Area, Cancelled, Job
 from .checkpoint import Checkpoint
 from .locking import locking_task
-from .policy import TPG
+from .policy import TPG, Granularity
 from .result import BatchResult, Outputs
 from .serial import run_serial
 from .store import Store
@@ -148,6 +148,17 @@ class _PilotRunner:
         self.run_id = uuid.uuid4().hex
         self.epoch = 0
         self.expected_abort: float | None = None
+        self.chain_hint = False  # the last batch's graph would have allowed chain granularity
+
+    def _planning(self, n: int) -> dict:
+        """Split planning (split.py) unless this batch may run chains (they need the
+        replicated plan): a fixed chain TPG, or adaptive after a batch whose shape chose them."""
+        sched = self.e.scheduler
+        if isinstance(sched, TPG):
+            chains = sched.granularity is Granularity.CHAIN
+        else:
+            chains = sched is Scheduler.ADAPTIVE and self.chain_hint
+        return {"mode": "replicated" if chains else "split", "n": n}
 
     def close(self) -> None:
         self.area.close()
@@ -195,18 +206,22 @@ class _PilotRunner:
             job = Job(kind, area.state, area.fields, area.inbox, e.store.shared,
                       e.store.layout, self.pilot.workers, batch_no, 0, len(blob), self.claim_dir,
                       self.run_id, tpg=e.scheduler if isinstance(e.scheduler, TPG) else None,
-                      expected_abort=self.expected_abort, stall_s=e.stall_timeout)
+                      expected_abort=self.expected_abort, stall_s=e.stall_timeout,
+                      extra=self._planning(n))
             results = self._phase(job, fn)
             need = [r for r in results if "need_ops" in r]
             if not need:
                 break
-            area.ensure(ops=need[0]["need_ops"], txns=need[0]["need_txns"])
-        n_ops = results[0]["n_ops"]
+            area.ensure(ops=need[0]["need_ops"], txns=need[0]["need_txns"],
+                        reads=need[0].get("need_reads", 0))
+        self.chain_hint = any(r.get("chain_hint") for r in results)
+        done = [r for r in results if "n_ops" in r]
+        n_ops = done[0]["n_ops"]
         errors, bad = {}, {}
         for r in results:
             errors.update(r["errors"])
             bad.update(r["bad"])
-        decisions = results[0]["decisions"]
+        decisions = done[0]["decisions"]
         txn_abort = area.view("txn_abort")[:n]
         redo_from = None
         if kind != "2pl" and kind != "partitioned" and decisions.endswith("lazy") and txn_abort.any():
@@ -215,7 +230,7 @@ class _PilotRunner:
             area.view("op_state")[first_op:n_ops] = 0
             txn_abort[redo_from:] = 0
             area.view("ctl")[0] = 0
-            job.extra = {"redo": True}
+            job.extra = dict(job.extra, redo=True)
             job.start_txn = redo_from
             errors = {t: m for t, m in errors.items() if t < redo_from}
             for r in self._phase(job, fn):

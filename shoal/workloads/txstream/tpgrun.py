@@ -32,6 +32,8 @@ from __future__ import annotations
 import pickle
 import time
 
+import numpy as np
+
 from . import tpg as _tpg
 from .area import DONE, FAILED, PENDING, SKIPPED, Job, drive
 from .policy import AbortHandling, Exploration, Granularity, choose
@@ -254,6 +256,8 @@ class ChainRunner:
 
 def tpg_task(job: Job, slot: int) -> dict:
     """One worker's share of a batch (or of its lazy-abort redo, ``job.start_txn > 0``)."""
+    if job.extra.get("mode") == "split":
+        return _split_task(job, slot)
     t0 = time.perf_counter()
     plan = load_plan(job)
     t_plan = time.perf_counter() - t0
@@ -297,3 +301,85 @@ def tpg_task(job: Job, slot: int) -> dict:
             "n_ops": plan.n_ops, "n_txn": plan.n_txn, "decisions": used,
             "shape": plan.shape if 0 in parts else None, "plan_s": t_plan,
             "run_s": time.perf_counter() - t1, "waits": counters.get("waits", 0)}
+
+
+class _SplitTask:
+    """A task's shared context for split planning (split.py): events, the graph, the decision."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.redo = job.extra.get("redo", False)
+        self.n_txn = job.extra["n"]
+        self.bad: dict = {}
+        self.need: dict | None = None
+        self._events = None
+        self._sized = None
+        self.g = None
+        self.ex = None
+        self.decision = None
+        self.first_op = 0
+
+    def events(self):
+        if self._events is None:
+            self._events = pickle.loads(self.job.inbox.array[:self.job.nbytes].tobytes())
+        return self._events
+
+    def sized(self) -> bool:
+        """After barrier 1: the global offsets, and whether the shared arrays are big enough."""
+        if self._sized is None:
+            job, n = self.job, self.n_txn
+            self.starts = np.zeros(n + 1, np.int64)
+            np.cumsum(job.view("txn_nops")[:n], out=self.starts[1:])
+            self.rstarts = np.zeros(n + 1, np.int64)
+            np.cumsum(job.view("txn_nreads")[:n], out=self.rstarts[1:])
+            n_ops, n_reads = int(self.starts[-1]), int(self.rstarts[-1])
+            self._sized = (n_ops <= job.view("op_state").shape[0]
+                           and n_reads <= job.view("read_gid").shape[0])
+            if not self._sized:
+                self.need = {"need_ops": n_ops, "need_txns": n + 1, "need_reads": n_reads}
+        return self._sized
+
+    def graph(self):
+        if self.g is None:
+            from .split import Global
+
+            job = self.job
+            self.g = g = Global(job, self.n_txn)
+            if self.redo:
+                d = choose(g.shape, 1.0)
+            elif job.tpg is not None:
+                d = job.tpg
+            else:
+                d = choose(g.shape, job.expected_abort, lambda: True)  # chains: next batch
+            self.decision = d
+            self.eager = d.abort is AbortHandling.EAGER or self.redo
+            self.ex = _Exec(g, job, self.eager)
+            self.first_op = g.txn_start[job.start_txn] if self.redo else 0
+        return self.g
+
+    def runner(self, ops: list):
+        if self.decision.exploration is Exploration.STRUCTURED:
+            return OpStructured(self.ex, ops)
+        return OpFree(self.ex, ops)
+
+
+def _split_task(job: Job, slot: int) -> dict:
+    from .split import SplitRunner
+
+    task = _SplitTask(job)
+    counters: dict = {}
+    t1 = time.perf_counter()
+    parts = drive(job, slot, lambda p: SplitRunner(task, p), counters)
+    if task.need is not None:
+        return task.need
+    out = {"parts": parts, "errors": task.ex.errors if task.ex else {}, "bad": task.bad,
+           "n_txn": task.n_txn, "plan_s": 0.0, "run_s": time.perf_counter() - t1,
+           "waits": counters.get("waits", 0)}
+    if task.g is not None:
+        g, d = task.g, task.decision
+        out["n_ops"] = g.n_ops
+        out["decisions"] = f"op/{d.exploration.value}/{'eager' if task.eager else 'lazy'}"
+        out["shape"] = g.shape
+        lazy_next = not task.eager and g.shape.chains and g.shape.ops / g.shape.chains >= 2.0
+        out["chain_hint"] = bool(lazy_next and 0 in parts and g.chain_ok())
+    return out

@@ -21,6 +21,10 @@ previous batch to the three decisions:
   multi-key transaction is a two-way chain dependency: a cycle), the chain
   graph is acyclic (GS's random reads usually make it cyclic: fall back to
   operations) and chains are long enough to be worth treating as a unit.
+  Chains need the replicated plan (tpg.py) and operations the split one
+  (split.py), and the plan is built before the batch's shape is known, so the
+  engine plans a batch for chains when the *previous* batch's shape chose them
+  (like the abort ratio, the previous batch predicts the next).
 * exploration: non-structured when enough operations depend on another
   worker's partition that waiting in timestamp order would idle the worker;
   structured (cheaper bookkeeping) otherwise.

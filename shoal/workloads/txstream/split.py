@@ -114,7 +114,8 @@ class Global:
                            float(job.view("txn_guard")[:n_txn].mean()) if n_txn else 0.0,
                            float(counts.max()) / max(n, 1), float(cross.mean()) if n else 0.0,
                            None)
-        self._r_op, self._chain_sorted, self._order, self._new = r_op, None, order, new
+        self._r_op, self._order, self._new = r_op, order, new
+        self._lists = None
 
     def chain_ok(self) -> bool:
         """Would the chain graph be acyclic (the hint for the next batch)?"""
@@ -138,15 +139,18 @@ class Global:
     def adopt(self, txns: list, ops: list) -> list:
         """Take a partition's closures; returns its operations in timestamp order."""
         mine = []
-        rp, rs = self.r_prev, self.rstart
+        if self._lists is None:
+            self._lists = (self.r_prev.tolist(), self.r_gid.tolist(), self.rstart.tolist())
+        rp, rg, rs = self._lists
+        fns, guards, reads, starts = self.op_fn, self.op_guard, self.op_reads, self.txn_start
         for t, tops in zip(txns, ops, strict=True):
-            o = self.txn_start[t]
+            o = starts[t]
             for _, fn, guard, _ in tops:
-                self.op_fn[o] = fn
-                self.op_guard[o] = guard
-                a, b = int(rs[o]), int(rs[o + 1])
-                self.op_reads[o] = tuple(zip(rp[a:b].tolist(), self.r_gid[a:b].tolist(),
-                                             strict=True))
+                fns[o] = fn
+                guards[o] = guard
+                a, b = rs[o], rs[o + 1]
+                if b > a:
+                    reads[o] = tuple(zip(rp[a:b], rg[a:b], strict=True))
                 mine.append(o)
                 o += 1
         return mine

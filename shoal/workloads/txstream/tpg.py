@@ -1,4 +1,4 @@
-"""The task precedence graph of one batch, built on every worker (never on the driver).
+"""The task precedence graph of one batch, built whole on every worker (never on the driver).
 
 Data flow: the driver puts the batch's pickled events in shared memory; every
 task unpickles them and calls ``build`` — records every transaction (the
@@ -18,11 +18,11 @@ Chains are dealt to partitions (one per worker) longest first, in snake
 order, so a skewed (Zipf) batch's hot chains spread out.  The plan is
 identical in every process, so no partition map is ever sent.
 
-Why replicated and not split: splitting recording over workers needs the
-operations' closures (lambdas) on the worker that runs them, i.e. a second
-round trip per batch and re-recording anyway; at 2 workers replicated
-recording costs the same and needs no exchange.  The driver's share of
-planning is one pickle of the batch.
+Replicated, and used for chain granularity only: a chain runs where all its
+closures are, so the worker running it must have recorded every transaction
+touching its keys — here, all of them.  Operation granularity uses split
+planning (split.py: each worker records 1/workers of the batch).  The driver's
+share of planning is one pickle of the batch either way.
 """
 
 from __future__ import annotations

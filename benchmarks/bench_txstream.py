@@ -84,6 +84,8 @@ def cpu_costs(n: int = 10240) -> None:
     evs = gs.events(n, 10_000, seed=1)
     store = ts.Store(gs.tables(10_000))
     blob = pickle.dumps(evs, 5)
+    halves = [pickle.dumps(evs[p::2], 5) for p in (0, 1)]  # the engine's slices, 2 partitions
+    slices = [(0, len(halves[0])), (len(halves[0]), len(halves[1]))]
     best: dict = {}
 
     def keep(k, v):
@@ -99,11 +101,11 @@ def cpu_costs(n: int = 10240) -> None:
         keep("replicated plan (tpg.build, whole batch)", pt() - t0)
         for mode in ("split", "replicated"):
             area = Area(store.size)
-            area.ensure(ops=4 * n, txns=n + 1, nbytes=len(blob))
-            area.inbox.array[:len(blob)] = np.frombuffer(blob, np.uint8)
+            area.ensure(ops=4 * n, txns=n + 1, nbytes=sum(map(len, halves)))
+            area.inbox.array[:slices[1][0] + slices[1][1]] = np.frombuffer(b"".join(halves), np.uint8)
             area.reset()
             job = Job("tpg", area.state, area.fields, area.inbox, store.shared, store.layout, 2,
-                      rep, 1, len(blob), tempfile.mkdtemp(), f"{mode}{rep}",
+                      rep, 1, slices, tempfile.mkdtemp(), f"{mode}{rep}",
                       tpg=ts.TPG("op", "structured", "lazy"), extra={"mode": mode, "n": n})
             t0 = pt()
             tpgrun.tpg_task(job, 0)

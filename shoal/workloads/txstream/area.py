@@ -121,7 +121,7 @@ class Job:
     nparts: int
     batch: int                  # batch number (the plan cache key)
     epoch: int                  # claim namespace: one per phase
-    nbytes: int
+    slices: list                # (offset, size) in the inbox of each partition's pickled slice
     claim_dir: str
     run_id: str
     tpg: object = None          # a fixed policy.TPG, or None: adaptive
@@ -140,6 +140,25 @@ class Job:
         d = dict(self.__dict__)
         d.pop("_views", None)
         return d
+
+
+def load_events(job: Job, p: int | None = None) -> list:
+    """The batch's events (``p=None``), or only partition p's slice: events p, p+W, p+2W...
+
+    The driver pickles the batch as ``nparts`` interleaved slices, so split planning
+    unpickles only what a partition records."""
+    import pickle
+
+    buf = job.inbox.array
+    if p is not None:
+        off, size = job.slices[p]
+        return pickle.loads(buf[off:off + size].tobytes())
+    parts = [pickle.loads(buf[off:off + size].tobytes()) for off, size in job.slices]
+    n = sum(len(x) for x in parts)
+    events: list = [None] * n
+    for q, part in enumerate(parts):
+        events[q::len(parts)] = part
+    return events
 
 
 class Cancelled(Exception):

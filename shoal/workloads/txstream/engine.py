@@ -195,16 +195,21 @@ class _PilotRunner:
 
     def run_batch(self, batch: list, seq0: int, batch_no: int) -> BatchResult:
         e, area = self.e, self.area
-        blob = _dumps(batch)
-        n = len(batch)
-        area.ensure(ops=4 * n, txns=n + 1, nbytes=len(blob))
+        n, w = len(batch), self.pilot.workers
+        blobs = [_dumps(batch[p::w]) for p in range(w)]  # one slice per partition
+        slices, off = [], 0
+        for b in blobs:
+            slices.append((off, len(b)))
+            off += len(b)
+        area.ensure(ops=4 * n, txns=n + 1, nbytes=off)
         kind = e.scheduler.value if isinstance(e.scheduler, Scheduler) else "tpg"
         fn = tpg_task if kind in ("adaptive", "tpg") else locking_task
         while True:
-            area.inbox.array[:len(blob)] = np.frombuffer(blob, np.uint8)
+            for (o, size), b in zip(slices, blobs, strict=True):
+                area.inbox.array[o:o + size] = np.frombuffer(b, np.uint8)
             area.reset()
             job = Job(kind, area.state, area.fields, area.inbox, e.store.shared,
-                      e.store.layout, self.pilot.workers, batch_no, 0, len(blob), self.claim_dir,
+                      e.store.layout, w, batch_no, 0, slices, self.claim_dir,
                       self.run_id, tpg=e.scheduler if isinstance(e.scheduler, TPG) else None,
                       expected_abort=self.expected_abort, stall_s=e.stall_timeout,
                       extra=self._planning(n))

@@ -23,9 +23,7 @@ on every task, as for the TPG (tpg.py says why).
 
 from __future__ import annotations
 
-import pickle
-
-from .area import DONE, FAILED, Job, drive
+from .area import DONE, FAILED, Job, drive, load_events
 from .txn import Guarded, apply, describe, key_name, record_or_error
 
 _CACHE: dict = {}
@@ -83,7 +81,7 @@ def load(job: Job) -> TxnPlan:
     plan = _CACHE.get(key)
     if plan is None:
         _CACHE.clear()
-        events = pickle.loads(job.inbox.array[:job.nbytes].tobytes())
+        events = load_events(job)
         plan = TxnPlan(events, job.layout, job.nparts, job.kind == "partitioned")
         _CACHE[key] = plan
     return plan

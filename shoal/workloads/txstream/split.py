@@ -31,28 +31,26 @@ batch's shape.
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 
+from .area import load_events
 from .policy import Shape
 from .txn import record_or_error
 
 _OWN: dict = {}  # (run_id, batch, p) -> (own txns, their ops, bad): this process's recordings
 
 
-def own_records(job, p: int, events=None):
+def own_records(job, p: int):
     key = (job.run_id, job.batch, p)
     got = _OWN.get(key)
     if got is None:
         if len(_OWN) > 64:
             _OWN.clear()
-        if events is None:
-            events = pickle.loads(job.inbox.array[:job.nbytes].tobytes())
-        txns = list(range(p, len(events), job.nparts))
+        mine = load_events(job, p)  # events p, p + W, p + 2W, ...
+        txns = list(range(p, p + job.nparts * len(mine), job.nparts))
         ops, bad = [], {}
-        for t in txns:
-            o, err = record_or_error(*events[t], job.layout)
+        for t, event in zip(txns, mine, strict=True):
+            o, err = record_or_error(*event, job.layout)
             if err is not None:
                 bad[t] = err
             ops.append(o)
@@ -174,7 +172,7 @@ class SplitRunner:
     def step(self) -> bool:
         task, job, p = self.task, self.task.job, self.p
         if self.stage == 0:
-            txns, ops, bad = own_records(job, p, task.events())
+            txns, ops, bad = own_records(job, p)
             nops, nreads, guard = job.view("txn_nops"), job.view("txn_nreads"), job.view("txn_guard")
             for t, tops in zip(txns, ops, strict=True):
                 nops[t] = len(tops)

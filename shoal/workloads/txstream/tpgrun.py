@@ -29,13 +29,12 @@ a single check (lazy only; the chain graph must be acyclic).
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
 
 from . import tpg as _tpg
-from .area import DONE, FAILED, PENDING, SKIPPED, Job, drive
+from .area import DONE, FAILED, PENDING, SKIPPED, Job, drive, load_events
 from .policy import AbortHandling, Exploration, Granularity, choose
 from .txn import Guarded, apply, describe, key_name
 
@@ -49,7 +48,7 @@ def load_plan(job: Job):
     plan = _CACHE.get(key)
     if plan is None:
         _CACHE.clear()
-        events = pickle.loads(job.inbox.array[:job.nbytes].tobytes())
+        events = load_events(job)
         plan = _tpg.build(events, job.layout, job.nparts)
         _CACHE[key] = plan
     return plan
@@ -312,17 +311,11 @@ class _SplitTask:
         self.n_txn = job.extra["n"]
         self.bad: dict = {}
         self.need: dict | None = None
-        self._events = None
         self._sized = None
         self.g = None
         self.ex = None
         self.decision = None
         self.first_op = 0
-
-    def events(self):
-        if self._events is None:
-            self._events = pickle.loads(self.job.inbox.array[:self.job.nbytes].tobytes())
-        return self._events
 
     def sized(self) -> bool:
         """After barrier 1: the global offsets, and whether the shared arrays are big enough."""

@@ -84,7 +84,9 @@ def cpu_costs(n: int = 10240) -> None:
     evs = gs.events(n, 10_000, seed=1)
     store = ts.Store(gs.tables(10_000))
     blob = pickle.dumps(evs, 5)
-    halves = [pickle.dumps(evs[p::2], 5) for p in (0, 1)]  # the engine's slices, 2 partitions
+    from shoal.workloads.txstream.area import owned
+
+    halves = [pickle.dumps([evs[t] for t in owned(p, n, 2)], 5) for p in (0, 1)]  # the slices
     slices = [(0, len(halves[0])), (len(halves[0]), len(halves[1]))]
     best: dict = {}
 

@@ -360,3 +360,13 @@ def test_docs_snippet_runs(tmp_path):
                          timeout=120, env=dict(os.environ, PYTHONPATH=root), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("1000000")
+
+
+@pytest.mark.parametrize("n,w", [(0, 2), (1, 2), (63, 2), (64, 2), (300, 2), (1000, 3), (129, 1)])
+def test_ownership_blocks_cover_each_transaction_once(n, w):
+    from shoal.workloads.txstream.area import BLOCK, owned
+
+    got = [owned(p, n, w) for p in range(w)]
+    assert sorted(t for part in got for t in part) == list(range(n))
+    for p, part in enumerate(got):
+        assert part == sorted(part) and all((t // BLOCK) % w == p for t in part)

@@ -142,11 +142,23 @@ class Job:
         return d
 
 
-def load_events(job: Job, p: int | None = None) -> list:
-    """The batch's events (``p=None``), or only partition p's slice: events p, p+W, p+2W...
+BLOCK = 64  # consecutive transactions per ownership block (split planning)
 
-    The driver pickles the batch as ``nparts`` interleaved slices, so split planning
-    unpickles only what a partition records."""
+
+def owned(p: int, n: int, nparts: int) -> list:
+    """The transactions partition p owns: blocks of ``BLOCK`` consecutive ones, dealt round
+    robin.  Rejected: single transactions round robin (``t % W``) — a hot key's chain then
+    changes worker at every operation, one cross-worker hand-off each; contiguous halves —
+    the second worker would wait for the first on nearly every key."""
+    step = nparts * BLOCK
+    return [t for b in range(p * BLOCK, n, step) for t in range(b, min(b + BLOCK, n))]
+
+
+def load_events(job: Job, p: int | None = None) -> list:
+    """The batch's events (``p=None``), or only partition p's slice (``owned`` order).
+
+    The driver pickles the batch as ``nparts`` slices, so split planning unpickles only
+    what a partition records."""
     import pickle
 
     buf = job.inbox.array
@@ -157,7 +169,8 @@ def load_events(job: Job, p: int | None = None) -> list:
     n = sum(len(x) for x in parts)
     events: list = [None] * n
     for q, part in enumerate(parts):
-        events[q::len(parts)] = part
+        for t, e in zip(owned(q, n, len(parts)), part, strict=True):
+            events[t] = e
     return events
 
 

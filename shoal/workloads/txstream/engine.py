@@ -33,7 +33,7 @@ from itertools import islice
 
 import numpy as np
 
-from .area import DONE, Area, Cancelled, Job
+from .area import DONE, Area, Cancelled, Job, owned
 from .checkpoint import Checkpoint
 from .locking import locking_task
 from .policy import TPG, Granularity
@@ -196,7 +196,7 @@ class _PilotRunner:
     def run_batch(self, batch: list, seq0: int, batch_no: int) -> BatchResult:
         e, area = self.e, self.area
         n, w = len(batch), self.pilot.workers
-        blobs = [_dumps(batch[p::w]) for p in range(w)]  # one slice per partition
+        blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
         slices, off = [], 0
         for b in blobs:
             slices.append((off, len(b)))

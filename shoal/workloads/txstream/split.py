@@ -1,8 +1,9 @@
 """Split planning: each worker records only its own transactions, the graph is assembled in
 shared memory.  The TPG scheduler's default for operation granularity.
 
-Partition p owns the transactions ``t % workers == p``: it records them (the only place
-their closures exist), and runs their operations.  Three stages per partition, the
+Partition p owns blocks of 64 consecutive transactions, dealt round robin
+(``area.owned``): it records them (the only place their closures exist), and runs
+their operations.  Three stages per partition, the
 last two behind in-task barriers (``phase[p]`` = epoch*4 + stage, written by p's owner):
 
 0. record own transactions; publish per transaction: operation count, read count,
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .area import load_events
+from .area import BLOCK, load_events, owned
 from .policy import Shape
 from .txn import record_or_error
 
@@ -46,8 +47,8 @@ def own_records(job, p: int):
     if got is None:
         if len(_OWN) > 64:
             _OWN.clear()
-        mine = load_events(job, p)  # events p, p + W, p + 2W, ...
-        txns = list(range(p, p + job.nparts * len(mine), job.nparts))
+        mine = load_events(job, p)
+        txns = owned(p, job.extra["n"], job.nparts)
         ops, bad = [], {}
         for t, event in zip(txns, mine, strict=True):
             o, err = record_or_error(*event, job.layout)
@@ -100,7 +101,7 @@ class Global:
         self.op_reads: list = [()] * n
         self.nparts = job.nparts
         # the shape, for the adaptive choice (owner of an operation: its transaction % parts)
-        owner = op_txn % job.nparts
+        owner = (op_txn // BLOCK) % job.nparts
         cross = np.zeros(n, bool)
         has = prev >= 0
         cross[has] = owner[prev[has]] != owner[has]

@@ -65,6 +65,7 @@ from .._errors import (
     SerializationError,
     WorkerLost,
 )
+from ..runtime import graph
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_balance import Balancer
@@ -73,7 +74,6 @@ from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
 
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 
 
@@ -426,23 +426,18 @@ class _ForeignFuture(Exception):
     pass
 
 
-def _to_dask(obj, depth: int = 0):
-    """``obj`` with this backend's shoal Futures replaced by their dask futures."""
-    if isinstance(obj, Future):
-        dfut = getattr(obj, "_dask", None)
-        if dfut is None:
-            raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
-                                 "task; pass its .result() instead")
-        return dfut
-    t = type(obj)
-    if t in _ATOMIC or depth >= 5:
-        return obj
-    if t is tuple or t is list:
-        items = [_to_dask(x, depth + 1) for x in obj]
-        return tuple(items) if t is tuple else items
-    if t is dict:
-        return {k: _to_dask(v, depth + 1) for k, v in obj.items()}
-    return obj
+def _dask_future_of(fut: Future):
+    dfut = getattr(fut, "_dask", None)
+    if dfut is None:
+        raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
+                             "task; pass its .result() instead")
+    return dfut
+
+
+def _to_dask(obj):
+    """``obj`` with this backend's shoal Futures replaced by their dask futures (the one
+    walk of ``shoal.runtime.graph``; dask then finds them at the same places)."""
+    return graph.substitute(obj, _dask_future_of)
 
 
 def _probe_tcp(address: str, timeout: float) -> None:

@@ -50,23 +50,20 @@ import types
 from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
+from ..runtime import graph, wire
 from ..runtime import trace as tracing
-from ..runtime import wire
 from ..runtime.future import Future
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
 from ..runtime.worker import (
-    _ATOMIC,
     POKE,
     STATUS_DEPTH,
     STATUS_HUNGRY,
     STATUS_PID,
     STATUS_RUNNING,
     STATUS_SLOTS,
-    has_futures,
-    resolve_futures,
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
@@ -128,6 +125,7 @@ class LocalBackend:
         self.doorbell = self.matrix.doorbell(0)
         self._cancel_cb = self._cancel
         self.tasks: dict[int, _Task] = {}
+        self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
         self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
         self.defines: list[bytes] = []
@@ -252,7 +250,7 @@ class LocalBackend:
         fut = Future()
         fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
-        if (args and _any_future(args)) or (kwargs and _any_future(kwargs.values())):
+        if (args and graph.any_future(args)) or (kwargs and graph.any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
             self._submit_later(fut, fn, args, kwargs, retries, timeout)
@@ -286,33 +284,29 @@ class LocalBackend:
             self._dispatch(task)
 
     def _submit_later(self, fut, fn, args, kwargs, retries, timeout) -> None:
-        """Hold a task until the futures among its arguments are done, then send it."""
-        deps = []
-        _collect_futures((args, kwargs), deps)
-        remaining = [len(deps)]
-        lock = threading.Lock()
+        """Hold a task until the futures among its arguments are done, then send it.
 
-        def on_dep_done(_dep):
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+        From now on the task counts as outstanding (``waiting``): ``close`` waits
+        for it, ``close(cancel_pending=True)`` cancels it."""
+        deps = graph.collect_futures((args, kwargs))
+        with self.lock:
+            self.waiting[fut.task_id] = fut
+
+        def on_deps_done():
+            with self.lock:
+                self.waiting.pop(fut.task_id, None)
             if fut.done():
                 return
-            for d in deps:
-                if d.cancelled():
-                    fut.set_exception(cf.CancelledError(f"a dependency of task {fut.task_id:#x} was cancelled"))
-                    return
-                if d.exception() is not None:
-                    fut.set_exception(d.exception())
-                    return
+            err = graph.failed_dependency(deps)
+            if err is not None:
+                _settle(fut, False, err)
+                return
             try:
-                self._submit_now(fut, fn, resolve_futures(args), resolve_futures(kwargs), retries, timeout)
-            except Exception as exc:
-                fut.set_exception(exc)
+                self._submit_now(fut, fn, graph.resolve(args), graph.resolve(kwargs), retries, timeout)
+            except BaseException as exc:  # noqa: BLE001 - the task's own failure
+                _settle(fut, False, exc)
 
-        for d in deps:
-            d.add_done_callback(on_dep_done)
+        graph.when_done(deps, on_deps_done)
 
     def _fn_id(self, fn) -> int:
         entry = self.fn_ids.get(id(fn))
@@ -358,6 +352,8 @@ class LocalBackend:
 
     def _cancel(self, fut: Future) -> None:
         with self.lock:
+            if self.waiting and self.waiting.pop(fut.task_id, None) is not None:
+                return  # still waiting for its inputs: nothing was sent
             task = self.tasks.pop(fut.task_id, None)
             if task is None:
                 return
@@ -589,11 +585,16 @@ class LocalBackend:
         if self.closed:
             return
         self.closing = True
-        if cancel_pending:
-            for task in list(self.tasks.values()):
-                task.future.cancel()
-        else:
-            cf.wait([t.future for t in list(self.tasks.values())])
+        while True:  # tasks waiting for inputs are outstanding too (they finish or cancel)
+            with self.lock:
+                futs = [t.future for t in self.tasks.values()] + list(self.waiting.values())
+            if not futs:
+                break
+            if cancel_pending:
+                for f in futs:
+                    f.cancel()
+                break
+            cf.wait(futs)
         with self.lock:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
@@ -640,13 +641,6 @@ def _check_options(retries, timeout) -> None:
         raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")
 
 
-def _any_future(values) -> bool:
-    for v in values:
-        if type(v) not in _ATOMIC and has_futures(v):
-            return True
-    return False
-
-
 def _settle(fut: Future, ok: bool, value) -> None:
     try:
         if ok:
@@ -655,17 +649,6 @@ def _settle(fut: Future, ok: bool, value) -> None:
             fut.set_exception(value)
     except cf.InvalidStateError:
         pass  # cancelled meanwhile
-
-
-def _collect_futures(obj, out: list, depth: int = 0) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif depth < 5 and type(obj) in (list, tuple):
-        for x in obj:
-            _collect_futures(x, out, depth + 1)
-    elif depth < 5 and type(obj) is dict:
-        for x in obj.values():
-            _collect_futures(x, out, depth + 1)
 
 
 def _package_root() -> str:

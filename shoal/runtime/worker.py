@@ -51,6 +51,7 @@ from collections import deque
 from ..queues import RingMatrix
 from . import context, policy, wire
 from .future import Future, set_local_exception, set_local_result
+from .graph import has_futures, resolve
 from .mailbox import Inbox, Outbox
 from .trace import Tracer
 from .wire import Flag, Kind
@@ -109,48 +110,6 @@ class WireTask:
         self.msg = msg
         self.task_id = task_id
         self.pinned = False
-
-
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
-
-
-def has_futures(obj, depth: int = 0) -> bool:
-    """Whether ``obj`` holds a shoal Future (also inside lists, tuples, dicts).
-
-    Runs on every submit/spawn: atomic items are skipped without a call, so a
-    list of a million numbers costs ~30 ms, not a recursion per item.
-    """
-    t = type(obj)
-    if t is Future:
-        return True
-    if depth < 4:
-        if t is list or t is tuple:
-            items = obj
-        elif t is dict:
-            items = obj.values()
-        else:
-            return isinstance(obj, Future)
-        atomic = _ATOMIC
-        for x in items:
-            if type(x) not in atomic and has_futures(x, depth + 1):
-                return True
-        return False
-    return isinstance(obj, Future)
-
-
-def resolve_futures(obj, depth: int = 0):
-    """Replace each Future in ``obj`` by its result (waits; errors propagate)."""
-    t = type(obj)
-    if isinstance(obj, Future):
-        return obj.result()
-    if depth < 4:
-        if t is list:
-            return [resolve_futures(x, depth + 1) for x in obj]
-        if t is tuple:
-            return tuple(resolve_futures(x, depth + 1) for x in obj)
-        if t is dict:
-            return {k: resolve_futures(v, depth + 1) for k, v in obj.items()}
-    return obj
 
 
 class Worker:
@@ -560,7 +519,7 @@ class Worker:
         try:
             args, kwargs = task.args, task.kwargs
             if task.pinned:
-                args, kwargs = resolve_futures(args), resolve_futures(kwargs)
+                args, kwargs = resolve(args), resolve(kwargs)
             self.in_user = True
             value = task.fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything travels to the waiter

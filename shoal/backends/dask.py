@@ -215,12 +215,14 @@ class DaskBackend:
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
         try:
             blob = self._blob(fn)
-            args, kwargs = _to_dask(args), _to_dask(kwargs)
+            deps = (bool(args) and graph.any_future(args)) or (bool(kwargs) and graph.any_future(kwargs.values()))
+            if deps:
+                args, kwargs = _to_dask(args), _to_dask(kwargs)
         except _ForeignFuture as exc:
             raise ValueError(str(exc)) from None
         except Exception as exc:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
-        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout), _name(fn), retries)
+        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps), _name(fn), retries)
 
     def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
         """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
@@ -437,7 +439,7 @@ def _dask_future_of(fut: Future):
 def _to_dask(obj):
     """``obj`` with this backend's shoal Futures replaced by their dask futures (the one
     walk of ``shoal.runtime.graph``; dask then finds them at the same places)."""
-    return graph.substitute(obj, _dask_future_of)
+    return graph.substitute(obj, _dask_future_of, sets_as_dicts=True)
 
 
 def _probe_tcp(address: str, timeout: float) -> None:

@@ -587,7 +587,7 @@ class LocalBackend:
         self.closing = True
         while True:  # tasks waiting for inputs are outstanding too (they finish or cancel)
             with self.lock:
-                futs = [t.future for t in self.tasks.values()] + list(self.waiting.values())
+                futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
             if not futs:
                 break
             if cancel_pending:

@@ -113,16 +113,36 @@ def collect_futures(obj) -> list:
     return out
 
 
-def substitute(obj, value_of):
-    """``obj`` with every Future ``f`` in it replaced by ``value_of(f)`` (see module doc)."""
+def substitute(obj, value_of, *, sets_as_dicts: bool = False):
+    """``obj`` with every Future ``f`` in it replaced by ``value_of(f)`` (see module doc).
+
+    ``sets_as_dicts``: a set or frozenset that held a Future becomes a tagged dict
+    (``unpack_sets`` turns it back), for carriers that walk only lists, tuples and
+    dicts (dask finds its futures there, not in sets)."""
     if type(obj) not in CONTAINERS:
         return value_of(obj) if isinstance(obj, Future) else obj
     if not has_futures(obj):
         return obj
-    return _substitute(obj, value_of, {})
+    return _substitute(obj, value_of, {}, sets_as_dicts)
 
 
-def _substitute(obj, value_of, memo: dict):
+SET_TAG = "__shoal_set__"
+
+
+def unpack_sets(obj):
+    """Undo ``substitute(..., sets_as_dicts=True)`` on the values (the receiving side)."""
+    t = type(obj)
+    if t is dict:
+        kind = obj.get(SET_TAG) if len(obj) == 2 else None
+        if kind in ("set", "frozenset") and "items" in obj:
+            return (set if kind == "set" else frozenset)(unpack_sets(x) for x in obj["items"])
+        return {k: unpack_sets(v) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return t(unpack_sets(x) for x in obj)
+    return obj
+
+
+def _substitute(obj, value_of, memo: dict, sets_as_dicts: bool = False):
     t = type(obj)
     if t in ATOMIC:
         return obj
@@ -133,16 +153,20 @@ def _substitute(obj, value_of, memo: dict):
         return memo[key]
     if t is list:
         new = memo[key] = []
-        new.extend(_substitute(x, value_of, memo) for x in obj)
+        new.extend(_substitute(x, value_of, memo, sets_as_dicts) for x in obj)
         return new
     if t is dict:
         new = memo[key] = {}
         for k, v in obj.items():
-            new[k] = _substitute(v, value_of, memo)
+            new[k] = _substitute(v, value_of, memo, sets_as_dicts)
         return new
     # tuple, set, frozenset: immutable or unable to hold themselves (their members are
     # hashable, so a cycle through them passes a list or dict, which the memo breaks)
-    new = t(_substitute(x, value_of, memo) for x in obj)
+    items = [_substitute(x, value_of, memo, sets_as_dicts) for x in obj]
+    if sets_as_dicts and t is not tuple:
+        new = {SET_TAG: t.__name__, "items": items}
+    else:
+        new = t(items)
     memo[key] = new
     return new
 

@@ -214,3 +214,11 @@ def big_children(n, size):
 def channel_put(chan, blobs):
     """Put each blob into the Channel; the list of put() answers."""
     return [chan.put(b) for b in blobs]
+
+
+def ident(x):
+    return x
+
+
+def ident_kw(*args, **kwargs):
+    return args, kwargs

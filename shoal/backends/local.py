@@ -38,6 +38,7 @@ import concurrent.futures as cf
 import heapq
 import itertools
 import json
+import logging
 import os
 import random
 import signal
@@ -46,11 +47,13 @@ import sys
 import threading
 import time
 import types
+import weakref
+from collections import OrderedDict
 
 from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
-from ..runtime import graph, wire
+from ..runtime import context, graph, wire
 from ..runtime import trace as tracing
 from ..runtime.future import Future
 from ..runtime.mailbox import Inbox, Outbox
@@ -61,6 +64,7 @@ from ..runtime.worker import (
     POKE,
     STATUS_DEPTH,
     STATUS_HUNGRY,
+    STATUS_LOADING,
     STATUS_PID,
     STATUS_RUNNING,
     STATUS_SLOTS,
@@ -69,6 +73,12 @@ from ..runtime.worker import (
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
+FN_CACHE = 4096  # functions defined on the workers at most; later ones travel with each task
+_SEEN = 256  # functions seen once, remembered to define them on their second use
+_LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
+_RESTART_MAX_S = 5.0  # longest wait between two attempts to start a replacement worker
+_log = logging.getLogger("shoal.runtime")
+_live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
 
 
 class _Task:
@@ -128,7 +138,9 @@ class LocalBackend:
         self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
         self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
-        self.defines: list[bytes] = []
+        self.fn_seen: OrderedDict = OrderedDict()  # id(fn) -> fn, seen once (bounded)
+        self.unloadable: dict[int, tuple[object, str]] = {}  # id(fn) -> (fn, why): quarantined
+        self.defines: dict[int, bytes] = {}  # fn id -> DEFINE message (for replacements)
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
@@ -140,6 +152,14 @@ class LocalBackend:
         self.export_lock = threading.Lock()
         self.closing = False
         self.closed = False
+        self.close_lock = threading.Lock()
+        self.pid = os.getpid()  # the process that owns the rings (a fork may not use them)
+        self.forked = False
+        self.down: dict[int, list] = {}  # endpoint without a process -> [retry at, delay, tries, why]
+        self.restart_failures = 0
+        self.pump_errors = 0
+        self.stopped: dict[int, int] = {}  # endpoint -> pid, of workers seen stopped (SIGSTOP)
+        self.next_liveness = 0.0
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)
@@ -154,6 +174,7 @@ class LocalBackend:
             raise
         self.pump_thread = threading.Thread(target=self._pump, name="shoal-pump", daemon=True)
         self.pump_thread.start()
+        _live.add(self)
 
     @property
     def endpoints(self) -> range:
@@ -184,8 +205,40 @@ class LocalBackend:
             env=env,
             stdin=subprocess.DEVNULL,
         )
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
         self.procs[ep] = proc
-        self.pidfds[ep] = os.pidfd_open(proc.pid)
+        self.pidfds[ep] = pidfd
+
+    def _replace(self, ep: int) -> None:
+        """Start a replacement on ``ep`` (lock held).  A failure (no free fds, ENOMEM, the
+        pids limit) leaves ``ep`` down; the pump retries with backoff and says so."""
+        try:
+            self._start_worker(ep)
+        except BaseException as exc:  # noqa: BLE001 - the pump thread must not die of it
+            entry = self.down.get(ep) or [0.0, 0.0, 0, None]
+            delay = min(_RESTART_MAX_S, max(0.05, entry[1] * 2))
+            self.down[ep] = [time.monotonic() + delay, delay, entry[2] + 1, repr(exc)]
+            self.restart_failures += 1
+            _log.warning("shoal: could not start a replacement for worker %d (attempt %d: %r); "
+                         "its tasks go to the other workers; retrying in %.2f s",
+                         ep, entry[2] + 1, exc, delay)
+            return
+        if self.down.pop(ep, None) is not None and self.restart_failures:
+            _log.warning("shoal: worker %d is back (pid %d)", ep, self.procs[ep].pid)
+        for msg in self.defines.values():
+            self._send(ep, msg, wake=False)
+
+    def _retry_down(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for ep, entry in list(self.down.items()):
+                if entry[0] <= now and not self.closing:
+                    self._replace(ep)
 
     def _on_death(self, ep: int) -> None:
         """A worker process exited: account for its tasks, tell the others, replace it."""
@@ -197,8 +250,11 @@ class LocalBackend:
         status = self.matrix.status(ep)
         depth = status[STATUS_DEPTH]
         running = {status[STATUS_RUNNING + i] for i in range(min(depth, STATUS_SLOTS))}
+        loading = status[STATUS_LOADING]
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
+        if loading:  # it died unpickling a function: no other worker gets that DEFINE again
+            self._quarantine(loading, ep, proc)
         overran = self.timed_out.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1
@@ -213,6 +269,8 @@ class LocalBackend:
             for other in self.endpoints:
                 if other != ep:
                     self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
+            self.down.setdefault(ep, [0.0, 0.0, 0, None])  # re-sent tasks go elsewhere
+            broken = []
             for tid, task in list(self.tasks.items()):
                 if task.placed == ep:
                     self.placement.finished(ep - 1)
@@ -220,15 +278,18 @@ class LocalBackend:
                 if task.where == ep:
                     if tid in running or tid == overran:
                         lost.append(task)
+                    elif self.unloadable and self._is_quarantined(task):
+                        broken.append(task)
                     else:
                         self._dispatch(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()
             if not self.closing:
-                self._start_worker(ep)
-                for msg in self.defines:
-                    self._send(ep, msg, wake=False)
+                self._replace(ep)
+        for task in broken:
+            self._fail_or_retry(task.future.task_id, task, SerializationError(
+                self.unloadable[id(task.fn)][1]), retry=False)
         for task in lost:
             tid = task.future.task_id
             if tid == overran:
@@ -239,12 +300,29 @@ class LocalBackend:
                                  f"while running task {task.name}; a replacement was started")
             self._fail_or_retry(tid, task, err)
 
+    def _quarantine(self, fn_id: int, ep: int, proc) -> None:
+        """Function ``fn_id`` killed worker ``ep`` while being unpickled: drop its DEFINE
+        (replacements would die of it too), fail its tasks, refuse new ones."""
+        with self.lock:
+            self.defines.pop(fn_id, None)
+            for key, (fid, fn) in list(self.fn_ids.items()):
+                if fid == fn_id:
+                    del self.fn_ids[key]
+                    why = (f"function {_qualified(fn)} killed worker {ep} (pid {proc.pid}, exit code "
+                           f"{proc.returncode}) while the worker unpickled it (importing its module?); "
+                           f"it is quarantined: its tasks fail, the others go on")
+                    self.unloadable[key] = (fn, why)
+                    _log.error("shoal: %s", why)
+
+    def _is_quarantined(self, task: _Task) -> bool:
+        return id(task.fn) in self.unloadable and self.unloadable[id(task.fn)][0] is task.fn
+
     # -- submitting --------------------------------------------------------------------
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
-            raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
+            raise PilotClosed(self._closed_reason())
         if type(retries) is not int or retries or timeout is not None:
             _check_options(retries, timeout)
         fut = Future()
@@ -267,7 +345,7 @@ class LocalBackend:
         if entry is not None:
             fn_id = entry[0]
             payload = wire.dump_args(args, kwargs, fn)
-        elif type(fn) in _CACHEABLE:
+        elif type(fn) in _CACHEABLE and self._fn_id(fn):
             fn_id = self._fn_id(fn)
             payload = wire.dump_args(args, kwargs, fn)
         elif callable(fn):  # bound methods, partials, callable objects: their state may change
@@ -309,20 +387,39 @@ class LocalBackend:
         graph.when_done(deps, on_deps_done)
 
     def _fn_id(self, fn) -> int:
-        entry = self.fn_ids.get(id(fn))
+        """The id under which the workers know ``fn``; 0: send it with the task instead.
+
+        A function is defined on the workers (sent once to each, and to every
+        replacement) while fewer than ``FN_CACHE`` are; a lambda or closure only on its
+        *second* use: one made per call would otherwise grow every worker's cache
+        (and every replacement's start-up) forever."""
+        key = id(fn)
+        entry = self.fn_ids.get(key)
         if entry is not None:
             return entry[0]
+        if self.unloadable and key in self.unloadable and self.unloadable[key][0] is fn:
+            raise SerializationError(self.unloadable[key][1])
+        if len(self.fn_ids) >= FN_CACHE:
+            return 0
+        if "<" in getattr(fn, "__qualname__", "<"):  # a lambda or a closure: maybe made per call
+            with self.lock:
+                if self.fn_seen.get(key) is not fn:
+                    self.fn_seen[key] = fn
+                    if len(self.fn_seen) > _SEEN:
+                        self.fn_seen.popitem(last=False)
+                    return 0
         blob = wire.dump_function(fn)
         with self.lock:
-            entry = self.fn_ids.get(id(fn))
+            entry = self.fn_ids.get(key)
             if entry is not None:
                 return entry[0]
-            fn_id = len(self.fn_ids) + 1
-            msg = wire.encode_define(fn_id, blob)
-            self.defines.append(msg)
+            self.fn_seen.pop(key, None)
+            fn_id = len(self.fn_ids) + len(self.unloadable) + 1
+            msg = wire.encode_define(fn_id, blob, _qualified(fn))
+            self.defines[fn_id] = msg
             for ep in self.endpoints:
                 self._send(ep, msg, wake=False)
-            self.fn_ids[id(fn)] = (fn_id, fn)
+            self.fn_ids[key] = (fn_id, fn)
         return fn_id
 
     def function_of(self, fn_id: int):
@@ -345,6 +442,10 @@ class LocalBackend:
         if task.placed:
             self.placement.finished(task.placed - 1)
         w = self.placement.choose()
+        if self.down and w + 1 in self.down:  # no process there now: any live worker
+            live = [e for e in self.endpoints if e not in self.down]
+            if live:
+                w = live[task.future.task_id % len(live)] - 1
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep
@@ -366,8 +467,8 @@ class LocalBackend:
                 if len(self.recently_cancelled) > 4096:
                     self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
 
-    def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException) -> None:
-        if task.retries > 0 and not self.closing:
+    def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
+        if retry and task.retries > 0 and not self.closing:
             task.retries -= 1
             with self.lock:
                 if tid in self.tasks:
@@ -383,15 +484,33 @@ class LocalBackend:
     # -- the pump thread ---------------------------------------------------------------
 
     def _pump(self) -> None:
+        """The pump thread's body: it never dies before ``close``.  Anything a round
+        raises (BaseException included) is reported and the loop goes on."""
+        errors = 0
+        while True:
+            try:
+                self._pump_rounds()
+                return
+            except BaseException:  # noqa: BLE001 - a dead pump would hang every future
+                self.pump_errors += 1
+                errors += 1
+                _log.exception("shoal: the pump thread hit an error; it goes on")
+                time.sleep(min(1.0, 0.001 * 2 ** min(errors, 10)))
+
+    def _pump_rounds(self) -> None:
         idle = 0
         while True:
             got = self._drain_inboxes()
             if self.deadlines:
                 self._check_deadlines()
+            if self.down:
+                self._retry_down()
             if any(box.pending for box in self.out.values()):
                 with self.lock:
                     for box in self.out.values():
                         box.flush()
+            if self.tasks and time.monotonic() >= self.next_liveness:
+                self._check_liveness()
             if got:
                 idle = 0
                 continue
@@ -403,6 +522,11 @@ class LocalBackend:
             timeout = None
             if self.deadlines:
                 timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            if self.down:
+                due = max(0.0, min(e[0] for e in self.down.values()) - time.monotonic())
+                timeout = due if timeout is None else min(timeout, due)
+            if self.tasks:
+                timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001
             fds = list(self.pidfds.values())
@@ -411,6 +535,21 @@ class LocalBackend:
                 for ep, pidfd in list(self.pidfds.items()):
                     if pidfd == fd:
                         self._on_death(ep)
+
+    def _check_liveness(self) -> None:
+        """Report workers that are stopped (SIGSTOP, a debugger): their tasks cannot
+        progress, and without a ``timeout=`` nothing else would say why."""
+        self.next_liveness = time.monotonic() + _LIVENESS_S
+        for ep, proc in list(self.procs.items()):
+            state = _proc_state(proc.pid) if ep not in self.down else None
+            if state in ("T", "t"):
+                if self.stopped.get(ep) != proc.pid:
+                    self.stopped[ep] = proc.pid
+                    _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); "
+                                 "its tasks wait until it gets SIGCONT. Give tasks a timeout= "
+                                 "to bound them.", ep, proc.pid)
+            elif self.stopped.pop(ep, None) is not None:
+                _log.warning("shoal: worker %d (pid %d) runs again", ep, proc.pid)
 
     def _readable(self) -> bool:
         if self.closed:
@@ -431,10 +570,14 @@ class LocalBackend:
                 self.messages_in += len(msgs)
                 results = []
                 for m in msgs:
-                    if m[0] == Kind.RESULT:
-                        results.append(wire.decode_result(m))
-                    else:
-                        self._handle(ep, m)
+                    try:
+                        if m[0] == Kind.RESULT:
+                            results.append(wire.decode_result(m))
+                        else:
+                            self._handle(ep, m)
+                    except BaseException:  # noqa: BLE001 - one bad message, not the batch
+                        self.pump_errors += 1
+                        _log.exception("shoal: a message from worker %d could not be handled", ep)
                 if results:
                     self._on_results(results)
         return got
@@ -569,19 +712,64 @@ class LocalBackend:
                 if left <= 0:
                     break
                 self.stats_cond.wait(left)
-            workers = [self.stats_replies.get(ep, {"worker": ep, "unresponsive": True}) for ep in self.endpoints]
+            workers = [self.stats_replies.get(ep) or self._silent(ep) for ep in self.endpoints]
         return {
             "backend": self.kind,
             "workers": workers,
             "driver": {
                 "outstanding": len(self.tasks),
                 "worker_deaths": self.deaths,
+                "waiting_for_inputs": len(self.waiting),
+                "restart_failures": self.restart_failures,
+                "workers_down": sorted(self.down),
+                "workers_stopped": sorted(self.stopped),
+                "pump_errors": self.pump_errors,
                 "messages_in": self.messages_in,
                 "messages_out": sum(box.sent for box in self.out.values()),
             },
         }
 
+    def _silent(self, ep: int) -> dict:
+        """A worker's stats entry when it did not answer: why, as far as the driver knows."""
+        out = {"worker": ep, "unresponsive": True}
+        if ep in self.down:
+            out["state"] = "down"
+            out["restart_error"] = self.down[ep][3]
+        else:
+            proc = self.procs.get(ep)
+            state = _proc_state(proc.pid) if proc is not None else None
+            out["pid"] = proc.pid if proc is not None else None
+            out["state"] = "stopped" if state in ("T", "t") else "busy"
+        return out
+
+    def _closed_reason(self) -> str:
+        if self.forked:
+            return (f"this pilot belongs to process {self.pid}, and this process ({os.getpid()}) "
+                    "is a fork of it: a forked process cannot use its parent's pilot (the workers "
+                    "and rings are the parent's); open a new shoal.Pilot in the child")
+        if context.exiting:
+            return "cannot schedule new futures after interpreter shutdown"
+        return "submit() on a closed pilot; open a new shoal.Pilot"
+
+    def _forked(self) -> None:
+        """In the child of ``os.fork()`` (at-fork hook): never touch the parent's workers,
+        rings or processes; every use raises ``PilotClosed`` saying why."""
+        self.forked = True
+        self.closing = self.closed = True
+        for fd in [*self.pidfds.values(), self.lifeline_w]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pidfds, self.procs = {}, {}
+        self.tasks, self.waiting = {}, {}
+        self.out, self.inboxes = {}, []
+
     def close(self, cancel_pending: bool = False) -> None:
+        with self.close_lock:  # the exit handler and a collected pilot's closer may race
+            self._close(cancel_pending)
+
+    def _close(self, cancel_pending: bool) -> None:
         if self.closed:
             return
         self.closing = True
@@ -649,6 +837,32 @@ def _settle(fut: Future, ok: bool, value) -> None:
             fut.set_exception(value)
     except cf.InvalidStateError:
         pass  # cancelled meanwhile
+    except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
+        _log.exception("shoal: a done-callback of %r raised", fut)
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state of a process (``T``: stopped), from /proc; None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _qualified(fn) -> str:
+    """``module.qualname`` of a function, for error messages."""
+    mod = getattr(fn, "__module__", None)
+    name = wire.describe(fn)
+    return f"{mod}.{name}" if mod else name
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_live):
+        backend._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _package_root() -> str:

@@ -62,7 +62,8 @@ STATUS_PID = 0  # the worker's pid, for SIGURG pokes
 STATUS_HUNGRY = 1  # 1 while the worker has asked every victim in vain and waits for a WAKE
 STATUS_DEPTH = 2  # how many driver tasks are running here (nested by help-first joins)
 STATUS_RUNNING = 3  # their ids, innermost last, up to STATUS_SLOTS
-STATUS_SLOTS = RingMatrix.STATUS_WORDS - STATUS_RUNNING
+STATUS_LOADING = RingMatrix.STATUS_WORDS - 1  # fn id of the DEFINE being unpickled (0: none)
+STATUS_SLOTS = STATUS_LOADING - STATUS_RUNNING
 POKE = signal.SIGURG  # ignored by default, so a stale pid can never be killed by it
 _POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
 _WAKE_MSG = bytes((Kind.WAKE,))
@@ -161,6 +162,7 @@ class Worker:
         self.idle_s = 0.0
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
+        self.forked = 0  # pid of this process when it is a task's fork (see after_fork)
 
     # -- spawning (called from tasks through shoal.spawn) ------------------------------
 
@@ -306,7 +308,10 @@ class Worker:
         elif kind == Kind.RESULT:
             self.on_result(msg)
         elif kind == Kind.DEFINE:
+            status = self.status
+            status[STATUS_LOADING] = int.from_bytes(msg[1:5], "little")  # a crash here names it
             fn_id, fn = wire.decode_define(msg)
+            status[STATUS_LOADING] = 0
             self.fns[fn_id] = fn
             self.fn_ids[id(fn)] = fn_id
             if self.undefined:
@@ -568,9 +573,11 @@ class Worker:
         self.depth += 1
         try:
             if fn is None:
-                fn, args, kwargs = wire.pickle.loads(body)
+                fn, args, kwargs = wire.load_args(body, "an inline task")
+            elif type(fn) is wire.Unloadable:
+                fn()  # raises the SerializationError that says why it could not be loaded
             else:
-                args, kwargs = wire.pickle.loads(body)
+                args, kwargs = wire.load_args(body, wire.describe(fn))
             self.in_user = True
             value = fn(*args, **kwargs)
             self.in_user = False
@@ -584,12 +591,32 @@ class Worker:
             self.scope = outer
             self.depth -= 1
             del self.running_scopes[tid]
-            if driver_task:
-                status[STATUS_DEPTH] -= 1
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
-        self.deliver(tid, result)
+        try:
+            self.deliver(tid, result)
+        finally:
+            # Only now is the task done as far as a crash goes: a worker that dies while
+            # pickling or sending its result fails the task (quarantine) instead of
+            # having it re-sent to the next worker, and the next.
+            if driver_task:
+                self.status[STATUS_DEPTH] -= 1
+
+    # -- a task that forks ----------------------------------------------------------------
+
+    def after_fork(self) -> None:
+        """At-fork hook in the child of a task's ``os.fork()``: the child must never become
+        a second consumer or producer of this worker's rings.  It loses them here; when it
+        gets back into the loop (the task returned instead of calling ``os._exit``), it
+        exits (``_ForkedOut``) before touching any shared state."""
+        self.stop = True
+        self.forked = os.getpid()
+        self.inboxes = []
+        self.out = _ForkedOut(self.ep)
+        self.status = [0] * RingMatrix.STATUS_WORDS  # private now: the cell is the parent's
+        self.deque = deque()
+        self.lent = {}
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -604,6 +631,27 @@ class Worker:
         return out
 
 
+class _ForkedOut(dict):
+    """A forked child's outboxes: sending anything means the child came back into the
+    worker loop, so it exits instead (with a line on stderr saying why)."""
+
+    def __init__(self, ep: int):
+        super().__init__()
+        self.ep = ep
+
+    def __missing__(self, dst):
+        _exit_forked(self.ep)
+
+
+def _exit_forked(ep: int) -> None:
+    try:
+        sys.stderr.write(f"shoal: a task forked worker {ep}; the child (pid {os.getpid()}) returned "
+                         "into the worker loop and exits now (end a forked child with os._exit)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(70)
+
+
 def _watch_lifeline(fd: int) -> None:
     """Exit the moment the driver is gone, even while a task runs (daemon thread)."""
     import select
@@ -613,6 +661,32 @@ def _watch_lifeline(fd: int) -> None:
     while True:
         if poller.poll():
             os._exit(0)
+
+
+_STACK = 112 << 20  # main-thread stack wanted: Linux leaves >= 128 MiB below it for growth
+_STACK_PER_LEVEL = 1100  # bytes of C stack one recursion level may take (generous)
+
+
+def _room_for_deep_joins() -> None:
+    """Deep help-first joins nest Python frames, so workers allow deep recursion, but
+    never deeper than the C stack can hold: C-level recursion (repr, pickle, a Python
+    function called from C) must end in RecursionError, as in plain Python, not in a
+    segfault.  The soft stack limit is raised (the main thread's stack grows on demand
+    up to it) and the recursion limit is sized to the stack there is."""
+    import resource
+
+    have = 8 << 20
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        want = _STACK if hard == resource.RLIM_INFINITY else min(_STACK, hard)
+        if soft == resource.RLIM_INFINITY or soft >= want:
+            have = want
+        else:
+            resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+            have = want
+    except (ValueError, OSError):
+        pass
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), min(100_000, have // _STACK_PER_LEVEL)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -629,8 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(spec, matrix)
     worker.status[STATUS_PID] = os.getpid()
     signal.signal(POKE, worker.on_signal)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+    os.register_at_fork(after_in_child=worker.after_fork)
+    _room_for_deep_joins()
     worker.run()
+    if worker.forked:
+        _exit_forked(worker.ep)
     if worker.tracer is not None:
         worker.tracer.dump(f"{spec['trace']}.w{worker.ep}")
     for box in worker.out.values():

@@ -16,6 +16,7 @@ interpreter exit, both after their pending work (``shoal.runtime.context``).
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from .runtime import context
@@ -119,6 +120,8 @@ class Pilot:
         if not getattr(self, "_closed", True):
             self._closed = True
             context.drop_pilot(self)
+            if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
+                return  # the exit handler closes it (a thread started now would never run)
             try:
                 threading.Thread(target=context.close_quietly, args=(self._backend,),
                                  name="shoal-closer", daemon=True).start()

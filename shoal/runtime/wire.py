@@ -224,6 +224,7 @@ def decode_define(msg: bytes):
 # -- results ------------------------------------------------------------------------------
 
 _TB_LIMIT = 100_000  # characters of remote traceback text kept (head and tail)
+_TB_FRAMES = 1000  # frames of a remote traceback formatted at most (the innermost ones)
 
 
 def encode_result(task_id: int, value) -> bytes:
@@ -250,8 +251,16 @@ def remote_text(exc: BaseException) -> tuple[str, int]:
     cause = exc.__cause__
     if isinstance(cause, RemoteTraceback):
         return cause.tb, cause.hops + 1
+    frames, tb_ = 0, exc.__traceback__
+    while tb_ is not None and frames <= _TB_FRAMES:
+        frames, tb_ = frames + 1, tb_.tb_next
     try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if frames > _TB_FRAMES:  # a RecursionError: formatting 100,000 frames takes seconds
+            tb = (f"[outer frames omitted: only the innermost {_TB_FRAMES} are shown]\n"
+                  + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__,
+                                                       limit=-_TB_FRAMES)))
+        else:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     except BaseException as err:  # noqa: BLE001 - a __str__ that raises
         tb = f"{type(exc).__name__} (its traceback could not be formatted: {err!r})\n"
     if len(tb) > _TB_LIMIT:

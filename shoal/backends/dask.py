@@ -50,13 +50,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import enum
+import io
 import itertools
 import socket
 import threading
 import traceback
 import uuid
-
-import cloudpickle
 
 from .._errors import (
     BackendUnavailable,
@@ -65,7 +64,7 @@ from .._errors import (
     SerializationError,
     WorkerLost,
 )
-from ..runtime import graph
+from ..runtime import graph, wire
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_balance import Balancer
@@ -213,6 +212,11 @@ class DaskBackend:
             _check_options(retries, timeout)
         if not callable(fn):
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, io.IOBase) and not isinstance(a, (io.BytesIO, io.StringIO)):
+                return _failed(SerializationError(  # dask's cloudpickle would send a StringIO
+                    f"an open file ({type(a).__name__} {getattr(a, 'name', None)!r}) cannot be "
+                    "sent to a worker; pass the path (and open it in the task) or the contents"))
         try:
             blob = self._blob(fn)
             deps = (bool(args) and graph.any_future(args)) or (bool(kwargs) and graph.any_future(kwargs.values()))
@@ -257,7 +261,7 @@ class DaskBackend:
     def _blob(self, fn) -> bytes:
         entry = self._blobs.get(id(fn))
         if entry is None:
-            entry = self._blobs[id(fn)] = (cloudpickle.dumps(fn), fn)  # fn kept: id stays unique
+            entry = self._blobs[id(fn)] = (wire.dump_function(fn), fn)  # fn kept: id stays unique
         return entry[0]
 
     def _cancel(self, fut: Future) -> None:

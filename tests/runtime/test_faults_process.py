@@ -77,9 +77,9 @@ def test_forked_driver_gets_a_clear_error_and_the_parent_is_unharmed():
 def test_task_that_forks_does_not_become_a_second_consumer():
     with shoal.Pilot(2) as p:
         children = [p.submit(t.fork_and_return).result(timeout=30) for _ in range(3)]
-        assert all(isinstance(c, int) for c in children)
-        futs = [p.submit(t.add, i, b=7) for i in range(2000)]
-        assert [f.result(timeout=60) for f in futs] == [i + 7 for i in range(2000)]
+        assert all(isinstance(c, int) for c in children), children  # not the child's "child"
+        futs = [p.submit(t.add, i, b=7) for i in range(10_000)]
+        assert [f.result(timeout=60) for f in futs] == [i + 7 for i in range(10_000)]
         assert p.stats()["driver"]["worker_deaths"] == 0
         for c in children:  # each child exited when it came back into the loop
             deadline = time.monotonic() + 20
@@ -117,12 +117,17 @@ def test_dropped_pilots_are_collected_and_closed():
 
 
 def test_dropped_pilot_finishes_its_pending_work_first():
+    before = _shoal_workers()
     fut = shoal.Pilot(1).submit(t.sleep_then, 0.3, "done")  # the pilot is dropped at once
     gc.collect()
     assert fut.result(timeout=30) == "done"
     dep = shoal.Pilot(1).submit(t.inc, shoal.Pilot(1).submit(t.sleep_then, 0.2, 1))
     gc.collect()
     assert dep.result(timeout=30) == 2
+    deadline = time.monotonic() + 30
+    while _shoal_workers() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _shoal_workers() - before, "the dropped pilots' workers outlived their work"
 
 
 def test_spawn_after_the_pilot_is_gone_says_so():

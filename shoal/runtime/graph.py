@@ -57,12 +57,42 @@ def _items(obj):
 def has_futures(obj) -> bool:
     """Whether ``obj`` holds a shoal Future anywhere a dependency may be (see module doc).
 
-    Runs on every submit/spawn with arguments: atomic items are skipped without
-    a call, so a list of a million numbers costs milliseconds.
+    Runs on every submit/spawn with arguments (the spawn hot path): the first
+    levels are scanned without any bookkeeping (``_shallow``), atomic items are
+    skipped without a call, so a list of a million numbers costs milliseconds;
+    only what lies deeper gets the cycle-safe walk.
     """
-    t = type(obj)
-    if t not in CONTAINERS:
+    if type(obj) not in CONTAINERS:
         return isinstance(obj, Future)
+    found = _shallow(obj, 0)
+    return _deep(obj) if found is None else found
+
+
+def _shallow(obj, depth: int):
+    """True/False, or None when containers below ``_SHALLOW`` levels were not looked at."""
+    deeper = False
+    for x in (obj.values() if type(obj) is dict else obj):
+        tx = type(x)
+        if tx in ATOMIC:
+            continue
+        if tx in CONTAINERS:
+            if depth >= _SHALLOW:
+                deeper = True
+                continue
+            found = _shallow(x, depth + 1)
+            if found:
+                return True
+            if found is None:
+                deeper = True
+        elif isinstance(x, Future):
+            return True
+    return None if deeper else False
+
+
+_SHALLOW = 2  # levels below the top scanned without bookkeeping (a cycle there costs a rescan)
+
+
+def _deep(obj) -> bool:
     atomic, containers = ATOMIC, CONTAINERS
     stack = [obj]
     seen = {id(obj)}

@@ -48,14 +48,15 @@ import threading
 import time
 import types
 import weakref
-from collections import OrderedDict
 
 from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import context, graph, wire
 from ..runtime import trace as tracing
+from ..runtime.functions import FunctionTable
 from ..runtime.future import Future
+from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
@@ -73,10 +74,7 @@ from ..runtime.worker import (
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
-FN_CACHE = 4096  # functions defined on the workers at most; later ones travel with each task
-_SEEN = 256  # functions seen once, remembered to define them on their second use
 _LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
-_RESTART_MAX_S = 5.0  # longest wait between two attempts to start a replacement worker
 _log = logging.getLogger("shoal.runtime")
 _live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
 
@@ -137,10 +135,8 @@ class LocalBackend:
         self.tasks: dict[int, _Task] = {}
         self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
-        self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
-        self.fn_seen: OrderedDict = OrderedDict()  # id(fn) -> fn, seen once (bounded)
-        self.unloadable: dict[int, tuple[object, str]] = {}  # id(fn) -> (fn, why): quarantined
-        self.defines: dict[int, bytes] = {}  # fn id -> DEFINE message (for replacements)
+        self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
+        self.fn_ids = self.functions.ids  # id(fn) -> (fn id, fn): read on the hot path
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
@@ -155,11 +151,9 @@ class LocalBackend:
         self.close_lock = threading.Lock()
         self.pid = os.getpid()  # the process that owns the rings (a fork may not use them)
         self.forked = False
-        self.down: dict[int, list] = {}  # endpoint without a process -> [retry at, delay, tries, why]
-        self.restart_failures = 0
+        self.health = Health(_LIVENESS_S)  # down endpoints (restart backoff), stopped workers
+        self.down = self.health.down  # endpoint without a process -> Down
         self.pump_errors = 0
-        self.stopped: dict[int, int] = {}  # endpoint -> pid, of workers seen stopped (SIGSTOP)
-        self.next_liveness = 0.0
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)
@@ -220,24 +214,20 @@ class LocalBackend:
         try:
             self._start_worker(ep)
         except BaseException as exc:  # noqa: BLE001 - the pump thread must not die of it
-            entry = self.down.get(ep) or [0.0, 0.0, 0, None]
-            delay = min(_RESTART_MAX_S, max(0.05, entry[1] * 2))
-            self.down[ep] = [time.monotonic() + delay, delay, entry[2] + 1, repr(exc)]
-            self.restart_failures += 1
+            entry = self.health.start_failed(ep, repr(exc), time.monotonic())
             _log.warning("shoal: could not start a replacement for worker %d (attempt %d: %r); "
                          "its tasks go to the other workers; retrying in %.2f s",
-                         ep, entry[2] + 1, exc, delay)
+                         ep, entry.tries, exc, entry.delay)
             return
-        if self.down.pop(ep, None) is not None and self.restart_failures:
+        if self.health.started(ep):
             _log.warning("shoal: worker %d is back (pid %d)", ep, self.procs[ep].pid)
-        for msg in self.defines.values():
+        for msg in self.functions.defines.values():
             self._send(ep, msg, wake=False)
 
     def _retry_down(self) -> None:
-        now = time.monotonic()
         with self.lock:
-            for ep, entry in list(self.down.items()):
-                if entry[0] <= now and not self.closing:
+            for ep in self.health.due(time.monotonic()):
+                if not self.closing:
                     self._replace(ep)
 
     def _on_death(self, ep: int) -> None:
@@ -269,7 +259,7 @@ class LocalBackend:
             for other in self.endpoints:
                 if other != ep:
                     self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
-            self.down.setdefault(ep, [0.0, 0.0, 0, None])  # re-sent tasks go elsewhere
+            self.health.lost(ep)  # re-sent tasks go elsewhere
             broken = []
             for tid, task in list(self.tasks.items()):
                 if task.placed == ep:
@@ -278,7 +268,7 @@ class LocalBackend:
                 if task.where == ep:
                     if tid in running or tid == overran:
                         lost.append(task)
-                    elif self.unloadable and self._is_quarantined(task):
+                    elif self.functions.quarantined and self.functions.is_quarantined(task.fn):
                         broken.append(task)
                     else:
                         self._dispatch(task)
@@ -289,7 +279,7 @@ class LocalBackend:
                 self._replace(ep)
         for task in broken:
             self._fail_or_retry(task.future.task_id, task, SerializationError(
-                self.unloadable[id(task.fn)][1]), retry=False)
+                self.functions.quarantined[id(task.fn)][1]), retry=False)
         for task in lost:
             tid = task.future.task_id
             if tid == overran:
@@ -304,18 +294,12 @@ class LocalBackend:
         """Function ``fn_id`` killed worker ``ep`` while being unpickled: drop its DEFINE
         (replacements would die of it too), fail its tasks, refuse new ones."""
         with self.lock:
-            self.defines.pop(fn_id, None)
-            for key, (fid, fn) in list(self.fn_ids.items()):
-                if fid == fn_id:
-                    del self.fn_ids[key]
-                    why = (f"function {_qualified(fn)} killed worker {ep} (pid {proc.pid}, exit code "
-                           f"{proc.returncode}) while the worker unpickled it (importing its module?); "
-                           f"it is quarantined: its tasks fail, the others go on")
-                    self.unloadable[key] = (fn, why)
-                    _log.error("shoal: %s", why)
-
-    def _is_quarantined(self, task: _Task) -> bool:
-        return id(task.fn) in self.unloadable and self.unloadable[id(task.fn)][0] is task.fn
+            why = self.functions.quarantine(fn_id, lambda name: (
+                f"function {name} killed worker {ep} (pid {proc.pid}, exit code "
+                f"{proc.returncode}) while the worker unpickled it (importing its module?); "
+                "it is quarantined: its tasks fail, the others go on"))
+        if why is not None:
+            _log.error("shoal: %s", why)
 
     # -- submitting --------------------------------------------------------------------
 
@@ -387,47 +371,27 @@ class LocalBackend:
         graph.when_done(deps, on_deps_done)
 
     def _fn_id(self, fn) -> int:
-        """The id under which the workers know ``fn``; 0: send it with the task instead.
-
-        A function is defined on the workers (sent once to each, and to every
-        replacement) while fewer than ``FN_CACHE`` are; a lambda or closure only on its
-        *second* use: one made per call would otherwise grow every worker's cache
-        (and every replacement's start-up) forever."""
-        key = id(fn)
-        entry = self.fn_ids.get(key)
+        """The id under which the workers know ``fn``; 0: send it with the task instead
+        (``shoal.runtime.functions``: bounded, lambdas on second use, quarantine)."""
+        entry = self.fn_ids.get(id(fn))
         if entry is not None:
             return entry[0]
-        if self.unloadable and key in self.unloadable and self.unloadable[key][0] is fn:
-            raise SerializationError(self.unloadable[key][1])
-        if len(self.fn_ids) >= FN_CACHE:
-            return 0
-        if "<" in getattr(fn, "__qualname__", "<"):  # a lambda or a closure: maybe made per call
-            with self.lock:
-                if self.fn_seen.get(key) is not fn:
-                    self.fn_seen[key] = fn
-                    if len(self.fn_seen) > _SEEN:
-                        self.fn_seen.popitem(last=False)
-                    return 0
+        with self.lock:
+            if not self.functions.wants(fn):
+                return 0
         blob = wire.dump_function(fn)
         with self.lock:
-            entry = self.fn_ids.get(key)
+            entry = self.fn_ids.get(id(fn))
             if entry is not None:
                 return entry[0]
-            self.fn_seen.pop(key, None)
-            fn_id = len(self.fn_ids) + len(self.unloadable) + 1
-            msg = wire.encode_define(fn_id, blob, _qualified(fn))
-            self.defines[fn_id] = msg
+            fn_id, msg = self.functions.define(fn, blob)
             for ep in self.endpoints:
                 self._send(ep, msg, wake=False)
-            self.fn_ids[key] = (fn_id, fn)
         return fn_id
 
     def function_of(self, fn_id: int):
         """The function sent to the workers under ``fn_id`` (None if unknown)."""
-        for fid, fn in list(self.fn_ids.values()):
-            if fid == fn_id:
-                return fn
-        return None
+        return self.functions.function_of(fn_id)
 
     def _send(self, ep: int, msg: bytes, wake: bool = True) -> None:
         """Send to a worker (lock held).  What does not fit waits in the outbox; the pump
@@ -443,7 +407,7 @@ class LocalBackend:
             self.placement.finished(task.placed - 1)
         w = self.placement.choose()
         if self.down and w + 1 in self.down:  # no process there now: any live worker
-            live = [e for e in self.endpoints if e not in self.down]
+            live = self.health.live(self.endpoints)
             if live:
                 w = live[task.future.task_id % len(live)] - 1
         self.placement.submitted(w)
@@ -509,7 +473,7 @@ class LocalBackend:
                 with self.lock:
                     for box in self.out.values():
                         box.flush()
-            if self.tasks and time.monotonic() >= self.next_liveness:
+            if self.tasks and self.health.check_due(time.monotonic()):
                 self._check_liveness()
             if got:
                 idle = 0
@@ -522,8 +486,8 @@ class LocalBackend:
             timeout = None
             if self.deadlines:
                 timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
-            if self.down:
-                due = max(0.0, min(e[0] for e in self.down.values()) - time.monotonic())
+            if self.down and not self.closing:
+                due = self.health.wake_in(time.monotonic())
                 timeout = due if timeout is None else min(timeout, due)
             if self.tasks:
                 timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
@@ -539,16 +503,13 @@ class LocalBackend:
     def _check_liveness(self) -> None:
         """Report workers that are stopped (SIGSTOP, a debugger): their tasks cannot
         progress, and without a ``timeout=`` nothing else would say why."""
-        self.next_liveness = time.monotonic() + _LIVENESS_S
         for ep, proc in list(self.procs.items()):
-            state = _proc_state(proc.pid) if ep not in self.down else None
-            if state in ("T", "t"):
-                if self.stopped.get(ep) != proc.pid:
-                    self.stopped[ep] = proc.pid
-                    _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); "
-                                 "its tasks wait until it gets SIGCONT. Give tasks a timeout= "
-                                 "to bound them.", ep, proc.pid)
-            elif self.stopped.pop(ep, None) is not None:
+            change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
+            if change is Change.STOPPED:
+                _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); its "
+                             "tasks wait until it gets SIGCONT. Give tasks a timeout= to bound "
+                             "them.", ep, proc.pid)
+            elif change is Change.RUNS_AGAIN:
                 _log.warning("shoal: worker %d (pid %d) runs again", ep, proc.pid)
 
     def _readable(self) -> bool:
@@ -720,9 +681,9 @@ class LocalBackend:
                 "outstanding": len(self.tasks),
                 "worker_deaths": self.deaths,
                 "waiting_for_inputs": len(self.waiting),
-                "restart_failures": self.restart_failures,
+                "restart_failures": self.health.restart_failures,
                 "workers_down": sorted(self.down),
-                "workers_stopped": sorted(self.stopped),
+                "workers_stopped": sorted(self.health.stopped),
                 "pump_errors": self.pump_errors,
                 "messages_in": self.messages_in,
                 "messages_out": sum(box.sent for box in self.out.values()),
@@ -734,10 +695,10 @@ class LocalBackend:
         out = {"worker": ep, "unresponsive": True}
         if ep in self.down:
             out["state"] = "down"
-            out["restart_error"] = self.down[ep][3]
+            out["restart_error"] = self.down[ep].why
         else:
             proc = self.procs.get(ep)
-            state = _proc_state(proc.pid) if proc is not None else None
+            state = proc_state(proc.pid) if proc is not None else None
             out["pid"] = proc.pid if proc is not None else None
             out["state"] = "stopped" if state in ("T", "t") else "busy"
         return out
@@ -839,22 +800,6 @@ def _settle(fut: Future, ok: bool, value) -> None:
         pass  # cancelled meanwhile
     except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
         _log.exception("shoal: a done-callback of %r raised", fut)
-
-
-def _proc_state(pid: int) -> str | None:
-    """The one-letter state of a process (``T``: stopped), from /proc; None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def _qualified(fn) -> str:
-    """``module.qualname`` of a function, for error messages."""
-    mod = getattr(fn, "__module__", None)
-    name = wire.describe(fn)
-    return f"{mod}.{name}" if mod else name
 
 
 def _after_fork_in_child() -> None:

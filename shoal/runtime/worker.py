@@ -140,6 +140,7 @@ class Worker:
         self.any_cancel = False
         self.scope: Scope | None = None
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
+        self.busy = False  # True while polling from inside a running task (signal, spawn)
         self.depth = 0  # tasks on this worker's stack (nested by help-first joins)
         self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
         self.seq = 0
@@ -177,7 +178,11 @@ class Worker:
         c = self.c
         c["spawned"] += 1
         if not c["spawned"] % _POLL_EVERY:
-            self.poll()
+            self.busy = True  # answering from inside a running task
+            try:
+                self.poll()
+            finally:
+                self.busy = False
             if len(deq) > 1:
                 self.wake_sleepers()
         elif len(deq) == 1:
@@ -246,9 +251,11 @@ class Worker:
         """
         if self.in_user:
             self.in_user = False
+            self.busy = True
             try:
                 self.poll()
             finally:
+                self.busy = False
                 self.in_user = True
 
     def park(self, timeout: float | None = None) -> None:
@@ -429,9 +436,13 @@ class Worker:
         if self.dead.get(thief, -1) >= gen:
             return  # asked before it died; its replacement asks for itself
         deq = self.deque
-        # Steal half, rounded up while a task runs here (its owner is busy anyway; a lone
-        # child is worth giving), rounded down between tasks (keep one to run next).
-        give = (len(deq) + 1) // 2 if self.depth else len(deq) // 2
+        # Steal half, rounded up when asked from inside a running task (it is busy anyway;
+        # a lone child is worth giving), rounded down when asked from the loop, between
+        # tasks or in a help-first join (keep one to run next).  Rounding up in a join
+        # too made two joining workers pass a lone stolen task back and forth forever
+        # (a livelock of a deep stolen chain: each took it, then gave it away before
+        # running it).
+        give = (len(deq) + 1) // 2 if self.busy else len(deq) // 2
         loot, moved, keep = [], {}, []
         while give > 0 and deq:
             task = deq.popleft()

@@ -301,3 +301,12 @@ def failing_chain(depth, steal_every=1):
 def sleep_then(s, value):
     time.sleep(s)
     return value
+
+
+def stolen_chain(depth):
+    """A chain of joins whose levels idle workers steal (each parent sleeps briefly)."""
+    if depth == 0:
+        return 0
+    f = shoal.spawn(stolen_chain, depth - 1)
+    time.sleep(0.0005)
+    return f.result() + 1

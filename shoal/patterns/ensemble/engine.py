@@ -56,6 +56,7 @@ from collections.abc import Callable
 
 import shoal
 
+from .identity import diff_plans, diff_specs, plan_of, spec_text
 from .journal import Journal
 from .launcher import Launcher, LaunchError, check_root, exit_failure, kill_leftover, tail
 from .model import (
@@ -73,6 +74,7 @@ from .model import (
 from .remote import Ended, ExecSpec, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
+from .values import Values
 from .walker import Walker, _Item, _PipeRun
 
 
@@ -83,9 +85,18 @@ class Engine(Walker):
                  workers: int | None = None, cores=None, gpus: int = 0, memory=None,
                  walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
                  max_pipelines: int = 4096, durability: str = "normal",
-                 progress: Callable[[dict], None] | None = None, patience: int = 64):
+                 progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
+                 new: bool = False, retry_failed: bool = False, values="data"):
+        if retry_failed and not resume:
+            raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
+                                "journaled run: it needs resume=True (--resume)")
+        if new and resume:
+            raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
+                                "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
         self.total = count_tasks(pipelines)  # None when lazy: the progress line then has no ETA
+        self.plan, self.identity = plan_of(pipelines)
+        self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
         self.workflow = iter(pipelines)
         self.user_pilot = pilot
         self.pilot = pilot
@@ -119,9 +130,16 @@ class Engine(Walker):
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
         self.launcher = Launcher(root, gpus=gpus)
-        self.progress = progress
+        self.progress = _progress(progress)
         self.resume = resume
-        self.journal = Journal(journal, resume=resume, durability=durability)
+        self.retry_failed = retry_failed
+        self.journal = Journal(journal, resume=resume, durability=durability, values=Values.parse(values),
+                               new=new, sandbox=root)
+        try:
+            self._check_identity()
+        except BaseException:
+            self.journal.close(ended=False)
+            raise
         self.replay = resume  # look each task up in the journal
         self.results = Results(self.journal, self.launcher)
         self.pipes: list[_PipeRun] = []
@@ -145,6 +163,37 @@ class Engine(Walker):
         self.session_counts = collections.Counter()
         self._last_progress = 0.0
         self.moves = 0  # progress counter: a loop pass that moves nothing with nothing running is stuck
+        self.interrupted: str | None = None  # the signal's name once SIGINT/SIGTERM asked to drain
+        self.drain_reason: str | None = None
+
+    def _check_identity(self) -> None:
+        """Refuse to resume a journal that holds another workflow; record this one's plan."""
+        if self.resume:
+            old_plan, old_id = self.journal.plan()
+            if old_id and self.identity and old_id != self.identity:
+                diffs = diff_plans(old_plan, self.plan) or self._spec_diffs()
+                raise EnsembleError(
+                    f"journal {self.journal_path} holds another workflow (identity {old_id}, this one "
+                    f"{self.identity}): {'; '.join(diffs) or 'the tasks differ'}. Resume with the workflow "
+                    "that started it, or start afresh with new=True (shoal run --new; the old journal is "
+                    "kept under a dated name)")
+            if self.plan is None and old_plan is not None:
+                self.plan = old_plan
+        self.journal.set_plan(self.plan, self.identity)
+        self.journal.commit()
+
+    def _spec_diffs(self, limit: int = 3) -> list[str]:
+        out = []
+        for p in self.workflow_list:
+            for j, s in enumerate(p.stages):
+                for k, t in enumerate(s.tasks if isinstance(s.tasks, list | tuple) else ()):
+                    uid = f"{p.name or f'p{self.workflow_list.index(p)}'}.{s.name or f's{j}'}.{t.name or f't{k}'}"
+                    row = self.journal.replay_row(uid)
+                    if row is not None and row[2] is not None and row[2] != spec_text(t):
+                        out.append(diff_specs(uid, row[2], spec_text(t)))
+                        if len(out) >= limit:
+                            return out
+        return out
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> Report:
@@ -152,12 +201,16 @@ class Engine(Walker):
         self.deadline = t0 + self.walltime if self.walltime else None
         wall0 = time.time()
         self.walltime_at = wall0 + self.walltime if self.walltime else None  # for the nodes
+        restore = self._catch_signals()
         try:
             if self.resume:
-                for _uid, pid, start in self.journal.take_over():
+                for _uid, pid, start in self.journal.take_over(self.retry_failed):
                     kill_leftover(pid, start)
             while True:
                 before = self.moves
+                if self.interrupted and not self.draining:
+                    self.drain_reason = f"interrupted by {self.interrupted}"
+                    self._stop_for_walltime()
                 self._fill()
                 self._schedule()
                 if not self.running and not self.finished_futures:
@@ -175,11 +228,37 @@ class Engine(Walker):
             self._abort()
             raise
         finally:
+            restore()
             self._close_resources()
         report = Report.from_journal(self.journal, wall0, time.monotonic() - t0, drained,
                                      self.session_counts)
+        report.drain_reason = self.drain_reason if drained else None
+        report.interrupted = self.interrupted if drained else None
         self.journal.close()
         return report
+
+    def _catch_signals(self):
+        """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
+        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        import signal
+
+        def handler(signum, frame):
+            if self.interrupted:  # the second Ctrl-C: stop now (the journal stays resumable)
+                raise KeyboardInterrupt
+            self.interrupted = signal.Signals(signum).name
+            with self.wake_lock:
+                if not self.wake_closed:
+                    with contextlib.suppress(OSError):
+                        os.write(self.wake_w, b"x")
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore():
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        return restore
 
     def _finished(self) -> bool:
         return self.workflow_done and not self.pipes and not self.waiting and not self.running
@@ -232,6 +311,9 @@ class Engine(Walker):
                 continue
             if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
                 self.draining = True
+                left = max(0.0, self.deadline - now)
+                self.drain_reason = (f"walltime: {item.uid} is expected to take "
+                                     f"{self._estimate(item.task):.1f}s but {left:.1f}s are left")
                 break
             candidates.append(self._request(item.task, key))
         if self.draining and not candidates:
@@ -241,6 +323,7 @@ class Engine(Walker):
             self.journal.commit()
             return 0
         items = []
+        rows = []
         wall = time.time()
         for p in placements:
             item = self.waiting.pop(p.key)
@@ -248,9 +331,10 @@ class Engine(Walker):
             item.attempt += 1
             t = item.task
             item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
-            self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value,
-                                 item.attempt, item.sandbox, wall)
+            rows.append((item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value, item.attempt,
+                         item.sandbox, wall, item.spec))
             items.append(item)
+        self.journal.running_many(rows)
         self.journal.commit()  # write-ahead: RUNNING is durable before anything starts
         spawned = False
         for item in items:
@@ -274,7 +358,7 @@ class Engine(Walker):
             self.waiting.pop(id(item), None)
             self.sched.forget(id(item))
             self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
-                                 1, None, time.time())
+                                 1, None, time.time(), item.spec)
             item.attempt = item.task.retries + 1  # no retry: the condition, not the task, failed
             self._ended(item, Failure(FailureKind.EXCEPTION, f"when= raised {exc!r} (add the tasks "
                                       "it reads to after=)", attempt=1))
@@ -283,12 +367,13 @@ class Engine(Walker):
         return False
 
     def _estimate(self, task: Task) -> float:
+        """Expected seconds: the task's ``estimate``, else the mean of this run's attempts (capped
+        by its ``timeout``, an upper bound and not an estimate), else 0 (start it)."""
         if task.estimate:
             return task.estimate
-        if task.timeout:
-            return task.timeout
         total, n = self.durations
-        return total / n if n else 0.0
+        mean = total / n if n else 0.0
+        return min(mean, task.timeout) if task.timeout else mean
 
     def _spawn(self, item: _Item) -> bool:
         if self.remote:
@@ -437,6 +522,7 @@ class Engine(Walker):
                 self.launcher.kill(item.pid)  # reaped on a later pass, as a timeout
                 item.future = False  # marks "killed for its timeout"
         if self.deadline is not None and now >= self.deadline and self.running:
+            self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
             self._stop_for_walltime()
         for item, failure, value in ended:
             del self.running[item.pid if item.future in (None, False) else id(item.future)]
@@ -524,7 +610,7 @@ class Engine(Walker):
         self.waiting.pop(id(item), None)
         self.sched.forget(id(item))
         self.journal.settled(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
-                             TaskState.SKIPPED, reason, time.time())
+                             TaskState.SKIPPED, reason, time.time(), item.spec)
         self._settle(item, TaskState.SKIPPED)
 
     # -- walltime, abort, cleanup -----------------------------------------------------
@@ -608,6 +694,21 @@ class Engine(Walker):
                        "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
                        "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
                        "elapsed": elapsed, "final": force})
+
+
+def _progress(progress):
+    """``run(progress=...)``: True -> the ``shoal run`` line on stderr; False/None -> none; a callable."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        import sys
+
+        from .commands import Progress
+
+        return Progress(sys.stderr)
+    if not callable(progress):
+        raise EnsembleError(f"progress={progress!r}: give True, False or a callable taking a dict")
+    return progress
 
 
 def count_tasks(pipelines) -> int | None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import functools
 import os
 import select
 import threading
@@ -58,7 +59,15 @@ import shoal
 
 from .identity import diff_plans, diff_specs, plan_of, spec_text
 from .journal import Journal
-from .launcher import Launcher, LaunchError, check_root, exit_failure, kill_leftover, tail
+from .launcher import (
+    Launcher,
+    LaunchError,
+    check_root,
+    exit_failure,
+    kill_leftover,
+    stage_out,
+    tail,
+)
 from .model import (
     EMBEDDED_REF_RE,
     EnsembleError,
@@ -97,6 +106,7 @@ class Engine(Walker):
         self.total = count_tasks(pipelines)  # None when lazy: the progress line then has no ETA
         self.plan, self.identity = plan_of(pipelines)
         self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
+        self.plan_pipes = list(self.workflow_list)  # + pipelines added at run time (the status plan)
         self.workflow = iter(pipelines)
         self.user_pilot = pilot
         self.pilot = pilot
@@ -442,9 +452,12 @@ class Engine(Walker):
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
+        fn = t.function
+        if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
+            fn = functools.partial(with_cpus, t.function, item.placement.cpus, t.cores)
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.submit(t.function, *args, timeout=t.timeout, **dict(t.kwargs))
+            fut = self.pilot.submit(fn, *args, timeout=t.timeout, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.placement)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))
@@ -541,6 +554,8 @@ class Engine(Walker):
                                       tail(os.path.join(sandbox, "stderr")), item.attempt), None
         try:
             outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
+            if item.task.stage_out:
+                stage_out(item.task.stage_out, sandbox, self.launcher.cwd)
         except LaunchError as exc:
             return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, outputs)
@@ -561,6 +576,11 @@ class Engine(Walker):
             return item, failure, None
         if out.failure is not None:  # declared outputs missing after exit 0
             return item, Failure(out.failure, out.message, 0, "", item.attempt), None
+        if item.task.stage_out:  # copied by the driver: the sandbox is on a shared filesystem
+            try:
+                stage_out(item.task.stage_out, item.sandbox, self.launcher.cwd)
+            except LaunchError as exc:
+                return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, list(out.outputs) if out.outputs else None)
 
     def _fn_outcome(self, item: _Item, fut):
@@ -665,6 +685,12 @@ class Engine(Walker):
             self.pilot.close(cancel_pending=True)
         self.pilot = None
 
+    def note_plan(self) -> None:
+        """Stages appended / pipelines added at run time: record the grown plan for ``shoal status``."""
+        if self.plan is not None:
+            self.plan = plan_of(self.plan_pipes)[0]
+            self.journal.set_plan(self.plan, None)
+
     def grow_total(self, stages, sign: int = 1) -> None:
         """Stages appended / pipelines added at run time (sign=1: the total grows, or becomes
         unknown if they are lazy) or stages that will not run (sign=-1: skipped, pipeline stopped)."""
@@ -694,6 +720,35 @@ class Engine(Walker):
                        "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
                        "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
                        "elapsed": elapsed, "final": force})
+
+
+def with_cpus(fn, cpus, cores: int, *args, **kwargs):
+    """Run ``fn`` on a pilot worker with the task's granted CPUs: affinity widened to ``cpus``,
+    OMP_NUM_THREADS and the BLAS/OpenMP pools (threadpoolctl, if installed) set to ``cores``;
+    all restored afterwards, so the worker's next task is as before."""
+    old_cpus = None
+    with contextlib.suppress(AttributeError, OSError):
+        old_cpus = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+    old_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    for k in old_env:
+        os.environ[k] = str(cores)
+    try:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # pragma: no cover - optional
+            return fn(*args, **kwargs)
+        with threadpool_limits(limits=cores):
+            return fn(*args, **kwargs)
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if old_cpus is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, old_cpus)
 
 
 def _progress(progress):

@@ -78,12 +78,35 @@ def make_sandbox(path: str) -> str:
     return path
 
 
+def inside(sandbox: str, rel: str) -> str:
+    """``sandbox/rel`` with every symlink among its *parent* directories removed first.
+
+    A task (or an earlier attempt of it) may leave ``sub -> /elsewhere`` in its
+    sandbox; staging into ``sub/file`` would then write or delete outside the
+    sandbox.  The check is on the resolved path, not the string: a symlinked
+    parent is unlinked (it belongs to the sandbox), and the final parent must
+    resolve inside the sandbox or this raises LaunchError(STAGING)."""
+    root = os.path.realpath(sandbox)
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    cur = sandbox
+    for part in parts[:-1]:
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            os.unlink(cur)
+    dst = os.path.join(sandbox, *parts)
+    parent = os.path.realpath(os.path.dirname(dst))
+    if parent != root and not parent.startswith(root + os.sep):
+        raise LaunchError(FailureKind.STAGING, f"staging target {rel!r} resolves outside the sandbox ({parent})")
+    return dst
+
+
 def stage_in(pairs, sandbox: str) -> None:
     """Copy / link / move each ``(Input, resolved source path)`` into ``sandbox``."""
     for inp, src in pairs:
-        dst = os.path.join(sandbox, inp.target)
         try:
+            dst = inside(sandbox, inp.target)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
+            dst = inside(sandbox, inp.target)  # makedirs cannot have followed a link: re-check
             if os.path.lexists(dst):
                 if os.path.isdir(dst) and not os.path.islink(dst):
                     shutil.rmtree(dst)
@@ -105,6 +128,26 @@ def stage_in(pairs, sandbox: str) -> None:
                 f"cannot {inp.mode.value} input {inp.source!r} -> {inp.target}: "
                 f"{exc.strerror or exc} ({src})",
             ) from None
+
+
+def stage_out(pairs, sandbox: str, cwd: str) -> None:
+    """Copy each ``(file in the sandbox, destination)`` out (EnTK's download/copy_output_data);
+    relative destinations are relative to the driver's working directory.  LaunchError(STAGING)."""
+    for name, dest in pairs:
+        src = os.path.join(sandbox, name)
+        real = os.path.realpath(src)
+        root = os.path.realpath(sandbox)
+        if not real.startswith(root + os.sep):
+            raise LaunchError(FailureKind.STAGING, f"output {name!r} resolves outside the sandbox ({real})")
+        target = os.path.join(cwd, dest)
+        if os.path.isdir(target):
+            target = os.path.join(target, os.path.basename(name))
+        try:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            shutil.copy2(src, target)
+        except OSError as exc:
+            raise LaunchError(FailureKind.STAGING,
+                              f"cannot copy output {name!r} -> {dest}: {exc.strerror or exc}") from None
 
 
 def check_outputs(names, sandbox: str) -> list[str]:

@@ -69,20 +69,24 @@ class StageContext:
         self.stage = stage
         self.pipeline: Pipeline = prun.pipeline
         self.results: Results = engine.results
+        self.appended = False
 
     def append(self, *stages: Stage) -> None:
         """Add stages at the end of this pipeline (they run after the current last one)."""
         for s in stages:
             if not isinstance(s, Stage):
                 raise EnsembleError(f"append() takes Stage objects, got {s!r}")
-        self.pipeline.stages.extend(stages)
-        self._engine.grow_total(stages)
         if self._prun.stopped:
             raise EnsembleError(f"pipeline {self._prun.uid} was stopped; it takes no more stages")
+        self.pipeline.stages.extend(stages)
+        self._engine.grow_total(stages)
+        self._engine.note_plan()
+        self.appended = True
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         """Start a new pipeline now (alongside this one)."""
         self._engine.add_pipeline(pipeline)
+        self._engine.note_plan()
 
     def stop(self) -> None:
         """End this pipeline after the current stage: the remaining stages do not run."""

@@ -217,8 +217,22 @@ class Walker:
         if srun.failed:
             prun.stopped = prun.failed = True
         elif srun.stage.post_exec is not None:
+            stages_before = len(prun.pipeline.stages)
             ctx = StageContext(self, prun, srun.stage)
-            srun.stage.post_exec(ctx)
+            try:
+                if srun.stage.post_exec_arity() == 0:
+                    srun.stage.post_exec()  # EnTK style: it calls pipeline.add_stages(...) itself
+                else:
+                    srun.stage.post_exec(ctx)
+            except Exception as exc:
+                exc.add_note(f"(in the post_exec of stage {srun.uid}; the journal stays resumable)")
+                raise
+            added = prun.pipeline.stages[max(stages_before, prun.next_stage):]
+            if added and not ctx.appended:
+                if prun.stopped:
+                    raise EnsembleError(f"pipeline {prun.uid} was stopped; it takes no more stages")
+                self.grow_total(added)
+                self.note_plan()
 
     def _end_pipeline(self, prun: _PipeRun, state: TaskState | None = None) -> None:
         if prun in self.pipes:
@@ -232,4 +246,5 @@ class Walker:
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         self._add_pipeline(pipeline)
+        self.plan_pipes.append(pipeline)
         self.grow_total(pipeline.stages)

@@ -50,3 +50,8 @@ def run_py(script: str, *args, timeout=120, cwd=None):
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
     return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
+
+
+def cpu_view():
+    """(CPUs this task may run on, OMP_NUM_THREADS) as the task sees them."""
+    return len(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS")

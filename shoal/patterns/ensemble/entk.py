@@ -68,6 +68,14 @@ class AppManager:
         if resource_desc is not None:
             self.resource_desc = resource_desc
 
+    def __setattr__(self, name: str, value) -> None:
+        if name not in _APPMAN_ATTRS:
+            public = sorted(a for a in _APPMAN_ATTRS if not a.startswith("_"))
+            close = difflib.get_close_matches(name, public, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EnsembleError(f"AppManager has no attribute {name!r}{hint}; it has: {', '.join(public)}")
+        object.__setattr__(self, name, value)
+
     # -- EnTK's properties ------------------------------------------------------------
     @property
     def resource_desc(self) -> dict:
@@ -137,3 +145,7 @@ class AppManager:
 
     def terminate(self) -> None:
         """EnTK's terminate(): nothing to stop (run() returns when the workflow ends)."""
+
+
+_APPMAN_ATTRS = frozenset({"journal", "resume", "retry_failed", "progress", "pilot", "report", "_resource",
+                           "_workflow", "resource_desc", "workflow"})

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -143,8 +144,8 @@ class _Loader:
 
     def number(self, node, where: str) -> float:
         v = self.scalar(node, where, (int, float), "a number of seconds")
-        if v <= 0:
-            raise self.error(node, where, f"must be a number of seconds > 0, got {v}")
+        if not math.isfinite(v) or v <= 0:
+            raise self.error(node, where, f"must be a finite number of seconds > 0, got {v}")
         return v
 
     def plain(self, node, where: str, container: type):

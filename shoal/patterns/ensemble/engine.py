@@ -672,6 +672,7 @@ class Engine(Walker):
             self.journal.close()
 
     def _close_resources(self) -> None:
+        self.launcher.close()
         for fd in list(self.by_pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -7,18 +7,26 @@ Driver thread only.  Data flow per task::
     spawn(...)      -> subprocess.Popen, no shell; stdin from a file or /dev/null,
                        stdout/stderr to <sandbox>/stdout, <sandbox>/stderr;
                        own process group (kill() reaches its children);
-                       pinned to the granted CPUs from its first instruction;
+                       pinned to the granted CPUs (by pid, right after exec);
                        CUDA_VISIBLE_DEVICES = the granted GPUs (when GPUs are configured)
     pidfd           -> the engine polls it; exit_code() reaps exactly that pid
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
 Spawning: ``subprocess.Popen(cwd=..., start_new_session=True)`` (vfork+exec in
-CPython 3.10+).  It has no "set affinity" action, so the spawning thread
-briefly pins *itself* (Linux ``sched_setaffinity(0)`` is per thread; the child
-inherits it).  ``os.posix_spawn`` was tried: it has no "chdir" action, so it
-needed a process-wide ``chdir`` around each spawn (visible to other threads of
-an embedding program) and measured no faster here (0.55x vs 0.59x xargs).
+CPython 3.10+), then ``sched_setaffinity(pid, granted CPUs)`` on the child.
+Popen has no "set affinity" action; the previous design pinned the *spawning
+thread* around each spawn so the child inherited it from its first
+instruction, but every pin migrates the driver thread to the task's CPU and
+waits for it: 2 of every 5 ms per spawn on a busy 2-core machine (profiled,
+issue 14), the largest single cost of an executable ensemble.  Pinning the
+child by pid costs one syscall; the child runs unpinned only between its exec
+and that call (the dynamic loader, before it can start a thread), so every
+thread and process the task starts inherits the granted CPUs.  stdin is one
+shared read-only ``/dev/null`` descriptor and stdout/stderr are opened with
+``os.open`` (no Python file objects).  ``os.posix_spawn`` was tried: it has no
+"chdir" action, so it needed a process-wide ``chdir`` around each spawn
+(visible to other threads of an embedding program) and measured no faster.
 
 Reaping uses pidfds and ``waitpid(pid)`` for our own pids only — never
 ``waitpid(-1)``, which would steal the pilot's worker processes.
@@ -220,6 +228,7 @@ class Launcher:
         self._which: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._procs: dict[int, subprocess.Popen] = {}
+        self._null: int | None = None  # /dev/null for stdin, opened once
         try:
             self.affinity = os.sched_getaffinity(0)
         except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -268,14 +277,11 @@ class Launcher:
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
         with self._lock:
-            pinned = self._pin(cpus)
             try:
                 pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
             except OSError as exc:
                 raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
-            finally:
-                if pinned:
-                    os.sched_setaffinity(0, self.affinity)
+            self._pin(pid, cpus)
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:  # pragma: no cover - kernels before 5.3: the engine polls instead
@@ -283,20 +289,42 @@ class Launcher:
         return pid, pidfd
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
-        with open(stdin or os.devnull, "rb") as i, open(out, "wb") as o, open(err, "wb") as e:
-            proc = subprocess.Popen(argv, executable=argv[0], cwd=sandbox, env=env, stdin=i,
-                                    stdout=o, stderr=e, start_new_session=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        i = os.open(stdin, os.O_RDONLY | os.O_CLOEXEC) if stdin else self._devnull()
+        try:
+            o = os.open(out, flags, 0o644)
+            try:
+                e = os.open(err, flags, 0o644)
+                try:
+                    proc = subprocess.Popen(argv, executable=argv[0], cwd=sandbox, env=env, stdin=i,
+                                            stdout=o, stderr=e, start_new_session=True)
+                finally:
+                    os.close(e)
+            finally:
+                os.close(o)
+        finally:
+            if stdin:
+                os.close(i)
         self._procs[proc.pid] = proc
         return proc.pid
 
-    def _pin(self, cpus) -> bool:
+    def _devnull(self) -> int:
+        if self._null is None:
+            self._null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return self._null
+
+    def close(self) -> None:
+        if self._null is not None:
+            os.close(self._null)
+            self._null = None
+
+    def _pin(self, pid: int, cpus) -> None:
         if self.affinity is None or not cpus:
-            return False
+            return
         try:
-            os.sched_setaffinity(0, cpus)
-            return True
-        except OSError:  # synthetic topologies name CPUs this host lacks: run unpinned
-            return False
+            os.sched_setaffinity(pid, cpus)
+        except OSError:  # synthetic topologies name CPUs this host lacks (or it exited): unpinned
+            pass
 
     # -- ending -----------------------------------------------------------------------
     def exit_code(self, pid: int, pidfd: int, block: bool = True) -> int | None:

@@ -7,26 +7,26 @@ Driver thread only.  Data flow per task::
     spawn(...)      -> subprocess.Popen, no shell; stdin from a file or /dev/null,
                        stdout/stderr to <sandbox>/stdout, <sandbox>/stderr;
                        own process group (kill() reaches its children);
-                       pinned to the granted CPUs (by pid, right after exec);
+                       pinned to the granted CPUs from its first instruction;
                        CUDA_VISIBLE_DEVICES = the granted GPUs (when GPUs are configured)
     pidfd           -> the engine polls it; exit_code() reaps exactly that pid
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
 Spawning: ``subprocess.Popen(cwd=..., start_new_session=True)`` (vfork+exec in
-CPython 3.10+), then ``sched_setaffinity(pid, granted CPUs)`` on the child.
-Popen has no "set affinity" action; the previous design pinned the *spawning
-thread* around each spawn so the child inherited it from its first
-instruction, but every pin migrates the driver thread to the task's CPU and
-waits for it: 2 of every 5 ms per spawn on a busy 2-core machine (profiled,
-issue 14), the largest single cost of an executable ensemble.  Pinning the
-child by pid costs one syscall; the child runs unpinned only between its exec
-and that call (the dynamic loader, before it can start a thread), so every
-thread and process the task starts inherits the granted CPUs.  stdin is one
-shared read-only ``/dev/null`` descriptor and stdout/stderr are opened with
+CPython 3.10+).  It has no "set affinity" action, so the spawning thread
+briefly pins *itself* (Linux ``sched_setaffinity(0)`` is per thread; the child
+inherits it).  That pin migrates the driver thread and is the largest cost of
+an executable ensemble after fork/exec on a busy machine (profiled in issue
+14: ~2 of 5 ms per spawn at load 8 on 2 cores).  Pinning the child by pid
+after ``Popen`` returns was tried and rejected: a fast task (``sh -c "grep
+..."``) had already started a child of its own on the wrong CPUs — the test
+``test_cores_pinned_and_gpus_assigned`` caught it.  stdin is one shared
+read-only ``/dev/null`` descriptor and stdout/stderr are opened with
 ``os.open`` (no Python file objects).  ``os.posix_spawn`` was tried: it has no
 "chdir" action, so it needed a process-wide ``chdir`` around each spawn
-(visible to other threads of an embedding program) and measured no faster.
+(visible to other threads of an embedding program) and measured no faster
+(0.55x vs 0.59x xargs).
 
 Reaping uses pidfds and ``waitpid(pid)`` for our own pids only — never
 ``waitpid(-1)``, which would steal the pilot's worker processes.
@@ -277,11 +277,14 @@ class Launcher:
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
         with self._lock:
+            pinned = self._pin(cpus)
             try:
                 pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
             except OSError as exc:
                 raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
-            self._pin(pid, cpus)
+            finally:
+                if pinned:
+                    os.sched_setaffinity(0, self.affinity)
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:  # pragma: no cover - kernels before 5.3: the engine polls instead
@@ -318,13 +321,14 @@ class Launcher:
             os.close(self._null)
             self._null = None
 
-    def _pin(self, pid: int, cpus) -> None:
+    def _pin(self, cpus) -> bool:
         if self.affinity is None or not cpus:
-            return
+            return False
         try:
-            os.sched_setaffinity(pid, cpus)
-        except OSError:  # synthetic topologies name CPUs this host lacks (or it exited): unpinned
-            pass
+            os.sched_setaffinity(0, cpus)
+            return True
+        except OSError:  # synthetic topologies name CPUs this host lacks: run unpinned
+            return False
 
     # -- ending -----------------------------------------------------------------------
     def exit_code(self, pid: int, pidfd: int, block: bool = True) -> int | None:

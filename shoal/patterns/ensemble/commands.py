@@ -42,6 +42,9 @@ def load_workflow(path: str):
         return load_yaml(path)
     if not path.endswith(".py"):
         raise EnsembleError(f"workflow file {path}: expected a Python (.py) or YAML (.yaml, .yml) workflow file")
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:  # as `python workflow.py` does: modules beside it import
+        sys.path.insert(0, here)
     namespace = runpy.run_path(path, run_name="__shoal_workflow__")
     if "workflow" not in namespace:
         raise EnsembleError(f"{path} defines no 'workflow' (a Pipeline, a list of them, or a function)")

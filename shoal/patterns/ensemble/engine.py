@@ -80,7 +80,7 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
-from .remote import Ended, ExecSpec, run_executable
+from .remote import Ended, ExecSpec, run_executable, ship_code
 from .report import Report, Results
 from .scheduler import Request, Scheduler
 from .values import Values
@@ -455,6 +455,8 @@ class Engine(Walker):
         fn = t.function
         if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
             fn = functools.partial(with_cpus, t.function, item.placement.cpus, t.cores)
+        if self.remote:
+            ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
             fut = self.pilot.submit(fn, *args, timeout=t.timeout, **dict(t.kwargs))

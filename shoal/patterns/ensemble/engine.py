@@ -46,6 +46,7 @@ memory, and no core accounting against executables).
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import contextlib
 import fcntl
 import functools
@@ -140,6 +141,8 @@ class Engine(Walker):
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
         self.launcher = Launcher(root, gpus=gpus)
+        self.spawners = None if self.remote or len(self.sched.cpus) < 2 else \
+            cf.ThreadPoolExecutor(min(8, len(self.sched.cpus)), thread_name_prefix="shoal-spawn")
         self.progress = _progress(progress)
         self.resume = resume
         self.retry_failed = retry_failed
@@ -346,15 +349,19 @@ class Engine(Walker):
             items.append(item)
         self.journal.running_many(rows)
         self.journal.commit()  # write-ahead: RUNNING is durable before anything starts
-        spawned = False
+        local_exes = []
         for item in items:
             item.t0 = time.monotonic()
             if item.task.timeout:
                 item.deadline = item.t0 + item.task.timeout
             if item.task.kind is TaskKind.FUNCTION:
                 self._submit(item)
+            elif self.remote:
+                self._spawn_remote(item)
             else:
-                spawned |= self._spawn(item)
+                local_exes.append(item)
+        if local_exes:
+            self._spawn_all(local_exes)
         self.journal.commit()  # pids (a resume kills orphans), failed spawns
         self.moves += 1
         return len(items)
@@ -385,9 +392,31 @@ class Engine(Walker):
         mean = total / n if n else 0.0
         return min(mean, task.timeout) if task.timeout else mean
 
-    def _spawn(self, item: _Item) -> bool:
-        if self.remote:
-            return self._spawn_remote(item)
+    def _spawn_all(self, items: list[_Item]) -> None:
+        """Start local executables: several at once on spawner threads when the batch has more
+        than one (fork/exec waits for the child to be scheduled; on a busy machine that wait,
+        not the work, dominates — xargs' fork does not wait).  Every started process is
+        registered before any unexpected error is raised, so nothing is left unreaped."""
+        if len(items) == 1 or self.spawners is None:
+            outcomes = [self._launch(item) for item in items]
+        else:
+            outcomes = list(self.spawners.map(self._launch, items))
+        error = None
+        for item, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, tuple):
+                self._register(item, *outcome)
+            elif isinstance(outcome, LaunchError):
+                self.sched.release(item.placement)
+                self._ended(item, Failure(outcome.kind, outcome.message, attempt=item.attempt))
+            else:
+                self.sched.release(item.placement)
+                error = error or outcome
+        if error is not None:
+            raise error
+
+    def _launch(self, item: _Item):
+        """Sandbox, staging, spawn: (pid, pidfd), a LaunchError, or another exception (returned,
+        not raised).  Thread-safe: touches only this item and the launcher's spawn path."""
         t = item.task
         try:
             self.launcher.make_sandbox(item.uid)
@@ -398,19 +427,18 @@ class Engine(Walker):
             stdin = self._resolve(t.stdin) if t.stdin else None
             if stdin is not None and not os.path.isabs(stdin):
                 stdin = os.path.join(item.sandbox, stdin)
-            pid, pidfd = self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
-                                             item.placement.gpus, args, stdin)
-        except LaunchError as exc:
-            self.sched.release(item.placement)
-            self._ended(item, Failure(exc.kind, exc.message, attempt=item.attempt))
-            return False
+            return self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
+                                       item.placement.gpus, args, stdin)
+        except Exception as exc:  # LaunchError or a bug: the caller decides, after registering
+            return exc
+
+    def _register(self, item: _Item, pid: int, pidfd: int) -> None:
         item.pid, item.pidfd = pid, pidfd
         self.running[pid] = item
         if pidfd >= 0:
             self.by_pidfd[pidfd] = item
             self.poller.register(pidfd, select.POLLIN)
         self.journal.pid(item.uid, pid, time.time())
-        return True
 
     def _spawn_remote(self, item: _Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
@@ -674,6 +702,9 @@ class Engine(Walker):
             self.journal.close()
 
     def _close_resources(self) -> None:
+        if self.spawners is not None:
+            self.spawners.shutdown(wait=True)
+            self.spawners = None
         self.launcher.close()
         for fd in list(self.by_pidfd):
             with contextlib.suppress(OSError):

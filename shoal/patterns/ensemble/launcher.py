@@ -14,19 +14,26 @@ Driver thread only.  Data flow per task::
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
 Spawning: ``subprocess.Popen(cwd=..., start_new_session=True)`` (vfork+exec in
-CPython 3.10+).  It has no "set affinity" action, so the spawning thread
-briefly pins *itself* (Linux ``sched_setaffinity(0)`` is per thread; the child
-inherits it).  That pin migrates the driver thread and is the largest cost of
-an executable ensemble after fork/exec on a busy machine (profiled in issue
-14: ~2 of 5 ms per spawn at load 8 on 2 cores).  Pinning the child by pid
-after ``Popen`` returns was tried and rejected: a fast task (``sh -c "grep
-..."``) had already started a child of its own on the wrong CPUs — the test
-``test_cores_pinned_and_gpus_assigned`` caught it.  stdin is one shared
-read-only ``/dev/null`` descriptor and stdout/stderr are opened with
-``os.open`` (no Python file objects).  ``os.posix_spawn`` was tried: it has no
-"chdir" action, so it needed a process-wide ``chdir`` around each spawn
-(visible to other threads of an embedding program) and measured no faster
-(0.55x vs 0.59x xargs).
+CPython 3.10+), never pinning the driver.  Popen has no "set affinity"
+action, so a task that must be pinned (its CPUs are not all the driver's) is
+started as ``taskset -c <cpus> <program> <args>``: taskset (util-linux) sets
+the affinity and execs the program — same pid, same process group, same exit
+status — so the task is pinned from its first instruction and the cost of
+pinning is paid by the child on its own CPU, not by the driver.  Alternatives
+measured (issue 14, 2,000 x ``/bin/true``, load ~10 on 2 cores): pinning the
+*spawning thread* around each spawn (the earlier design) cost 2.3 ms of
+migration per task plus a 4.8 ms spawn squeezed onto the one busy CPU (ratio
+0.12-0.65x xargs); pinning the child by pid after Popen returns was racy — a
+fast task (``sh -c "grep ..."``) had already started a child on the wrong CPUs
+(``test_cores_pinned_and_gpus_assigned`` caught it).  Without taskset on the
+host, the spawning-thread pin is the fallback.  An exec failure of the program
+itself (a file with an x bit but no valid format) is then taskset's exit code
+126/127 with its message in the stderr tail, not a SPAWN failure.  stdin is
+one shared read-only ``/dev/null`` descriptor and stdout/stderr are opened
+with ``os.open`` (no Python file objects).  ``os.posix_spawn`` was tried: it
+has no "chdir" action, so it needed a process-wide ``chdir`` around each
+spawn (visible to other threads of an embedding program) and measured no
+faster.
 
 Reaping uses pidfds and ``waitpid(pid)`` for our own pids only — never
 ``waitpid(-1)``, which would steal the pilot's worker processes.
@@ -45,6 +52,7 @@ Failure there, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -229,6 +237,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._procs: dict[int, subprocess.Popen] = {}
         self._null: int | None = None  # /dev/null for stdin, opened once
+        self.taskset = shutil.which("taskset")  # pins a task from its first instruction
         try:
             self.affinity = os.sched_getaffinity(0)
         except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -276,8 +285,12 @@ class Launcher:
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
-        with self._lock:
-            pinned = self._pin(cpus)
+        pin = self._needs_pin(cpus)
+        if pin and self.taskset:
+            argv = [self.taskset, "-c", ",".join(map(str, sorted(cpus))), *argv]
+            pin = False
+        with self._lock if pin else contextlib.nullcontext():
+            pinned = self._pin(cpus) if pin else False
             try:
                 pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
             except OSError as exc:
@@ -320,6 +333,14 @@ class Launcher:
         if self._null is not None:
             os.close(self._null)
             self._null = None
+
+    def _needs_pin(self, cpus) -> bool:
+        """Pin only to CPUs this process may use, and only when they are not all of them
+        (synthetic topologies name CPUs this host lacks: run unpinned then)."""
+        if self.affinity is None or not cpus:
+            return False
+        want = set(cpus)
+        return want != self.affinity and want <= self.affinity
 
     def _pin(self, cpus) -> bool:
         if self.affinity is None or not cpus:

@@ -47,7 +47,8 @@ def test_staging_does_not_follow_a_symlink_left_by_an_earlier_attempt(tmp_path):
 def test_second_live_driver_is_refused_with_the_first_ones_pid(tmp_path):
     wf = tmp_path / "wf.py"
     wf.write_text('from shoal.ensemble import *\nworkflow = Pipeline([Stage([Task(executable="/bin/sh", '
-                  'arguments=["-c", "echo 1 >> ../../../../runs; sleep 0.3"]) for _ in range(6)])])\n')
+                  'arguments=["-c", "echo 1 >> ../../../../runs; while [ ! -e ../../../../go ]; do sleep 0.05; '
+                  'done"]) for _ in range(6)])])\n')
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     first = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--workers", "2"], cwd=tmp_path,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -60,6 +61,7 @@ def test_second_live_driver_is_refused_with_the_first_ones_pid(tmp_path):
         assert f"in use by another live driver (pid {first.pid} host" in second.stderr
         assert "Traceback" not in second.stderr
     finally:
+        (tmp_path / "go").write_text("")  # the first driver's tasks wait for this
         out, err = first.communicate(timeout=60)
     assert first.returncode == 0, out + err
     assert len((tmp_path / "runs").read_text().split()) == 6  # nothing ran twice

@@ -211,3 +211,19 @@ def test_appmanager_sigkill_then_resume(tmp_path):
     assert len(runs) == 20
     # a task ran twice only if the kill caught it between its start and its DONE commit (<= 2 slots)
     assert sum(n - 1 for n in runs.values()) <= 2, runs
+
+
+def test_appmanager_raises_when_the_walltime_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t = Task()
+    t.executable = "/bin/true"
+    t.estimate = 600  # ten minutes, more than the walltime: it must not start
+    s = Stage()
+    s.add_tasks(t)
+    p = Pipeline()
+    p.add_stages(s)
+    appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 0.05, "cpus": 1})
+    appman.workflow = [p]
+    with pytest.raises(EnsembleError, match=r"stopped before the end \(walltime: .*resume=True"):
+        appman.run()
+    assert appman.report.drained and appman.report.done == 0

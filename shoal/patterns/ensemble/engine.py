@@ -400,7 +400,17 @@ class Engine(Walker):
         if len(items) == 1 or self.spawners is None:
             outcomes = [self._launch(item) for item in items]
         else:
-            outcomes = list(self.spawners.map(self._launch, items))
+            futures = [self.spawners.submit(self._launch, item) for item in items]
+            try:
+                outcomes = [f.result() for f in futures]
+            except BaseException:  # a second Ctrl-C while waiting: leave no process unregistered
+                for f in futures:
+                    outcome = f.result()
+                    if isinstance(outcome, tuple):
+                        kill_leftover(outcome[0], None)
+                        with contextlib.suppress(Exception):
+                            self.launcher.exit_code(outcome[0], outcome[1])
+                raise
         error = None
         for item, outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, tuple):

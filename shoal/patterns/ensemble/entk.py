@@ -28,7 +28,9 @@ dated name, as EnTK starts a new session each time.
 
 ``run()`` raises ``EnsembleError`` when tasks failed (after they all settled,
 with the failures in the message), like EnTK's AppManager raises on failed
-tasks with ``resubmit_failed=False``; ``appman.report`` keeps the Report.
+tasks with ``resubmit_failed=False``, and when the run stopped early (the
+walltime, Ctrl-C, SIGTERM: resume to finish); ``appman.report`` keeps the
+Report.
 """
 
 from __future__ import annotations
@@ -135,6 +137,10 @@ class AppManager:
                      gpus=int(desc.get("gpus") or 0), memory=desc.get("memory"),
                      walltime=minutes * 60 if minutes else None, progress=self.progress)
         self.report = report
+        if report.drained:
+            raise EnsembleError(
+                f"the run stopped before the end ({report.drain_reason or 'drained'}); finish it with "
+                f"AppManager(..., resume=True) (journal {self.journal}); appman.report has the counts")
         if report.failed:
             first = report.failures[0]
             raise EnsembleError(

@@ -375,13 +375,14 @@ class Launcher:
         kill_group(pid)
 
 
-def kill_leftover(pid: int, start: float) -> bool:
-    """Kill a process a previous (killed) driver started, if pid *and* start time still match."""
+def kill_leftover(pid: int, start: float | None) -> bool:
+    """Kill a process a previous (killed) driver started, if pid *and* start time still match
+    (``start=None``: a process of this driver, known to be ours)."""
     try:
         import psutil
 
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - start) > 1.0:
+        if start is not None and abs(proc.create_time() - start) > 1.0:
             return False  # the pid was reused by an unrelated process
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -18,6 +18,7 @@ import time
 import pytest
 from ens_tasks import ROOT, square
 
+from shoal.cli import main as cli_main
 from shoal.ensemble import EnsembleError, Input, Pipeline, Stage, Task, TaskState, run
 from shoal.patterns.ensemble.yamlfile import load_yaml
 
@@ -85,7 +86,7 @@ WF = 'from shoal.ensemble import *\nworkflow = Pipeline([Stage([Task(executable=
 
 
 @pytest.mark.parametrize("case", ["directory", "garbage", "damaged_sqlite", "missing_parent"])
-def test_journal_errors_exit_2_with_a_clear_message(tmp_path, case):
+def test_journal_errors_exit_2_with_a_clear_message(tmp_path, case, capsys):
     wf = tmp_path / "wf.py"
     wf.write_text(WF)
     journal = tmp_path / "run.db"
@@ -102,10 +103,14 @@ def test_journal_errors_exit_2_with_a_clear_message(tmp_path, case):
         journal = tmp_path / "nope" / "run.db"
     for cmd in (["run", wf, "--journal", journal], ["run", wf, "--journal", journal, "--resume"],
                 ["status", journal]):
-        out = shoal_cli(*cmd, cwd=tmp_path)
-        assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+        rc = cli_main([str(c) for c in cmd])  # in-process: the same handler and error path as `shoal`
+        err = capsys.readouterr().err
+        assert rc == 2, (cmd, err)
         want = "no journal at" if case == "missing_parent" and cmd[0] == "status" else expect
-        assert "Traceback" not in out.stderr and want in out.stderr, (cmd, out.stderr)
+        assert err.startswith("shoal: error: ") and want in err, (cmd, err)
+    # and once through a real `shoal` process: one line on stderr, exit status 2, no traceback
+    out = shoal_cli("run", wf, "--journal", journal, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and expect in out.stderr
 
 
 def _limit_file_size():

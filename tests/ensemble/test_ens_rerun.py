@@ -208,12 +208,15 @@ def test_status_of_a_live_run_has_eta_and_a_plan(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["yaml", "dir", "missing"])
-def test_status_of_a_non_journal_is_a_clear_error(tmp_path, what):
+def test_status_of_a_non_journal_is_a_clear_error(tmp_path, what, capsys):
+    from shoal.cli import main as cli_main
+
     path = tmp_path / "wf.yaml"
     if what == "yaml":
         path.write_text("pipelines: []\n")
     elif what == "dir":
         path = tmp_path
-    out = shoal_cli("status", path, cwd=tmp_path)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert {"yaml": "not a shoal journal", "dir": "is a directory", "missing": "no journal at"}[what] in out.stderr
+    assert cli_main(["status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shoal: error: ")
+    assert {"yaml": "not a shoal journal", "dir": "is a directory", "missing": "no journal at"}[what] in err

@@ -1,14 +1,19 @@
 """Ensembles on pilots: Pipeline/Stage/Task workflows of executables and functions.
 
-Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
-``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
-write-ahead state), ``launcher`` (sandboxes, staging, Popen, reaping),
-``remote`` (executables as pilot tasks on the nodes of a dask pilot),
-``report`` (Results/StageContext/Report), ``walker`` (pipelines, stages,
-the stage barrier), ``engine`` (the driver loop: place, launch, reap), and
-``commands`` (``shoal run`` / ``shoal status``, the progress line) with
-``yamlfile`` (YAML workflow files).  The
-public face is ``shoal.ensemble``; see docs/ensemble.md.
+Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation,
+the EnTK attribute style), ``identity`` (a run's plan, identity and task
+specs), ``values`` (results as data; pickle opt-in), ``scheduler`` (pure
+placement and backfill policy), ``journal`` (SQLite WAL, write-ahead state,
+the driver lock), ``status`` (RunStatus: a run's honest status from its
+journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
+(executables as pilot tasks on the nodes of a dask pilot), ``functions``
+(function tasks on N CPUs; local code travelling to dask), ``report``
+(Results/StageContext/Report), ``walker`` (pipelines, stages, the stage
+barrier), ``progress`` (the progress line), ``engine`` (the driver loop:
+place, launch, reap), ``entk`` (EnTK's AppManager), and ``commands``
+(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
+The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
+docs/ensemble.md and docs/entk.md.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ from collections.abc import Callable
 
 import shoal
 
+from .functions import ship_code, with_cpus
 from .identity import diff_plans, diff_specs, plan_of, spec_text
 from .journal import Journal
 from .launcher import (
@@ -81,7 +82,8 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
-from .remote import Ended, ExecSpec, run_executable, ship_code
+from .progress import progress_callback
+from .remote import Ended, ExecSpec, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
 from .values import Values
@@ -143,7 +145,7 @@ class Engine(Walker):
         self.launcher = Launcher(root, gpus=gpus)
         self.spawners = None if self.remote or len(self.sched.cpus) < 2 else \
             cf.ThreadPoolExecutor(min(8, len(self.sched.cpus)), thread_name_prefix="shoal-spawn")
-        self.progress = _progress(progress)
+        self.progress = progress_callback(progress)
         self.resume = resume
         self.retry_failed = retry_failed
         self.journal = Journal(journal, resume=resume, durability=durability, values=Values.parse(values),
@@ -764,50 +766,6 @@ class Engine(Walker):
                        "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
                        "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
                        "elapsed": elapsed, "final": force})
-
-
-def with_cpus(fn, cpus, cores: int, *args, **kwargs):
-    """Run ``fn`` on a pilot worker with the task's granted CPUs: affinity widened to ``cpus``,
-    OMP_NUM_THREADS and the BLAS/OpenMP pools (threadpoolctl, if installed) set to ``cores``;
-    all restored afterwards, so the worker's next task is as before."""
-    old_cpus = None
-    with contextlib.suppress(AttributeError, OSError):
-        old_cpus = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, cpus)
-    old_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    for k in old_env:
-        os.environ[k] = str(cores)
-    try:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # pragma: no cover - optional
-            return fn(*args, **kwargs)
-        with threadpool_limits(limits=cores):
-            return fn(*args, **kwargs)
-    finally:
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if old_cpus is not None:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, old_cpus)
-
-
-def _progress(progress):
-    """``run(progress=...)``: True -> the ``shoal run`` line on stderr; False/None -> none; a callable."""
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        import sys
-
-        from .commands import Progress
-
-        return Progress(sys.stderr)
-    if not callable(progress):
-        raise EnsembleError(f"progress={progress!r}: give True, False or a callable taking a dict")
-    return progress
 
 
 def count_tasks(pipelines) -> int | None:

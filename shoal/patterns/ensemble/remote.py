@@ -63,8 +63,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import time
 
 from .launcher import (
@@ -242,44 +240,3 @@ def _prctl():
             pass
         _PRCTL.append(fn)
     return _PRCTL[0]
-
-
-_SHIPPED: set[str] = set()
-
-
-def _installed_roots() -> list[str]:
-    paths = sysconfig.get_paths()
-    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    return [os.path.realpath(r) for r in roots if r]
-
-
-def ship_code(fn) -> bool:
-    """Make ``fn``'s module travel by value to a dask pilot's workers when it is *local code*.
-
-    Local code is a module whose file is not installed (not under the interpreter's prefix,
-    site-packages, or shoal itself): a ``hooks.py`` beside the workflow, imported from the
-    driver's ``sys.path``, which the dask workers — other processes, maybe other machines —
-    cannot import.  cloudpickle then pickles its functions by value (the dask backend
-    cloudpickles task functions once per worker).  Functions of the workflow script itself
-    are by value already (its module is not importable).  Returns True if it registered.
-
-    Trust boundary: unchanged — dask workers unpickle what the driver sends in any case."""
-    name = getattr(fn, "__module__", None)
-    module = sys.modules.get(name) if name else None
-    if module is None or name in _SHIPPED or name == "__main__":
-        return False
-    path = getattr(module, "__file__", None)
-    if not path:
-        return False
-    real = os.path.realpath(path)
-    if any(real.startswith(root + os.sep) for root in _installed_roots()):
-        return False
-    import cloudpickle
-
-    try:
-        cloudpickle.register_pickle_by_value(module)
-    except ValueError:  # pragma: no cover - not in sys.modules under that name
-        return False
-    _SHIPPED.add(name)
-    return True

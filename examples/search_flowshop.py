@@ -178,6 +178,7 @@ def solve(pilot, p, *, upper: int | None = None, johnson: bool = True, **options
     pr = problem(p, johnson)
     if upper is None:
         upper, _ = neh(p)
+    options.setdefault("prune_level", True)  # children come best bound first
     return branch_and_bound.minimise(pilot, root(pr), functools.partial(children, pr), objective,
                                      bound, initial=upper + 1, **options)
 

@@ -45,6 +45,7 @@ not public API); reading the incumbent at every node (a few us each).
 
 from __future__ import annotations
 
+import math
 import pickle
 import random
 import sys
@@ -578,6 +579,8 @@ class Explorer:
         clock = time.perf_counter
         iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
         idx: list = [0] * 32
+        prev = inf = math.inf
+        prevs: list = [inf] * 32  # prune_level: the last bound seen on each ancestor's level
         d = 0
         top = self.kids(node, base)
         i = -1
@@ -598,6 +601,10 @@ class Explorer:
                         bad = None
                     if negate:
                         b = -b
+                    if prune_level:  # the promise it rests on, checked where it is cheap
+                        if b > prev:
+                            self._misordered(base + tuple(idx[:d]), i, b, prev)
+                        prev = b
                     if b <= lim or b < slim:
                         pruned += 1
                         if prune_level:
@@ -640,9 +647,11 @@ class Explorer:
                     try:  # push (the lists only grow: d is the depth below the base)
                         iters[d] = top
                         idx[d] = i
+                        prevs[d] = prev
                     except IndexError:
                         iters.append(top)
                         idx.append(i)
+                        prevs.append(prev)
                     d += 1
                     try:
                         top = iter(kids)
@@ -652,6 +661,7 @@ class Explorer:
                                           f"{base + tuple(idx[:d])}; return a list, tuple or "
                                           "generator") from None
                     i = -1
+                    prev = inf
                     break
                 else:  # the level is done (or pruned): back up
                     if not d:
@@ -659,6 +669,7 @@ class Explorer:
                     d -= 1
                     top = iters[d]
                     i = idx[d]
+                    prev = prevs[d]
                     if skips and d in skips:
                         i += skips.pop(d)
                     if budget:
@@ -679,6 +690,17 @@ class Explorer:
             t.pruned += pruned
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
+
+    def _misordered(self, parent, i: int, b: float, prev: float) -> None:
+        """prune_level=True, but child ``i`` of ``parent`` has a better bound than its
+        elder sibling: refuse (pruning the level would have been silently wrong)."""
+        if self.spec.negate:
+            b, prev = -b, -prev
+        order = "non-decreasing lower" if self.spec.negate else "non-increasing upper"
+        raise SearchError(f"prune_level=True needs children in {order} bound order, but "
+                          f"child {i} of node path {parent} has bound {b} after a sibling "
+                          f"with bound {prev}; sort the children best bound first, or "
+                          "leave prune_level off (the default)")
 
     def join(self) -> None:
         """Wait for the spawned tasks (newest first) and merge what they found."""

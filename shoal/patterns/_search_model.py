@@ -97,7 +97,7 @@ class Spec:
     channel: object = None  # Channel.for_pilot: subtrees given away to other nodes (exports)
     requests: object = None  # BestCell.for_pilot: exports the driver has asked each node for
     initial: float = -math.inf
-    prune_level: bool = True
+    prune_level: bool = False
     ordered: bool = False
     spawn_depth: int = 2
     budget: int = 10_000

@@ -15,9 +15,14 @@ that found it and travels back up the join tree with the task's result.
 
 Pruning rule (values negated internally when minimising, so always "max"):
 a node is pruned when ``bound <= incumbent``: it cannot strictly improve.
-With ``prune_level=True`` (default) the children of a node must come in
-non-increasing bound order, so the first pruned child ends its level: its
-later siblings are skipped without calling ``bound`` (YewPar's PruneLevel).
+With ``prune_level=True`` (opt-in, as YewPar's PruneLevel) the children of a
+node must come in non-increasing bound order (best first), so the first pruned
+child ends its level: its later siblings are skipped without calling
+``bound``.  Off by default: on children in any other order it would return a
+wrong optimum silently.  When on, the order is checked where it costs one
+comparison (every bound the search computes against its elder sibling's) and
+a misordered level is refused with a SearchError; siblings after a pruned one
+are never bounded, so that check cannot see them.
 
 ``ordered=True``: a replicable answer.  Among optimal nodes the one first in
 sequential depth-first order (smallest child-index path) is returned, the same
@@ -64,7 +69,7 @@ class Result:
     stats: SearchStats
 
 
-def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = True,
+def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
              reference_nodes: int | None = None) -> Result:
@@ -80,7 +85,7 @@ def maximise(pilot, root, children, objective, bound, *, initial=None, prune_lev
                      ordered, coordination, spawn_depth, budget, stats, reference_nodes)
 
 
-def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = True,
+def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
              reference_nodes: int | None = None) -> Result:

@@ -20,7 +20,9 @@ Data flow::
 Control is a ``SharedArray((workers + 1, 4), int64)``: one row per process,
 each written only by its owner (the single-writer rule of BestCell):
 SPAWNED and STARTED count search tasks made and begun, ACTIVE counts search
-tasks running (not waiting in a join) and STOP is a flag.  A worker whose
+tasks running (not waiting in a join), STOP is a flag, EXPORTED counts subtrees
+given to other machines and NODES the nodes visited so far (written at every
+poll: what ``progress=`` shows).  A worker whose
 ACTIVE is 0 is hungry; ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer.
 
 Invariants: every node of the tree is visited by exactly one task (a split
@@ -68,12 +70,14 @@ from ._search_model import (  # noqa: F401 - re-exported for the drivers
     kids_of,
     number,
     replay,
+    where,
 )
 
 __all__ = ["Coordination", "SearchError", "SearchStats"]
 
 
-SPAWNED, STARTED, ACTIVE, STOP, EXPORTED = range(5)
+SPAWNED, STARTED, ACTIVE, STOP, EXPORTED, NODES = range(6)
+CONTROL_COLUMNS = 6
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop cell (the cross-node stop flag)
 TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
@@ -124,6 +128,8 @@ class Explorer:
         self.channel = spec.channel
         self.exporting: list | None = None  # collects what split() ships, while exporting
         self.polls = 0
+        self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
+        self.reported = 0  # nodes of this task already added to Control's NODES
         w = shoal.current_worker()
         self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
         g = spec.initial
@@ -152,8 +158,8 @@ class Explorer:
             try:
                 b = self.bound(node)
             except Exception as exc:
-                raise SearchError(f"bound() raised {exc!r} at node path {_p(path)}") from exc
-            b = number(b, "bound()", _p(path))
+                raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+            b = number(b, "bound()", path, node)
             if spec.negate:
                 b = -b
             if b <= self.lim or b < self.slim:
@@ -162,17 +168,33 @@ class Explorer:
             try:
                 v = self.objective(node)
             except Exception as exc:
-                raise SearchError(f"objective() raised {exc!r} at node path {_p(path)}") from exc
-            v = number(v, "objective()", _p(path))
+                raise SearchError(f"objective() raised {exc!r} at {where(path, node)}") from exc
+            v = number(v, "objective()", path, node)
             if spec.negate:
                 v = -v
             if v > self.lim and v >= self.slim:
                 self.improve(node, v, _p(path))
         elif spec.goal is Goal.FIND:
-            try:
-                hit = self.accept(node)
-            except Exception as exc:
-                raise SearchError(f"goal() raised {exc!r} at node path {_p(path)}") from exc
+            if self.bound is not None:  # the Decision skeleton: prune against the target
+                try:
+                    b = self.bound(node)
+                except Exception as exc:
+                    raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+                if number(b, "bound()", path, node) < spec.target:
+                    t.pruned += 1
+                    return False
+            if self.accept is not None:
+                try:
+                    hit = self.accept(node)
+                except Exception as exc:
+                    raise SearchError(f"goal() raised {exc!r} at {where(path, node)}") from exc
+            else:
+                try:
+                    v = self.objective(node)
+                except Exception as exc:
+                    raise SearchError(f"objective() raised {exc!r} at "
+                                      f"{where(path, node)}") from exc
+                hit = number(v, "objective()", path, node) >= spec.target
             if hit:
                 p = _p(path)
                 check_picklable(node, p, "a found node travels back to the driver")
@@ -184,7 +206,7 @@ class Explorer:
             try:
                 ok = self.accept(node)
             except Exception as exc:
-                raise SearchError(f"accept() raised {exc!r} at node path {_p(path)}") from exc
+                raise SearchError(f"accept() raised {exc!r} at {where(path, node)}") from exc
             if ok:
                 t.count += 1
                 if spec.collect:
@@ -222,8 +244,16 @@ class Explorer:
         if self.stop_cell is not None:
             self.stop_cell.offer(1.0)
 
+    def report(self) -> None:
+        """Add the nodes visited since the last report to Control's NODES (progress)."""
+        live = self.tally.nodes + self.seen
+        if live != self.reported:
+            self.ctl[self.me, NODES] += live - self.reported
+            self.reported = live
+
     def poll(self, iters, idx) -> None:
         """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+        self.report()
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
             if r[STOP]:
@@ -276,7 +306,8 @@ class Explorer:
                     break
                 except Exception as exc:
                     path = self.base + tuple(idx[:lvl])
-                    raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+                    raise SearchError(f"children() raised {exc!r} at "
+                                      f"{where(path, spec=self.spec)}") from exc
                 if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
                     idx[lvl] += 1
                     path = self.base + tuple(idx)
@@ -300,8 +331,8 @@ class Explorer:
         try:
             b = self.bound(node)
         except Exception as exc:
-            raise SearchError(f"bound() raised {exc!r} at node path {path}") from exc
-        b = number(b, "bound()", path)
+            raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+        b = number(b, "bound()", path, node)
         if self.spec.negate:
             b = -b
         if b <= self.lim or b < self.slim:
@@ -393,8 +424,8 @@ class Explorer:
             try:
                 child = next(iters[-1], _END)
             except Exception as exc:
-                raise SearchError(f"children() raised {exc!r} at node path "
-                                  f"{base + tuple(idx[:-1])}") from exc
+                raise SearchError(f"children() raised {exc!r} at "
+                                  f"{where(base + tuple(idx[:-1]), spec=self.spec)}") from exc
             if child is _END:
                 iters.pop()
                 idx.pop()
@@ -473,13 +504,13 @@ class Explorer:
                             if accept(child):
                                 count += 1
                         except Exception as exc:
-                            raise SearchError(f"accept() raised {exc!r} at node path "
-                                              f"{base + tuple(idx[:d]) + (i,)}") from exc
+                            raise SearchError(f"accept() raised {exc!r} at "
+                                              f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     try:
                         kids = children(child)
                     except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                        raise SearchError(f"children() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     if pd is not None:  # a local list indexed by depth below the base - 1
                         try:
                             pd[d] += 1
@@ -491,6 +522,7 @@ class Explorer:
                         nodes += TICK
                         tick = TICK
                         if clock() >= self.next_poll:
+                            self.seen = nodes
                             top = self._poll_at(iters, idx, d, top, i)
                     if not kids and (kids.__class__ is list or kids.__class__ is tuple):
                         # a leaf: no level to push and pop (most nodes of UTS trees)
@@ -513,9 +545,9 @@ class Explorer:
                         top = iter(kids)
                     except TypeError:
                         raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at node path "
-                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
-                                          "generator") from None
+                                          f"{type(kids).__name__} at "
+                                          f"{where(base + tuple(idx[:d]), child)}; return a "
+                                          "list, tuple or generator") from None
                     i = -1
                     break
                 else:  # the level is done: back up
@@ -534,11 +566,12 @@ class Explorer:
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # raised inside a generator, listing top's children
-            raise SearchError(f"children() raised {exc!r} at node path "
-                              f"{base + tuple(idx[:d])}") from exc
+            raise SearchError(f"children() raised {exc!r} at "
+                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
         finally:
             nodes += TICK - tick
             t.nodes += nodes
+            self.seen = 0
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
             t.count += nodes if accept is None else count
@@ -592,12 +625,12 @@ class Explorer:
                     try:
                         b = bound(child)
                     except Exception as exc:
-                        raise SearchError(f"bound() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                        raise SearchError(f"bound() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     tb = type(b)
                     if tb is not int and (tb is not float or b != b):
                         bad = "bound()"
-                        b = number(b, bad, base + tuple(idx[:d]) + (i,))
+                        b = number(b, bad, base + tuple(idx[:d]) + (i,), child)
                         bad = None
                     if negate:
                         b = -b
@@ -614,12 +647,12 @@ class Explorer:
                     try:
                         v = objective(child)
                     except Exception as exc:
-                        raise SearchError(f"objective() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                        raise SearchError(f"objective() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     tv = type(v)
                     if tv is not int and (tv is not float or v != v):
                         bad = "objective()"
-                        v = number(v, bad, base + tuple(idx[:d]) + (i,))
+                        v = number(v, bad, base + tuple(idx[:d]) + (i,), child)
                         bad = None
                     if negate:
                         v = -v
@@ -636,12 +669,13 @@ class Explorer:
                     try:
                         kids = children(child)
                     except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                        raise SearchError(f"children() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     tick -= 1
                     if not tick:
                         tick = TICK
                         if clock() >= self.next_poll:
+                            self.seen = nodes
                             top = self._poll_at(iters, idx, d, top, i)
                             lim, slim = self.lim, self.slim
                     try:  # push (the lists only grow: d is the depth below the base)
@@ -657,9 +691,9 @@ class Explorer:
                         top = iter(kids)
                     except TypeError:
                         raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at node path "
-                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
-                                          "generator") from None
+                                          f"{type(kids).__name__} at "
+                                          f"{where(base + tuple(idx[:d]), child)}; return a "
+                                          "list, tuple or generator") from None
                     i = -1
                     prev = inf
                     break
@@ -683,10 +717,11 @@ class Explorer:
         except Exception as exc:
             if bad is not None:  # number() rejected a bound or objective value
                 raise
-            raise SearchError(f"children() raised {exc!r} at node path "
-                              f"{base + tuple(idx[:d])}") from exc
+            raise SearchError(f"children() raised {exc!r} at "
+                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
         finally:
             t.nodes += nodes
+            self.seen = 0
             t.pruned += pruned
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
@@ -698,7 +733,7 @@ class Explorer:
             b, prev = -b, -prev
         order = "non-decreasing lower" if self.spec.negate else "non-increasing upper"
         raise SearchError(f"prune_level=True needs children in {order} bound order, but "
-                          f"child {i} of node path {parent} has bound {b} after a sibling "
+                          f"child {i} of {where(parent, spec=self.spec)} has bound {b} after a sibling "
                           f"with bound {prev}; sort the children best bound first, or "
                           "leave prune_level off (the default)")
 
@@ -759,6 +794,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
             for f in ex.futs:
                 f.cancel()
             raise
+        ex.report()  # (the spawned tasks report their own nodes)
         ex.join()
         return ex.tally
     finally:
@@ -798,7 +834,7 @@ def _spawn_children(ex: Explorer, node, path: tuple) -> None:
         except StopIteration:
             return
         except Exception as exc:
-            raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
         cpath = path + (i,)
         if ex.spec.goal is Goal.OPTIMISE and ex.prunable(child, cpath):
             if ex.spec.prune_level:

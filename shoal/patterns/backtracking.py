@@ -48,6 +48,7 @@ from ._search import (
     stopped,
 )
 from ._search_driver import STOP_WAIT_S, drive, validate
+from ._search_model import number, where
 
 __all__ = ["Coordination", "Count", "Found", "SearchError", "SearchStats", "count", "find",
            "solutions"]
@@ -77,34 +78,56 @@ class Found:
 
 
 def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK_STEALING,
-          spawn_depth: int = 2, budget: int = 10_000, stats: bool = False) -> Count:
+          spawn_depth: int = 2, budget: int = 10_000, stats: bool = False,
+          progress=False) -> Count:
     """The number of nodes of the tree under ``root`` (root included), or of those for
     which ``accept(node)`` is true.
 
     ``coordination``: a ``Coordination`` or its value ("sequential",
     "depth-bounded" with ``spawn_depth``, "budget" with ``budget`` backtracks
     per split, "stack-stealing", "indexed").  ``stats=True`` adds per-depth
-    counts and the steals of the search to ``result.stats``.
+    counts and the steals of the search to ``result.stats``.  ``progress=True``
+    writes a line a second (nodes, nodes/s) to stderr when it is a terminal;
+    ``"always"`` or a file-like object force it.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     if accept is not None and not callable(accept):
         raise TypeError(f"accept must be a function node -> bool or None, got {accept!r}")
     tally, st = drive(pilot, root, children, Goal.COUNT, coordination=coord, stats=stats,
-                      accept=accept, spawn_depth=spawn_depth, budget=budget)
+                      accept=accept, spawn_depth=spawn_depth, budget=budget, progress=progress)
     return Count(tally.count, st)
 
 
-def find(pilot, root, children, goal, *, coordination=Coordination.STACK_STEALING,
-         spawn_depth: int = 2, budget: int = 10_000, stats: bool = False):
+def find(pilot, root, children, goal=None, *, objective=None, target=None, bound=None,
+         coordination=Coordination.STACK_STEALING, spawn_depth: int = 2, budget: int = 10_000,
+         stats: bool = False, progress=False):
     """A node for which ``goal(node)`` is true, or None; the first hit stops all tasks.
 
+    YewPar's Decision skeleton: with ``objective`` and ``target`` instead of
+    ``goal``, a goal node is one with ``objective(node) >= target``; with
+    ``bound`` (an upper bound of ``objective`` over a node's subtree, as in
+    ``branch_and_bound.maximise``) subtrees with ``bound(node) < target`` are
+    pruned (``bound`` and ``target`` also prune a search for ``goal``).
+
     With ``stats=True`` a ``Found(node, path, stats)`` instead of the bare node.
+    ``progress`` as in ``count``.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
-    if not callable(goal):
-        raise TypeError(f"goal must be a function node -> bool, got {goal!r}")
+    if goal is not None and objective is not None:
+        raise TypeError("give find() a goal or an objective with a target, not both")
+    if goal is None and objective is None:
+        raise TypeError("find(): goal must be a function node -> bool, or give objective= "
+                        "and target=")
+    for name, fn in (("goal", goal), ("objective", objective), ("bound", bound)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function of a node, got {fn!r}")
+    if (objective is not None or bound is not None) and target is None:
+        raise TypeError("find(): objective= and bound= are measured against target=; give one")
+    if target is not None:
+        target = number(target, "target", ())
     tally, st = drive(pilot, root, children, Goal.FIND, coordination=coord, stats=stats,
-                      accept=goal, spawn_depth=spawn_depth, budget=budget)
+                      accept=goal, objective=objective, bound=bound, target=target,
+                      spawn_depth=spawn_depth, budget=budget, progress=progress)
     path, node = tally.found if tally.found is not None else (None, None)
     return Found(node, path, st) if stats else node
 
@@ -192,7 +215,7 @@ def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
             except StopIteration:
                 break
             except Exception as exc:
-                raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+                raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
             kids.append((child, path + (i,)))
         stack.extend(reversed(kids))
     return t.found_nodes, left, t

@@ -72,33 +72,35 @@ class Result:
 def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None) -> Result:
+             reference_nodes: int | None = None, progress=False) -> Result:
     """The node of the tree under ``root`` with the largest ``objective``.
 
     ``bound(node)``: an upper bound of ``objective`` over the subtree of
     ``node``.  ``initial``: a value known to be reachable (e.g. from a
     heuristic); only nodes strictly better are looked for.  Other options as
     in ``shoal.patterns.backtracking.count``; ``stats=True`` adds per-depth
-    counts and steals to ``result.stats``.
+    counts and steals to ``result.stats``.  ``progress=True`` writes a line a
+    second (nodes, nodes/s, incumbent) to stderr when it is a terminal;
+    ``"always"`` or a file-like object force it.
     """
     return _optimise(pilot, root, children, objective, bound, False, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress)
 
 
 def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None) -> Result:
+             reference_nodes: int | None = None, progress=False) -> Result:
     """The node with the smallest ``objective``; ``bound(node)`` is a lower bound.
 
     Everything else as in ``maximise``.
     """
     return _optimise(pilot, root, children, objective, bound, True, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress)
 
 
 def _optimise(pilot, root, children, objective, bound, negate, initial, prune_level, ordered,
-              coordination, spawn_depth, budget, stats, reference_nodes) -> Result:
+              coordination, spawn_depth, budget, stats, reference_nodes, progress) -> Result:
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     for name, fn in (("objective", objective), ("bound", bound)):
         if not callable(fn):
@@ -115,7 +117,8 @@ def _optimise(pilot, root, children, objective, bound, negate, initial, prune_le
     tally, st = drive(pilot, root, children, Goal.OPTIMISE, coordination=coord, stats=stats,
                       reference_nodes=reference_nodes, objective=objective, bound=bound,
                       negate=negate, initial=start, prune_level=bool(prune_level),
-                      ordered=bool(ordered), spawn_depth=spawn_depth, budget=budget)
+                      ordered=bool(ordered), spawn_depth=spawn_depth, budget=budget,
+                      progress=progress)
     if tally.best_path is None:
         return Result(initial, None, None, st)
     value = -tally.best if negate else tally.best

@@ -166,3 +166,13 @@ def rising_objective(node) -> int:
 
 def rising_bound(node) -> int:
     return sum(node) + 2 * (3 - len(node))
+
+
+def gen_boom_at_12(node):
+    """A generator that raises while listing the children of (1, 2), after its first child."""
+    if len(node) >= 4:
+        return
+    for i in range(3):
+        if node == (1, 2) and i == 1:
+            raise ValueError("gen boom")
+        yield node + (i,)

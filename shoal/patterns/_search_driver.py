@@ -35,6 +35,7 @@ from ._search import (
     task,
     units_task,
 )
+from ._search_checkpoint import resume_initial, run_checkpointed
 
 STOP_WAIT_S = 10.0  # how long an interrupted search waits for its tasks to unwind
 UNITS_PER_NODE = 16  # a pilot of several machines: subtrees the driver opens per machine ...
@@ -131,7 +132,9 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     waits up to ``STOP_WAIT_S`` for that before re-raising.
     """
     progress = spec_kw.pop("progress", False)
+    ck = spec_kw.pop("checkpoint", None)  # a _search_checkpoint.Checkpoint
     check_picklable(root, (), "the root is sent to a worker")
+    resumed = ck.load() if ck is not None else None
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
     ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, CONTROL_COLUMNS), "int64", fill=0)
@@ -141,9 +144,11 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         owned.append(stop)
         cell = chan = requests = None
         if goal is Goal.OPTIMISE:
-            cell = shoal.BestCell.for_pilot(pilot, "max", initial=spec_kw.get("initial"))
+            cell = shoal.BestCell.for_pilot(pilot, "max",
+                                            initial=resume_initial(spec_kw["initial"], resumed))
             owned.append(cell)
-        split = pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
+        split = (pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
+                 and ck is None)
         if split:  # subtrees move between machines on request (see _run_split)
             chan = shoal.Channel.for_pilot(pilot)
             requests = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
@@ -157,7 +162,11 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         before = _steals(pilot) if stats else (0, 0)
         prog = Progress.make(progress, ctl, cell, bool(spec_kw.get("negate")))
         t0 = time.monotonic()
-        if split:
+        if ck is not None:
+            tally = run_checkpointed(pilot, spec, ck, resumed,
+                                     lambda pending: _stop_all(ctl, stop, pending), prog)
+            exported = 0
+        elif split:
             tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests, prog)
         else:
             tally, exported = _wait([pilot.submit(task, spec, root, ())], ctl, stop, prog), 0

@@ -47,6 +47,7 @@ from ._search import (
     check_picklable,
     stopped,
 )
+from ._search_checkpoint import make as make_checkpoint
 from ._search_driver import STOP_WAIT_S, drive, validate
 from ._search_model import number, where
 
@@ -79,7 +80,7 @@ class Found:
 
 def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK_STEALING,
           spawn_depth: int = 2, budget: int = 10_000, stats: bool = False,
-          progress=False) -> Count:
+          progress=False, checkpoint=None, checkpoint_interval: float = 60.0) -> Count:
     """The number of nodes of the tree under ``root`` (root included), or of those for
     which ``accept(node)`` is true.
 
@@ -89,18 +90,30 @@ def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK
     counts and the steals of the search to ``result.stats``.  ``progress=True``
     writes a line a second (nodes, nodes/s) to stderr when it is a terminal;
     ``"always"`` or a file-like object force it.
+
+    ``checkpoint="path"``: the search's open frontier, counts so far (and
+    incumbent) are written to that file atomically every
+    ``checkpoint_interval`` seconds and when the driver is interrupted; the
+    same call with the same path after a crash (even a SIGKILL of the driver)
+    goes on from there and returns exactly what an uninterrupted run returns.
+    The file is deleted when the search ends.  A checkpointed search runs as
+    driver-side chunks (``coordination`` is not used); see docs/search.md.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     if accept is not None and not callable(accept):
         raise TypeError(f"accept must be a function node -> bool or None, got {accept!r}")
+    ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.count", root, children,
+                         accept)
     tally, st = drive(pilot, root, children, Goal.COUNT, coordination=coord, stats=stats,
-                      accept=accept, spawn_depth=spawn_depth, budget=budget, progress=progress)
+                      accept=accept, spawn_depth=spawn_depth, budget=budget, progress=progress,
+                      checkpoint=ck)
     return Count(tally.count, st)
 
 
 def find(pilot, root, children, goal=None, *, objective=None, target=None, bound=None,
          coordination=Coordination.STACK_STEALING, spawn_depth: int = 2, budget: int = 10_000,
-         stats: bool = False, progress=False):
+         stats: bool = False, progress=False, checkpoint=None,
+         checkpoint_interval: float = 60.0):
     """A node for which ``goal(node)`` is true, or None; the first hit stops all tasks.
 
     YewPar's Decision skeleton: with ``objective`` and ``target`` instead of
@@ -110,7 +123,7 @@ def find(pilot, root, children, goal=None, *, objective=None, target=None, bound
     pruned (``bound`` and ``target`` also prune a search for ``goal``).
 
     With ``stats=True`` a ``Found(node, path, stats)`` instead of the bare node.
-    ``progress`` as in ``count``.
+    ``progress``, ``checkpoint`` and ``checkpoint_interval`` as in ``count``.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     if goal is not None and objective is not None:
@@ -125,9 +138,12 @@ def find(pilot, root, children, goal=None, *, objective=None, target=None, bound
         raise TypeError("find(): objective= and bound= are measured against target=; give one")
     if target is not None:
         target = number(target, "target", ())
+    ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.find", root, children,
+                         goal, objective, bound, target)
     tally, st = drive(pilot, root, children, Goal.FIND, coordination=coord, stats=stats,
                       accept=goal, objective=objective, bound=bound, target=target,
-                      spawn_depth=spawn_depth, budget=budget, progress=progress)
+                      spawn_depth=spawn_depth, budget=budget, progress=progress,
+                      checkpoint=ck)
     path, node = tally.found if tally.found is not None else (None, None)
     return Found(node, path, st) if stats else node
 

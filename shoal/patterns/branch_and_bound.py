@@ -49,6 +49,7 @@ import math
 from dataclasses import dataclass
 
 from ._search import Coordination, Goal, SearchError, SearchStats, number
+from ._search_checkpoint import make as make_checkpoint
 from ._search_driver import drive, validate
 
 __all__ = ["Coordination", "Result", "SearchError", "SearchStats", "maximise", "minimise"]
@@ -72,7 +73,8 @@ class Result:
 def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None, progress=False) -> Result:
+             reference_nodes: int | None = None, progress=False, checkpoint=None,
+             checkpoint_interval: float = 60.0) -> Result:
     """The node of the tree under ``root`` with the largest ``objective``.
 
     ``bound(node)``: an upper bound of ``objective`` over the subtree of
@@ -81,26 +83,34 @@ def maximise(pilot, root, children, objective, bound, *, initial=None, prune_lev
     in ``shoal.patterns.backtracking.count``; ``stats=True`` adds per-depth
     counts and steals to ``result.stats``.  ``progress=True`` writes a line a
     second (nodes, nodes/s, incumbent) to stderr when it is a terminal;
-    ``"always"`` or a file-like object force it.
+    ``"always"`` or a file-like object force it.  ``checkpoint="path"`` (and
+    ``checkpoint_interval`` seconds): the frontier and the incumbent are saved
+    atomically, and the same call after a crash of the driver resumes from
+    them, with the same optimum (with ``ordered=True`` the same node) as an
+    uninterrupted run; as in ``backtracking.count``.
     """
     return _optimise(pilot, root, children, objective, bound, False, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress,
+                     checkpoint, checkpoint_interval)
 
 
 def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None, progress=False) -> Result:
+             reference_nodes: int | None = None, progress=False, checkpoint=None,
+             checkpoint_interval: float = 60.0) -> Result:
     """The node with the smallest ``objective``; ``bound(node)`` is a lower bound.
 
     Everything else as in ``maximise``.
     """
     return _optimise(pilot, root, children, objective, bound, True, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress,
+                     checkpoint, checkpoint_interval)
 
 
 def _optimise(pilot, root, children, objective, bound, negate, initial, prune_level, ordered,
-              coordination, spawn_depth, budget, stats, reference_nodes, progress) -> Result:
+              coordination, spawn_depth, budget, stats, reference_nodes, progress, checkpoint,
+              checkpoint_interval) -> Result:
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     for name, fn in (("objective", objective), ("bound", bound)):
         if not callable(fn):
@@ -114,11 +124,14 @@ def _optimise(pilot, root, children, objective, bound, negate, initial, prune_le
                             f"({type(initial).__name__})")
         start = number(initial, "initial", ())
         start = -start if negate else start
+    ck = make_checkpoint(checkpoint, checkpoint_interval,
+                         "branch_and_bound." + ("minimise" if negate else "maximise"), root,
+                         children, objective, bound, start, bool(prune_level), bool(ordered))
     tally, st = drive(pilot, root, children, Goal.OPTIMISE, coordination=coord, stats=stats,
                       reference_nodes=reference_nodes, objective=objective, bound=bound,
                       negate=negate, initial=start, prune_level=bool(prune_level),
                       ordered=bool(ordered), spawn_depth=spawn_depth, budget=budget,
-                      progress=progress)
+                      progress=progress, checkpoint=ck)
     if tally.best_path is None:
         return Result(initial, None, None, st)
     value = -tally.best if negate else tally.best

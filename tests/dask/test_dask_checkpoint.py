@@ -51,8 +51,9 @@ def test_sigkill_resume_bigger_dask(tmp_path, cluster):
 
 @pytest.mark.slow
 def test_sigkill_resume_max_clique_dask(tmp_path, cluster):
-    import shoal
     from checkpoint_driver import graph, mc
+
+    import shoal
 
     res = kill_and_resume(tmp_path, "clique", 140, cluster.address, saves=10)
     with shoal.Pilot(2) as pilot:  # the reference: the engine, uninterrupted, locally

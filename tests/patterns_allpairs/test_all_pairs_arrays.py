@@ -13,8 +13,8 @@ import pytest
 from scipy.spatial.distance import cdist, pdist
 
 import shoal
-from shoal.patterns import all_pairs
 from shoal.patterns import _pair_arrays as A
+from shoal.patterns import all_pairs
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1worker", "2workers"])

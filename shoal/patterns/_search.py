@@ -48,6 +48,7 @@ not public API); reading the incumbent at every node (a few us each).
 from __future__ import annotations
 
 import math
+import numbers
 import pickle
 import random
 import sys
@@ -112,6 +113,7 @@ class Explorer:
         self.accept = unwrap(spec.accept)
         self.objective = unwrap(spec.objective)
         self.bound = unwrap(spec.bound)
+        self.kernel = unwrap(spec.kernel)
         self.base = base
         self.ctl = ctl
         self.me = me
@@ -481,12 +483,20 @@ class Explorer:
         """
         base, t = self.base, self.tally
         d0 = len(base)
+        kernel = self.kernel
+        kd = sys.maxsize  # loop depth d from which the children are the kernel's
+        if kernel is not None:
+            if d0 >= self.spec.kernel_depth:  # a whole task below the cutoff
+                t.count += self.run_kernel(node, base)
+                return
+            kd = self.spec.kernel_depth - d0 - 1
         self.visit(node, d0, base)
         children, accept = self.children, self.accept
         pd = [0] * 32 if self.spec.per_depth else None
         budget = self.spec.budget if (self.spec.coordination is Coordination.BUDGET
                                       and self.split_ok) else 0
-        backtracks = count = nodes = 0
+        backtracks = count = nodes = kcount = 0
+        bad = False
         tick = TICK
         skips = self.skips
         clock = time.perf_counter
@@ -499,6 +509,16 @@ class Explorer:
             while True:
                 for child in top:
                     i += 1
+                    if d >= kd:  # kernel=: the user's sequential count of the subtree
+                        bad = True  # its TypeError (not an int) is the user's answer
+                        kcount += self.run_kernel(child, base + tuple(idx[:d]) + (i,))
+                        bad = False
+                        if clock() >= self.next_poll:  # (a kernel call is a whole subtree)
+                            self.seen = nodes
+                            top = self._poll_at(iters, idx, d, top, i)
+                        if skips and d in skips:
+                            i += skips.pop(d)
+                        continue
                     if accept is not None:  # (without accept, count = nodes: added at the end)
                         try:
                             if accept(child):
@@ -566,6 +586,8 @@ class Explorer:
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # raised inside a generator, listing top's children
+            if bad:
+                raise
             raise SearchError(f"children() raised {exc!r} at "
                               f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
         finally:
@@ -574,7 +596,20 @@ class Explorer:
             self.seen = 0
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
-            t.count += nodes if accept is None else count
+            t.count += (nodes if accept is None else count) + kcount
+
+    def run_kernel(self, node, path) -> int:
+        """``kernel(node)``: the count of the subtree at ``path``, checked."""
+        try:
+            k = self.kernel(node)
+        except Exception as exc:
+            raise SearchError(f"kernel() raised {exc!r} at {where(path, node)}") from exc
+        if type(k) is not int:
+            if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+                return int(k)
+            raise TypeError(f"kernel() returned {k!r} ({type(k).__name__}) at "
+                            f"{where(path, node)}; it must return the subtree's count (an int)")
+        return k
 
     def _add_per_depth(self, counts: list, first: int) -> None:
         """Add a hot loop's per-depth counts (``counts[k]``: nodes at depth ``first + k``)."""

@@ -153,7 +153,7 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
             chan = shoal.Channel.for_pilot(pilot)
             requests = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
             owned += [chan, requests]
-        for key in ("accept", "objective", "bound"):
+        for key in ("accept", "objective", "bound", "kernel"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
         spec = Spec(root=root, children=portable(children), goal=goal, control=ctl,
@@ -305,7 +305,9 @@ def top_split(spec: Spec, ctl, want: int, groups: int) -> tuple[Tally, list]:
     frontier = [(spec.root, ())]
     depth = 0
     try:
-        while frontier and len(frontier) < want and depth < MAX_SPLIT_DEPTH:
+        deepest = MAX_SPLIT_DEPTH if spec.kernel is None else min(MAX_SPLIT_DEPTH,
+                                                                  spec.kernel_depth)
+        while frontier and len(frontier) < want and depth < deepest:
             nxt = []
             for node, path in frontier:
                 if not ex.visit(node, len(path), path):

@@ -127,6 +127,8 @@ class Spec:
     requests: object = None  # BestCell.for_pilot: exports the driver has asked each node for
     initial: float = -math.inf
     target: float | None = None  # FIND: a goal is objective >= target; bound < target prunes
+    kernel: object = None  # COUNT: node -> the count of its subtree, for nodes at ...
+    kernel_depth: int = 0  # ... this depth (root 0) and below
     prune_level: bool = False
     ordered: bool = False
     spawn_depth: int = 2

@@ -80,7 +80,8 @@ class Found:
 
 def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK_STEALING,
           spawn_depth: int = 2, budget: int = 10_000, stats: bool = False,
-          progress=False, checkpoint=None, checkpoint_interval: float = 60.0) -> Count:
+          progress=False, checkpoint=None, checkpoint_interval: float = 60.0,
+          kernel=None, kernel_depth: int | None = None) -> Count:
     """The number of nodes of the tree under ``root`` (root included), or of those for
     which ``accept(node)`` is true.
 
@@ -98,15 +99,34 @@ def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK
     goes on from there and returns exactly what an uninterrupted run returns.
     The file is deleted when the search ends.  A checkpointed search runs as
     driver-side chunks (``coordination`` is not used); see docs/search.md.
+
+    ``kernel=fn, kernel_depth=d``: for nodes at depth ``d`` (the root is 0),
+    ``fn(node)`` returns the count of the node's subtree (node included, with
+    ``accept`` as this call counts) -- a plain sequential function, e.g. a
+    recursion at hand-written speed.  The skeleton splits and balances the
+    tree above depth ``d`` only; ``stats.nodes`` counts the nodes it visited
+    itself (not the kernels').  Not with ``checkpoint``.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     if accept is not None and not callable(accept):
         raise TypeError(f"accept must be a function node -> bool or None, got {accept!r}")
+    if kernel is not None:
+        if not callable(kernel):
+            raise TypeError(f"kernel must be a function node -> int (its subtree's count), "
+                            f"got {kernel!r}")
+        if type(kernel_depth) is not int or kernel_depth < 0:
+            raise ValueError(f"kernel= needs kernel_depth, an int >= 0 (the depth from which "
+                             f"kernel counts whole subtrees), got {kernel_depth!r}")
+        if checkpoint is not None:
+            raise ValueError("kernel= and checkpoint= exclude each other: a checkpoint needs "
+                             "every open subtree, and a kernel's are inside the user's function")
+    elif kernel_depth is not None:
+        raise TypeError("kernel_depth= without kernel=")
     ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.count", root, children,
                          accept)
     tally, st = drive(pilot, root, children, Goal.COUNT, coordination=coord, stats=stats,
                       accept=accept, spawn_depth=spawn_depth, budget=budget, progress=progress,
-                      checkpoint=ck)
+                      checkpoint=ck, kernel=kernel, kernel_depth=kernel_depth or 0)
     return Count(tally.count, st)
 
 

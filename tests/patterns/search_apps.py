@@ -171,3 +171,19 @@ def gen_boom_at_12(node):
         if node == (1, 2) and i == 1:
             raise ValueError("gen boom")
         yield node + (i,)
+
+
+def queens_kernel(n: int, node) -> int:
+    """The solutions under ``node``: a plain recursion (the kernel= of the tests)."""
+    total = 1 if node[0] == n else 0
+    for c in search_nqueens.children(n, node):
+        total += queens_kernel(n, c)
+    return total
+
+
+def kernel_boom(node):
+    raise RuntimeError("kernel boom")
+
+
+def kernel_str(node):
+    return "many"

@@ -47,7 +47,6 @@ not public API); reading the incumbent at every node (a few us each).
 
 from __future__ import annotations
 
-import math
 import numbers
 import pickle
 import random
@@ -57,6 +56,7 @@ import time
 import shoal
 
 from ._portable import unwrap
+from ._search_bnb import BnBLoop
 from ._search_model import (  # noqa: F401 - re-exported for the drivers
     Coordination,
     Goal,
@@ -104,7 +104,7 @@ def _slot(array) -> int:
 # ---------------------------------------------------------------------------
 
 
-class Explorer:
+class Explorer(BnBLoop):
     """Depth-first search of one unit of work inside one task: worker thread only."""
 
     def __init__(self, spec: Spec, base: tuple, ctl, me: int, split: bool):
@@ -647,148 +647,6 @@ class Explorer:
         self.split(full, fidx, 1, whole_level=True)
         top = self._after_split(iters, full, fidx, d, i)
         return top, i + self.skips.pop(d, 0)
-
-    def dfs_bnb(self, node) -> None:
-        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
-        base, t, spec = self.base, self.tally, self.spec
-        d0 = len(base)
-        if not self.visit(node, d0, base):
-            return
-        children, bound, objective = self.children, self.bound, self.objective
-        negate, prune_level = spec.negate, spec.prune_level
-        pd = [0] * 32 if spec.per_depth else None
-        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
-        backtracks = nodes = pruned = 0
-        tick = TICK
-        lim, slim = self.lim, self.slim
-        skips = self.skips
-        clock = time.perf_counter
-        iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
-        idx: list = [0] * 32
-        prev = inf = math.inf
-        prevs: list = [inf] * 32  # prune_level: the last bound seen on each ancestor's level
-        d = 0
-        top = self.kids(node, base)
-        i = -1
-        bad = None  # set while number() checks a value: its TypeError is the user's answer
-        try:
-            while True:
-                for child in top:
-                    i += 1
-                    try:
-                        b = bound(child)
-                    except Exception as exc:
-                        raise SearchError(f"bound() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
-                    tb = type(b)
-                    if tb is not int and (tb is not float or b != b):
-                        bad = "bound()"
-                        b = number(b, bad, base + tuple(idx[:d]) + (i,), child)
-                        bad = None
-                    if negate:
-                        b = -b
-                    if prune_level:  # the promise it rests on, checked where it is cheap
-                        if b > prev:
-                            self._misordered(base + tuple(idx[:d]), i, b, prev)
-                        prev = b
-                    if b <= lim or b < slim:
-                        pruned += 1
-                        if prune_level:
-                            top = _EMPTY  # the rest of the level is pruned too
-                            break
-                        continue
-                    try:
-                        v = objective(child)
-                    except Exception as exc:
-                        raise SearchError(f"objective() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
-                    tv = type(v)
-                    if tv is not int and (tv is not float or v != v):
-                        bad = "objective()"
-                        v = number(v, bad, base + tuple(idx[:d]) + (i,), child)
-                        bad = None
-                    if negate:
-                        v = -v
-                    if v > lim and v >= slim:
-                        self.improve(child, v, base + tuple(idx[:d]) + (i,))
-                        lim, slim = self.lim, self.slim
-                    nodes += 1
-                    if pd is not None:  # a local list indexed by depth below the base - 1
-                        try:
-                            pd[d] += 1
-                        except IndexError:
-                            pd.extend([0] * (d + 1 - len(pd)))
-                            pd[d] += 1
-                    try:
-                        kids = children(child)
-                    except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
-                    tick -= 1
-                    if not tick:
-                        tick = TICK
-                        if clock() >= self.next_poll:
-                            self.seen = nodes
-                            top = self._poll_at(iters, idx, d, top, i)
-                            lim, slim = self.lim, self.slim
-                    try:  # push (the lists only grow: d is the depth below the base)
-                        iters[d] = top
-                        idx[d] = i
-                        prevs[d] = prev
-                    except IndexError:
-                        iters.append(top)
-                        idx.append(i)
-                        prevs.append(prev)
-                    d += 1
-                    try:
-                        top = iter(kids)
-                    except TypeError:
-                        raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at "
-                                          f"{where(base + tuple(idx[:d]), child)}; return a "
-                                          "list, tuple or generator") from None
-                    i = -1
-                    prev = inf
-                    break
-                else:  # the level is done (or pruned): back up
-                    if not d:
-                        break
-                    d -= 1
-                    top = iters[d]
-                    i = idx[d]
-                    prev = prevs[d]
-                    if skips and d in skips:
-                        i += skips.pop(d)
-                    if budget:
-                        backtracks += 1
-                        if backtracks >= budget:
-                            backtracks = 0
-                            top, i = self._poll_split(iters, idx, d, top, i)
-                            lim, slim = self.lim, self.slim
-        except (_Stopped, SearchError):
-            raise
-        except Exception as exc:
-            if bad is not None:  # number() rejected a bound or objective value
-                raise
-            raise SearchError(f"children() raised {exc!r} at "
-                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
-        finally:
-            t.nodes += nodes
-            self.seen = 0
-            t.pruned += pruned
-            if pd is not None:
-                self._add_per_depth(pd, d0 + 1)
-
-    def _misordered(self, parent, i: int, b: float, prev: float) -> None:
-        """prune_level=True, but child ``i`` of ``parent`` has a better bound than its
-        elder sibling: refuse (pruning the level would have been silently wrong)."""
-        if self.spec.negate:
-            b, prev = -b, -prev
-        order = "non-decreasing lower" if self.spec.negate else "non-increasing upper"
-        raise SearchError(f"prune_level=True needs children in {order} bound order, but "
-                          f"child {i} of {where(parent, spec=self.spec)} has bound {b} after a sibling "
-                          f"with bound {prev}; sort the children best bound first, or "
-                          "leave prune_level off (the default)")
 
     def join(self) -> None:
         """Wait for the spawned tasks (newest first) and merge what they found."""

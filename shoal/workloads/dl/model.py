@@ -63,7 +63,7 @@ class Sequential:
             raise ValueError(f"set_parameters: the model has {len(shapes)} parameter arrays "
                              f"(W1, b1, ...), got {len(arrays)}")
         dtypes = {a.dtype for a in arrays}
-        for a, shape, name in zip(arrays, shapes, names):
+        for a, shape, name in zip(arrays, shapes, names, strict=True):
             if a.shape != tuple(shape):
                 raise ValueError(f"set_parameters: {name} must have shape {tuple(shape)}, "
                                  f"got {a.shape}")

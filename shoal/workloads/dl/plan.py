@@ -143,7 +143,8 @@ def micro_batches(lo: int, hi: int, replicas: int, micro: int) -> list[list[tupl
 
 
 def max_micro_rows(batch_size: int, replicas: int, micro: int) -> int:
-    return -(-(-(-batch_size // replicas)) // micro)
+    shard = -(-batch_size // replicas)
+    return -(-shard // micro)
 
 
 def reduction_tree(replicas: int):

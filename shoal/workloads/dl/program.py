@@ -58,7 +58,7 @@ class NumpyEngine:
 
     def forward(self, s, params, x, ctx, live):
         saved = []
-        for i, p in zip(self.stage_layers[s], params):
+        for i, p in zip(self.stage_layers[s], params, strict=True):
             saved.append(x)
             x = self.layers[i].forward(p, x, _at(ctx, i))
         return x, saved

@@ -36,8 +36,16 @@ from .layers import ShapeError
 from .losses import Loss
 from .model import layer_name
 from .optim import SGD, Optimizer
-from .plan import Plan, PlanError, check_shards, max_micro_rows, micro_batches, partition, reduction_tree
-from .program import NumpyEngine, Op, Program
+from .plan import (
+    Plan,
+    PlanError,
+    check_shards,
+    max_micro_rows,
+    micro_batches,
+    partition,
+    reduction_tree,
+)
+from .program import Op, Program
 from .schedules import OpKind, step_graph
 
 
@@ -204,7 +212,7 @@ class Trainer:
                     futs.append(fut)
                     if node.stage == S - 1 and node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
                         loss_futs.append(fut)
-                for node, fut in zip(graph, futs):
+                for node, fut in zip(graph, futs, strict=True):
                     if node.kind is OpKind.UPDATE:
                         prev[node.stage] = fut
                 all_futs.extend(futs)
@@ -301,7 +309,7 @@ class Trainer:
 
     def _layout(self, X, Y, shapes, stage_layers, mb):
         plan, dtype = self.plan, self.model.dtype
-        R, S, M = plan.replicas, plan.stages, plan.micro_batches
+        R, M = plan.replicas, plan.micro_batches
         layout = Layout()
         layout.add(("X",), X.shape, X.dtype)
         layout.add(("Y",), Y.shape, Y.dtype)

@@ -138,7 +138,7 @@ class Flatten(Layer):
         return (int(np.prod(in_shape, dtype=np.int64)),)
 
     def forward(self, params, x, ctx):
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64)))
 
     def backward(self, params, x, dy, ctx, need_dx=True):
         return (dy.reshape(x.shape) if need_dx else None), []

@@ -1,0 +1,92 @@
+"""Plans and schedules are pure policy: cuts, splits, the reduction tree, and schedules that
+always make progress (M < S, M = 1: the hangs of torchtitan#775 and PiPPy#1064)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from shoal.workloads import dl
+from shoal.workloads.dl.plan import micro_batches, partition, reduction_tree, splits
+from shoal.workloads.dl.schedules import OpKind, stage_ops, step_graph
+
+
+def test_partition_minimises_the_largest_stage():
+    assert partition([1, 1, 1, 1], 2) == [[0, 1], [2, 3]]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4, 5]]
+    assert partition([1, 1, 8, 1], 3) == [[0, 1], [2], [3]]
+    assert partition([1, 2, 3], 3) == [[0], [1], [2]]
+    with pytest.raises(dl.PlanError, match="Plan.stages=4 but the model has only 3 layers"):
+        partition([1, 1, 1], 4)
+
+
+def test_splits_are_array_split():
+    import numpy as np
+
+    for n, parts in itertools.product(range(0, 12), range(1, 5)):
+        got = [b - a for a, b in splits(3, 3 + n, parts)]
+        assert got == [len(p) for p in np.array_split(np.arange(n), parts)]
+    assert micro_batches(0, 10, 2, 2) == [[(0, 3), (3, 5)], [(5, 8), (8, 10)]]
+
+
+def test_reduction_tree_is_fixed_by_replicas():
+    assert reduction_tree(1) == ([], [("leaf", 0)])
+    assert reduction_tree(2) == ([], [("leaf", 0), ("leaf", 1)])
+    nodes, root = reduction_tree(5)
+    assert nodes == [(("leaf", 0), ("leaf", 1)), (("leaf", 2), ("leaf", 3)),
+                     (("node", 0), ("node", 1))]
+    assert root == [("node", 2), ("leaf", 4)]
+
+
+def test_1f1b_order():
+    # stage 0 of 4 stages, 6 micro-batches: 3 warm-up forwards, steady 1F1B, cool-down
+    ops = stage_ops(dl.Schedule.ONE_F_ONE_B, 4, 6, 0)
+    assert ops == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1),
+                   ("F", 5), ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
+    assert stage_ops(dl.Schedule.GPIPE, 2, 2, 1) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+@pytest.mark.parametrize("schedule", list(dl.Schedule))
+def test_every_small_plan_makes_progress(schedule):
+    for R, S, M in itertools.product((1, 2, 3), range(1, 6), range(1, 10)):
+        nodes = step_graph(R, S, M, schedule)
+        for i, node in enumerate(nodes):
+            assert all(d < i for d in node.deps), (R, S, M, node)  # a submission order
+        kinds = [n.kind for n in nodes]
+        fwd = sum(k in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD) for k in kinds)
+        bwd = sum(k in (OpKind.BACKWARD, OpKind.FORWARD_BACKWARD) for k in kinds)
+        assert fwd == bwd == R * S * M
+        assert kinds.count(OpKind.UPDATE) == S
+        assert kinds.count(OpKind.REDUCE) == S * len(reduction_tree(R)[0])
+
+
+def test_simulated_pipeline_length():
+    # F and B one tick each: a GPipe pipeline of S stages and M micro-batches takes 2(M+S-1)
+    # ticks (one less with M = 1: the last stage's F0 B0 become one task)
+    for S, M in ((2, 8), (4, 4), (3, 1)):
+        nodes = step_graph(1, S, M, dl.Schedule.GPIPE)
+        last = max(n.tick for n in nodes if n.kind not in (OpKind.REDUCE, OpKind.UPDATE))
+        assert last + 1 == 2 * (M + S - 1) - (M == 1)
+    assert dl.ideal_bubble(2, 8) == pytest.approx(1 / 9)
+
+
+def test_plan_fields_are_checked():
+    with pytest.raises(dl.PlanError, match="Plan.replicas must be an int >= 1"):
+        dl.Plan(replicas=0)
+    with pytest.raises(dl.PlanError, match="Plan.micro_batches"):
+        dl.Plan(micro_batches=1.5)
+    with pytest.raises(dl.PlanError, match="Plan.schedule='zigzag' is unknown"):
+        dl.Plan(schedule="zigzag")
+    with pytest.raises(dl.PlanError, match=r"Plan.stages=3 but Plan.shards has 2"):
+        dl.Plan(stages=3, shards=[[0], [1]])
+    with pytest.raises(dl.PlanError, match=r"Plan.shards\[1\] must be a non-empty"):
+        dl.Plan(shards=[[0], []])
+    model = dl.Sequential([dl.Linear(4, 4), dl.ReLU(), dl.Linear(4, 2)])
+    with pytest.raises(dl.PlanError, match="Plan.stages=4 but the model has only 3 layers"):
+        dl.Trainer(model, plan=dl.Plan(stages=4))
+    with pytest.raises(dl.PlanError, match=r"Plan.shards\[1\] names layer 3"):
+        dl.Trainer(model, plan=dl.Plan(shards=[[0, 1], [2, 3]]))
+    with pytest.raises(dl.PlanError, match="once each, in order"):
+        dl.Trainer(model, plan=dl.Plan(shards=[[0, 2], [1]]))
+    assert dl.Plan(shards=[[0, 1], [2]]).stages == 2

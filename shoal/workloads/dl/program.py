@@ -13,7 +13,11 @@ twice after a worker died, cannot change a bit of the result.
 
 BLAS threads: each op limits the BLAS pools of its process to ``blas_threads`` (the
 pilot's cores divided by its workers) once per process, with threadpoolctl, so two
-workers never oversubscribe the cores (the 38x slowdown reported with Ray).
+workers never oversubscribe the cores (the 38x slowdown reported with Ray).  OpenBLAS
+splits a matrix product over rows and columns, never over the summed dimension, so its
+results do not depend on the thread count (tests compare 1, 2 and 16 workers bitwise);
+torch's CPU kernels do (measured: 1 and 2 threads differ in the last bit), so the torch
+engine runs every task on one torch thread (torch_module.py).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ def limit_blas(threads: int) -> None:
     """Limit this process's BLAS pools to ``threads`` (once per process and value)."""
     if _limited[0] == threads:
         return
-    try:
-        from threadpoolctl import threadpool_limits
+    if threads is not None:
+        try:
+            from threadpoolctl import threadpool_limits
 
-        threadpool_limits(limits=threads)
-    except Exception:  # pragma: no cover - threadpoolctl missing or a pool it cannot set
-        pass
+            threadpool_limits(limits=threads)
+        except Exception:  # pragma: no cover - threadpoolctl missing or a pool it cannot set
+            pass
     _limited[0] = threads
 
 

@@ -95,10 +95,13 @@ class KillOnce(dl.Layer):
     def forward(self, params, x, ctx):
         import shoal
 
-        if (ctx.train and ctx.step >= self.after and shoal.current_worker() is not None
-                and not os.path.exists(self.marker)):
-            with open(self.marker, "w") as f:
-                f.write(str(os.getpid()))
+        if ctx.train and ctx.step >= self.after and shoal.current_worker() is not None:
+            try:  # O_EXCL: of two replicas here at once, only one kills its worker
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return x
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
             os.kill(os.getpid(), signal.SIGKILL)
         return x
 

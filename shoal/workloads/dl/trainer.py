@@ -67,6 +67,8 @@ class _Inline:
 class Trainer:
     """Trains ``model`` with ``optimizer`` under ``plan`` on ``pilot`` (None: in this process)."""
 
+    WINDOW = 4  # steps submitted ahead of the oldest unfinished one (each depends on the last)
+
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | None = None,
                  plan: Plan | None = None, pilot=None, *, retries: int = 2):
         if not hasattr(model, "layers") or not hasattr(model, "parameters"):
@@ -188,10 +190,11 @@ class Trainer:
 
     # -- one epoch ---------------------------------------------------------------------
     def _epoch(self, pilot, ops, graph, n, batch_size):
+        """Submit the epoch's steps, at most ``WINDOW`` of them unfinished at a time."""
         plan = self.plan
         R, S, M = plan.replicas, plan.stages, plan.micro_batches
         prev = [None] * S
-        all_futs, loss_futs = [], []
+        all_futs, loss_futs, steps = [], [], []
         try:
             for lo in range(0, n, batch_size):
                 hi = min(lo + batch_size, n)
@@ -216,7 +219,10 @@ class Trainer:
                     if node.kind is OpKind.UPDATE:
                         prev[node.stage] = fut
                 all_futs.extend(futs)
+                steps.append(futs)
                 self.step += 1
+                if len(steps) > self.WINDOW:  # bounded driver memory; errors surface early
+                    self._wait(steps.pop(0))
             self._wait(all_futs)
         except BaseException:
             for f in all_futs:

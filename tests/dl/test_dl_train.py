@@ -176,6 +176,7 @@ def test_history_and_callback():
     assert history[-1]["loss"] < history[0]["loss"]
     trainer.fit(Xtr, ytr, epochs=1, batch_size=32)  # fit again: goes on from here
     assert len(trainer.history) == 4 and trainer.history[-1]["step"] == 4 * 10
+    assert trainer.history[-1]["epoch"] == 3  # numbered over all fits
 
 
 # -- bad input -----------------------------------------------------------------------
@@ -294,3 +295,44 @@ def test_driver_sigkilled_resumes_from_checkpoint(tmp_path):
     whole = fit(dl.Plan(replicas=2, stages=2, micro_batches=4), None, model=mlp(),
                 opt=dl.SGD(lr=0.1, momentum=0.9), epochs=3, shuffle=True)
     assert same(whole.parameters(), got)
+
+
+def test_a_failed_fit_leaves_the_trainer_at_its_last_finished_epoch():
+    model = dl.Sequential([dl.Linear(64, 32), dl.ReLU(), dl.Linear(32, 10)], seed=0)
+    trainer = dl.Trainer(model, optimizer=dl.Adam(lr=0.01), plan=HYBRID)
+    trainer.fit(Xtr, ytr, epochs=1, batch_size=32)
+    bad = Xtr.copy()
+    bad[200] = 1.7e308  # finite, but the first layer overflows: the loss of step 6 is NaN
+    with np.errstate(all="ignore"), pytest.raises(FloatingPointError):
+        trainer.fit(bad, ytr, epochs=2, batch_size=32)
+    assert trainer.step == 10 and len(trainer.history) == 1
+    trainer.fit(Xtr, ytr, epochs=2, batch_size=32)
+    fresh = dl.Trainer(dl.Sequential([dl.Linear(64, 32), dl.ReLU(), dl.Linear(32, 10)], seed=0),
+                       optimizer=dl.Adam(lr=0.01), plan=HYBRID)
+    fresh.fit(Xtr, ytr, epochs=1, batch_size=32)
+    fresh.fit(Xtr, ytr, epochs=2, batch_size=32)
+    assert same(trainer.parameters(), fresh.parameters())
+
+
+def test_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot be read"):
+        fit(dl.Plan(), checkpoint=str(path))
+
+
+def test_a_hung_task_times_out():
+    class Hang(dl.Layer):
+        def forward(self, params, x, ctx):
+            import time
+
+            if ctx.step == 2:
+                time.sleep(3600)
+            return x
+
+    model = dl.Sequential([dl.Linear(64, 10), Hang()], seed=0)
+    with shoal.Pilot(workers=2) as pilot:  # its own: the hung worker is killed and replaced
+        trainer = dl.Trainer(model, pilot=pilot, retries=0, timeout=2)
+        with pytest.raises(shoal.TaskTimeout):
+            trainer.fit(Xtr, ytr, epochs=1, batch_size=32)
+    assert trainer.step == 0 and trainer.history == []

@@ -70,7 +70,8 @@ class Trainer:
     WINDOW = 4  # steps submitted ahead of the oldest unfinished one (each depends on the last)
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | None = None,
-                 plan: Plan | None = None, pilot=None, *, retries: int = 2):
+                 plan: Plan | None = None, pilot=None, *, retries: int = 2,
+                 timeout: float | None = None):
         if not hasattr(model, "layers") or not hasattr(model, "parameters"):
             raise TypeError(f"Trainer needs a dl.Sequential or dl.TorchModule, got {type(model).__name__}")
         self.model = model
@@ -88,8 +89,12 @@ class Trainer:
             check_shards(self.plan.shards, len(model.layers))
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or timeout <= 0):
+            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
         self.pilot = pilot
         self.retries = retries
+        self.timeout = timeout  # seconds one task may run (a hung layer fails instead of hanging)
         self.step = 0  # optimizer steps taken
         self.history: list[dict] = []  # one record per finished epoch (a dashboard reads it)
         self.stage_layers: list[list[int]] | None = None
@@ -102,9 +107,10 @@ class Trainer:
 
     def fit(self, X, y, epochs: int = 1, batch_size: int = 32, shuffle: bool = False, seed: int = 0,
             checkpoint: str | os.PathLike | None = None, callback=None) -> list[dict]:
-        """Train for ``epochs``; returns the history (one dict per epoch: loss, accuracy, ...).
+        """Train ``epochs`` more epochs; returns the history (one dict per epoch: loss, accuracy, ...).
 
-        ``shuffle=True`` permutes the rows each epoch from ``(seed, epoch)``.  With
+        Records number the epochs over all ``fit`` calls of this trainer (``epoch``).
+        ``shuffle=True`` permutes the rows each epoch from ``(seed, epoch number)``.  With
         ``checkpoint=path`` the state is saved after every epoch and a later ``fit`` with
         the same arguments resumes after the last saved epoch.  ``callback(record)`` is
         called in this process after each epoch (after the checkpoint is written)."""
@@ -133,14 +139,20 @@ class Trainer:
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(start, epochs):
                 t0 = time.perf_counter()
-                perm = (np.random.default_rng([seed, epoch]).permutation(n) if shuffle
+                number = len(self.history)  # epochs this trainer has finished, over all fits
+                perm = (np.random.default_rng([seed, number]).permutation(n) if shuffle
                         else np.arange(n))
                 arena.view(("perm",))[:] = perm
-                stats = self._epoch(pilot, ops, graph, n, batch_size)
+                step0 = self.step
+                try:
+                    stats = self._epoch(pilot, ops, graph, n, batch_size)
+                except BaseException:
+                    self.step = step0  # the model still holds the last finished epoch
+                    raise
                 seconds = time.perf_counter() - t0
                 self._pull(arena, stage_layers, sizes)
                 loss_sum, correct, rows = (sum(v[i] for v in stats) for i in range(3))
-                record = {"epoch": epoch, "step": self.step, "loss": loss_sum / rows,
+                record = {"epoch": number, "step": self.step, "loss": loss_sum / rows,
                           "accuracy": (correct / rows) if self.loss is Loss.CROSS_ENTROPY else None,
                           "samples": rows, "seconds": seconds, "samples_per_s": rows / seconds}
                 self.history.append(record)
@@ -171,7 +183,7 @@ class Trainer:
             op = Op(program, "predict", 0)
             pilot = self.pilot if self.pilot is not None else _Inline()
             chunk = max(64, -(-len(X) // (4 * max(1, getattr(pilot, "workers", 1)))))
-            futs = [pilot.submit(op, lo, min(lo + chunk, len(X)), 0, retries=self.retries)
+            futs = [self._submit(pilot, op, lo, min(lo + chunk, len(X)), 0)
                     for lo in range(0, len(X), chunk)]
             self._wait(futs)
             return arena.view(("out",)).copy()
@@ -181,6 +193,8 @@ class Trainer:
     def evaluate(self, X, y) -> float:
         """Accuracy on ``(X, y)`` for cross-entropy; the mean squared error for ``loss="mse"``."""
         X = self._check_x(X)
+        if not len(X):
+            raise ValueError("evaluate: X has no rows")
         z = self.predict(X)
         if self.loss is Loss.CROSS_ENTROPY:
             labels = self._check_labels(y, len(X), z.shape[1])
@@ -211,7 +225,7 @@ class Trainer:
                     else:
                         a, b = rows[node.replica][node.index]
                         args = (self.step, node.replica, node.index, a, b, lo, hi - lo)
-                    fut = pilot.submit(ops[(node.kind, node.stage)], *args, *deps, retries=self.retries)
+                    fut = self._submit(pilot, ops[(node.kind, node.stage)], *args, *deps)
                     futs.append(fut)
                     if node.stage == S - 1 and node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
                         loss_futs.append(fut)
@@ -229,6 +243,11 @@ class Trainer:
                 f.cancel()
             raise
         return [f.result() for f in loss_futs]
+
+    def _submit(self, pilot, fn, *args):
+        if self.timeout is None or self.pilot is None:
+            return pilot.submit(fn, *args, retries=self.retries)
+        return pilot.submit(fn, *args, retries=self.retries, timeout=self.timeout)
 
     @staticmethod
     def _wait(futs) -> None:
@@ -415,8 +434,13 @@ class Trainer:
         os.replace(tmp, path)
 
     def _load_checkpoint(self, path, fingerprint) -> int:
-        with np.load(path, allow_pickle=False) as data:
+        try:
+            data = np.load(path, allow_pickle=False)
             meta = json.loads(bytes(data["meta"]).decode())
+        except Exception as exc:
+            raise ValueError(f"checkpoint {os.fspath(path)!r} cannot be read ({exc}); remove it to "
+                             "start afresh") from None
+        with data:
             mine = meta.get("fingerprint", {})
             differ = [k for k in fingerprint if mine.get(k) != fingerprint[k]]
             if differ:

@@ -90,3 +90,21 @@ def test_plan_fields_are_checked():
     with pytest.raises(dl.PlanError, match="once each, in order"):
         dl.Trainer(model, plan=dl.Plan(shards=[[0, 2], [1]]))
     assert dl.Plan(shards=[[0, 1], [2]]).stages == 2
+
+
+@pytest.mark.parametrize("opt", [dl.SGD(lr=0.1, momentum=0.9, weight_decay=0.01),
+                                 dl.Adam(lr=0.01, weight_decay=0.01)], ids=["sgd", "adam"])
+def test_updating_slices_changes_no_bit(opt):
+    # the update of a stage runs as R tasks on slices of its parameters
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    p, g = rng.standard_normal(1001), rng.standard_normal(1001)
+    state = [rng.standard_normal(1001) for _ in range(opt.slots)]
+    whole_p, whole_s = np.empty_like(p), [np.empty_like(p) for _ in state]
+    opt.update(p, g, state, whole_p, whole_s, 7)
+    part_p, part_s = np.empty_like(p), [np.empty_like(p) for _ in state]
+    for a, b in splits(0, 1001, 3):
+        opt.update(p[a:b], g[a:b], [s[a:b] for s in state], part_p[a:b], [s[a:b] for s in part_s], 7)
+    assert np.array_equal(whole_p, part_p)
+    assert all(np.array_equal(x, y) for x, y in zip(whole_s, part_s, strict=True))

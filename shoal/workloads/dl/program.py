@@ -28,6 +28,7 @@ import numpy as np
 
 from .layers import Ctx
 from .losses import Loss, value_and_grad
+from .plan import splits
 from .schedules import OpKind
 
 _limited: list = [None]
@@ -160,16 +161,17 @@ class Program:
             np.add(self._operand(s, a), self._operand(s, b), out=self.arena.view(("node", s, k)))
             return None
         if kind is OpKind.UPDATE:
-            step, operands = args[:2]
-            g = self._operand(s, operands[0])
+            step, operands, chunk, chunks = args[:4]
+            a, b = splits(0, self.arena.view(("param", s, 0)).size, chunks)[chunk]
+            g = self._operand(s, operands[0])[a:b]
             if len(operands) == 2:
-                g = g + self._operand(s, operands[1])
+                g = g + self._operand(s, operands[1])[a:b]
             v = step % 2
             opt = self.optimizer
-            state = [self.arena.view(("state", s, j, v)) for j in range(opt.slots)]
-            state_out = [self.arena.view(("state", s, j, 1 - v)) for j in range(opt.slots)]
-            opt.update(self.arena.view(("param", s, v)), g, state, self.arena.view(("param", s, 1 - v)),
-                       state_out, step + 1)
+            state = [self.arena.view(("state", s, j, v))[a:b] for j in range(opt.slots)]
+            state_out = [self.arena.view(("state", s, j, 1 - v))[a:b] for j in range(opt.slots)]
+            opt.update(self.arena.view(("param", s, v))[a:b], g, state,
+                       self.arena.view(("param", s, 1 - v))[a:b], state_out, step + 1)
             return None
         step, r, m, lo, hi, b0, bn = args[:7]
         n = hi - lo

@@ -14,8 +14,8 @@ equal parameters.  On the last stage a forward directly followed by its own back
 becomes one task (``FORWARD_BACKWARD``: forward, loss, backward without storing and
 re-reading the activations).  The data dependencies are: ``F(s,m)`` after
 ``F(s-1,m)``; ``B(s,m)`` after ``B(s+1,m)``; each stage's first op after the previous
-step's update of that stage; the reduction tree after the replicas' last backwards; the
-update after the root of the tree.
+step's update of that stage (all its slices); the reduction tree after the replicas'
+last backwards; the update after the root of the tree.
 
 ``step_graph`` emits the nodes in the order of a simulated clock (every device runs its
 next op as soon as that op's inputs were produced in an earlier tick), which is a
@@ -45,7 +45,7 @@ class Node:
     kind: OpKind
     replica: int  # -1 for REDUCE/UPDATE
     stage: int
-    index: int  # micro-batch, or tree node for REDUCE, -1 for UPDATE
+    index: int  # micro-batch, tree node for REDUCE, parameter slice for UPDATE
     deps: tuple  # indices of earlier nodes of this step
     after_update: bool  # also depends on the previous step's UPDATE of this stage
     tick: int  # simulated time of the op (F and B take one tick each)
@@ -80,8 +80,12 @@ def _device_ops(schedule, stages, micro, s):
     return out
 
 
-def step_graph(replicas: int, stages: int, micro: int, schedule: Schedule) -> list[Node]:
-    """All tasks of one step, in a topological (submission) order."""
+def step_graph(replicas: int, stages: int, micro: int, schedule: Schedule,
+               chunks: int = 1) -> list[Node]:
+    """All tasks of one step, in a topological (submission) order.
+
+    The update of each stage is ``chunks`` tasks, each on one contiguous slice of the
+    stage's parameters (the optimizer is elementwise, so slicing changes no bit)."""
     schedule = Schedule(schedule)
     devices = {(r, s): _device_ops(schedule, stages, micro, s)
                for r in range(replicas) for s in range(stages)}
@@ -136,8 +140,9 @@ def step_graph(replicas: int, stages: int, micro: int, schedule: Schedule) -> li
             idx = len(nodes)
             nodes.append(Node(OpKind.REDUCE, -1, s, k, (ref[a], ref[b]), False, tick, (a, b)))
             ref[("node", k)] = idx
-        nodes.append(Node(OpKind.UPDATE, -1, s, -1, tuple(ref[o] for o in root), False, tick,
-                          tuple(root)))
+        for k in range(chunks):
+            nodes.append(Node(OpKind.UPDATE, -1, s, k, tuple(ref[o] for o in root), False, tick,
+                              tuple(root)))
     return nodes
 
 

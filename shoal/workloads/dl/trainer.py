@@ -135,7 +135,7 @@ class Trainer:
             self._fill(arena, X, Y, stage_layers, sizes)
             program = self._program(arena, stage_layers)
             ops = {(kind, s): Op(program, kind, s) for kind in OpKind for s in range(S)}
-            graph = step_graph(R, S, M, plan.schedule)
+            graph = step_graph(R, S, M, plan.schedule, chunks=R)  # R workers share each update
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(start, epochs):
                 t0 = time.perf_counter()
@@ -207,7 +207,7 @@ class Trainer:
         """Submit the epoch's steps, at most ``WINDOW`` of them unfinished at a time."""
         plan = self.plan
         R, S, M = plan.replicas, plan.stages, plan.micro_batches
-        prev = [None] * S
+        prev = [[] for _ in range(S)]  # the previous step's update tasks of each stage
         all_futs, loss_futs, steps = [], [], []
         try:
             for lo in range(0, n, batch_size):
@@ -216,12 +216,12 @@ class Trainer:
                 futs = []
                 for node in graph:
                     deps = [futs[d] for d in node.deps]
-                    if node.after_update and prev[node.stage] is not None:
-                        deps.append(prev[node.stage])
+                    if node.after_update:
+                        deps.extend(prev[node.stage])
                     if node.kind is OpKind.REDUCE:
                         args = (node.index, *node.operands)
                     elif node.kind is OpKind.UPDATE:
-                        args = (self.step, node.operands)
+                        args = (self.step, node.operands, node.index, R)
                     else:
                         a, b = rows[node.replica][node.index]
                         args = (self.step, node.replica, node.index, a, b, lo, hi - lo)
@@ -229,9 +229,10 @@ class Trainer:
                     futs.append(fut)
                     if node.stage == S - 1 and node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
                         loss_futs.append(fut)
+                prev = [[] for _ in range(S)]
                 for node, fut in zip(graph, futs, strict=True):
                     if node.kind is OpKind.UPDATE:
-                        prev[node.stage] = fut
+                        prev[node.stage].append(fut)
                 all_futs.extend(futs)
                 steps.append(futs)
                 self.step += 1

@@ -100,7 +100,7 @@ def test_updating_slices_changes_no_bit(opt):
 
     rng = np.random.default_rng(0)
     p, g = rng.standard_normal(1001), rng.standard_normal(1001)
-    state = [rng.standard_normal(1001) for _ in range(opt.slots)]
+    state = [np.abs(rng.standard_normal(1001)) for _ in range(opt.slots)]  # v >= 0 (Adam)
     whole_p, whole_s = np.empty_like(p), [np.empty_like(p) for _ in state]
     opt.update(p, g, state, whole_p, whole_s, 7)
     part_p, part_s = np.empty_like(p), [np.empty_like(p) for _ in state]

@@ -55,12 +55,6 @@ class NumpyEngine:
         self.layers = model.layers
         self.seed = model.seed
         self.stage_layers = stage_layers
-        counts = [len(layer.param_shapes()) for layer in self.layers]
-        self.first_param = [sum(counts[:i]) for i in range(len(counts))]
-
-    def saved_shapes(self, s, shapes):
-        """Per-sample shapes of what a forward of stage ``s`` stores: each layer's input."""
-        return [shapes[i] for i in self.stage_layers[s]]
 
     def forward(self, s, params, x, ctx, live):
         saved = []
@@ -205,6 +199,7 @@ class Program:
         return (value, correct, n)
 
     def _nslots(self, s):
+        """How many activation slots a forward of stage ``s`` fills (the layers it stores)."""
         n = 0
         while ("act", 0, s, 0, n) in self.arena.layout.regions:
             n += 1

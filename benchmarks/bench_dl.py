@@ -8,7 +8,9 @@
    BLAS threads), 1 replica on a 1-worker pilot (the worker's BLAS gets both cores),
    1 replica on a 2-worker pilot (one BLAS thread each, the other worker idle), and
    2 replicas on the 2-worker pilot.  Target: 2 replicas >= 1.6x 1 replica.
-2. torch: the same model as a ``dl.TorchModule`` with 2 replicas on 2 workers against
+2. torch: the engine's own cost (a ``dl.TorchModule`` serial plan in this process against a
+   hand-written torch loop, both on one thread), then the same model as a
+   ``dl.TorchModule`` with 2 replicas on 2 workers against
    torch DistributedDataParallel (gloo, 2 processes, 128 rows each, one torch thread
    each, torch.optim.SGD).  Target: >= 0.8x DDP's samples/s.  Reproducibility: the
    TorchModule run's parameters on 1 and on 2 workers (bitwise?), DDP's on 1 and 2
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import numpy as np
 
@@ -117,6 +120,27 @@ DDP = textwrap.dedent("""
         np.savez(out, seconds=seconds, *[p.detach().numpy() for p in net.parameters()])
     dist.destroy_process_group()
 """)
+
+
+def plain_torch(X, y, epochs):
+    """The same model and SGD as a hand-written torch loop in this process, one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                              torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        for lo in range(0, len(X), 256):
+            opt.zero_grad()
+            lossf(net(Xt[lo:lo + 256]), yt[lo:lo + 256]).backward()
+            opt.step()
+        seconds = time.perf_counter() - t0
+    return len(X) / seconds
 
 
 def ddp(world, epochs):
@@ -209,6 +233,8 @@ def main():
     if have_torch:
         with shoal.Pilot(workers=2) as p2:
             for _ in range(args.repeat):
+                best(rate_of, "torch_plain", plain_torch(X, y, E))
+                best(rate_of, "torch_serial", rate(torch_module(), dl.Plan(), None, X, y, E)[0])
                 r, ddp_params2 = ddp(2, E)
                 best(rate_of, "ddp2", r)
                 r, trainer = rate(torch_module(), dl.Plan(replicas=2), p2, X, y, E)
@@ -248,6 +274,10 @@ def main():
                       ("r2w2", "2 replicas, 2-worker pilot")):
         print(f"| {name} | {rate_of[key]:,.0f} | {rate_of[key] / serial:.2f}x serial |")
     if have_torch:
+        print(f"| plain torch loop, this process, 1 thread | {rate_of['torch_plain']:,.0f} | "
+              "1.00x plain |")
+        print(f"| dl.TorchModule serial plan, this process, 1 thread | {rate_of['torch_serial']:,.0f} | "
+              f"{rate_of['torch_serial'] / rate_of['torch_plain']:.2f}x plain |")
         print(f"| torch DDP, gloo, 2 processes (1 thread each) | {rate_of['ddp2']:,.0f} | 1.00x DDP |")
         print(f"| dl.TorchModule, 2 replicas, 2 workers | {rate_of['torch_r2w2']:,.0f} | "
               f"{rate_of['torch_r2w2'] / rate_of['ddp2']:.2f}x DDP |")

@@ -15,7 +15,7 @@
    each, torch.optim.SGD).  Target: >= 0.8x DDP's samples/s.  Reproducibility: the
    TorchModule run's parameters on 1 and on 2 workers (bitwise?), DDP's on 1 and 2
    processes (bitwise?).
-3. Pipeline: MLP 1024-1024-1024-10 cut into two equal halves, 8 micro-batches of a
+3. Pipeline: MLP 1536-1024-1024-10 cut into two halves of equal work, 8 micro-batches of a
    512-row batch, 1 replica on 2 workers, traced; the bubble is 1 - busy / (stages x span)
    per step, from the trace's forward/backward spans, against the ideal (S-1)/(M+S-1).
 
@@ -185,8 +185,11 @@ def bubble(trace_path, stages):
 
 
 def pipeline_model():
-    """Two equal halves: [Linear(1024, 1024), ReLU] | [Linear(1024, 1024), ReLU, Linear(1024, 10)]."""
-    model = dl.Sequential([dl.Linear(1024, 1024), dl.ReLU(), dl.Linear(1024, 1024), dl.ReLU(),
+    """Two halves of equal work: [Linear(1536, 1024), ReLU] | [Linear(1024, 1024), ReLU,
+    Linear(1024, 10)].  Per micro-batch of n rows, stage 0 does a forward product and a
+    weight-gradient product of n x 1536 x 1024 (it needs no input gradient); stage 1 a
+    forward, a weight-gradient and an input-gradient product of n x 1024 x 1024: 3 units each."""
+    model = dl.Sequential([dl.Linear(1536, 1024), dl.ReLU(), dl.Linear(1024, 1024), dl.ReLU(),
                            dl.Linear(1024, 10)], seed=0)
     model.set_parameters([p.astype(np.float32) for p in model.parameters()])
     return model
@@ -249,7 +252,7 @@ def main():
         print(loads[-1], flush=True)
 
     # 3. the pipeline bubble, from a trace
-    Xp, yp = data(len(X) // 2, 1024)
+    Xp, yp = data(len(X) // 2, 1536)
     plan = dl.Plan(micro_batches=8, shards=[[0, 1], [2, 3, 4]])
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -291,7 +294,7 @@ def main():
         print(f"| DDP bitwise on 1 and 2 processes | {bitwise_ddp} | (DDP does not promise it) |")
     print(f"| pipeline bubble S=2 M=8 within 0.1 of ideal {ideal:.3f} | {measured:.3f} | "
           f"{abs(measured - ideal) <= 0.1} |")
-    print(f"\n(pipeline run: {rate_of['pipe']:,.0f} samples/s, 1024 features, batch 512)")
+    print(f"\n(pipeline run: {rate_of['pipe']:,.0f} samples/s, 1536 features, batch 512)")
 
 
 if __name__ == "__main__":

@@ -108,3 +108,59 @@ def test_updating_slices_changes_no_bit(opt):
         opt.update(p[a:b], g[a:b], [s[a:b] for s in state], part_p[a:b], [s[a:b] for s in part_s], 7)
     assert np.array_equal(whole_p, part_p)
     assert all(np.array_equal(x, y) for x, y in zip(whole_s, part_s, strict=True))
+
+
+def _accesses(node, S, k):
+    """(buffer, micro-batch, writes?) of a node, from the data flow in docs/dl.md: stage s keeps
+    micro-batch m's stored activations, output and output gradient in buffer m % k[s]."""
+    r, s, m = node.replica, node.stage, node.index
+    act, out, dout = ("act", r, s, m % k[s]), ("out", r, s, m % k[s]), ("dout", r, s, m % k[s])
+    below = ("out", r, s - 1, m % k[s - 1]) if s else None
+    dbelow = ("dout", r, s - 1, m % k[s - 1]) if s else None
+    acc = []
+    if node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
+        acc += [(act, m, True)] + ([(below, m, False)] if s else [])
+        acc += [(out, m, True)] if s < S - 1 else []
+        if node.kind is OpKind.FORWARD and s == S - 1:
+            acc += [(dout, m, True)]  # the loss gradient, for the later backward
+    if node.kind in (OpKind.BACKWARD, OpKind.FORWARD_BACKWARD):
+        acc += [(act, m, False)] + ([(below, m, False), (dbelow, m, True)] if s else [])
+        if node.kind is OpKind.BACKWARD:
+            acc += [(dout, m, False)]
+    return acc
+
+
+@pytest.mark.parametrize("schedule", list(dl.Schedule))
+def test_reused_activation_buffers_are_never_overwritten_early(schedule):
+    from shoal.workloads.dl import schedules
+
+    slots = schedules.slots
+
+    for R, S, M in itertools.product((1, 2), range(1, 6), range(1, 10)):
+        nodes = step_graph(R, S, M, schedule)
+        k = [slots(schedule, S, M, s) for s in range(S)]
+        ancestors: list[set] = []
+        for node in nodes:
+            a = set(node.deps)
+            for d in node.deps:
+                a |= ancestors[d]
+            ancestors.append(a)
+        users: dict = {}  # buffer -> [(node index, micro-batch, writes)]
+        for i, node in enumerate(nodes):
+            if node.kind in (OpKind.REDUCE, OpKind.UPDATE):
+                continue
+            for buf, m, writes in _accesses(node, S, k):
+                for j, m2, _ in users.get(buf, []):
+                    if m2 != m and writes:  # another micro-batch's user must be finished
+                        assert j in ancestors[i], (schedule, R, S, M, nodes[j], node, buf)
+                users.setdefault(buf, []).append((i, m, writes))
+    assert slots(dl.Schedule.ONE_F_ONE_B, 4, 8, 0) == 4 and slots(dl.Schedule.GPIPE, 4, 8, 0) == 8
+
+
+def test_the_buffer_check_catches_one_buffer_too_few(monkeypatch):
+    from shoal.workloads.dl import schedules
+
+    real = schedules.slots
+    monkeypatch.setattr(schedules, "slots", lambda sch, S, M, s: max(1, real(sch, S, M, s) - (s < S - 1)))
+    with pytest.raises(AssertionError):
+        test_reused_activation_buffers_are_never_overwritten_early(dl.Schedule.ONE_F_ONE_B)

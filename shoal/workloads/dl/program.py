@@ -84,7 +84,7 @@ class Program:
     """Everything a task of one training run needs; pickled once per worker."""
 
     def __init__(self, engine, arena, stage_param_shapes, loss: Loss, optimizer, plan_stages: int,
-                 micro: int, blas_threads: int, seed: int):
+                 micro: int, slots: list[int], blas_threads: int, seed: int):
         self.engine = engine
         self.arena = arena
         self.shapes = stage_param_shapes  # [stage][layer in stage] -> list of shapes
@@ -92,6 +92,7 @@ class Program:
         self.optimizer = optimizer
         self.stages = plan_stages
         self.micro = micro
+        self.slots = slots  # activation buffers per stage (schedules.slots)
         self.blas_threads = blas_threads
         self.seed = seed
 
@@ -125,18 +126,28 @@ class Program:
 
     def _input(self, r, s, m, lo, hi):
         """The stage's input rows: gathered from the data (stage 0) or the previous stage's output."""
-        slab = self.arena.view(("act", r, s, m, 0))
-        x = slab[:hi - lo]
-        if s == 0:
-            perm = self.arena.view(("perm",))[lo:hi]
-            np.take(self.arena.view(("X",)), perm, axis=0, out=x)
+        n = hi - lo
+        if s > 0:
+            return self.arena.view(("out", r, s - 1, m % self.slots[s - 1]))[:n]
+        x = self.arena.view(("act", r, 0, m % self.slots[0], 0))[:n]
+        np.take(self.arena.view(("X",)), self.arena.view(("perm",))[lo:hi], axis=0, out=x)
         return x
 
     def _store(self, r, s, m, saved, n) -> None:
         for k, a in enumerate(saved):
-            if k == 0:
-                continue  # the input is in slot 0 already
-            self.arena.view(("act", r, s, m, k))[:n] = a
+            if k:  # the input (k = 0) is in its buffer already
+                self.arena.view(("act", r, s, m % self.slots[s], k))[:n] = a
+
+    def _saved(self, r, s, m, lo, hi):
+        """What the forward of (r, s, m) stored: the stage input, then each later layer's input."""
+        n, j = hi - lo, m % self.slots[s]
+        first = (self.arena.view(("out", r, s - 1, m % self.slots[s - 1])) if s > 0
+                 else self.arena.view(("act", r, 0, j, 0)))[:n]
+        return [first] + [self.arena.view(("act", r, s, j, k))[:n] for k in range(1, self._nslots(s))]
+
+    def _dout(self, r, s, m, n):
+        """The gradient of the loss w.r.t. the output of stage ``s`` for micro-batch ``m``."""
+        return self.arena.view(("dout", r, s, m % self.slots[s]))[:n]
 
     def _loss(self, step, r, m, lo, hi, z, batch_rows):
         y = self.arena.view(("Y",))[self.arena.view(("perm",))[lo:hi]]
@@ -173,34 +184,33 @@ class Program:
         ctx = Ctx(True, self.seed, step, 0, lo - b0, bn)
         last = s == self.stages - 1
         if kind is OpKind.BACKWARD:
-            saved = [self.arena.view(("act", r, s, m, k))[:n] for k in range(self._nslots(s))]
-            dy = self.arena.view(("dout", r, s, m))[:n]
-            dx, grads = self.engine.backward(s, params, saved, dy, ctx, s > 0)
+            dx, grads = self.engine.backward(s, params, self._saved(r, s, m, lo, hi),
+                                             self._dout(r, s, m, n), ctx, s > 0)
             self._accumulate(r, s, m, grads)
             if s > 0:
-                self.arena.view(("dout", r, s - 1, m))[:n] = dx
+                self._dout(r, s - 1, m, n)[...] = dx
             return None
         x = self._input(r, s, m, lo, hi)
         live = kind is OpKind.FORWARD_BACKWARD
         z, saved = self.engine.forward(s, params, x, ctx, live)
         if not last:
-            self.arena.view(("act", r, s + 1, m, 0))[:n] = z
+            self.arena.view(("out", r, s, m % self.slots[s]))[:n] = z
             self._store(r, s, m, self.engine.storable(saved), n)
             return None
         value, dz, correct = self._loss(step, r, m, lo, hi, np.asarray(z), bn)
         if not live:
             self._store(r, s, m, self.engine.storable(saved), n)
-            self.arena.view(("dout", r, s, m))[:n] = dz
+            self._dout(r, s, m, n)[...] = dz
             return (value, correct, n)
         dx, grads = self.engine.backward(s, params, saved, dz.astype(x.dtype, copy=False), ctx, s > 0)
         self._accumulate(r, s, m, grads)
         if s > 0:
-            self.arena.view(("dout", r, s - 1, m))[:n] = dx
+            self._dout(r, s - 1, m, n)[...] = dx
         return (value, correct, n)
 
     def _nslots(self, s):
-        """How many activation slots a forward of stage ``s`` fills (the layers it stores)."""
-        n = 0
+        """How many layer inputs a forward of stage ``s`` stores, its input included."""
+        n = 1
         while ("act", 0, s, 0, n) in self.arena.layout.regions:
             n += 1
         return n

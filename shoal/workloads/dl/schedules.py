@@ -64,6 +64,23 @@ def stage_ops(schedule: Schedule, stages: int, micro: int, stage: int) -> list[t
     return ops
 
 
+def slots(schedule: Schedule, stages: int, micro: int, stage: int) -> int:
+    """Activation buffers stage ``stage`` needs: the micro-batches it can have in flight.
+
+    Micro-batch ``m`` uses buffer ``m % slots``: its stored layer inputs, its output (read
+    by the next stage) and the gradient of its output.  The schedule orders every reuse
+    after the last use of the buffer's previous micro-batch ``m - slots``: stage ``s``
+    runs ``F(m)`` after ``B(m - slots)`` (1F1B: ``slots = S - s``, the warm-up plus one);
+    the next stage's ``F(m)`` and ``B(m)`` come before this stage's ``B(m)``; the next
+    stage's ``B(m + slots)`` needs this stage's ``F(m + slots)``, so it follows this
+    stage's ``B(m)``.  tests/dl/test_dl_plan.py checks this on the graph for every small
+    plan.  GPipe keeps all M micro-batches in flight."""
+    schedule = Schedule(schedule)
+    if schedule is Schedule.GPIPE:
+        return micro
+    return min(micro, stages - stage)
+
+
 def _device_ops(schedule, stages, micro, s):
     ops = stage_ops(schedule, stages, micro, s)
     if s != stages - 1:

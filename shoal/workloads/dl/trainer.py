@@ -46,7 +46,7 @@ from .plan import (
     reduction_tree,
 )
 from .program import Op, Program
-from .schedules import OpKind, step_graph
+from .schedules import OpKind, slots, step_graph
 
 
 class _Inline:
@@ -335,7 +335,7 @@ class Trainer:
 
     def _layout(self, X, Y, shapes, stage_layers, mb):
         plan, dtype = self.plan, self.model.dtype
-        R, M = plan.replicas, plan.micro_batches
+        R = plan.replicas
         layout = Layout()
         layout.add(("X",), X.shape, X.dtype)
         layout.add(("Y",), Y.shape, Y.dtype)
@@ -351,11 +351,15 @@ class Trainer:
                     layout.add(("acc", r, s, v), (size,), dtype)
             for k in range(len(tree)):
                 layout.add(("node", s, k), (size,), dtype)
+            out_shape = (mb,) + shapes[stage_layers[s][-1] + 1]
             for r in range(R):
-                for m in range(M):
+                for j in range(self._slots()[s]):
                     for k, i in enumerate(self.model.saved_layers(stage_layers[s])):
-                        layout.add(("act", r, s, m, k), (mb,) + shapes[i], dtype)
-                    layout.add(("dout", r, s, m), (mb,) + shapes[stage_layers[s][-1] + 1], dtype)
+                        if k or s == 0:  # a later stage's input is the previous stage's "out"
+                            layout.add(("act", r, s, j, k), (mb,) + shapes[i], dtype)
+                    if s < plan.stages - 1:
+                        layout.add(("out", r, s, j), out_shape, dtype)
+                    layout.add(("dout", r, s, j), out_shape, dtype)
         return layout, sizes
 
     def _flatten(self, arrays, stage_layers, view) -> None:
@@ -409,7 +413,11 @@ class Trainer:
             blas = max(1, (cpus or 1) // max(1, self.pilot.workers))
         engine = self.model.engine(stage_layers)
         return Program(engine, arena, self._stage_shapes(stage_layers), self.loss, self.optimizer,
-                       self.plan.stages, self.plan.micro_batches, blas, self.model.seed)
+                       self.plan.stages, self.plan.micro_batches, self._slots(), blas, self.model.seed)
+
+    def _slots(self) -> list[int]:
+        p = self.plan
+        return [slots(p.schedule, p.stages, p.micro_batches, s) for s in range(p.stages)]
 
     # -- checkpoints -----------------------------------------------------------------------
     def _fingerprint(self, X, Y, batch_size, shuffle, seed) -> dict:

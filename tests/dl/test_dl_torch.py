@@ -93,3 +93,17 @@ def test_torch_shape_error_names_the_layer():
                                                 torch.nn.Linear(10, 3)))
     with pytest.raises(dl.ShapeError, match=r"layer 2 \(Linear\(in_features=10.*from layer 1 \(ReLU\(\)\)"):
         dl.Trainer(module).fit(Xtr.astype(np.float32), ytr % 3)
+
+
+def test_torch_dropout_does_not_depend_on_the_cut():
+    # regression: masks were keyed by stage, and the measured cut may move a Dropout
+    def run(shards):
+        torch.manual_seed(1)
+        module = dl.TorchModule(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(),
+                                                    torch.nn.Dropout(0.2), torch.nn.Linear(32, 10)))
+        trainer = dl.Trainer(module, optimizer=dl.SGD(lr=0.1),
+                             plan=dl.Plan(replicas=2, micro_batches=3, shards=shards))
+        trainer.fit(Xtr.astype(np.float32), ytr, epochs=1, batch_size=30)
+        return trainer.parameters()
+
+    assert same(run([[0, 1], [2, 3]]), run([[0, 1, 2], [3]]))

@@ -15,9 +15,11 @@ recomputed.  Each task runs on one torch thread (``_OneThread``): torch's kernel
 give other last bits on other thread counts.  The loss and the optimizer stay the numpy ones, so a TorchModule and a
 Sequential with equal parameters follow the same optimizer arithmetic.
 
-``torch.nn.Dropout`` draws from torch's generator, seeded per (seed, step, stage, rows)
-before the forward and again before its recomputation, so the mask is reproducible
-across workers (but, unlike ``dl.Dropout``, depends on the plan's micro-batch split).
+``torch.nn.Dropout`` draws from torch's generator, seeded per (seed, step, layer, rows)
+before the layer runs and again before its recomputation, so the mask is reproducible
+across workers and stage cuts (but, unlike ``dl.Dropout``, depends on the plan's
+micro-batch split).  Keying it by the stage instead made the first run on a new pilot
+differ: the cut is balanced by measured cost and moved the Dropout to the other stage.
 
 Installing torch: the CPU wheel (``pip install torch==2.13.0 --index-url
 https://download.pytorch.org/whl/cpu``, or the wheel this machine has); a plain ``torch``
@@ -173,9 +175,12 @@ class TorchEngine:
 
     def _run(self, mods, x, ctx, s):
         torch = _torch()
-        if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for mod in mods for m in mod.modules()):
-            torch.manual_seed((self.seed * 1_000_003 + ctx.step * 7919 + ctx.row0 * 31 + s) % (1 << 63))
-        for mod in mods:
+        for i, mod in zip(self.stage_layers[s], mods, strict=True):
+            if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in mod.modules()):
+                # keyed by the layer, not the stage: the cut (measured, so it may vary) must
+                # not change a mask
+                torch.manual_seed((self.seed * 1_000_003 + ctx.step * 7919 + ctx.row0 * 31 + i)
+                                  % (1 << 63))
             mod.train(ctx.train)
             x = mod(x)
         return x

@@ -460,5 +460,5 @@ class Trainer:
             self._state = [[data[f"state_{j}_{i}"] for i in range(count)]
                            for j in range(self.optimizer.slots)] or None
         self.step = int(meta["step"])
-        self.history = list(meta["history"])
+        self.history[:] = meta["history"]  # in place: a dashboard may hold the list
         return int(meta["epoch"]) + 1

@@ -1,9 +1,11 @@
 """Running one batch's TPG on a worker: the task the TPG scheduler submits, once per worker.
 
-Each task loads the batch from shared memory, builds (or takes from this
-process's cache) the plan (``tpg.build``), picks the decisions (a fixed
-``TPG``, or ``policy.choose`` on the measured shape: deterministic, so every
-task picks the same), claims partitions (``area.drive``) and runs them.
+Each task claims partitions (``area.drive``) and runs them.  Planning is split
+(``_split_task`` with ``split.SplitRunner``: each partition records its own
+transactions, the graph is assembled in shared memory) unless the batch is
+planned for chain granularity (``tpg.build``: the whole plan in every task,
+cached per process).  The decisions are a fixed ``TPG``, or ``policy.choose``
+on the measured shape: deterministic, so every task picks the same.
 
 One operation ``o`` of transaction ``t`` runs when every version it needs is
 known.  The version of key k "as of o" is found by walking k's chain back

@@ -222,12 +222,13 @@ class DaskBackend:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
         return self._send(run_task, (self.cfg, blob, args, kwargs, timeout), _name(fn), retries)
 
-    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
+    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
+            timeout: float | None = None, window_bytes: int | None = None):
         """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
         if not callable(fn):
             raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
-        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables,
-                        ordered=ordered, chunksize=chunksize)
+        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables, ordered=ordered,
+                        chunksize=chunksize, timeout=timeout, window_bytes=window_bytes)
 
     def _send(self, runner, args: tuple, name: str, retries: int) -> Future:
         if self.closing:

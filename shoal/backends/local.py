@@ -38,6 +38,7 @@ import concurrent.futures as cf
 import heapq
 import itertools
 import json
+import logging
 import os
 import random
 import signal
@@ -47,7 +48,7 @@ import threading
 import time
 import types
 
-from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
+from .._errors import BrokenPilot, PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import trace as tracing
@@ -70,6 +71,7 @@ from ..runtime.worker import (
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
+_LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
 
@@ -107,6 +109,10 @@ class LocalBackend:
         seed: int = 0,
         ring_capacity: int = 1 << 20,
         peer_capacity: int = 1 << 18,
+        initializer=None,
+        initargs: tuple = (),
+        max_tasks_per_child: int | None = None,
+        start_timeout: float = 60.0,
     ):
         self.topology = get_topology(spec=topology)
         if workers is None:
@@ -116,6 +122,15 @@ class LocalBackend:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got workers={workers}")
         self.n = workers
+        if max_tasks_per_child is not None and (isinstance(max_tasks_per_child, bool) or not isinstance(
+                max_tasks_per_child, int) or max_tasks_per_child < 1):
+            raise ValueError(f"max_tasks_per_child must be an int >= 1 or None, got {max_tasks_per_child!r}")
+        self.max_tasks = max_tasks_per_child
+        if initializer is not None and not callable(initializer):
+            raise TypeError(f"initializer must be callable, got {initializer!r}")
+        self.init_msg = wire.encode_init(initializer, initargs) if initializer is not None else None
+        self.broken: str | None = None  # why the pilot takes no work (a failed initializer)
+        self.forced: dict[int, int] = {}  # endpoint killed by cancel(force=True) -> task id
         self.trace_path = os.path.abspath(trace) if trace else None
         self.seed = seed
         self.slots = self.topology.worker_slots(workers)
@@ -127,6 +142,7 @@ class LocalBackend:
         self.inboxes = [(ep, Inbox(self.matrix.ring(ep, 0))) for ep in self.endpoints]
         self.doorbell = self.matrix.doorbell(0)
         self._cancel_cb = self._cancel
+        self._probe_cb = self._probe
         self.tasks: dict[int, _Task] = {}
         self.ids = itertools.count(1)
         self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
@@ -151,6 +167,7 @@ class LocalBackend:
         try:
             for ep in self.endpoints:
                 self._start_worker(ep)
+            self._wait_started(start_timeout)
         except BaseException:
             self._teardown()
             raise
@@ -176,6 +193,7 @@ class LocalBackend:
             "lifeline": self.lifeline_r,
             "rings": self.matrix.spec(),
             "trace": self.trace_path,
+            "max_tasks": self.max_tasks,
             "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
         }
         env = dict(os.environ)
@@ -188,6 +206,28 @@ class LocalBackend:
         )
         self.procs[ep] = proc
         self.pidfds[ep] = os.pidfd_open(proc.pid)
+        if self.init_msg is not None:
+            self._send(ep, self.init_msg, wake=False)  # first in its ring: before any task
+
+    def _wait_started(self, timeout: float) -> None:
+        """Return once every worker runs its loop (its pid is in its status cell), so
+        ``submit`` right after the constructor reaches live workers; a worker that
+        exits first (a broken interpreter, an import error) is a clear error here."""
+        deadline = time.monotonic() + timeout
+        pause = 0.0005
+        while True:
+            waiting = [ep for ep in self.endpoints if not self.matrix.status(ep)[STATUS_PID]]
+            if not waiting:
+                return
+            for ep in waiting:
+                code = self.procs[ep].poll()
+                if code is not None:
+                    raise WorkerLost(f"worker {ep} exited with code {code} while starting "
+                                     f"({sys.executable} -m shoal.runtime.worker)")
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"workers {waiting} did not start within {timeout} s")
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
 
     def _on_death(self, ep: int) -> None:
         """A worker process exited: account for its tasks, tell the others, replace it."""
@@ -202,6 +242,7 @@ class LocalBackend:
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
         overran = self.timed_out.pop(ep, None)
+        forced = self.forced.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1
         lost: list[_Task] = []
@@ -227,12 +268,17 @@ class LocalBackend:
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()
-            if not self.closing:
+            if not self.closing and self.broken is None:
                 self._start_worker(ep)
                 for msg in self.defines:
                     self._send(ep, msg, wake=False)
+        if self.broken is not None:
+            self._fail_all(BrokenPilot(self.broken))
+            return
         for task in lost:
             tid = task.future.task_id
+            if tid == forced:
+                continue  # cancel(force=True) settled it already
             if tid == overran:
                 err = TaskTimeout(f"task {task.name} ran longer than its timeout of {task.timeout} s; "
                                   f"worker {ep} was killed and replaced")
@@ -246,12 +292,16 @@ class LocalBackend:
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
-            raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
+            if self.broken is not None:
+                raise BrokenPilot(self.broken)
+            raise PilotClosed("cannot schedule new futures after shutdown: submit() on a closed pilot; "
+                              "open a new shoal.Pilot")
         if type(retries) is not int or retries or timeout is not None:
             _check_options(retries, timeout)
         fut = Future()
         fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
+        fut._prober = self._probe_cb
         if (args and _any_future(args)) or (kwargs and _any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
@@ -370,6 +420,67 @@ class LocalBackend:
                 if len(self.recently_cancelled) > 4096:
                     self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
 
+    def _running_on(self, tid: int) -> int:
+        """The endpoint whose status cell says it runs driver task ``tid`` now (0: none)."""
+        status = self.matrix.status
+        for ep in self.endpoints:
+            cell = status(ep)
+            depth = cell[STATUS_DEPTH]
+            for i in range(min(depth, STATUS_SLOTS)):
+                if cell[STATUS_RUNNING + i] == tid:
+                    return ep
+        return 0
+
+    def _probe(self, fut: Future) -> bool:
+        """Whether a worker runs ``fut``'s task now; if so the future goes RUNNING
+        (``Future.running()``/``cancel()`` ask: RUNNING is read from the workers'
+        status cells on demand, so the hot path sends no message per start)."""
+        if self.closed or fut.task_id not in self.tasks or not self._running_on(fut.task_id):
+            return False
+        fut.set_running_or_notify_cancel()
+        return True
+
+    def force_cancel(self, fut: Future) -> bool:
+        """Cancel ``fut`` even while it runs: kill and replace the worker running it."""
+        if fut.cancel():
+            return True
+        with self.lock:
+            task = self.tasks.get(fut.task_id)
+            ep = self._running_on(fut.task_id) if task is not None else 0
+            if not ep or self.closed:
+                return False
+            del self.tasks[fut.task_id]
+            if task.placed:
+                self.placement.finished(task.placed - 1)
+                task.placed = 0
+            self.forced[ep] = fut.task_id
+            _force_cancelled(fut)
+        try:
+            self.procs[ep].send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
+
+    def cancel_pending(self) -> int:
+        """Cancel every task no worker has started (``shutdown(cancel_futures=True)``)."""
+        return sum(1 for task in list(self.tasks.values()) if task.future.cancel())
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self.lock:
+            tasks = list(self.tasks.values())
+            self.tasks.clear()
+        for task in tasks:
+            _settle(task.future, False, exc)
+
+    def _on_init_failed(self, ep: int, tb: str) -> None:
+        """A worker's initializer raised: log it and break the pilot (a process pool's rule)."""
+        _LOG.critical("Exception in initializer of shoal worker %d:\n%s", ep, tb)
+        first_line = tb.strip().splitlines()[-1] if tb.strip() else "?"
+        self.broken = (f"a worker's initializer failed ({first_line}); the pilot cannot run tasks: "
+                       f"create a new shoal.Pilot")
+        self.closing = True
+        self._fail_all(BrokenPilot(self.broken))
+
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException) -> None:
         if task.retries > 0 and not self.closing:
             task.retries -= 1
@@ -483,6 +594,9 @@ class LocalBackend:
             if task is not None and task.timeout is not None:
                 task.where = where
                 heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
+                task.future.set_running_or_notify_cancel()
+        elif kind == Kind.INIT_FAILED:
+            self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:
             with self.stats_cond:
                 self.stats_replies[ep] = wire.decode_control(msg)
@@ -645,6 +759,17 @@ def _any_future(values) -> bool:
         if type(v) not in _ATOMIC and has_futures(v):
             return True
     return False
+
+
+def _force_cancelled(fut: Future) -> None:
+    """Move a RUNNING future to CANCELLED (``Future.cancel`` refuses RUNNING ones)."""
+    with fut._condition:
+        if fut._state not in ("PENDING", "RUNNING"):
+            return
+        fut._state = "CANCELLED"
+        fut._condition.notify_all()
+    fut._invoke_callbacks()
+    fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, tells wait()
 
 
 def _settle(fut: Future, ok: bool, value) -> None:

@@ -30,7 +30,7 @@ import traceback
 import cloudpickle
 import msgpack
 
-from .._errors import RemoteTraceback, SerializationError
+from .._errors import PicklingError, RemoteTraceback, UnpicklingError
 
 
 class Kind(enum.IntEnum):
@@ -48,6 +48,8 @@ class Kind(enum.IntEnum):
     STATS = 10  # msgpack request (driver -> worker: []) or reply (worker -> driver: dict)
     SHUTDOWN = 11
     WAKE = 12  # nothing: "there may be work to steal" (a no-op message)
+    INIT = 13  # cloudpickle((initializer, initargs)): run once, before any task (driver -> worker)
+    INIT_FAILED = 14  # msgpack [endpoint, formatted traceback]          (worker -> driver)
     FIRST = 0xFD  # first fragment of a larger message
     MORE = 0xFE  # middle fragment
     LAST = 0xFF  # last fragment
@@ -108,21 +110,21 @@ def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
         try:
             return cloudpickle.dumps((args, kwargs), _PROTO)
         except Exception:
-            raise SerializationError(f"cannot pickle the arguments of {describe(fn)}: {exc!r}") from exc
+            raise PicklingError(f"cannot pickle the arguments of {describe(fn)}: {exc!r}") from exc
 
 
 def dump_inline(fn, args: tuple, kwargs: dict) -> bytes:
     try:
         return cloudpickle.dumps((fn, args, kwargs), _PROTO)
     except Exception as exc:
-        raise SerializationError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
+        raise PicklingError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
 
 
 def dump_function(fn) -> bytes:
     try:
         return cloudpickle.dumps(fn, _PROTO)
     except Exception as exc:
-        raise SerializationError(f"cannot pickle function {fn!r}: {exc!r}") from exc
+        raise PicklingError(f"cannot pickle function {fn!r}: {exc!r}") from exc
 
 
 def encode_define(fn_id: int, blob: bytes) -> bytes:
@@ -143,8 +145,13 @@ def encode_result(task_id: int, value) -> bytes:
         try:
             return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloudpickle.dumps(value, _PROTO)
         except Exception as exc:
-            err = SerializationError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
+            err = PicklingError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
+            err.__cause__ = exc
             return encode_error(task_id, err)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt while pickling: the task's error
+            return encode_error(task_id, exc)
+    except BaseException as exc:  # (as concurrent.futures.process delivers it)
+        return encode_error(task_id, exc)
 
 
 def encode_error(task_id: int, exc: BaseException) -> bytes:
@@ -154,7 +161,7 @@ def encode_error(task_id: int, exc: BaseException) -> bytes:
         return hdr + cloudpickle.dumps((exc, tb), _PROTO)
     except Exception:
         # The exception itself does not pickle: keep its type name and text.
-        return hdr + _dumps((SerializationError(f"unpicklable exception {exc!r}"), tb), _PROTO)
+        return hdr + _dumps((PicklingError(f"unpicklable exception {exc!r}"), tb), _PROTO)
 
 
 def decode_result(msg: bytes):
@@ -163,13 +170,29 @@ def decode_result(msg: bytes):
     body = memoryview(msg)[RESULT_HDR.size:]
     try:
         obj = _loads(body)
-    except Exception as exc:
-        return task_id, False, SerializationError(f"cannot unpickle the result of task {task_id:#x}: {exc!r}")
+    except BaseException as exc:  # SystemExit too: it must not end the receiving thread
+        err = UnpicklingError(f"cannot unpickle the result of task {task_id:#x}: {exc!r}")
+        err.__cause__ = exc
+        return task_id, False, err
     if status == Status.OK:
         return task_id, True, obj
     exc, tb = obj
     exc.__cause__ = RemoteTraceback(tb)
     return task_id, False, exc
+
+
+def unpickling_error(task_id: int, exc: BaseException) -> UnpicklingError:
+    err = UnpicklingError(f"cannot unpickle the arguments of task {task_id:#x} on the worker: {exc!r}")
+    err.__cause__ = exc
+    return err
+
+
+def encode_init(initializer, initargs: tuple) -> bytes:
+    try:
+        return bytes((Kind.INIT,)) + cloudpickle.dumps((initializer, tuple(initargs)), _PROTO)
+    except Exception as exc:
+        raise PicklingError(f"cannot pickle initializer {describe(initializer)} with its initargs: "
+                            f"{exc!r}") from exc
 
 
 def encode_control(kind: Kind, body) -> bytes:

@@ -202,6 +202,7 @@ class Worker:
         self.idle_s = 0.0
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
+        self.retire_after = spec.get("max_tasks") or 0  # driver tasks, then exit (replaced)
 
     # -- spawning (called from tasks through shoal.spawn) ------------------------------
 
@@ -377,6 +378,22 @@ class Worker:
             self.victim_cursor = 0  # a peer has work: start a new round of steal requests
             self.status[STATUS_HUNGRY] = 0
         elif kind == Kind.SHUTDOWN:
+            self.stop = True
+        elif kind == Kind.INIT:
+            self.run_initializer(msg)
+
+    def run_initializer(self, msg: bytes) -> None:
+        """The pilot's ``initializer(*initargs)``, before any task.  If it raises, the
+        driver is told (it logs the traceback and marks the pilot broken, as a process
+        pool does) and this worker stops."""
+        try:
+            fn, args = wire.cloudpickle.loads(memoryview(msg)[1:])
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported, then this worker ends
+            import traceback
+
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.send(0, wire.encode_control(Kind.INIT_FAILED, [self.ep, tb]))
             self.stop = True
 
     def on_result(self, msg: bytes) -> None:
@@ -608,10 +625,13 @@ class Worker:
         t0 = time.perf_counter() if tracer is not None else 0.0
         self.depth += 1
         try:
-            if fn is None:
-                fn, args, kwargs = wire.pickle.loads(body)
-            else:
-                args, kwargs = wire.pickle.loads(body)
+            try:
+                if fn is None:
+                    fn, args, kwargs = wire.pickle.loads(body)
+                else:
+                    args, kwargs = wire.pickle.loads(body)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too: this task's error
+                raise wire.unpickling_error(tid, exc) from exc
             self.in_user = True
             value = fn(*args, **kwargs)
             self.in_user = False
@@ -631,6 +651,10 @@ class Worker:
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
         self.deliver(tid, result)
+        if driver_task and self.retire_after and not self.depth:
+            self.retire_after -= 1
+            if not self.retire_after:
+                self.stop = True  # max_tasks_per_child: the driver starts a fresh worker
 
     # -- reporting ---------------------------------------------------------------------
 

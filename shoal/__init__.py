@@ -5,6 +5,7 @@ Public surface (a test checks it)::
     with shoal.Pilot() as pilot:            # worker processes, one per usable CPU
         fut = pilot.submit(fn, *args)       # shoal.Future (a concurrent.futures.Future)
         for y in pilot.map(fn, items): ...  # lazy, adaptively batched
+        pilot.options(retries=2, timeout=60).submit(fn, *args)   # per-task options
     shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
 """
 
@@ -14,12 +15,15 @@ from dataclasses import dataclass
 
 from ._errors import (
     BackendUnavailable,
+    BrokenPilot,
+    PicklingError,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
     ShoalError,
     TaskTimeout,
     TopologyError,
+    UnpicklingError,
     WorkerLost,
 )
 from .pilot import Pilot
@@ -100,5 +104,8 @@ __all__ = [
     "TaskTimeout",
     "WorkerLost",
     "SerializationError",
+    "PicklingError",
+    "UnpicklingError",
+    "BrokenPilot",
     "RemoteTraceback",
 ]

@@ -22,10 +22,13 @@ cost that makes ``ProcessPoolExecutor`` slow for tiny tasks).
 
 from __future__ import annotations
 
+import collections
 import enum
+import io
 import pickle
 import struct
 import traceback
+import types
 
 import cloudpickle
 import msgpack
@@ -76,6 +79,25 @@ _loads = pickle.loads
 _PROTO = 5
 
 
+def _code_reduce(code):
+    """cloudpickle's reducer for code objects, keeping ``co_filename`` (cloudpickle 3
+    replaces it by "<dynamic-code>"), so a remote traceback through a function of the
+    driver's ``__main__`` names its file and shows its source lines."""
+    make, args = cloudpickle.cloudpickle._code_reduce(code)
+    return make, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = collections.ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
+
+
+def cloud_dumps(obj) -> bytes:
+    """``cloudpickle.dumps`` that keeps the file names of functions sent by value."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=_PROTO).dump(obj)
+    return buf.getvalue()
+
+
 def owner_of(task_id: int) -> int:
     return task_id >> OWNER_SHIFT
 
@@ -104,25 +126,25 @@ def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
             return data
         # A class or function of the driver's __main__ pickles by reference, and a
         # worker's __main__ is not the driver's: send those by value.
-        return cloudpickle.dumps((args, kwargs), _PROTO)
+        return cloud_dumps((args, kwargs))
     except Exception as exc:
         # Plain pickle refuses lambdas and local classes; cloudpickle takes them.
         try:
-            return cloudpickle.dumps((args, kwargs), _PROTO)
+            return cloud_dumps((args, kwargs))
         except Exception:
             raise PicklingError(f"cannot pickle the arguments of {describe(fn)}: {exc!r}") from exc
 
 
 def dump_inline(fn, args: tuple, kwargs: dict) -> bytes:
     try:
-        return cloudpickle.dumps((fn, args, kwargs), _PROTO)
+        return cloud_dumps((fn, args, kwargs))
     except Exception as exc:
         raise PicklingError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
 
 
 def dump_function(fn) -> bytes:
     try:
-        return cloudpickle.dumps(fn, _PROTO)
+        return cloud_dumps(fn)
     except Exception as exc:
         raise PicklingError(f"cannot pickle function {fn!r}: {exc!r}") from exc
 
@@ -158,7 +180,7 @@ def encode_error(task_id: int, exc: BaseException) -> bytes:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     hdr = RESULT_HDR.pack(Kind.RESULT, Status.ERROR, task_id)
     try:
-        return hdr + cloudpickle.dumps((exc, tb), _PROTO)
+        return hdr + cloud_dumps((exc, tb))
     except Exception:
         # The exception itself does not pickle: keep its type name and text.
         return hdr + _dumps((PicklingError(f"unpicklable exception {exc!r}"), tb), _PROTO)
@@ -189,7 +211,7 @@ def unpickling_error(task_id: int, exc: BaseException) -> UnpicklingError:
 
 def encode_init(initializer, initargs: tuple) -> bytes:
     try:
-        return bytes((Kind.INIT,)) + cloudpickle.dumps((initializer, tuple(initargs)), _PROTO)
+        return bytes((Kind.INIT,)) + cloud_dumps((initializer, tuple(initargs)))
     except Exception as exc:
         raise PicklingError(f"cannot pickle initializer {describe(initializer)} with its initargs: "
                             f"{exc!r}") from exc

@@ -359,7 +359,7 @@ class Engine(Walker):
         t = item.task
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.submit(t.function, *args, timeout=t.timeout, **dict(t.kwargs))
+            fut = self.pilot.options(timeout=t.timeout).submit(t.function, *args, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.placement)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

@@ -227,10 +227,9 @@ class _MapRun:
                     if not done:
                         raise cf.TimeoutError("map() did not finish within its timeout")
                     fut = done.pop()
-                    for i, (f, n) in enumerate(self.inflight):
-                        if f is fut:
-                            del self.inflight[i]
-                            break
+                    i = next(i for i, entry in enumerate(self.inflight) if entry[0] is fut)
+                    n = self.inflight[i][1]
+                    del self.inflight[i]
                     results = fut.result()
                 self.pending.discard(fut)
                 self.bytes -= n

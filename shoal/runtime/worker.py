@@ -486,8 +486,12 @@ class Worker:
         # child is worth giving), rounded down between tasks (keep one to run next).
         give = (len(deq) + 1) // 2 if self.depth else len(deq) // 2
         loot, moved, keep = [], {}, []
+        cancelled = self.cancelled
         while give > 0 and deq:
             task = deq.popleft()
+            if cancelled and type(task) is WireTask and task.task_id in cancelled:
+                cancelled.discard(task.task_id)  # cancelled here: dropped, never handed on
+                continue
             if task.pinned or (thief == 0 and type(task) is WireTask):
                 # endpoint 0 (the driver) steals only spawned tasks, for another machine
                 keep.append(task)

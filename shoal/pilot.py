@@ -129,6 +129,18 @@ class Pilot(cf.Executor):
         return map_iter(self._backend, fn, iterables, ordered=ordered, chunksize=chunksize,
                         timeout=timeout, window_bytes=window_bytes, submit=submit, catch=not retries)
 
+    def get(self, dsk, keys, **kwargs):
+        """dask's scheduler protocol: ``dask.compute(x, scheduler=pilot.get)`` submits the whole
+        graph to this pilot as one shoal task graph (``shoal.integrations.dask``)."""
+        from .integrations.dask import get
+
+        return get(self, dsk, keys, **kwargs)
+
+    @property
+    def _max_workers(self) -> int:
+        """``ProcessPoolExecutor``'s name for the worker count (dask reads it)."""
+        return self._backend.n
+
     def cancel(self, future: Future, *, force: bool = False) -> bool:
         """Cancel ``future``'s task: like ``future.cancel()`` (False once a worker runs it),
         or with ``force=True`` also a running task, by killing and replacing its worker

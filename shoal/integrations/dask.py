@@ -1,0 +1,118 @@
+"""A dask scheduler on a shoal pilot: ``dask.compute(x, scheduler=pilot.get)``.
+
+Data flow: ``get(pilot, dsk, keys)`` converts the graph to dask's task spec
+(``convert_legacy_graph``), walks it once in dependency order, and submits each
+task node as one shoal task whose arguments are the node and a dict of its
+dependencies' *futures*, so shoal holds the whole graph at once: a node is sent
+to a worker the moment its inputs are done, never after a scheduler round trip,
+and independent nodes run on all workers.  Data nodes (literals in the graph)
+are passed as values, never submitted.  The requested keys' futures are then
+waited for and packed into ``keys``' nesting.
+
+``dask.compute(x, scheduler=pilot)`` works as well, without this module: a
+pilot is a ``concurrent.futures.Executor``, and dask runs its own threaded
+scheduler loop over ``pilot.submit`` (``dask.local.get_async``), a round trip
+through the driver per ready batch.
+
+Errors: the first failing node's exception (with the worker's traceback as
+``__cause__``) is raised by ``get``; nodes that depend on it fail with the same
+exception and are not run; other in-flight nodes are cancelled.
+
+Limits (the local backend): a dependency's result travels worker -> driver ->
+worker (the local backend resolves futures among the arguments in the driver);
+the dask backend resolves them on the workers.
+
+Rejected: dask's ``get_async`` loop for ``pilot.get`` (one driver-side scheduling
+step per finished task); fusing the graph first (dask's optimisations already
+ran in ``dask.compute`` before ``get`` is called).
+"""
+
+from __future__ import annotations
+
+
+def _run_node(node, deps: dict):
+    """One dask task node on a shoal worker: ``deps`` maps dependency keys to their values."""
+    return node(deps)
+
+
+def get(pilot, dsk, keys, **kwargs):
+    """dask's ``get(dsk, keys, **kwargs)`` protocol, running every task on ``pilot``.
+
+    Extra keyword arguments dask's schedulers take (``num_workers``, ``pool``,
+    ...) are accepted and ignored: the pilot's workers are what runs.
+    """
+    from collections.abc import Mapping
+
+    from dask._task_spec import DataNode, convert_legacy_graph
+
+    if not isinstance(dsk, Mapping):  # a dask expression or collection
+        dsk = dsk.__dask_graph__()
+    graph = convert_legacy_graph(dsk)
+    wanted = list(_flatten(keys))
+    futures: dict = {}
+    values: dict = {}
+    submit = pilot.submit
+    try:
+        for key in _order(graph, wanted):
+            node = graph[key]
+            if isinstance(node, DataNode):
+                values[key] = node.value
+                continue
+            deps = {}
+            for dep in node.dependencies:
+                deps[dep] = futures[dep] if dep in futures else values[dep]
+            futures[key] = submit(_run_node, node, deps)
+        results = {}
+        for key in wanted:
+            if key in futures:
+                results[key] = futures[key].result()
+            else:
+                results[key] = values[key]
+    except BaseException:
+        for fut in futures.values():
+            fut.cancel()
+        raise
+    return _pack(keys, results)
+
+
+def _order(graph, wanted) -> list:
+    """The keys ``wanted`` needs, dependencies first (iterative DFS: no recursion limit)."""
+    order, state = [], {}
+    for root in wanted:
+        if root in state:
+            continue
+        stack = [(root, False)]
+        while stack:
+            key, expanded = stack.pop()
+            if expanded:
+                state[key] = 2
+                order.append(key)
+                continue
+            if state.get(key):
+                continue
+            if key not in graph:
+                raise KeyError(f"dask graph has no task {key!r}")
+            state[key] = 1
+            stack.append((key, True))
+            for dep in graph[key].dependencies:
+                if not state.get(dep):
+                    stack.append((dep, False))
+    return order
+
+
+def _flatten(keys):
+    if isinstance(keys, list):
+        for k in keys:
+            yield from _flatten(k)
+    else:
+        yield keys
+
+
+def _pack(keys, results):
+    """``keys``' nesting, lists as tuples (what dask's own ``get`` functions return)."""
+    if isinstance(keys, list):
+        return tuple(_pack(k, results) for k in keys)
+    return results[keys]
+
+
+__all__ = ["get"]

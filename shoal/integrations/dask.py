@@ -43,7 +43,11 @@ def get(pilot, dsk, keys, **kwargs):
     """
     from collections.abc import Mapping
 
-    from dask._task_spec import DataNode, convert_legacy_graph
+    try:
+        from dask._task_spec import DataNode, convert_legacy_graph
+    except ImportError as exc:  # pragma: no cover - depends on the installed dask
+        raise ImportError("pilot.get needs dask >= 2024.12 (its task spec); use "
+                          "dask.compute(..., scheduler=pilot) with an older dask") from exc
 
     if not isinstance(dsk, Mapping):  # a dask expression or collection
         dsk = dsk.__dask_graph__()

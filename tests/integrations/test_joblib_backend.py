@@ -10,11 +10,12 @@ import shoal
 
 joblib = pytest.importorskip("joblib")
 sklearn = pytest.importorskip("sklearn")
-import shoal.integrations.joblib  # noqa: E402,F401  (registers backend "shoal")
 from sklearn.datasets import load_iris  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.model_selection import GridSearchCV, cross_val_score  # noqa: E402
 from sklearn.tree import DecisionTreeClassifier  # noqa: E402
+
+import shoal.integrations.joblib  # noqa: E402,F401  (registers backend "shoal")
 
 
 @pytest.fixture(scope="module")

@@ -454,7 +454,7 @@ class LocalBackend:
                 self.placement.finished(task.placed - 1)
                 task.placed = 0
             self.forced[ep] = fut.task_id
-            _force_cancelled(fut)
+        _force_cancelled(fut)  # outside the lock: its done callbacks may submit
         try:
             self.procs[ep].send_signal(signal.SIGKILL)
         except ProcessLookupError:

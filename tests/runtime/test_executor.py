@@ -92,7 +92,10 @@ def test_force_cancel_replaces_the_worker(pilot):
     fut = pilot.submit(t.sleep, 60)
     wait_running(fut)
     before = pilot.stats()["driver"]["worker_deaths"]
+    chained = []
+    fut.add_done_callback(lambda f: chained.append(pilot.submit(t.inc, 41)))  # submits from the callback
     assert pilot.cancel(fut, force=True)
+    assert chained[0].result(30) == 42
     assert fut.cancelled()
     with pytest.raises(cf.CancelledError):
         fut.result(5)

@@ -431,11 +431,51 @@ class LocalBackend:
                     return ep
         return 0
 
-    def _probe(self, fut: Future) -> bool:
+    def _run_state(self, tid: int) -> int:
+        """Like ``_running_on``, but a worker that has *claimed* ``tid`` (slot written, depth
+        not yet raised) is waited for: it is deciding, within microseconds, whether a
+        cancel reached it first (it drops the claim) or not (it raises the depth).
+
+        The handshake with the worker (``Worker.run_wire``) is Dekker's: the driver pushes
+        CANCEL_IF_QUEUED then fences (the doorbell ring) then reads the slots; the worker
+        writes its claim, fences, then rechecks its driver ring.  At least one sees the
+        other, so ``cancel()`` never returns True for a task that then runs, unless the
+        task was stolen and the cancel went to its previous holder (see docs)."""
+        status = self.matrix.status
+        deadline = None
+        while True:
+            claimed = 0
+            for ep in self.endpoints:
+                cell = status(ep)
+                depth = cell[STATUS_DEPTH]
+                for i in range(min(depth + 1, STATUS_SLOTS)):
+                    if cell[STATUS_RUNNING + i] == tid:
+                        if i < depth:
+                            return ep
+                        claimed = ep
+            if not claimed:
+                return 0
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + 5.0
+            elif now > deadline or self.procs[claimed].poll() is not None:
+                return claimed  # stuck or dead between claim and confirm: call it started
+            os.sched_yield()
+
+    def _probe(self, fut: Future, cancel: bool = False) -> bool:
         """Whether a worker runs ``fut``'s task now; if so the future goes RUNNING
         (``Future.running()``/``cancel()`` ask: RUNNING is read from the workers'
-        status cells on demand, so the hot path sends no message per start)."""
-        if self.closed or fut.task_id not in self.tasks or not self._running_on(fut.task_id):
+        status cells on demand, so the hot path sends no message per start).  With
+        ``cancel``, first tell the holder to drop the task unless it started."""
+        tid = fut.task_id
+        task = self.tasks.get(tid)
+        if self.closed or task is None:
+            return False
+        if cancel and task.where:
+            with self.lock:
+                if not self.closed:
+                    self._send(task.where, wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid]))
+        if not self._run_state(tid):
             return False
         fut.set_running_or_notify_cancel()
         return True

@@ -164,7 +164,7 @@ class Future(cf.Future):
         """Cancel the task unless a worker runs it already (then False, as the stdlib's)."""
         if self._state == CANCELLED_AND_NOTIFIED:
             return True  # cancelled before: nothing more to do
-        if self._state == PENDING and self._prober is not None and self._prober(self):
+        if self._state == PENDING and self._prober is not None and self._prober(self, True):
             return False
         if not super().cancel():
             return False

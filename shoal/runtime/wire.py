@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     WAKE = 12  # nothing: "there may be work to steal" (a no-op message)
     INIT = 13  # cloudpickle((initializer, initargs)): run once, before any task (driver -> worker)
     INIT_FAILED = 14  # msgpack [endpoint, formatted traceback]          (worker -> driver)
+    CANCEL_IF_QUEUED = 15  # msgpack [task ids]: drop unless started (driver -> worker, cancel())
     FIRST = 0xFD  # first fragment of a larger message
     MORE = 0xFE  # middle fragment
     LAST = 0xFF  # last fragment

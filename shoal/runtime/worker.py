@@ -166,6 +166,7 @@ class Worker:
         n = matrix.n
         self.matrix = matrix
         self.inboxes = [(src, Inbox(matrix.ring(src, self.ep))) for src in range(n) if src != self.ep]
+        self.driver_box = self.inboxes[0][1]  # from endpoint 0
         self.out = {dst: Outbox(matrix.ring(self.ep, dst), matrix.doorbell(dst)) for dst in range(n) if dst != self.ep}
         self.doorbell = matrix.doorbell(self.ep)
         self.status = matrix.status(self.ep)
@@ -369,6 +370,10 @@ class Worker:
                         self.rerun(tid)
         elif kind == Kind.CANCEL:
             self.on_cancel(wire.decode_control(msg))
+        elif kind == Kind.CANCEL_IF_QUEUED:
+            for tid in wire.decode_control(msg):
+                if tid not in self.running_scopes:  # running: the driver's cancel() said False
+                    self.cancelled.add(tid)
         elif kind == Kind.DIED:
             ep, gen = wire.decode_control(msg)
             self.on_died(ep, gen)
@@ -613,14 +618,24 @@ class Worker:
                 self.undefined.append(task)  # its DEFINE is still on the way from the driver
                 return
         driver_task = tid >> wire.OWNER_SHIFT == 0
-        if flags & Flag.TIMED:
-            self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
         status = self.status
         if driver_task:
+            # Start handshake with Future.cancel in the driver (see LocalBackend._run_state):
+            # claim the slot, fence, look once more for a cancel the driver pushed before
+            # it read the slots, then confirm by raising the depth.
             depth = status[STATUS_DEPTH]
             if depth < STATUS_SLOTS:
                 status[STATUS_RUNNING + depth] = tid
+                self.doorbell.ring()  # a StoreLoad fence (our own bell: nobody sleeps on it now)
+                if self.driver_box.ring.readable():
+                    self.poll()
+                    if tid in self.cancelled:
+                        status[STATUS_RUNNING + depth] = 0
+                        self.cancelled.discard(tid)
+                        return
             status[STATUS_DEPTH] = depth + 1
+        if flags & Flag.TIMED:
+            self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
         scope = Scope(self.scope)
         self.running_scopes[tid] = scope
         outer = self.scope
@@ -650,7 +665,10 @@ class Worker:
             self.depth -= 1
             del self.running_scopes[tid]
             if driver_task:
-                status[STATUS_DEPTH] -= 1
+                depth = status[STATUS_DEPTH] - 1
+                if depth < STATUS_SLOTS:
+                    status[STATUS_RUNNING + depth] = 0  # no stale claim for a retry of this id
+                status[STATUS_DEPTH] = depth
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())

@@ -24,9 +24,10 @@ def capture(*args, **kwargs):
     return args, kwargs
 
 
-def wait_running(fut, timeout=30):
+def wait_running(fut, timeout=60):
     deadline = time.monotonic() + timeout
     while not fut.running():
+        assert not fut.done(), f"{fut} finished before the test saw it RUNNING (machine overloaded?)"
         assert time.monotonic() < deadline, f"{fut} never went RUNNING"
         time.sleep(0.005)
 
@@ -76,14 +77,14 @@ def test_options_carry_retries_and_timeout(pilot, tmp_path):
 
 
 def test_running_and_cancel_follow_the_stdlib(pilot, tmp_path):
-    blockers = [pilot.submit(t.sleep, 0.6) for _ in range(2)]
+    blockers = [pilot.submit(t.sleep, 2) for _ in range(2)]
     for b in blockers:
         wait_running(b)
     queued = pilot.submit(t.touch, str(tmp_path / "ran"))
     assert not queued.running()
     assert queued.cancel() and queued.cancelled()  # not started: cancelled, never runs
     assert not blockers[0].cancel()  # running: False, and its result still arrives
-    assert [b.result(30) for b in blockers] == [0.6, 0.6]
+    assert [b.result(30) for b in blockers] == [2, 2]
     pilot.submit(t.inc, 1).result(30)  # the queue behind them is drained
     assert not (tmp_path / "ran").exists()
 
@@ -125,18 +126,18 @@ def test_map_starts_at_call_time_and_times_out(pilot, tmp_path):
 
 def test_shutdown_semantics(tmp_path):
     p = shoal.Pilot(max_workers=2)
-    blockers = [p.submit(t.sleep, 0.5) for _ in range(2)]
+    blockers = [p.submit(t.sleep, 30) for _ in range(2)]
     for b in blockers:
         wait_running(b)
     queued = [p.submit(t.touch, str(tmp_path / f"q{i}")) for i in range(10)]
-    t0 = time.monotonic()
     p.shutdown(wait=False, cancel_futures=True)
-    assert time.monotonic() - t0 < 0.4  # returns without waiting for the 0.5 s tasks
+    assert not any(b.done() for b in blockers)  # returned without waiting for the running tasks
     with pytest.raises(RuntimeError, match="cannot schedule new futures"):
         p.submit(t.inc, 1)
     assert all(f.cancelled() for f in queued)
+    assert all(p.cancel(b, force=True) for b in blockers)  # (instead of waiting 30 s)
     p.shutdown(wait=True)  # waits for the background close
-    assert [b.result(0) for b in blockers] == [0.5, 0.5]
+    assert all(b.cancelled() for b in blockers)
     assert not list(tmp_path.iterdir())
 
 

@@ -142,13 +142,20 @@ class Pilot(cf.Executor):
         return self._backend.n
 
     def cancel(self, future: Future, *, force: bool = False) -> bool:
-        """Cancel ``future``'s task: like ``future.cancel()`` (False once a worker runs it),
-        or with ``force=True`` also a running task, by killing and replacing its worker
-        (other tasks that worker was running get ``WorkerLost`` or their retries)."""
+        """Cancel ``future``'s task: like ``future.cancel()`` (False once a worker runs it;
+        then the children it spawned that have not started are dropped, while the task
+        itself runs on), or with ``force=True`` also a running task, by killing and
+        replacing its worker (other tasks that worker was running get ``WorkerLost`` or
+        their retries)."""
         if not isinstance(future, Future):
             raise TypeError(f"cancel() takes a shoal.Future, got {type(future).__name__}")
         if not force:
-            return future.cancel()
+            if future.cancel():
+                return True
+            children = getattr(self._backend, "cancel_children", None)
+            if children is not None and not future.done():
+                children(future)
+            return False
         forcer = getattr(self._backend, "force_cancel", None)
         if forcer is None:
             raise NotImplementedError(f"cancel(force=True) is not supported by the {self.backend.value} "

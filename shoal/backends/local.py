@@ -138,6 +138,7 @@ class LocalBackend:
         self.placement = Placement(self.node_of, random.Random(seed))
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
         self.lock = threading.Lock()  # driver threads on the producer side of driver rings
+        self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep)) for ep in self.endpoints}
         self.inboxes = [(ep, Inbox(self.matrix.ring(ep, 0))) for ep in self.endpoints]
         self.doorbell = self.matrix.doorbell(0)
@@ -231,6 +232,10 @@ class LocalBackend:
 
     def _on_death(self, ep: int) -> None:
         """A worker process exited: account for its tasks, tell the others, replace it."""
+        with self.consume_lock:  # no cancel() drains the inbox being reset
+            self._on_death_locked(ep)
+
+    def _on_death_locked(self, ep: int) -> None:
         proc = self.procs[ep]
         proc.wait()
         os.close(self.pidfds.pop(ep))
@@ -439,8 +444,8 @@ class LocalBackend:
         The handshake with the worker (``Worker.run_wire``) is Dekker's: the driver pushes
         CANCEL_IF_QUEUED then fences (the doorbell ring) then reads the slots; the worker
         writes its claim, fences, then rechecks its driver ring.  At least one sees the
-        other, so ``cancel()`` never returns True for a task that then runs, unless the
-        task was stolen and the cancel went to its previous holder (see docs)."""
+        other, so ``cancel()`` never returns True for a task that then runs (the cancel goes
+        to every worker, so also a thief that got the task before the driver heard)."""
         status = self.matrix.status
         deadline = None
         while True:
@@ -472,10 +477,21 @@ class LocalBackend:
         if self.closed or task is None:
             return False
         if cancel and task.where:
+            # To every worker: a thief may hold the task before the driver hears of the steal.
+            # (With retries left, only to its holder: a re-run after a refused cancel must not
+            # meet a stale cancel elsewhere; there a steal in flight can still race.)
+            msg = wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid])
             with self.lock:
                 if not self.closed:
-                    self._send(task.where, wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid]))
+                    for ep in (self.endpoints if not task.retries else (task.where,)):
+                        self._send(ep, msg)
         if not self._run_state(tid):
+            if cancel:
+                # Not running: not started, or finished with its result still in a ring
+                # (a worker clears its status only after sending the result).  Drain the
+                # rings: a finished task's future is then FINISHED and cancel() says False.
+                self._drain_inboxes()
+                return fut._state != "PENDING"
             return False
         fut.set_running_or_notify_cancel()
         return True
@@ -500,6 +516,14 @@ class LocalBackend:
         except ProcessLookupError:
             pass
         return True
+
+    def cancel_children(self, fut: Future) -> None:
+        """A running task's spawned children that have not started are dropped (it runs on)."""
+        ep = self._running_on(fut.task_id)
+        if ep:
+            with self.lock:
+                if not self.closed:
+                    self._send(ep, wire.encode_control(Kind.CANCEL, [fut.task_id]))
 
     def cancel_pending(self) -> int:
         """Cancel every task no worker has started (``shutdown(cancel_futures=True)``)."""
@@ -576,6 +600,11 @@ class LocalBackend:
         return False
 
     def _drain_inboxes(self) -> bool:
+        """Consume what the workers sent (the pump; also ``cancel()``: one at a time)."""
+        with self.consume_lock:
+            return self._drain_locked()
+
+    def _drain_locked(self) -> bool:
         got = False
         for ep, box in self.inboxes:
             if box.ring.readable():

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import CancelledError
 
 from ..queues import RingMatrix
 from . import context, policy, wire
@@ -334,6 +335,17 @@ class Worker:
                 box.flush()
         return got
 
+    def drain_driver(self) -> None:
+        """Handle everything the driver has sent so far (a cancel may sit behind many tasks)."""
+        box = self.driver_box
+        for _ in range(10_000):
+            msgs = box.receive(256)
+            if not msgs:
+                return
+            self.c["messages_in"] += len(msgs)
+            for m in msgs:
+                self.handle(0, m)
+
     def send(self, dst: int, msg: bytes) -> None:
         self.c["messages_out"] += 1
         self.out[dst].send(msg)
@@ -443,6 +455,14 @@ class Worker:
         # a half-sent fragmented message to the dead endpoint stays in the ring for
         # its replacement, which drops it; nothing else to do here
 
+    def drop_cancelled(self, tid: int) -> None:
+        """Drop a cancelled serialized task.  A worker that owns it (a spawned child lent
+        out) is told, so a parent waiting on it gets CancelledError instead of waiting
+        forever; the driver settled its own tasks when it cancelled them."""
+        self.cancelled.discard(tid)
+        if tid >> wire.OWNER_SHIFT:
+            self.deliver(tid, wire.encode_error(tid, CancelledError(f"task {tid:#x} was cancelled")))
+
     def rerun(self, tid: int) -> None:
         task = self.lent.pop(tid)[0]
         if task.future._state == _PENDING:
@@ -495,7 +515,7 @@ class Worker:
         while give > 0 and deq:
             task = deq.popleft()
             if cancelled and type(task) is WireTask and task.task_id in cancelled:
-                cancelled.discard(task.task_id)  # cancelled here: dropped, never handed on
+                self.drop_cancelled(task.task_id)  # cancelled here: dropped, never handed on
                 continue
             if task.pinned or (thief == 0 and type(task) is WireTask):
                 # endpoint 0 (the driver) steals only spawned tasks, for another machine
@@ -606,7 +626,7 @@ class Worker:
     def run_wire(self, task: WireTask) -> None:
         msg, tid = task.msg, task.task_id
         if self.cancelled and tid in self.cancelled:
-            self.cancelled.discard(tid)
+            self.drop_cancelled(tid)
             return
         flags, fn_id, _ = wire.decode_task_header(msg)
         body = memoryview(msg)[wire.TASK_HDR.size:]
@@ -628,7 +648,7 @@ class Worker:
                 status[STATUS_RUNNING + depth] = tid
                 self.doorbell.ring()  # a StoreLoad fence (our own bell: nobody sleeps on it now)
                 if self.driver_box.ring.readable():
-                    self.poll()
+                    self.drain_driver()
                     if tid in self.cancelled:
                         status[STATUS_RUNNING + depth] = 0
                         self.cancelled.discard(tid)
@@ -664,15 +684,18 @@ class Worker:
             self.scope = outer
             self.depth -= 1
             del self.running_scopes[tid]
-            if driver_task:
-                depth = status[STATUS_DEPTH] - 1
-                if depth < STATUS_SLOTS:
-                    status[STATUS_RUNNING + depth] = 0  # no stale claim for a retry of this id
-                status[STATUS_DEPTH] = depth
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
         self.deliver(tid, result)
+        if driver_task:
+            # Only now, with the result in the driver's ring, does the status stop saying
+            # "running": a cancel() that finds neither the claim nor (draining) the result
+            # knows the task never started (LocalBackend._probe).
+            depth = status[STATUS_DEPTH] - 1
+            if depth < STATUS_SLOTS:
+                status[STATUS_RUNNING + depth] = 0  # no stale claim for a retry of this id
+            status[STATUS_DEPTH] = depth
         if driver_task and self.retire_after and not self.depth:
             self.retire_after -= 1
             if not self.retire_after:

@@ -232,3 +232,30 @@ def test_remote_traceback_names_main_file(tmp_path):
     assert res.returncode == 0, res.stderr
     assert f'File "{script}", line 4, in bad' in res.stdout
     assert "the line to see" in res.stdout
+
+
+def test_cancel_true_means_never_ran(pilot, tmp_path):
+    """Race cancel() against workers starting tasks: whenever cancel() says True the task
+    must not have run (its file absent); when it says False the task ran to the end."""
+    import random
+
+    rng = random.Random(13)
+    outcomes = []
+    for i in range(400):
+        path = tmp_path / f"t{i}"
+        fut = pilot.submit(t.touch, str(path))
+        if rng.random() < 0.5:
+            time.sleep(rng.random() * 0.003)  # cancel at a random moment around the start
+        outcomes.append((fut, fut.cancel(), path))
+    for fut, said, path in outcomes:
+        if said:
+            assert fut.cancelled()
+        else:
+            assert fut.result(30) == str(path)
+    pilot.submit(t.inc, 1).result(30)  # everything queued before has been taken or dropped
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+            said and path.exists() for _, said, path in outcomes):
+        time.sleep(0.05)
+    ran_anyway = [str(path) for _, said, path in outcomes if said and path.exists()]
+    assert not ran_anyway, f"cancel() returned True but the task ran: {ran_anyway[:5]}"

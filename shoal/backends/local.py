@@ -129,6 +129,7 @@ class LocalBackend:
         if initializer is not None and not callable(initializer):
             raise TypeError(f"initializer must be callable, got {initializer!r}")
         self.init_msg = wire.encode_init(initializer, initargs) if initializer is not None else None
+        self.start_timeout = start_timeout
         self.broken: str | None = None  # why the pilot takes no work (a failed initializer)
         self.forced: dict[int, int] = {}  # endpoint killed by cancel(force=True) -> task id
         self.trace_path = os.path.abspath(trace) if trace else None
@@ -168,7 +169,6 @@ class LocalBackend:
         try:
             for ep in self.endpoints:
                 self._start_worker(ep)
-            self._wait_started(start_timeout)
         except BaseException:
             self._teardown()
             raise
@@ -211,9 +211,8 @@ class LocalBackend:
             self._send(ep, self.init_msg, wake=False)  # first in its ring: before any task
 
     def _wait_started(self, timeout: float) -> None:
-        """Return once every worker runs its loop (its pid is in its status cell), so
-        ``submit`` right after the constructor reaches live workers; a worker that
-        exits first (a broken interpreter, an import error) is a clear error here."""
+        """Return once every worker runs its loop (its pid is in its status cell); a
+        worker that exits first (a broken interpreter, an import error) is an error."""
         deadline = time.monotonic() + timeout
         pause = 0.0005
         while True:
@@ -526,7 +525,23 @@ class LocalBackend:
                     self._send(ep, wire.encode_control(Kind.CANCEL, [fut.task_id]))
 
     def cancel_pending(self) -> int:
-        """Cancel every task no worker has started (``shutdown(cancel_futures=True)``)."""
+        """Cancel every task no worker has started (``shutdown(cancel_futures=True)``).
+
+        Workers start in the background (the constructor does not wait); so that
+        "not started" does not just mean "submitted before the workers were up", this
+        first waits (bounded) until they run and each one holding work has begun a
+        task, as a process pool's first tasks are already under way by then."""
+        try:
+            self._wait_started(self.start_timeout)
+        except WorkerLost:
+            pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            idle = [ep for ep in self.endpoints
+                    if self.placement.load(ep - 1) and not self.matrix.status(ep)[STATUS_DEPTH]]
+            if not idle:
+                break
+            time.sleep(0.001)
         return sum(1 for task in list(self.tasks.values()) if task.future.cancel())
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -16,16 +16,19 @@ Executor takes a pilot.  shoal's own per-task options (``retries``,
 intended differences are listed, with reasons, in docs/guide.md ("Executor
 compatibility").
 
-Lifecycle: constructed = started (workers up); ``shutdown()``/``close()`` (or
-leaving the ``with`` block) waits for submitted work, or cancels the work no
+Lifecycle: constructed = started (workers starting); ``shutdown()``/``close()``
+(or leaving the ``with`` block) waits for submitted work, or cancels the work no
 worker has started (``cancel_futures=True`` / ``cancel_pending=True``) — which
 is what an exception in the ``with`` body does, so an error never leaves
-workers behind.
+workers behind.  A pilot dropped without ``close()`` is closed when it is
+collected, and every open pilot at interpreter exit, both after their pending
+work (``shoal.runtime.context``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import sys
 import threading
 
 from ._errors import BrokenPilot, PilotClosed
@@ -68,7 +71,12 @@ class Pilot(cf.Executor):
         self._closed = False
         self._close_lock = threading.Lock()
         self._closer: threading.Thread | None = None
-        context.pilots.append(self)
+        try:
+            context.push_pilot(self)
+        except BaseException:
+            self._closed = True
+            self._backend.close(cancel_pending=True)
+            raise
 
     # -- work --------------------------------------------------------------------------
 
@@ -222,8 +230,7 @@ class Pilot(cf.Executor):
         try:
             self._backend.close(cancel_pending=cancel_pending)
         finally:
-            if self in context.pilots:
-                context.pilots.remove(self)
+            context.drop_pilot(self)
 
     def __enter__(self) -> Pilot:
         return self
@@ -232,10 +239,17 @@ class Pilot(cf.Executor):
         self.close(cancel_pending=exc_type is not None)
 
     def __del__(self):
+        # Dropped without close(): the pending work finishes, then the workers stop (what a
+        # dropped ProcessPoolExecutor does), in a thread: a finalizer must not block.
         if not getattr(self, "_closed", True):
+            self._closed = True
+            context.drop_pilot(self)
+            if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
+                return  # the exit handler closes it (a thread started now would never run)
             try:
-                self.close(cancel_pending=True)
-            except Exception:
+                threading.Thread(target=context.close_quietly, args=(self._backend,),
+                                 name="shoal-closer", daemon=True).start()
+            except RuntimeError:  # interpreter shutdown: the exit handler closes it
                 pass
 
     def __repr__(self) -> str:

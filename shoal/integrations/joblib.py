@@ -62,12 +62,12 @@ class ShoalBackend(AutoBatchingMixin, ParallelBackendBase):
             return self.given
         if self.own is not None:
             return self.own
-        return _context.pilots[-1] if _context.pilots else None
+        return _innermost()
 
     def effective_n_jobs(self, n_jobs):
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
-        pilot = self.given or (_context.pilots[-1] if _context.pilots else None)
+        pilot = self.given or _innermost()
         if pilot is not None:
             return pilot.workers
         if n_jobs is None:
@@ -112,6 +112,14 @@ class ShoalBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def get_nested_backend(self):
         return SequentialBackend(nesting_level=self.nesting_level + 1), None
+
+
+def _innermost() -> shoal.Pilot | None:
+    """The innermost open pilot of this process, or None."""
+    try:
+        return _context.current_pilot()
+    except RuntimeError:
+        return None
 
 
 register_parallel_backend("shoal", ShoalBackend)

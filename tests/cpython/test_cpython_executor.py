@@ -82,10 +82,11 @@ def close_dropped_pilots():
     test would too); close it here so the leak check sees what shoal leaves behind."""
     from shoal.runtime import context
 
-    before = list(context.pilots)
+    before = [r() for r in context.pilots]
     yield
-    for pilot in [p for p in context.pilots if p not in before]:
-        pilot.close(cancel_pending=True)
+    for pilot in [r() for r in context.pilots]:
+        if pilot is not None and pilot not in before:
+            pilot.close(cancel_pending=True)
 
 
 def _make(name: str, mixin) -> type:

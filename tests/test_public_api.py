@@ -11,7 +11,7 @@ EXPECTED = {
     "Pilot", "Future", "spawn", "current_worker", "WorkerInfo", "topology", "Topology",
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
-    "RemoteTraceback", "BackendUnavailable",
+    "RemoteTraceback", "BackendUnavailable", "allocation", "Allocation",
 }
 
 

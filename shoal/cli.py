@@ -60,6 +60,8 @@ def _format_info(info: dict) -> str:
     ]
     if info["synthetic"]:
         rows.append(("mapped onto host CPUs", format_cpulist(info["host_cpus"])))
+    if info.get("limited_by"):
+        rows.append(("limited by", info["limited_by"]))
     width = max(len(key) for key, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines += ["", f"{'NUMA node':<10}  {'CPUs':<16}  count"]

@@ -69,7 +69,7 @@ from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_balance import Balancer
 from ._dask_cells import CellHub, ClusterCell, NodeArray
-from ._dask_jobs import JobWatch
+from ._dask_jobs import JobPolicy, JobWatch
 from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
@@ -137,6 +137,7 @@ class DaskBackend:
             except ValueError:
                 raise ValueError(f"unknown provider={provider!r}; choose one of "
                                  f"{', '.join(repr(p.value) for p in Provider)}") from None
+            warn_s = provider_options.pop("queue_warn_s", 10.0)  # pending this long: a warning
             self.cluster = make_cluster(provider, jobs=jobs, **provider_options)
             self.owned = Owned.CLUSTER
             wait = False  # batch jobs start when the queue says so; tasks wait for them
@@ -157,7 +158,8 @@ class DaskBackend:
             if not wait:  # no worker to probe yet: what the jobs will bring
                 self.n = max(1, jobs * int(provider_options.get("cores", 1)))
             if provider is Provider.SLURM:
-                self.jobs = JobWatch(self.cluster, self.client, self._provider_failed)
+                self.jobs = JobWatch(self.cluster, self.client, self._provider_failed,
+                                     policy=JobPolicy(warn_after_s=warn_s))
         except BaseException:
             self._release()
             raise

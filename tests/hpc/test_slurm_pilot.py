@@ -1,0 +1,110 @@
+"""Pilots as batch jobs, against a real SLURM (``sudo scripts/slurm-local up``; marker ``slurm``).
+
+What runs: ``shoal.Pilot(backend="dask", provider="slurm", ...)`` submits real jobs
+through dask-jobqueue; dask workers start inside them under slurmstepd; tasks see
+SLURM's environment.  Sized for a shared 2-core machine: one 1-core job at a time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+import pytest
+import tasks_hpc as th
+from slurm_helpers import queue, wait_for
+
+import shoal
+from shoal import BackendUnavailable
+
+pytestmark = [pytest.mark.slurm, pytest.mark.fd_slack(64), pytest.mark.timeout(180)]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    """sbatch passes the environment on: the dask workers in the jobs import tasks_hpc."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
+
+
+def pilot(tmp_path, **kw):
+    opts = dict(backend="dask", provider="slurm", cores=1, memory="1GB", walltime="10m",
+                log_directory=str(tmp_path), scheduler_options={"dashboard_address": ":0"})
+    opts.update(kw)
+    return shoal.Pilot(**opts)
+
+
+def test_a_pilot_job_runs_100_tasks_in_one_allocation(slurm, tmp_path):
+    """All 100 tasks run inside the one batch job (same SLURM_JOB_ID); the node runtime is
+    sized to the job's 1 CPU, not the host's; close() leaves nothing in squeue."""
+    with pilot(tmp_path) as p:
+        first = p.submit(th.where, -1).result(120)
+        seen = list(p.map(th.where, range(100)))
+        jobs = p.stats()["driver"]["jobs"]
+    assert [x for x, *_ in seen] == list(range(100))
+    ids = {job for _, job, _, _ in seen} | {first[1]}
+    assert len(ids) == 1 and None not in ids, ids
+    (job_id,) = ids
+    assert {cpus for _, _, cpus, _ in seen} == {"1"}
+    assert {n for *_, n in seen} == {1}, "the node runtime must use the job's 1 CPU"
+    assert [j["job_id"] for j in jobs] == [job_id]
+    assert job_id not in queue()  # close() returned after squeue let go
+
+
+def test_scancel_mid_map_a_new_job_finishes_the_map(slurm, tmp_path):
+    """SLURM kills the pilot job (scancel) while a map runs: the watch submits a new job,
+    the map completes, every result once and in order, and no job is left behind."""
+    n = 40
+    with pilot(tmp_path) as p:
+        it = p.map(th.where, range(n), [0.25] * n, chunksize=1)
+        got = [next(it) for _ in range(4)]
+        victim = got[0][1]
+        subprocess.run(["scancel", victim], check=True, timeout=30)
+        got += list(it)
+        stats = p.stats()["driver"]
+    assert [x for x, *_ in got] == list(range(n))
+    jobs = {j for _, j, _, _ in got}
+    assert victim in jobs and len(jobs) >= 2, jobs  # the rest ran in the replacement
+    assert stats["jobs_replaced"] >= 1
+    assert not (jobs & set(queue()))
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"cores": 64}, "Requested node configuration is not available"),
+    ({"queue": "no-such-partition"}, "nvalid partition"),
+    ({"memory": "100000GB"}, "Requested node configuration is not available"),
+])
+def test_an_unsatisfiable_request_fails_at_once_with_slurms_reason(slurm, tmp_path, options,
+                                                                    reason):
+    with pytest.raises(BackendUnavailable, match=reason) as info:
+        pilot(tmp_path, **options)
+    assert "SLURM refuses the pilot job" in str(info.value)
+
+
+def test_a_job_that_can_never_start_fails_the_tasks(slurm, tmp_path):
+    """A job SLURM accepts but will never start (its dependency failed): the waiting task
+    fails with SLURM's pending reason instead of hanging."""
+    dep = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "false"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    wait_for(lambda: dep not in queue(), 60, f"job {dep} to fail")
+    with pilot(tmp_path, job_extra=[f"--dependency=afterok:{dep}"]) as p:
+        fut = p.submit(th.where, 1)
+        with pytest.raises(BackendUnavailable, match="DependencyNeverSatisfied"):
+            fut.result(60)
+        with pytest.raises(BackendUnavailable, match="DependencyNeverSatisfied"):
+            p.submit(th.where, 2)
+
+
+def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(slurm, tmp_path, caplog):
+    """A job held in the queue (--begin in an hour): the pilot warns with SLURM's reason
+    instead of hanging silently, stats() shows it, and close() cancels it."""
+    with caplog.at_level(logging.WARNING, logger="shoal.jobs"):
+        with pilot(tmp_path, job_extra=["--begin=now+1hour"], queue_warn_s=1) as p:
+            fut = p.submit(th.where, 1)
+            wait_for(lambda: "still PENDING" in caplog.text, 60, "the pending warning")
+            (job,) = p.stats()["driver"]["jobs"]
+            assert job["state"] == "PENDING" and job["reason"] == "BeginTime"
+            assert not fut.done()
+            p.close(cancel_pending=True)
+    assert "BeginTime" in caplog.text
+    assert job["job_id"] not in queue()

@@ -69,20 +69,42 @@ class Allocation:
 
 
 def expand_nodelist(text: str) -> tuple[str, ...]:
-    """SLURM's compressed host list -> names: ``"n[01-03,7],gpu5"`` -> n01 n02 n03 n7 gpu5."""
+    """SLURM's compressed host list -> names: ``"n[01-03,7],gpu5"`` -> n01 n02 n03 n7 gpu5;
+    several bracket groups multiply (``"r[1-2]n[1,3]"`` -> r1n1 r1n3 r2n1 r2n3)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "[") - (ch == "]")
+        if depth not in (0, 1):
+            raise ValueError(f"malformed SLURM node list {text!r}")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"malformed SLURM node list {text!r}")
+    items.append(text[start:])
     names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text.strip()):
-        prefix, ranges, suffix = m[1], m[2], m[3]
-        if ranges is None:
-            names.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise ValueError(f"malformed SLURM node list {text!r}")
-            for i in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
+    for item in (x.strip() for x in items):
+        if item:
+            names.extend(_expand_one(item, text))
     return tuple(names)
+
+
+def _expand_one(pattern: str, text: str) -> list[str]:
+    m = re.match(r"([^\[]*)\[([^\]]*)\](.*)", pattern)
+    if m is None:
+        if "]" in pattern:
+            raise ValueError(f"malformed SLURM node list {text!r}")
+        return [pattern]
+    prefix, ranges, rest = m[1], m[2], m[3]
+    tails = _expand_one(rest, text) if rest else [""]
+    out = []
+    for part in ranges.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"malformed SLURM node list {text!r}")
+        for i in range(int(lo), int(hi or lo) + 1):
+            out.extend(f"{prefix}{i:0{len(lo)}d}{tail}" for tail in tails)
+    return out
 
 
 def _int(value: str | None) -> int | None:

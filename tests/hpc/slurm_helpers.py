@@ -5,6 +5,7 @@ does it before ``pytest -m slurm``.  Without one the tests skip with that hint."
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -18,13 +19,15 @@ HINT = ("no SLURM is up here: run `sudo scripts/slurm-local up` (installs slurm-
         "and starts a one-node SLURM), then `python -m pytest -m slurm tests/hpc`")
 
 
+@functools.cache
 def slurm_state() -> str | None:
-    """The first node's state from sinfo, or None when SLURM is absent or not answering."""
+    """The first node's state from sinfo, or None when SLURM is absent or not answering
+    (asked once per session: an installed SLURM whose controller is down answers slowly)."""
     if shutil.which("sinfo") is None:
         return None
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
-                             timeout=10)
+                             timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None

@@ -33,6 +33,10 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
+  (``_dask_provider``); on SLURM a ``JobWatch`` (``_dask_jobs``) reports queue
+  state, replaces jobs that end, and fails the pending tasks with SLURM's
+  reason when a job can never start (docs/hpc.md).
 
 Invariants: every shoal Future this backend returned is settled exactly once
 (``_pending`` holds it until then; ``close`` settles leftovers with

@@ -108,3 +108,17 @@ def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(slurm, tm
             p.close(cancel_pending=True)
     assert "BeginTime" in caplog.text
     assert job["job_id"] not in queue()
+
+
+def test_a_pilot_outlives_the_walltime_of_its_jobs(slurm, tmp_path):
+    """walltime=20 s: each job's dask worker retires at its --lifetime (15 s), before SLURM
+    would kill it; the watch submits the next job, and a ~30 s map finishes across several
+    allocations with every result once and in order."""
+    n = 60
+    with pilot(tmp_path, walltime=20) as p:
+        got = list(p.map(th.where, range(n), [0.5] * n, chunksize=1))
+        replaced = p.stats()["driver"]["jobs_replaced"]
+    assert [x for x, *_ in got] == list(range(n))
+    jobs = {j for _, j, _, _ in got}
+    assert len(jobs) >= 2 and replaced >= 1, (jobs, replaced)
+    assert not (jobs & set(queue()))

@@ -122,3 +122,29 @@ def test_a_pilot_outlives_the_walltime_of_its_jobs(slurm, tmp_path):
     jobs = {j for _, j, _, _ in got}
     assert len(jobs) >= 2 and replaced >= 1, (jobs, replaced)
     assert not (jobs & set(queue()))
+
+
+def test_a_sigkilled_driver_leaves_no_running_job_behind(slurm, tmp_path):
+    """Nobody calls close(): the driver is SIGKILLed with its job running.  The job's dask
+    worker loses its scheduler and exits, so the job leaves the queue by itself (bounded
+    by dask-jobqueue's --death-timeout of 60 s)."""
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import os, sys, time, shoal\n"
+        f"p = shoal.Pilot(backend='dask', provider='slurm', cores=1, memory='1GB', "
+        f"walltime='10m', log_directory={str(tmp_path)!r})\n"
+        "job = p.submit(lambda: os.environ.get('SLURM_JOB_ID')).result(120)\n"
+        "print(job, flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        job = proc.stdout.readline().strip()
+        assert job in queue()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    wait_for(lambda: job not in queue(), 90, f"job {job} to leave the queue")

@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("shoal.jobs")
+DROPPED = "<dropped>"  # job id of a job the cluster closed itself (after its worker was lost)
 
 
 class JobState(enum.Enum):
@@ -162,6 +163,15 @@ class JobPolicy:
             if name not in submitted and self.jobs[name].state is not JobState.GONE:
                 del self.jobs[name]  # dropped by the cluster itself (scale down, lost worker)
         for name, job_id in submitted.items():
+            if job_id == DROPPED:  # dask-jobqueue gave up on it (worker lost for 15 s): replace
+                old = self.jobs.get(name)
+                if not self.failed and not closing and (old is None or
+                                                        old.state is not JobState.SUBMITTING):
+                    if old is not None:
+                        old.state = JobState.SUBMITTING
+                    actions.append(Replace(name, f"{self.label} job {old.job_id if old else '?'} "
+                                                 f"({name}) was closed after its worker was lost"))
+                continue
             job = self.jobs.get(name)
             if job is None or (job_id is not None and job.job_id not in (None, job_id)):
                 job = self.jobs[name] = Job(name, job_id, since=now)  # new, or resubmitted
@@ -270,7 +280,7 @@ class JobWatch:
                 jobs = {name: getattr(job, "job_id", None)
                         for name, job in list(self.cluster.workers.items())}
                 for name in list(self.cluster.worker_spec):
-                    jobs.setdefault(name, "gone:" + name)  # dropped by the cluster: replace
+                    jobs.setdefault(name, DROPPED)  # closed by the cluster: replace it
                 return jobs
             except RuntimeError:  # changed size while copied (the loop thread): again
                 continue
@@ -290,7 +300,7 @@ class JobWatch:
             return
         submitted = self._submitted()
         with self._lock:
-            self.ids.update(i for i in submitted.values() if i and not i.startswith("gone:"))
+            self.ids.update(i for i in submitted.values() if i and i != DROPPED)
             actions = self.policy.step(time.monotonic(), submitted, seen, self._connected(),
                                        closing=self._stop.is_set())
         for action in actions:
@@ -327,7 +337,7 @@ class JobWatch:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-        ids = [i for i in self._submitted().values() if i and not i.startswith("gone:")]
+        ids = [i for i in self._submitted().values() if i and i != DROPPED]
         with self._lock:
             self.ids.update(ids)  # jobs submitted since the last poll count too
 

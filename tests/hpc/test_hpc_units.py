@@ -91,6 +91,20 @@ def test_policy_replaces_an_ended_job_and_gives_up_on_a_crash_loop():
     assert "slurm-4.out" in acts[-1].message
 
 
+def test_policy_replaces_a_job_the_cluster_dropped_once():
+    """dask-jobqueue closes a job whose worker was lost for 15 s (a requeued job waiting
+    in the queue) and leaves its name without a job: replaced, once, with a readable why."""
+    from shoal.backends._dask_jobs import DROPPED
+
+    pol = JobPolicy()
+    pol.step(0, {"w0": "5"}, {"5": Seen("PENDING", "BeginTime")}, set())
+    acts = pol.step(1, {"w0": DROPPED}, {}, set())
+    assert acts == [Replace("w0", "SLURM job 5 (w0) was closed after its worker was lost")]
+    assert pol.step(2, {"w0": DROPPED}, {}, set()) == []  # the replacement is on its way
+    acts = pol.step(3, {"w0": "6"}, {"6": Seen("RUNNING")}, {"w0"})
+    assert [type(a) for a in acts] == [Note] and "job 6" in acts[0].text
+
+
 def test_policy_changes_nothing_while_closing():
     pol = JobPolicy()
     pol.step(0, {"w0": "1"}, {"1": Seen("RUNNING")}, {"w0"})

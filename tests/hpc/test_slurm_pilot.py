@@ -148,3 +148,38 @@ def test_a_sigkilled_driver_leaves_no_running_job_behind(slurm, tmp_path):
         proc.wait()
         proc.stdout.close()
     wait_for(lambda: job not in queue(), 90, f"job {job} to leave the queue")
+
+
+def test_a_node_failure_mid_map_loses_no_task(slurm, tmp_path):
+    """The node goes DOWN under a running pilot job (scontrol, as an administrator or the
+    health check would): SLURM kills and requeues the job; its tasks are re-run once a
+    job runs again (the requeued one or the watch's replacement), every result once."""
+    n = 30
+    try:
+        with pilot(tmp_path) as p:
+            it = p.map(th.where, range(n), [0.3] * n, chunksize=1)
+            got = [next(it) for _ in range(3)]
+            subprocess.run(["scontrol", "update", "nodename=" + _node(), "state=down",
+                            "reason=shoal-test"], check=True, timeout=30)
+            wait_for(lambda: any(j["state"] != "RUNNING" for j in p.stats()["driver"]["jobs"]),
+                     60, "the job to leave RUNNING")
+            _resume()
+            got += list(it)
+    finally:
+        _resume()
+    assert [x for x, *_ in got] == list(range(n))
+
+
+def _node() -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.split()[0]
+
+
+def _resume() -> None:
+    """Back to service (with ReturnToService=2 slurmd's next registration does it too; an
+    'Invalid node state' answer means it is up already)."""
+    subprocess.run(["scontrol", "update", "nodename=" + _node(), "state=resume"],
+                   capture_output=True, timeout=30)
+    wait_for(lambda: subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True,
+                                    text=True, timeout=30).stdout.split()[0] in
+             ("idle", "mixed", "allocated"), 60, "the node to return")

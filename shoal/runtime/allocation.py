@@ -10,6 +10,7 @@ hold.  ``current()`` reads what the batch system says instead::
     SLURM_JOB_ID / PBS_JOBID                     scheduler, job_id
     SLURM_CPUS_ON_NODE / PBS_NUM_PPN, NCPUS      cpus (on this node)
     SLURM_JOB_NODELIST / PBS_NODEFILE            nodes (expanded host names)
+    SLURM_MEM_PER_NODE, SLURM_MEM_PER_CPU        memory (bytes on this node)
     scontrol show job -d (SLURM, on demand)      cpu_ids (the CPUs SLURM allocated here),
                                                  end (epoch seconds the allocation ends)
 
@@ -50,10 +51,11 @@ class Allocation:
     cpus: int | None  # CPUs of the job on this node
     nodes: tuple[str, ...]  # every node of the job
     node: str  # this node's name, as the batch system calls it
+    memory: int | None = None  # bytes the job may use on this node (SLURM --mem/--mem-per-cpu)
 
     def to_dict(self) -> dict:
         return {"scheduler": self.scheduler.value, "job_id": self.job_id, "cpus": self.cpus,
-                "nodes": list(self.nodes), "node": self.node}
+                "nodes": list(self.nodes), "node": self.node, "memory": self.memory}
 
     def times(self) -> tuple[float | None, float | None]:
         """(start, end) of the job in epoch seconds, as the batch system says; None where
@@ -126,7 +128,11 @@ def current(env: dict | None = None) -> Allocation | None:
             nodes = ()
         cpus = _int(env.get("SLURM_CPUS_ON_NODE")) or _int(env.get("SLURM_JOB_CPUS_PER_NODE"))
         node = env.get("SLURMD_NODENAME") or (nodes[0] if len(nodes) == 1 else "")
-        return Allocation(Scheduler.SLURM, env["SLURM_JOB_ID"], cpus, nodes, node)
+        mem_mb = _int(env.get("SLURM_MEM_PER_NODE"))
+        if mem_mb is None and _int(env.get("SLURM_MEM_PER_CPU")) and cpus:
+            mem_mb = _int(env.get("SLURM_MEM_PER_CPU")) * cpus
+        memory = mem_mb * 2**20 if mem_mb else None
+        return Allocation(Scheduler.SLURM, env["SLURM_JOB_ID"], cpus, nodes, node, memory)
     if env.get("PBS_JOBID"):
         nodes: tuple[str, ...] = ()
         nodefile = env.get("PBS_NODEFILE")

@@ -138,6 +138,9 @@ def test_current_allocation_from_the_environment():
     a = al.current(env)
     assert (a.scheduler, a.job_id, a.cpus, a.nodes, a.node) == (al.Scheduler.SLURM, "42", 4,
                                                                 ("n1", "n2"), "n2")
+    assert a.memory is None
+    assert al.current({**env, "SLURM_MEM_PER_NODE": "954"}).memory == 954 * 2**20
+    assert al.current({**env, "SLURM_MEM_PER_CPU": "100"}).memory == 400 * 2**20
     assert al.current({"SLURM_JOB_ID": "1", "SLURM_JOB_CPUS_PER_NODE": "8(x2)"}).cpus == 8
     assert al.current({"PBS_JOBID": "7.pbs", "PBS_NUM_PPN": "3"}).cpus == 3
     assert al.current({}) is None
@@ -151,6 +154,22 @@ def test_parse_scontrol():
     assert got["end"] - got["start"] == 3600
     assert al.parse_scontrol(text, "n3")["cpu_ids"] == (2,)
     assert "cpu_ids" not in al.parse_scontrol(text, "elsewhere")
+
+
+def test_an_ensemble_inside_a_job_places_within_its_memory(tmp_path, monkeypatch):
+    """SLURM_MEM_PER_NODE bounds what the engine hands out: a task asking more than the
+    job has is refused with the reason, instead of being OOM-killed later."""
+    from shoal.ensemble import Pipeline, Stage, Task, TaskState, run
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "64")  # MB
+    small = Task(executable="/bin/true", memory="32M", name="small")
+    report = run(Pipeline([Stage([small], name="s")], name="p"), journal=str(tmp_path / "a.db"))
+    assert report.counts[TaskState.DONE] == 1
+    big = Task(executable="/bin/true", memory="128M", name="big")
+    with pytest.raises(EnsembleError, match="p.s.big asks for 134217728 bytes of memory but "
+                                            "the pilot has 67108864"):
+        run(Pipeline([Stage([big], name="s")], name="p"), journal=str(tmp_path / "b.db"))
 
 
 def test_cpu_limit_takes_the_jobs_cpus(monkeypatch):

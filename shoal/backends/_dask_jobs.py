@@ -239,10 +239,10 @@ def squeue(user: str | None = None, timeout: float = 20.0) -> dict[str, Seen] | 
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, "LC_ALL": "C", "SLURM_TIME_FORMAT": "standard"})
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("squeue failed: %s", exc)
+        log.debug("squeue failed: %s", exc)
         return None
     if out.returncode != 0:
-        log.warning("squeue failed: %s", out.stderr.strip())
+        log.debug("squeue failed: %s", out.stderr.strip())
         return None
     rows = {}
     for line in out.stdout.splitlines():
@@ -265,6 +265,7 @@ class JobWatch:
         self.list_jobs = list_jobs
         self.ids: set[str] = set()  # every job id this pilot ever had
         self.replaced = 0
+        self.blind_since: float | None = None  # squeue has not answered since then
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shoal-jobs", daemon=True)
@@ -296,12 +297,18 @@ class JobWatch:
     def poll(self) -> None:
         """One round: list, decide, act (the thread calls it every ``poll_s``)."""
         seen = self.list_jobs()
-        if seen is None:
+        now = time.monotonic()
+        if seen is None:  # nothing is concluded from a listing that failed; said once a minute
+            if self.blind_since is None or now - self.blind_since >= 60:
+                log.warning("squeue does not answer: the pilot's jobs are not watched meanwhile "
+                            "(is slurmctld up? sinfo)")
+                self.blind_since = now
             return
+        self.blind_since = None
         submitted = self._submitted()
         with self._lock:
             self.ids.update(i for i in submitted.values() if i and i != DROPPED)
-            actions = self.policy.step(time.monotonic(), submitted, seen, self._connected(),
+            actions = self.policy.step(now, submitted, seen, self._connected(),
                                        closing=self._stop.is_set())
         for action in actions:
             if isinstance(action, Note):

@@ -288,3 +288,27 @@ def test_run_refuses_pilot_and_resource_together():
 def test_unknown_provider_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown provider='lsf'"):
         shoal.Pilot(backend="dask", provider="lsf", cores=1, memory="1GB")
+
+
+def test_a_silent_squeue_changes_nothing_and_is_said_once(caplog):
+    """squeue not answering (slurmctld restarting): no job is taken for gone, and the
+    warning is not repeated every poll."""
+    import logging
+    import types
+
+    from shoal.backends._dask_jobs import JobWatch
+
+    job = types.SimpleNamespace(job_id="3")
+    cluster = types.SimpleNamespace(workers={"w0": job}, worker_spec={"w0": {}})
+    answers = [{"3": Seen("RUNNING")}, None, None, None, {"3": Seen("RUNNING")}]
+    watch = JobWatch(cluster, types.SimpleNamespace(scheduler_info=lambda: {"workers": {}}),
+                     on_fail=lambda m: pytest.fail(m), poll_s=3600,
+                     list_jobs=lambda: answers.pop(0))
+    try:
+        with caplog.at_level(logging.WARNING, logger="shoal.jobs"):
+            for _ in range(5):
+                watch.poll()
+    finally:
+        watch.stop()
+    assert caplog.text.count("squeue does not answer") == 1
+    assert watch.replaced == 0 and watch.policy.jobs["w0"].state is JobState.RUNNING

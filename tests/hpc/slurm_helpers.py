@@ -59,3 +59,15 @@ def wait_for(cond, timeout: float, what: str, every: float = 0.2):
 
 def shoal_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "shoal", *args]
+
+
+@pytest.fixture
+def slurm():
+    """A SLURM node is up (else skip); the test leaves no job of its own in squeue.
+    (A fixture here, imported by the test modules: a tests/hpc/conftest.py would shadow
+    tests/conftest.py for ``from conftest import ...`` elsewhere.)"""
+    needs_slurm()
+    before = set(queue())
+    yield
+    left = set(queue()) - before
+    assert not left, f"the test left jobs in squeue: {sorted(left)}"

@@ -15,9 +15,9 @@ import sys
 import textwrap
 
 import pytest
-from slurm_helpers import ROOT, queue, shoal_cmd
+from slurm_helpers import ROOT, queue, shoal_cmd, slurm  # noqa: F401 (slurm: a fixture)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm"), pytest.mark.timeout(400)]
 
 WORKFLOW = """
 import os
@@ -32,7 +32,7 @@ workflow = Pipeline([Stage([
 """
 
 
-def test_an_ensemble_cut_short_by_its_walltime_resumes_in_a_new_allocation(slurm, tmp_path):
+def test_an_ensemble_cut_short_by_its_walltime_resumes_in_a_new_allocation(tmp_path):
     (tmp_path / "wf.py").write_text(WORKFLOW)
     cmd = shoal_cmd("run", "wf.py", "--slurm", "--cores", "2", "--walltime", "30",
                     "--journal", "j.db")
@@ -59,7 +59,7 @@ def test_an_ensemble_cut_short_by_its_walltime_resumes_in_a_new_allocation(slurm
     assert " 24 " in status.stdout, status.stdout
 
 
-def test_inside_an_allocation_shoal_sizes_itself_from_slurm(slurm, tmp_path):
+def test_inside_an_allocation_shoal_sizes_itself_from_slurm(tmp_path):
     """The example sbatch script, submitted for 1 CPU on a host with more: `shoal info` and
     `shoal run` see the job's CPU, the run knows when the allocation ends, and a
     shoal.Pilot() started in a job has one worker."""

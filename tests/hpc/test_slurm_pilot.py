@@ -12,12 +12,13 @@ import subprocess
 
 import pytest
 import tasks_hpc as th
-from slurm_helpers import queue, wait_for
+from slurm_helpers import queue, slurm, wait_for  # noqa: F401 (slurm: a fixture)
 
 import shoal
 from shoal import BackendUnavailable
 
-pytestmark = [pytest.mark.slurm, pytest.mark.fd_slack(64), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm"), pytest.mark.fd_slack(64),
+              pytest.mark.timeout(180)]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -34,7 +35,7 @@ def pilot(tmp_path, **kw):
     return shoal.Pilot(**opts)
 
 
-def test_a_pilot_job_runs_100_tasks_in_one_allocation(slurm, tmp_path):
+def test_a_pilot_job_runs_100_tasks_in_one_allocation(tmp_path):
     """All 100 tasks run inside the one batch job (same SLURM_JOB_ID); the node runtime is
     sized to the job's 1 CPU, not the host's; close() leaves nothing in squeue."""
     with pilot(tmp_path) as p:
@@ -51,7 +52,7 @@ def test_a_pilot_job_runs_100_tasks_in_one_allocation(slurm, tmp_path):
     assert job_id not in queue()  # close() returned after squeue let go
 
 
-def test_scancel_mid_map_a_new_job_finishes_the_map(slurm, tmp_path):
+def test_scancel_mid_map_a_new_job_finishes_the_map(tmp_path):
     """SLURM kills the pilot job (scancel) while a map runs: the watch submits a new job,
     the map completes, every result once and in order, and no job is left behind."""
     n = 40
@@ -74,14 +75,13 @@ def test_scancel_mid_map_a_new_job_finishes_the_map(slurm, tmp_path):
     ({"queue": "no-such-partition"}, "nvalid partition"),
     ({"memory": "100000GB"}, "Requested node configuration is not available"),
 ])
-def test_an_unsatisfiable_request_fails_at_once_with_slurms_reason(slurm, tmp_path, options,
-                                                                    reason):
+def test_an_unsatisfiable_request_fails_at_once_with_slurms_reason(tmp_path, options, reason):
     with pytest.raises(BackendUnavailable, match=reason) as info:
         pilot(tmp_path, **options)
     assert "SLURM refuses the pilot job" in str(info.value)
 
 
-def test_a_job_that_can_never_start_fails_the_tasks(slurm, tmp_path):
+def test_a_job_that_can_never_start_fails_the_tasks(tmp_path):
     """A job SLURM accepts but will never start (its dependency failed): the waiting task
     fails with SLURM's pending reason instead of hanging."""
     dep = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "false"],
@@ -95,7 +95,7 @@ def test_a_job_that_can_never_start_fails_the_tasks(slurm, tmp_path):
             p.submit(th.where, 2)
 
 
-def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(slurm, tmp_path, caplog):
+def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(tmp_path, caplog):
     """A job held in the queue (--begin in an hour): the pilot warns with SLURM's reason
     instead of hanging silently, stats() shows it, and close() cancels it."""
     with caplog.at_level(logging.WARNING, logger="shoal.jobs"):
@@ -110,7 +110,7 @@ def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(slurm, tm
     assert job["job_id"] not in queue()
 
 
-def test_a_pilot_outlives_the_walltime_of_its_jobs(slurm, tmp_path):
+def test_a_pilot_outlives_the_walltime_of_its_jobs(tmp_path):
     """walltime=20 s: each job's dask worker retires at its --lifetime (15 s), before SLURM
     would kill it; the watch submits the next job, and a ~30 s map finishes across several
     allocations with every result once and in order."""
@@ -124,7 +124,7 @@ def test_a_pilot_outlives_the_walltime_of_its_jobs(slurm, tmp_path):
     assert not (jobs & set(queue()))
 
 
-def test_a_sigkilled_driver_leaves_no_running_job_behind(slurm, tmp_path):
+def test_a_sigkilled_driver_leaves_no_running_job_behind(tmp_path):
     """Nobody calls close(): the driver is SIGKILLed with its job running.  The job's dask
     worker loses its scheduler and exits, so the job leaves the queue by itself (bounded
     by dask-jobqueue's --death-timeout of 60 s)."""
@@ -150,7 +150,7 @@ def test_a_sigkilled_driver_leaves_no_running_job_behind(slurm, tmp_path):
     wait_for(lambda: job not in queue(), 90, f"job {job} to leave the queue")
 
 
-def test_a_node_failure_mid_map_loses_no_task(slurm, tmp_path):
+def test_a_node_failure_mid_map_loses_no_task(tmp_path):
     """The node goes DOWN under a running pilot job (scontrol, as an administrator or the
     health check would): SLURM kills and requeues the job; its tasks are re-run once a
     job runs again (the requeued one or the watch's replacement), every result once."""

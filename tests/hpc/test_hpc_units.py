@@ -255,6 +255,7 @@ def test_time_left_counts_from_the_jobs_start_and_never_past_its_end():
 
 
 def test_yaml_resource_block_errors_carry_the_line(tmp_path):
+    from shoal.patterns.ensemble.resource import yaml_resource
     from shoal.patterns.ensemble.yamlfile import load_yaml
 
     path = tmp_path / "wf.yaml"
@@ -263,9 +264,14 @@ def test_yaml_resource_block_errors_carry_the_line(tmp_path):
     with pytest.raises(EnsembleError, match=r"wf.yaml:3: resource: unknown key 'core' "
                                             r"\(did you mean 'cores'\?\)"):
         load_yaml(str(path))
+    with pytest.raises(EnsembleError, match=r"wf.yaml:3: resource: unknown key 'core'"):
+        yaml_resource(str(path))
     path.write_text(path.read_text().replace("core: 2", "cores: 2\n  walltime: 2m"))
-    pipelines, res = load_yaml(str(path), with_resource=True)
-    assert len(pipelines) == 1 and (res.cores, res.walltime) == (2, 120)
+    assert len(load_yaml(str(path))) == 1
+    res = yaml_resource(str(path))
+    assert (res.cores, res.walltime) == (2, 120)
+    (tmp_path / "none.yaml").write_text("pipelines: []\n")
+    assert yaml_resource(str(tmp_path / "none.yaml")) is None
 
 
 def test_cli_allocation_flags_need_slurm(tmp_path):

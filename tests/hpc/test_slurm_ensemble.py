@@ -45,7 +45,9 @@ def test_an_ensemble_cut_short_by_its_walltime_resumes_in_a_new_allocation(tmp_p
         if out.returncode == 0:
             break
     assert runs[0].returncode == 3, "the first allocation must be cut short"
-    assert "--slurm --cores 2 --walltime 30 --resume" in runs[0].stdout  # the resume hint
+    hint = runs[0].stdout.rsplit("finish with:", 1)[-1]
+    for part in ("--slurm", "--cores 2", "--walltime 30", "--resume", "--journal j.db"):
+        assert part in hint, hint
     assert runs[-1].returncode == 0, [r.stdout for r in runs]
     lines = (tmp_path / "done.txt").read_text().split("\n")
     done = [line.split() for line in lines if line]

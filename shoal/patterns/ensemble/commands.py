@@ -28,9 +28,10 @@ import runpy
 import sys
 import time
 
-from . import parse_walltime, run
+from . import run
 from .model import EnsembleError
 from .report import Report
+from .resource import add_resource_arguments, resource_from_args
 
 EXIT_FAILED, EXIT_DRAINED = 1, 3
 
@@ -110,52 +111,9 @@ class Progress:
             self.drawn = False
 
 
-def _resource(args: argparse.Namespace):
-    """The run's batch allocation from --slurm & co. and the YAML ``resource:`` block, or None."""
-    from .resource import merge
-
-    base = None
-    if args.workflow.endswith((".yaml", ".yml")):
-        from .yamlfile import load_yaml
-
-        base = load_yaml(args.workflow, with_resource=True)[1]
-    flags = {"nodes": args.nodes, "cores": args.cores, "partition": args.partition,
-             "account": args.account}
-    if base is None and not args.slurm:
-        given = [f"--{k}" for k, v in flags.items() if v is not None]
-        if given:
-            raise EnsembleError(f"{', '.join(given)} describe a batch allocation: add --slurm")
-        return None
-    if args.dask:
-        raise EnsembleError("--dask runs on an existing cluster; --slurm (or a resource: block) "
-                            "asks for an allocation: give one of them")
-    return merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime, **flags)
-
-
-def _allocation_walltime() -> float | None:
-    """Inside a batch job: seconds until it ends, less the drain margin (None outside one)."""
-    import shoal
-
-    from .resource import time_left
-
-    alloc = shoal.allocation()
-    if alloc is None:
-        return None
-    start, end = alloc.times()
-    if end is None:
-        return None
-    left = time_left(None, time.time(), start, end)
-    print(f"shoal run: inside {alloc.scheduler.value} job {alloc.job_id}: draining before it "
-          f"ends, in {left:.0f} s", file=sys.stderr)
-    return left
-
-
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
-    resource = _resource(args)
-    walltime = None if resource is not None else parse_walltime(args.walltime)
-    if resource is None and walltime is None and not args.dask:
-        walltime = _allocation_walltime()
+    resource, walltime = resource_from_args(args)  # --slurm & co., or inside an allocation
     progress = Progress(sys.stderr)
     with contextlib.ExitStack() as stack:
         pilot = None
@@ -173,10 +131,9 @@ def _run(args: argparse.Namespace) -> int:
             progress.end()
     print(report)
     if report.drained:
-        again = "".join(f" --{k} {v}" for k, v in (("nodes", args.nodes), ("cores", args.cores),
-                        ("partition", args.partition), ("account", args.account),
-                        ("walltime", args.walltime if resource else None)) if v is not None)
-        again = (" --slurm" if args.slurm else "") + again
+        again = "".join(f" {flag}" + ("" if value is None else f" {value}")
+                        for flag, value in [*args.extra_resume, ("--walltime", args.walltime)]
+                        if flag != "--walltime" or value is not None)
         print(f"stopped at the walltime; finish with: shoal run {args.workflow} --journal "
               f"{args.journal}{again} --resume")
         return EXIT_DRAINED
@@ -198,13 +155,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
     parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
     parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")
-    hpc = parser.add_argument_group("a batch allocation of its own (docs/hpc.md)")
-    hpc.add_argument("--slurm", action="store_true",
-                     help="run in SLURM jobs (one per node); --walltime is then each job's length")
-    hpc.add_argument("--nodes", type=int, default=None, help="nodes (batch jobs), default 1")
-    hpc.add_argument("--cores", type=int, default=None, help="cores per node, default 1")
-    hpc.add_argument("--partition", default=None, help="SLURM partition (queue)")
-    hpc.add_argument("--account", default=None, help="account (project) to charge")
+    add_resource_arguments(parser)
     parser.set_defaults(handler=_run)
 
 

@@ -193,8 +193,8 @@ class _Loader:
         keys = self.mapping(root, "top level", TOP_KEYS)
         if "pipelines" not in keys:
             raise self.error(root, "top level", "missing key 'pipelines'")
-        if "resource" in keys:
-            self.resource = self.resource_block(keys["resource"][1])
+        if "resource" in keys:  # checked here; resource.yaml_resource reads it for shoal run
+            self.resource_block(keys["resource"][1])
         nodes = self.seq(keys["pipelines"][1], "pipelines", "pipelines")
         if not nodes:
             raise self.error(keys["pipelines"][1], "pipelines", "the list is empty")
@@ -358,9 +358,8 @@ class _Loader:
         return Input(source, target, mode)
 
 
-def load_yaml(path: str, with_resource: bool = False):
-    """The pipelines a YAML workflow file describes; ``EnsembleError`` with ``file:line:`` if invalid.
-    ``with_resource``: ``(pipelines, its resource: block as a Resource or None)``."""
+def load_yaml(path: str) -> list[Pipeline]:
+    """The pipelines a YAML workflow file describes; ``EnsembleError`` with ``file:line:`` if invalid."""
     if yaml is None:  # pragma: no cover
         raise EnsembleError("YAML workflow files need PyYAML: pip install pyyaml")
     try:
@@ -379,6 +378,4 @@ def load_yaml(path: str, with_resource: bool = False):
     here = os.path.dirname(os.path.abspath(path))
     if here not in sys.path:
         sys.path.insert(0, here)  # 'module:function' next to the file imports (workers inherit sys.path)
-    loader = _Loader(path)
-    pipelines = loader.top(root)
-    return (pipelines, getattr(loader, "resource", None)) if with_resource else pipelines
+    return _Loader(path).top(root)

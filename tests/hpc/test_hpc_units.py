@@ -243,6 +243,8 @@ def test_merge_lets_the_command_line_win():
     assert (r.cores, r.walltime, r.partition) == (4, 120, None)
     assert merge(None, nodes=None) is None
     assert merge(None, backend="slurm").backend is ResourceKind.SLURM
+    with pytest.raises(EnsembleError, match="cores must be an integer >= 1"):
+        merge({"cores": 2}, cores=0)
 
 
 def test_time_left_counts_from_the_jobs_start_and_never_past_its_end():

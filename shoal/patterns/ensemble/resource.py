@@ -185,18 +185,16 @@ def resource_pilot(resource: Resource, wait_timeout: float | None = None):
 
 
 def merge(base, **overrides) -> Resource | None:
-    """``base`` (None, a mapping or a Resource) with the command line's non-None values."""
+    """``base`` (None, a mapping or a Resource) with the command line's non-None values,
+    validated as a whole (``--cores 0`` is the same error as ``cores: 0``)."""
     given = {k: v for k, v in overrides.items() if v is not None}
     if base is None and not given:
         return None
     r = Resource.of(base) if base is not None else Resource()
-    if "walltime" in given:
-        from . import parse_walltime
-
-        given["walltime"] = parse_walltime(given["walltime"])
-    if "backend" in given:
-        given["backend"] = ResourceKind(given["backend"])
-    return dataclasses.replace(r, **given)
+    fields = {"backend": r.backend.value, "nodes": r.nodes, "cores": r.cores,
+              "memory": r.memory, "partition": r.partition, "account": r.account,
+              "walltime": r.walltime, "job_extra": list(r.job_extra), "options": dict(r.options)}
+    return Resource.of({**{k: v for k, v in fields.items() if v is not None}, **given})
 
 
 def yaml_resource(path: str) -> Resource | None:

@@ -238,6 +238,19 @@ def test_resource_errors_name_the_culprit(bad, message):
         Resource.of(bad)
 
 
+def test_an_entk_resource_description():
+    """EnTK's resource_desc (walltime in minutes) -> a Resource (seconds); local.* -> None."""
+    r = Resource.from_entk({"resource": "xsede.stampede2", "walltime": 30, "cpus": 16,
+                            "queue": "normal", "project": "TG-1"})
+    assert (r.backend, r.cores, r.walltime, r.partition, r.account) == (
+        ResourceKind.SLURM, 16, 1800, "normal", "TG-1")
+    assert Resource.from_entk({"resource": "local.localhost", "cpus": 2, "walltime": 5}) is None
+    with pytest.raises(EnsembleError, match="did you mean 'cpus'"):
+        Resource.from_entk({"resource": "x.y", "cpu": 2})
+    with pytest.raises(EnsembleError, match="walltime is in minutes"):
+        Resource.from_entk({"resource": "x.y", "walltime": "1h"})
+
+
 def test_merge_lets_the_command_line_win():
     r = merge({"cores": 2, "walltime": 60}, cores=4, partition=None, walltime="2m")
     assert (r.cores, r.walltime, r.partition) == (4, 120, None)

@@ -121,6 +121,40 @@ class Resource:
         kw["options"] = tuple(sorted(options.items()))
         return cls(**kw)
 
+    @classmethod
+    def from_entk(cls, desc: dict) -> Resource | None:
+        """EnTK's ``resource_desc`` (``{"resource": "xsede.stampede2", "walltime": 30,
+        "cpus": 64, "queue": ..., "project": ...}``): None for ``local.*`` (run here), else a
+        SLURM resource of one node with ``cpus`` cores (``backend`` may say ``pbs``).  EnTK's
+        walltime is in minutes; it is converted here, so the Resource's is seconds."""
+        if not isinstance(desc, dict):
+            raise EnsembleError(f"resource_desc must be a mapping, got {desc!r}")
+        known = {"resource", "walltime", "cpus", "gpus", "queue", "project", "backend",
+                 "access_schema", "memory", "nodes"}
+        unknown = sorted(set(desc) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EnsembleError(f"resource_desc: unknown key {unknown[0]!r}{hint}; "
+                                f"allowed: {', '.join(sorted(known))}")
+        if str(desc.get("resource", "local")).startswith("local"):
+            return None
+        if desc.get("gpus"):
+            raise EnsembleError("resource_desc: gpus on a batch resource are not supported "
+                                "(an ensemble on a dask pilot places no GPUs)")
+        mapping = {"backend": desc.get("backend", "slurm"), "cores": desc.get("cpus", 1),
+                   "nodes": desc.get("nodes", 1)}
+        for key in ("queue", "project", "memory"):
+            if desc.get(key) is not None:
+                mapping[key] = desc[key]
+        if desc.get("walltime") is not None:
+            minutes = desc["walltime"]
+            if isinstance(minutes, bool) or not isinstance(minutes, int | float) or minutes <= 0:
+                raise EnsembleError(f"resource_desc: walltime is in minutes (a number > 0), "
+                                    f"got {minutes!r}")
+            mapping["walltime"] = minutes * 60
+        return cls.of(mapping)
+
     def pilot_options(self) -> dict:
         """Keyword arguments of ``shoal.Pilot`` for this resource."""
         kw = {"backend": shoal.BackendKind.DASK, "provider": self.backend.value,

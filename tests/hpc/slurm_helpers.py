@@ -71,3 +71,27 @@ def slurm():
     yield
     left = set(queue()) - before
     assert not left, f"the test left jobs in squeue: {sorted(left)}"
+
+
+class LogLines:
+    """``with LogLines("shoal.jobs") as log: ...; log.text``: what a logger said at WARNING
+    and above (works with ``-p no:logging``, unlike caplog)."""
+
+    def __init__(self, name: str):
+        import logging
+
+        self.logger = logging.getLogger(name)
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)

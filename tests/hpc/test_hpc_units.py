@@ -311,11 +311,12 @@ def test_unknown_provider_is_a_clear_error():
         shoal.Pilot(backend="dask", provider="lsf", cores=1, memory="1GB")
 
 
-def test_a_silent_squeue_changes_nothing_and_is_said_once(caplog):
+def test_a_silent_squeue_changes_nothing_and_is_said_once():
     """squeue not answering (slurmctld restarting): no job is taken for gone, and the
     warning is not repeated every poll."""
-    import logging
     import types
+
+    from slurm_helpers import LogLines
 
     from shoal.backends._dask_jobs import JobWatch
 
@@ -326,10 +327,10 @@ def test_a_silent_squeue_changes_nothing_and_is_said_once(caplog):
                      on_fail=lambda m: pytest.fail(m), poll_s=3600,
                      list_jobs=lambda: answers.pop(0))
     try:
-        with caplog.at_level(logging.WARNING, logger="shoal.jobs"):
+        with LogLines("shoal.jobs") as log:
             for _ in range(5):
                 watch.poll()
     finally:
         watch.stop()
-    assert caplog.text.count("squeue does not answer") == 1
+    assert log.text.count("squeue does not answer") == 1
     assert watch.replaced == 0 and watch.policy.jobs["w0"].state is JobState.RUNNING

@@ -6,13 +6,12 @@ SLURM's environment.  Sized for a shared 2-core machine: one 1-core job at a tim
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 
 import pytest
 import tasks_hpc as th
-from slurm_helpers import queue, slurm, wait_for  # noqa: F401 (slurm: a fixture)
+from slurm_helpers import LogLines, queue, slurm, wait_for  # noqa: F401 (slurm: a fixture)
 
 import shoal
 from shoal import BackendUnavailable
@@ -95,18 +94,18 @@ def test_a_job_that_can_never_start_fails_the_tasks(tmp_path):
             p.submit(th.where, 2)
 
 
-def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(tmp_path, caplog):
+def test_a_pending_job_reports_its_state_and_leaves_the_queue_on_close(tmp_path):
     """A job held in the queue (--begin in an hour): the pilot warns with SLURM's reason
     instead of hanging silently, stats() shows it, and close() cancels it."""
-    with caplog.at_level(logging.WARNING, logger="shoal.jobs"):
+    with LogLines("shoal.jobs") as log:
         with pilot(tmp_path, job_extra=["--begin=now+1hour"], queue_warn_s=1) as p:
             fut = p.submit(th.where, 1)
-            wait_for(lambda: "still PENDING" in caplog.text, 60, "the pending warning")
+            wait_for(lambda: "still PENDING" in log.text, 60, "the pending warning")
             (job,) = p.stats()["driver"]["jobs"]
             assert job["state"] == "PENDING" and job["reason"] == "BeginTime"
             assert not fut.done()
             p.close(cancel_pending=True)
-    assert "BeginTime" in caplog.text
+    assert "BeginTime" in log.text
     assert job["job_id"] not in queue()
 
 

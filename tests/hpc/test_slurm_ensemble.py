@@ -80,7 +80,7 @@ def test_inside_an_allocation_shoal_sizes_itself_from_slurm(tmp_path):
                     script, "wf.yaml"], cwd=tmp_path, env=env, check=True, timeout=180,
                    capture_output=True)
     out = (tmp_path / "job.out").read_text()
-    assert "limited by" in out and "slurm job" in out, out
+    assert "limited by" in out and "slurm job" in out and "batch job" in out, out
     assert "draining before it ends" in out, out
     assert "ensemble run ok: 2 done" in out, out
     code = ("import shoal; a = shoal.allocation(); p = shoal.Pilot(); "

@@ -147,6 +147,9 @@ def check_submission(provider: Provider, cluster, timeout: float = 30.0) -> None
     if out.returncode != 0:
         reason = " ".join(line.strip() for line in (out.stderr or out.stdout).splitlines()
                           if line.strip()) or f"exit status {out.returncode}"
+        if "Unable to contact" in reason:
+            raise BackendUnavailable(f"cannot reach the SLURM controller: {reason} (is slurmctld "
+                                     "up? sinfo; for a local one: sudo scripts/slurm-local up)")
         raise BackendUnavailable(f"SLURM refuses the pilot job: {reason}")
 
 

@@ -182,3 +182,22 @@ def _resume() -> None:
     wait_for(lambda: subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True,
                                     text=True, timeout=30).stdout.split()[0] in
              ("idle", "mixed", "allocated"), 60, "the node to return")
+
+
+def test_an_unreachable_controller_is_a_clear_error_not_a_hang(tmp_path):
+    """slurmctld is down (stopped by its pid): the pilot's constructor fails with
+    BackendUnavailable naming the controller after sbatch's own retries, then the
+    controller is started again with scripts/slurm-local."""
+    from slurm_helpers import ROOT
+
+    pidfile = "/var/lib/shoal-slurm-local/run/slurmctld.pid"
+    if os.geteuid() != 0 or not os.path.exists(pidfile):
+        pytest.skip("needs the slurmctld that scripts/slurm-local started (root)")
+    with open(pidfile) as f:
+        os.kill(int(f.read()), 15)
+    try:
+        with pytest.raises(BackendUnavailable, match="cannot reach the SLURM controller"):
+            pilot(tmp_path)
+    finally:
+        subprocess.run([os.path.join(ROOT, "scripts", "slurm-local"), "up"], check=True,
+                       capture_output=True, timeout=120)

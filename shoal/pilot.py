@@ -9,10 +9,15 @@ unchanged on every backend.
 Lifecycle: constructed = started (workers up); ``close()`` (or leaving the
 ``with`` block) waits for submitted work, or cancels it with
 ``cancel_pending=True`` — which is what an exception in the ``with`` body
-does, so an error never leaves workers behind.
+does, so an error never leaves workers behind.  A pilot dropped without
+``close()`` is closed when it is collected, and every open pilot at
+interpreter exit, both after their pending work (``shoal.runtime.context``).
 """
 
 from __future__ import annotations
+
+import sys
+import threading
 
 from .runtime import context
 from .runtime.api import BackendKind
@@ -43,7 +48,12 @@ class Pilot:
             self._backend = DaskBackend(workers, seed=seed, **options)
         self.backend = kind
         self._closed = False
-        context.pilots.append(self)
+        try:
+            context.push_pilot(self)
+        except BaseException:
+            self._closed = True
+            self._backend.close(cancel_pending=True)
+            raise
 
     # -- work --------------------------------------------------------------------------
 
@@ -96,8 +106,7 @@ class Pilot:
         try:
             self._backend.close(cancel_pending=cancel_pending)
         finally:
-            if self in context.pilots:
-                context.pilots.remove(self)
+            context.drop_pilot(self)
 
     def __enter__(self) -> Pilot:
         return self
@@ -106,10 +115,17 @@ class Pilot:
         self.close(cancel_pending=exc_type is not None)
 
     def __del__(self):
+        # Dropped without close(): the pending work finishes, then the workers stop (what a
+        # dropped ProcessPoolExecutor does), in a thread: a finalizer must not block.
         if not getattr(self, "_closed", True):
+            self._closed = True
+            context.drop_pilot(self)
+            if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
+                return  # the exit handler closes it (a thread started now would never run)
             try:
-                self.close(cancel_pending=True)
-            except Exception:
+                threading.Thread(target=context.close_quietly, args=(self._backend,),
+                                 name="shoal-closer", daemon=True).start()
+            except RuntimeError:  # interpreter shutdown: the exit handler closes it
                 pass
 
     def __repr__(self) -> str:

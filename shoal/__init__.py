@@ -7,6 +7,7 @@ Public surface (a test checks it)::
         for y in pilot.map(fn, items): ...  # lazy, adaptively batched
         pilot.options(retries=2, timeout=60).submit(fn, *args)   # per-task options
     shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
+    shoal.allocation()                      # the SLURM/PBS job this process runs in, or None
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ._errors import (
 )
 from .pilot import Pilot
 from .runtime import context as _context
+from .runtime.allocation import Allocation
+from .runtime.allocation import current as allocation
 from .runtime.api import BackendKind
 from .runtime.future import Future
 from .runtime.shared import BestCell, Channel, Sense, SharedArray
@@ -95,6 +98,8 @@ __all__ = [
     "Sense",
     "topology",
     "Topology",
+    "allocation",
+    "Allocation",
     "NumaNode",
     "BackendKind",
     "ShoalError",

@@ -12,7 +12,8 @@ EXPECTED = {
     "Pilot", "Future", "spawn", "current_worker", "WorkerInfo", "topology", "Topology",
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
-    "RemoteTraceback", "BackendUnavailable", "BrokenPilot", "PicklingError", "UnpicklingError",
+    "RemoteTraceback", "BackendUnavailable", "allocation", "Allocation", "BrokenPilot",
+    "PicklingError", "UnpicklingError",
 }
 
 

@@ -132,7 +132,7 @@ def _claim_cpus(cfg: NodeConfig) -> int:
             pass
     if cfg.workers is not None:
         return cfg.workers
-    return len(mine) if mine else max(1, len(os.sched_getaffinity(0)))
+    return len(mine) if mine else max(1, len(get_topology(spec="").usable_cpus))  # the job's CPUs
 
 
 def node_runtime(cfg: NodeConfig) -> _Node:
@@ -377,7 +377,7 @@ def deliver_result(token: str, task_id: int, ok: bool, blob: bytes) -> bool:
 
 def probe() -> tuple[str, tuple[int, ...]]:
     """(host, usable CPUs) of this dask worker (run with ``client.run``)."""
-    return _my_address().rsplit(":", 1)[0], tuple(sorted(os.sched_getaffinity(0)))
+    return _my_address().rsplit(":", 1)[0], get_topology(spec="").usable_cpus  # a batch job's
 
 
 def cpu_slices(probes: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:

@@ -647,6 +647,8 @@ class LocalBackend:
                 self._pump_rounds()
                 return
             except BaseException:  # noqa: BLE001 - a dead pump would hang every future
+                if self.closed:
+                    return
                 self.pump_errors += 1
                 errors += 1
                 _log.exception("shoal: the pump thread hit an error; it goes on")

@@ -483,8 +483,9 @@ class Worker:
         # tasks or in a help-first join (keep one to run next).  Rounding up in a join
         # too made two joining workers pass a lone stolen task back and forth forever
         # (a livelock of a deep stolen chain: each took it, then gave it away before
-        # running it).
-        give = (len(deq) + 1) // 2 if self.busy else len(deq) // 2
+        # running it).  The driver exporting for another machine (thief 0) never steals
+        # back: it gets the rounded-up half whenever a task runs here, as before.
+        give = (len(deq) + 1) // 2 if self.busy or (thief == 0 and self.depth) else len(deq) // 2
         loot, moved, keep = [], {}, []
         cancelled = self.cancelled
         while give > 0 and deq:

@@ -137,6 +137,9 @@ class Engine(Walker):
             import psutil
 
             memory_total = psutil.virtual_memory().total
+            alloc = shoal.allocation()  # inside a batch job: what it may use (docs/hpc.md)
+            if alloc is not None and alloc.memory:
+                memory_total = min(memory_total, alloc.memory)
         else:
             from .model import parse_size
 

@@ -100,6 +100,11 @@ RULES = [
         "patterns import only the public package shoal and shoal.patterns",
     ),
     (
+        "shoal.integrations",
+        lambda n: _is_root(n) or _within(n, "shoal.integrations"),
+        "integrations import only the public package shoal and shoal.integrations",
+    ),
+    (
         "shoal.workloads",
         lambda n: _is_root(n) or _within(n, "shoal.patterns", "shoal.workloads"),
         "workloads import only the public package shoal, shoal.patterns and shoal.workloads",

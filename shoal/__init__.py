@@ -6,6 +6,7 @@ Public surface (a test checks it)::
         fut = pilot.submit(fn, *args)       # shoal.Future (a concurrent.futures.Future)
         for y in pilot.map(fn, items): ...  # lazy, adaptively batched
     shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
+    shoal.publish("train", epoch=3, loss=0.4)  # a progress record for the dashboard
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .pilot import Pilot
 from .runtime import context as _context
 from .runtime.api import BackendKind
 from .runtime.future import Future
+from .runtime.progress import publish
 from .runtime.shared import BestCell, Channel, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
 
@@ -84,6 +86,7 @@ __all__ = [
     "Future",
     "spawn",
     "current_worker",
+    "publish",
     "WorkerInfo",
     "SharedArray",
     "BestCell",

@@ -24,7 +24,8 @@ class Pilot:
     """Holds workers and runs tasks on them: ``with shoal.Pilot() as pilot: ...``."""
 
     def __init__(self, workers: int | None = None, *, backend: str | BackendKind = BackendKind.LOCAL,
-                 topology: str | None = None, trace: str | None = None, seed: int = 0, **options):
+                 topology: str | None = None, trace: str | None = None, seed: int = 0,
+                 dashboard: int | str | None = None, **options):
         try:
             kind = BackendKind(backend)
         except ValueError:
@@ -43,6 +44,15 @@ class Pilot:
             self._backend = DaskBackend(workers, seed=seed, **options)
         self.backend = kind
         self._closed = False
+        self._dashboard = None
+        if dashboard is not None:  # live pages: shoal.dashboard (127.0.0.1 unless "HOST:PORT")
+            try:
+                from .dashboard import Dashboard
+
+                self._dashboard = Dashboard(backend=self._backend, address=dashboard)
+            except BaseException:
+                self._backend.close(cancel_pending=True)
+                raise
         context.pilots.append(self)
 
     # -- work --------------------------------------------------------------------------
@@ -74,6 +84,11 @@ class Pilot:
         return self._backend.stats()
 
     @property
+    def dashboard_url(self) -> str | None:
+        """Where the live dashboard is (``dashboard=PORT``), e.g. ``http://127.0.0.1:8787/``."""
+        return None if self._dashboard is None else self._dashboard.url
+
+    @property
     def workers(self) -> int:
         return self._backend.n
 
@@ -96,6 +111,8 @@ class Pilot:
         try:
             self._backend.close(cancel_pending=cancel_pending)
         finally:
+            if self._dashboard is not None:
+                self._dashboard.close()  # pages say "closed"; the port is free after this
             if self in context.pilots:
                 context.pilots.remove(self)
 

@@ -11,7 +11,7 @@ EXPECTED = {
     "Pilot", "Future", "spawn", "current_worker", "WorkerInfo", "topology", "Topology",
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
-    "RemoteTraceback", "BackendUnavailable",
+    "RemoteTraceback", "BackendUnavailable", "publish",
 }
 
 
@@ -28,6 +28,8 @@ def test_contract_shapes():
     params = inspect.signature(shoal.Pilot.map).parameters
     assert {"ordered", "chunksize"} <= set(params)
     assert {"cancel_pending"} <= set(inspect.signature(shoal.Pilot.close).parameters)
+    assert "dashboard" in inspect.signature(shoal.Pilot.__init__).parameters
+    assert hasattr(shoal.Pilot, "dashboard_url")
     for err in (shoal.PilotClosed, shoal.TaskTimeout, shoal.WorkerLost, shoal.SerializationError,
                 shoal.TopologyError):
         assert issubclass(err, shoal.ShoalError)

@@ -134,6 +134,7 @@ class LocalBackend:
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
+        self.latest_stats: dict[int, dict] = {}  # every worker's last STATS reply (monitor())
         self.stats_cond = threading.Condition()
         self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
         self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
@@ -202,6 +203,8 @@ class LocalBackend:
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
         overran = self.timed_out.pop(ep, None)
+        with self.stats_cond:
+            self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1
         lost: list[_Task] = []
@@ -484,8 +487,11 @@ class LocalBackend:
                 task.where = where
                 heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
         elif kind == Kind.STATS:
+            reply = wire.decode_control(msg)
+            reply["at"] = time.time()
             with self.stats_cond:
-                self.stats_replies[ep] = wire.decode_control(msg)
+                self.stats_replies[ep] = reply
+                self.latest_stats[ep] = reply
                 self.stats_cond.notify_all()
         elif kind == Kind.LOOT:
             victim, msgs = wire.decode_control(msg)
@@ -584,6 +590,41 @@ class LocalBackend:
                 "messages_out": sum(box.sent for box in self.out.values()),
             },
         }
+
+    def monitor(self) -> dict:
+        """A monitor's sample that never waits (the dashboard's, once a second; any thread).
+
+        Asks every worker for fresh counters (one STATS message each: answered between
+        tasks, so a worker deep in a long task answers after it) and returns the
+        latest answers so far, each with ``at`` (epoch seconds), plus what the
+        driver sees without asking: each worker's pid and state from its status
+        words (``running``: driver tasks on its stack; ``hungry``: asked every
+        victim in vain; ``parked``: asleep on its doorbell).
+        """
+        with self.lock:
+            if self.closing:
+                return {"backend": self.kind, "workers": [], "closing": True}
+            for ep in self.endpoints:
+                self._send(ep, wire.encode_control(Kind.STATS, []))
+            rows = []
+            for ep in self.endpoints:
+                status = self.matrix.status(ep)
+                box = self.out.get(ep)
+                proc = self.procs.get(ep)
+                rows.append({
+                    "worker": ep, "pid": proc.pid if proc is not None else 0,
+                    "cpu": self.slots[ep - 1][0], "node": self.node_of[ep - 1],
+                    "generation": self.generation[ep], "running": status[STATUS_DEPTH],
+                    "hungry": bool(status[STATUS_HUNGRY]),
+                    "parked": bool(box is not None and box.doorbell.sleeping),
+                })
+        with self.stats_cond:
+            for row in rows:
+                row["stats"] = self.latest_stats.get(row["worker"])
+        return {"backend": self.kind, "workers": rows,
+                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
+                           "messages_in": self.messages_in,
+                           "messages_out": sum(box.sent for box in self.out.values())}}
 
     def close(self, cancel_pending: bool = False) -> None:
         if self.closed:

@@ -17,10 +17,11 @@ Data flow::
             then join the spawned tasks newest first and merge their Tallies
     driver: Tally -> count / node / Result + SearchStats
 
-Control is a ``SharedArray((workers + 1, 4), int64)``: one row per process,
+Control is a ``SharedArray((workers + 1, 6), int64)``: one row per process,
 each written only by its owner (the single-writer rule of BestCell):
 SPAWNED and STARTED count search tasks made and begun, ACTIVE counts search
-tasks running (not waiting in a join) and STOP is a flag.  A worker whose
+tasks running (not waiting in a join) and STOP is a flag; EXPORTED counts subtrees
+given away, NODES nodes visited (at each poll; the driver's progress ticker reads it).  A worker whose
 ACTIVE is 0 is hungry; ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer.
 
 Invariants: every node of the tree is visited by exactly one task (a split
@@ -72,7 +73,7 @@ from ._search_model import (  # noqa: F401 - re-exported for the drivers
 __all__ = ["Coordination", "SearchError", "SearchStats"]
 
 
-SPAWNED, STARTED, ACTIVE, STOP, EXPORTED = range(5)
+SPAWNED, STARTED, ACTIVE, STOP, EXPORTED, NODES = range(6)
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop cell (the cross-node stop flag)
 TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
@@ -123,6 +124,9 @@ class Explorer:
         self.channel = spec.channel
         self.exporting: list | None = None  # collects what split() ships, while exporting
         self.polls = 0
+        self.live = 0  # nodes a hot loop counted but has not added to the tally yet
+        self.published = 0  # nodes of this task written to Control's NODES column
+        self.nodes_col = ctl.shape[1] > NODES  # (backtracking.iter's Control is narrower)
         w = shoal.current_worker()
         self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
         g = spec.initial
@@ -258,7 +262,15 @@ class Explorer:
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
                         self.split(iters, idx, 1, whole_level=False)
                         self.stale = 0
+        self.publish_nodes()
         self.next_poll = time.perf_counter() + POLL_S
+
+    def publish_nodes(self) -> None:
+        """Add the nodes this task visited since the last call to its worker's NODES cell."""
+        if self.nodes_col:
+            n = self.tally.nodes + self.live
+            self.ctl[self.me, NODES] += n - self.published
+            self.published = n
 
     def split(self, iters, idx, want: int, whole_level: bool) -> None:
         """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
@@ -490,6 +502,7 @@ class Explorer:
                         nodes += TICK
                         tick = TICK
                         if clock() >= self.next_poll:
+                            self.live = nodes
                             top = self._poll_at(iters, idx, d, top, i)
                     if not kids and (kids.__class__ is list or kids.__class__ is tuple):
                         # a leaf: no level to push and pop (most nodes of UTS trees)
@@ -538,6 +551,7 @@ class Explorer:
         finally:
             nodes += TICK - tick
             t.nodes += nodes
+            self.live = 0
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
             t.count += nodes if accept is None else count
@@ -635,6 +649,7 @@ class Explorer:
                     if not tick:
                         tick = TICK
                         if clock() >= self.next_poll:
+                            self.live = nodes
                             top = self._poll_at(iters, idx, d, top, i)
                             lim, slim = self.lim, self.slim
                     try:  # push (the lists only grow: d is the depth below the base)
@@ -676,6 +691,7 @@ class Explorer:
                               f"{base + tuple(idx[:d])}") from exc
         finally:
             t.nodes += nodes
+            self.live = 0
             t.pruned += pruned
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
@@ -737,6 +753,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
             for f in ex.futs:
                 f.cancel()
             raise
+        ex.publish_nodes()  # before the join: the children publish their own nodes
         ex.join()
         return ex.tally
     finally:

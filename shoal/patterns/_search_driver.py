@@ -17,7 +17,11 @@ import time
 import shoal
 
 from ._portable import portable
+from ._progress import Ticker
 from ._search import (
+    NODES,
+    SPAWNED,
+    STARTED,
     STOP,
     Coordination,
     Explorer,
@@ -68,7 +72,7 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     check_picklable(root, (), "the root is sent to a worker")
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
-    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 5), "int64", fill=0)
+    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 6), "int64", fill=0)
     owned = [ctl]
     try:
         stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
@@ -90,10 +94,15 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
         t0 = time.monotonic()
-        if split:
-            tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests)
-        else:
-            tally, exported = _wait(pilot, [pilot.submit(task, spec, root, ())], ctl, stop), 0
+        ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
+                                           spec_kw.get("negate", False)),
+                        rates=("nodes",), line=("nodes", "nodes_per_s", "incumbent", "frontier"))
+        with ticker:
+            if split:
+                tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests, ticker)
+            else:
+                tally, exported = _wait(pilot, [pilot.submit(task, spec, root, ())], ctl, stop,
+                                        ticker), 0
         t_end = time.monotonic()
         after = _steals(pilot) if stats else (0, 0)
     finally:
@@ -117,12 +126,31 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     return tally, st
 
 
-def _wait(pilot, futs: list, ctl, stop) -> Tally:
+def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool):
+    """The search's progress record, read from Control and the incumbent cell (driver)."""
+    def sample() -> dict:
+        a = ctl.array
+        nodes = int(a[:, NODES].sum())
+        rec = {"goal": goal.value, "coordination": coordination.value, "nodes": nodes,
+               "tasks": int(a[:, STARTED].sum()),
+               "frontier": max(0, int(a[:, SPAWNED].sum() - a[:, STARTED].sum()))}
+        if cell is not None:
+            rec["incumbent"] = -cell.value if negate else cell.value
+        if reference_nodes:
+            rec["work_inflation"] = round(nodes / reference_nodes, 4)
+        return rec
+    return sample
+
+
+def _wait(pilot, futs: list, ctl, stop, ticker=None) -> Tally:
     """Merge the tallies of ``futs``; on an error or an interruption stop every task."""
     tally, pending = Tally(tasks=0), set(futs)
     try:
         while pending:
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            done, pending = cf.wait(pending, timeout=None if ticker is None else ticker.timeout(),
+                                    return_when=cf.FIRST_COMPLETED)
+            if ticker is not None:
+                ticker.tick()
             for f in done:
                 tally.merge(f.result())
         return tally
@@ -140,7 +168,7 @@ def _stop_all(ctl, stop, pending) -> None:
         f.cancel()
 
 
-def _run_split(pilot, spec: Spec, ctl, stop, chan, requests) -> tuple[Tally, int]:
+def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, ticker) -> tuple[Tally, int]:
     """A search over several machines: (merged Tally, subtrees exported).
 
     The driver splits the top of the tree into groups (``top_split``), one task each;
@@ -179,6 +207,7 @@ def _run_split(pilot, spec: Spec, ctl, stop, chan, requests) -> tuple[Tally, int
         while pending or (wanted and not stopping):
             done, pending = cf.wait(pending, timeout=EXPORT_POLL_S,
                                     return_when=cf.FIRST_COMPLETED)
+            ticker.tick()
             for f in done:
                 part, uid = f.result(), uid_of.pop(f)
                 if part.found is not None and not stopping:

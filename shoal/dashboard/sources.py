@@ -125,8 +125,9 @@ class JournalSource:
 
     kind = "journal"
 
-    def __init__(self, path: str, interval: float = 1.0):
+    def __init__(self, path: str, interval: float = 1.0, board=BOARD):
         self.path = os.path.abspath(path)
+        self.board = board
         self.interval = interval
         self.closed = False
         self._lock = threading.Lock()
@@ -143,8 +144,11 @@ class JournalSource:
                 return self._state
             self._read_at = now
             self._seq += 1
+            progress = self.board.snapshot(last=240)
+            ens = (progress.get("ensemble") or [{}])[-1]  # shoal run's own progress, if here
             self._state = {"kind": self.kind, "seq": self._seq, "t": time.time(),
-                           "closed": self.closed, **journal_state(self.path)}
+                           "closed": self.closed, "progress": progress,
+                           **journal_state(self.path, total=ens.get("total"))}
             return self._state
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ import runpy
 import sys
 import time
 
+import shoal
+
 from . import parse_walltime, run
 from .model import EnsembleError
 from .report import Report
@@ -83,6 +85,7 @@ class Progress:
         self.drawn = False
 
     def __call__(self, p: dict) -> None:
+        shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
         line = progress_line(p)
         if self.tty:
             self.stream.write("\r" + line.ljust(100) + ("\n" if p.get("final") else ""))

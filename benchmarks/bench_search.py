@@ -49,7 +49,7 @@ import shoal  # noqa: E402
 from shoal.patterns import backtracking  # noqa: E402
 from shoal.workloads import uts  # noqa: E402
 
-DIMACS = ROOT.parent / "shared" / "data" / "dimacs"
+DIMACS = ROOT / "examples" / "data" / "dimacs"
 APPS = ("queens", "clique", "knapsack", "uts")
 # the targets for --workers 2: speed-up over the reference, and 1-worker overhead
 SPEEDUP_TARGETS = {"UTS T3": 1.85, "N-Queens 14": 1.85, "max clique C125.9": 1.8}
@@ -199,12 +199,7 @@ class Clique(App):
 
     def __init__(self, name):
         super().__init__(f"max clique {name}")
-        path = DIMACS / f"{name}.clq"
-        if not path.exists():
-            raise SystemExit(f"{path} is missing: the max clique rows need the DIMACS graphs "
-                             "in shared/data/dimacs beside the repository (or leave out "
-                             "'clique' with --apps)")
-        self.g = mc.read_dimacs(path)
+        self.g = mc.read_dimacs(DIMACS / f"{name}.clq")
 
     def reference(self):
         return mc.sequential_reference(self.g), None

@@ -1,6 +1,6 @@
 """Maximum clique on DIMACS graphs with shoal.patterns.branch_and_bound (MCQ-style).
 
-    python examples/search_maxclique.py ../shared/data/dimacs/brock200_2.clq [--compare]
+    python examples/search_maxclique.py examples/data/dimacs/brock200_2.clq [--compare]
 
 A node is (size, clique, candidates, bound): the clique so far and the vertices
 that extend it, as Python int bitsets.  ``children`` colours the candidates

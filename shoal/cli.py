@@ -85,8 +85,8 @@ def _add_info(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_info)
 
 
-# Subcommand registrars, in help order.  New commands (bench, run, status, trace)
-# add an ``_add_<name>`` function (or import one from their own module) here.
+# Subcommand registrars, in help order.  A new command adds an ``_add_<name>``
+# function here (or imports one from its own module, as run and status do).
 def _add_run(subparsers: argparse._SubParsersAction) -> None:
     add_run(subparsers)
     with_dashboard(subparsers.choices["run"])  # shoal run --dashboard

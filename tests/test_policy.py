@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.runtime.policy import Placement, StealThrottle, victim_order
+from shoal.runtime.policy import Placement, victim_order
 
 layouts = st.lists(st.integers(0, 3), min_size=1, max_size=24)
 
@@ -181,14 +181,3 @@ def test_placement_model(ops, seed):
                 assert loads[chosen] == gmin
         for x, load in loads.items():
             assert p.load(x) == load
-
-
-def test_steal_throttle():
-    t = StealThrottle()
-    delays = [t.next_delay(k) for k in range(12)]
-    assert delays[0] == 0.0 and delays[1] == 50e-6 and delays[2] == 100e-6
-    assert delays == sorted(delays) and max(delays) == t.cap == 5e-3
-    assert t.next_delay(10**6) == t.cap
-    assert StealThrottle(free_passes=3).next_delay(2) == 0.0
-    with pytest.raises(ValueError):
-        t.next_delay(-1)

@@ -16,8 +16,6 @@ Three pieces
   minimum exceeds the global minimum by more than ``redirect_threshold``.
   Loads live in buckets (load -> FIFO of workers) per node and globally, so
   ``choose`` and the ``submitted``/``finished`` events are O(1) amortised.
-* :class:`StealThrottle` — exponential backoff between failed steal passes;
-  after the cap the worker parks (see the parking protocol in shoal/queues).
 
 Alternatives rejected
 ---------------------
@@ -38,9 +36,8 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-__all__ = ["Placement", "StealThrottle", "victim_order"]
+__all__ = ["Placement", "victim_order"]
 
 
 def victim_order(me: int, node_of: Sequence[int], rng: random.Random) -> list[int]:
@@ -235,29 +232,3 @@ class Placement:
         assert best is not None  # glob.size > 0
         return best
 
-
-@dataclass(frozen=True)
-class StealThrottle:
-    """Backoff for an idle thief between failed passes over its victims (pure, stateless).
-
-    ``next_delay(k)`` is the pause after ``k`` consecutive failed passes: 0 for the
-    first ``free_passes`` (a just-idle worker immediately retries, since work often
-    appears within microseconds in a spawning workload), then ``base`` doubling up
-    to ``cap`` seconds.  A worker that keeps failing at the cap parks on its
-    mailbox's OS primitive instead, so an idle pilot burns no CPU.  The pause keeps
-    a crowd of thieves from hammering one busy victim's steal-request ring.
-    """
-
-    base: float = 50e-6
-    cap: float = 5e-3
-    free_passes: int = 1
-
-    def next_delay(self, failed_attempts: int) -> float:
-        if failed_attempts < 0:
-            raise ValueError(f"failed_attempts must be >= 0, got {failed_attempts}")
-        step = failed_attempts - self.free_passes
-        if step < 0:
-            return 0.0
-        if step >= 64:
-            return self.cap
-        return min(self.cap, self.base * (1 << step))

@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))  # before any pilot starts: workers inherit sys.path
 
@@ -17,15 +15,12 @@ import search_flowshop  # noqa: E402, F401  (used by test_search_bnb)
 import search_maxclique  # noqa: E402
 import search_nqueens  # noqa: E402
 
-DIMACS = ROOT.parent / "shared" / "data" / "dimacs"
+DIMACS = ROOT / "examples" / "data" / "dimacs"
 COORDINATIONS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
 
 
 def dimacs(name: str):
-    path = DIMACS / f"{name}.clq"
-    if not path.exists():
-        pytest.skip(f"DIMACS data absent: {path} (expected shared/data/dimacs beside the repo)")
-    return search_maxclique.read_dimacs(path)
+    return search_maxclique.read_dimacs(DIMACS / f"{name}.clq")  # shipped in examples/data
 
 
 def uts_children(params, node):

@@ -4,7 +4,7 @@ Pure: no I/O, no clock, no processes.  The engine feeds it ``Request``s (a
 key plus ``cores``/``gpus``/``memory``) in arrival order and gets back
 ``Placement``s (the concrete CPU ids, GPU ids and bytes granted); it hands
 ``release(placement)`` back when a task ends.  That is all the state there
-is, so property tests drive it directly (tests/ensemble/test_scheduler.py).
+is, so property tests drive it directly (tests/ensemble/test_ens_scheduler.py).
 
 Invariants:
   * never over-commit: granted cores/GPUs are disjoint from those in use and

@@ -1,0 +1,70 @@
+"""Prose stays true: every file path and ``shoal.*`` name the docs mention exists.
+
+Scanned: README.md, docs/*.md, every *.md inside shoal/, and the module docstring of
+every shoal/**/*.py.  A path is a token such as ``shoal/runtime/worker.py``,
+``tests/runtime/test_pilot.py`` or ``docs/guide.md`` (relative to the repository
+root); a name is a dotted ``shoal.x.y`` in backticks, which must import or be an
+attribute of what imports.  Paths under build outputs or made by a run (run.db,
+run.json) are not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PATH_RE = re.compile(
+    r"(?<![\w./-])((?:shoal|tests|examples|benchmarks|docs|scripts)/[\w./-]*[\w/])")
+NAME_RE = re.compile(r"`(shoal(?:\.\w+)+)")
+
+
+def _texts():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                *sorted((ROOT / "shoal").rglob("*.md"))]:
+        yield doc.relative_to(ROOT).as_posix(), doc.read_text()
+    for mod in sorted((ROOT / "shoal").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(mod.read_text()))
+        if doc:
+            yield mod.relative_to(ROOT).as_posix(), doc
+
+
+def _exists(token: str) -> bool:
+    token = token.rstrip(".")
+    if "*" in token or "{" in token:
+        return True
+    if (ROOT / token).exists():
+        return True
+    # a path with a pytest node id or line suffix: tests/x.py::test_y, shoal/x.py:12
+    return (ROOT / token.split("::")[0].split(":")[0]).exists()
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+CASES = list(_texts())
+
+
+@pytest.mark.parametrize("where,text", CASES, ids=[c[0] for c in CASES])
+def test_mentioned_paths_and_names_exist(where, text):
+    missing = sorted({t for t in PATH_RE.findall(text) if not _exists(t)})
+    unresolved = sorted({n for n in NAME_RE.findall(text) if not _resolves(n)})
+    assert not missing, f"{where} mentions paths that do not exist: {missing}"
+    assert not unresolved, f"{where} mentions names that do not resolve: {unresolved}"

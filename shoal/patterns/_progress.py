@@ -51,6 +51,7 @@ class _Line:
             except ImportError:
                 self.enabled = False
                 return
+            tqdm.monitor_interval = 0  # no monitor thread: the line is redrawn by tick()
             self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, leave=False)
         text = "  ".join(f"{k.replace('_', ' ')} {_fmt(rec[k])}" for k in fields
                          if rec.get(k) is not None)

@@ -95,6 +95,8 @@ def summarise(events: list[dict]) -> dict:
         text = str(e.get("name", ""))
         w["stole" if text.startswith("stole") else "gave"] += 1
         w["marks"].append(((e["ts"] - t0) / width, text))
+    for tid in names:  # a worker that ran nothing is a row too (0%)
+        per[tid]
     workers = []
     for tid in sorted(per, key=lambda t: (str(type(t)), t)):
         w = per[tid]

@@ -137,6 +137,7 @@ class Workers:
 
 def totals(rows: list[dict]) -> dict:
     """Steals by locality and ring traffic over all workers."""
+    busy = [r["busy"] for r in rows if r["busy"] is not None]
     return {
         "tasks": sum(r["tasks_total"] for r in rows),
         "stolen_local": sum(r["stolen_local"] for r in rows),
@@ -144,5 +145,5 @@ def totals(rows: list[dict]) -> dict:
         "messages": sum(r["messages_in"] + r["messages_out"] for r in rows),
         "ring_msgs_per_s": round(sum(r["ring_msgs_per_s"] or 0 for r in rows), 1),
         "replaced": sum(r["replaced"] for r in rows),
-        "busy": round(sum(r["busy"] or 0 for r in rows) / len(rows), 1) if rows else None,
+        "busy": round(sum(busy) / len(busy), 1) if busy else None,
     }

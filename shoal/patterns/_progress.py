@@ -21,6 +21,7 @@ from collections.abc import Callable
 import shoal
 
 INTERVAL_S = 0.5
+_runs: dict[str, int] = {}
 LINE_AFTER_S = 2.0  # short calls draw nothing
 
 
@@ -85,6 +86,7 @@ class Ticker:
         self.next = self.t0 + interval
         self.prev: tuple[float, dict] | None = None
         self.line = _Line(topic)
+        _runs[topic] = self.run = _runs.get(topic, 0) + 1  # pages show the latest call's records
 
     def timeout(self) -> float:
         """Seconds until the next sample is due (a wait's timeout)."""
@@ -100,6 +102,7 @@ class Ticker:
         except Exception:  # progress never breaks the work it reports
             return
         rec["elapsed_s"] = round(now - self.t0, 3)
+        rec["run"] = self.run
         if self.prev is not None:
             t_prev, r_prev = self.prev
             dt = now - t_prev
@@ -113,7 +116,7 @@ class Ticker:
         except (TypeError, ValueError):
             return
         if now - self.t0 >= LINE_AFTER_S and not final:
-            fields = self.fields or [k for k in rec if k not in ("state", "t", "seq")]
+            fields = self.fields or [k for k in rec if k not in ("state", "t", "seq", "run")]
             self.line.draw(rec, fields)
 
     def close(self, final: bool = True) -> None:

@@ -33,7 +33,7 @@ function lineChart(points, w = 260, h = 70) {
   if (pts.length < 2) return `<svg width="${w}" height="${h}"><text x="4" y="${h / 2}" font-size="11" fill="#889">${pts.length ? fmt(pts[0][1]) : "no data yet"}</text></svg>`;
   const t0 = pts[0][0], t1 = pts[pts.length - 1][0] || t0 + 1;
   let lo = Math.min(...pts.map(p => p[1])), hi = Math.max(...pts.map(p => p[1]));
-  if (hi === lo) { hi += 1; lo -= lo > 0 ? Math.min(1, lo) : 1; }
+  if (hi === lo) { lo = Math.min(0, lo); hi = hi > lo ? hi : lo + 1; }
   const x = t => 2 + (w - 4) * (t - t0) / Math.max(1e-9, t1 - t0);
   const y = v => h - 12 - (h - 16) * (v - lo) / (hi - lo);
   const d = pts.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join("");
@@ -110,9 +110,11 @@ function renderProgress(st) {
   }
   let html = "";
   for (const topic of topics) {
-    const recs = board[topic];
+    let recs = board[topic];
+    const lastRun = recs.length ? recs[recs.length - 1].run : undefined;
+    if (lastRun !== undefined) recs = recs.filter(r => r.run === lastRun);  // the latest call only
     const last = recs[recs.length - 1] || {};
-    const fields = Object.keys(last).filter(k => k !== "t" && k !== "seq");
+    const fields = Object.keys(last).filter(k => k !== "t" && k !== "seq" && k !== "run");
     html += `<section class="topic" data-topic="${esc(topic)}"><h2>${esc(topic)} <span class="muted">${esc(last.state || "")}</span></h2>`;
     html += `<table class="latest"><tr>${fields.map(k => `<th>${esc(k.replace(/_/g, " "))}</th>`).join("")}</tr>` +
       `<tr>${fields.map(k => `<td data-field="${esc(k)}">${fmt(last[k])}</td>`).join("")}</tr></table><div class="charts">`;

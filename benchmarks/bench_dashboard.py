@@ -1,0 +1,100 @@
+"""The dashboard's overhead: the same work with the dashboard closed and open, interleaved.
+
+Usage::
+
+    python benchmarks/bench_dashboard.py [--pairs 6] [--tiny 20000] [--uts T3S] [--no-browser]
+
+Per pair, in A-B / B-A order (so drift in the machine's load hits both alike): a fresh
+2-worker pilot without a dashboard (A), and one with ``dashboard=0`` and its workers
+page open in a headless Chromium on this machine (B, unless ``--no-browser``); each
+runs benchmarks/run.py's two shoal workloads: ``tiny`` (N ``inc(x)`` submits, one future
+each) and ``uts`` (``uts.count_parallel``: nested spawn and work stealing), best of 2.
+Reported: per workload the median over pairs of B ÷ A (1.02 = 2% slower with the
+dashboard open), the pairs' spread, and the load average before and after.
+Results are checked (a fast wrong run cannot win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import run as bench_run  # noqa: E402  (benchmarks/run.py: inc, watching)
+
+import shoal  # noqa: E402
+from shoal.workloads import uts  # noqa: E402
+
+
+def best_of(fn, k: int, expect) -> float:
+    best = float("inf")
+    for _ in range(k):
+        t0 = time.perf_counter()
+        got = fn()
+        dt = time.perf_counter() - t0
+        if got != expect:
+            raise AssertionError(f"wrong result {got!r}, expected {expect!r}")
+        best = min(best, dt)
+    return best
+
+
+def measure(dashboard: bool, browser: bool, n_tiny: int, params, expect_nodes: int) -> dict:
+    with shoal.Pilot(2, dashboard=0 if dashboard else None) as pilot:
+        import contextlib
+
+        with contextlib.ExitStack() as stack:
+            if dashboard and browser:
+                stack.enter_context(bench_run.watching(pilot.dashboard_url + "workers"))
+            list(pilot.map(bench_run.inc, range(16)))
+            time.sleep(1.0)  # let the page connect and the sampler run before timing
+            tiny = best_of(lambda: sum(f.result() for f in [pilot.submit(bench_run.inc, i)
+                                                           for i in range(n_tiny)]),
+                           2, sum(range(1, n_tiny + 1)))
+            u = best_of(lambda: uts.count_parallel(pilot, params).nodes, 2, expect_nodes)
+    return {"tiny": tiny, "uts": u}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--tiny", type=int, default=20_000)
+    ap.add_argument("--uts", default="T3S", help="UTS preset (run.py uses T3; T3S is ~4x smaller)")
+    ap.add_argument("--no-browser", action="store_true", help="serve the dashboard, open no page")
+    args = ap.parse_args(argv)
+    params = uts.UTSParams.preset(args.uts)
+    known = uts.DERIVED.get(params.name) or uts.PUBLISHED.get(params.name)
+    expect = known.nodes if known else uts.count_sequential(params)
+    load0 = os.getloadavg()
+    print(f"command: python benchmarks/bench_dashboard.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"machine: {bench_run.machine()}")
+    print(f"tiny: {args.tiny} submits; uts: {params.name} ({expect:,} nodes); 2 workers; "
+          f"B = dashboard open{'' if not args.no_browser else ' (no browser)'}", flush=True)
+    ratios: dict[str, list[float]] = {"tiny": [], "uts": []}
+    for i in range(args.pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {mode: measure(mode, not args.no_browser, args.tiny, params, expect) for mode in order}
+        for k in ratios:
+            ratios[k].append(got[True][k] / got[False][k])
+        print(f"pair {i + 1}: " + "  ".join(
+            f"{k} closed {got[False][k]:.3f} s open {got[True][k]:.3f} s (x{got[True][k] / got[False][k]:.3f})"
+            for k in ratios) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+    print()
+    for k, r in ratios.items():
+        print(f"{k}: open / closed median {statistics.median(r):.3f}  "
+              f"(min {min(r):.3f}, max {max(r):.3f}, {len(r)} pairs)")
+    load1 = os.getloadavg()
+    print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+          f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

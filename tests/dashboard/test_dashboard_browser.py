@@ -38,10 +38,11 @@ def test_workers_page_shows_every_pid_and_a_growing_task_count(page):
         pids = {w["pid"] for w in pilot.stats()["workers"]}
         page.goto(pilot.dashboard_url)  # / redirects to /workers
         page.wait_for_function("n => document.querySelectorAll('tr.worker').length === n", arg=2)
-        page.wait_for_function(f"() => {TASKS_JS}() > 0")
+        page.wait_for_function(f"() => ({TASKS_JS})() > 0")
         assert _pids(page) == pids
         first = page.evaluate(TASKS_JS)
-        page.wait_for_function(f"n => {TASKS_JS}() > n", arg=first)
+        assert first > 0
+        page.wait_for_function(f"n => ({TASKS_JS})() > n", arg=first)
         assert page.locator("#status").inner_text().startswith("live")
         states = set(page.locator("tr.worker td.state").all_inner_texts())
         assert states <= {"busy", "idle", "stealing", "parked", "starting"}
@@ -128,9 +129,9 @@ def test_journal_page_while_a_run_writes_it_and_after(page, tmp_path):
         page.goto(dash.url + "journal")
         page.wait_for_selector("#journal-summary .count-done")
         done_js = "() => Number(document.querySelector('#journal-summary .count-done').textContent)"
-        page.wait_for_function(f"() => {done_js}() >= 1")
+        page.wait_for_function(f"() => ({done_js})() >= 1")
         first = page.evaluate(done_js)
-        page.wait_for_function(f"n => {done_js}() > n", arg=first)
+        page.wait_for_function(f"n => ({done_js})() > n", arg=first)
         screenshot(page, "dashboard-journal-running.png")
         assert done.wait(120)
         page.wait_for_function("() => document.getElementById('eta').textContent === 'done'")

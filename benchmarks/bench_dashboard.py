@@ -6,7 +6,8 @@ Usage::
 
 Per pair, in A-B / B-A order (so drift in the machine's load hits both alike): a fresh
 2-worker pilot without a dashboard (A), and one with ``dashboard=0`` and its workers
-page open in a headless Chromium on this machine (B, unless ``--no-browser``); each
+page open in a headless Chromium on this machine (B, unless ``--no-browser``; the
+browser is started once, before any timing, and a page is opened per B pilot); each
 runs benchmarks/run.py's two shoal workloads: ``tiny`` (N ``inc(x)`` submits, one future
 each) and ``uts`` (``uts.count_parallel``: nested spawn and work stealing), best of 2.
 Reported: per workload the median over pairs of B ÷ A (1.02 = 2% slower with the
@@ -17,6 +18,7 @@ Results are checked (a fast wrong run cannot win).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import statistics
@@ -46,20 +48,97 @@ def best_of(fn, k: int, expect) -> float:
     return best
 
 
-def measure(dashboard: bool, browser: bool, n_tiny: int, params, expect_nodes: int) -> dict:
+def measure(dashboard: bool, browser, n_tiny: int, params, expect_nodes: int) -> dict:
+    """One pilot's timings; ``browser``: a running headless Chromium (a page is opened on
+    the dashboard for the measurement, closed after), or None."""
     with shoal.Pilot(2, dashboard=0 if dashboard else None) as pilot:
-        import contextlib
-
-        with contextlib.ExitStack() as stack:
-            if dashboard and browser:
-                stack.enter_context(bench_run.watching(pilot.dashboard_url + "workers"))
+        page = None
+        if dashboard and browser is not None:
+            page = browser.new_page()
+            page.goto(pilot.dashboard_url + "workers")
+            page.wait_for_selector("tr.worker")
+        try:
             list(pilot.map(bench_run.inc, range(16)))
             time.sleep(1.0)  # let the page connect and the sampler run before timing
             tiny = best_of(lambda: sum(f.result() for f in [pilot.submit(bench_run.inc, i)
                                                            for i in range(n_tiny)]),
                            2, sum(range(1, n_tiny + 1)))
-            u = best_of(lambda: uts.count_parallel(pilot, params).nodes, 2, expect_nodes)
+            u = best_of(lambda: uts.count_parallel(pilot, params), 2, expect_nodes)
+        finally:
+            if page is not None:
+                page.close()
     return {"tiny": tiny, "uts": u}
+
+
+@contextlib.contextmanager
+def chromium(enabled: bool):
+    """One headless Chromium for the whole run (started before any timing: its start-up
+    is not the dashboard's cost), or None."""
+    import shutil
+    import tempfile
+
+    exe = shutil.which("chromium")
+    if not enabled or exe is None:
+        if enabled:
+            print("(no Chromium: the dashboard is served, no page is open)")
+        yield None
+        return
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            profile, executable_path=exe, headless=True,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-gpu"])
+        try:
+            time.sleep(3.0)  # its own start-up work settles
+            yield ctx
+        finally:
+            ctx.close()
+
+
+def cpu_accounting(browser, n_tiny: int, seconds: float = 10.0) -> str:
+    """CPU time (not wall time: robust to a shared machine's load) the dashboard's own threads
+    and the browser's processes use while tiny tasks run for ``seconds``, per second."""
+    import threading
+
+    import psutil
+
+    me = psutil.Process()
+
+    def dash_threads() -> float:
+        ids = {t.native_id for t in threading.enumerate()  # the server, the sampler, to_thread
+               if t.name.startswith(("shoal-dashboard", "asyncio_"))}
+        return sum(t.user_time + t.system_time for t in me.threads() if t.id in ids)
+
+    def chromium_procs() -> float:
+        total = 0.0
+        for p in me.children(recursive=True):
+            try:
+                if "chromium" in p.exe():
+                    c = p.cpu_times()
+                    total += c.user + c.system
+            except psutil.Error:
+                pass
+        return total
+
+    with shoal.Pilot(2, dashboard=0) as pilot:
+        page = browser.new_page() if browser is not None else None
+        if page is not None:
+            page.goto(pilot.dashboard_url + "workers")
+            page.wait_for_selector("tr.worker")
+        time.sleep(1.0)
+        d0, b0, t0 = dash_threads(), chromium_procs(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            sum(f.result() for f in [pilot.submit(bench_run.inc, i) for i in range(n_tiny)])
+        wall = time.perf_counter() - t0
+        d1, b1 = dash_threads(), chromium_procs()
+        if page is not None:
+            page.close()
+    return (f"CPU while tiny tasks ran {wall:.1f} s: the dashboard's threads in the driver "
+            f"{1000 * (d1 - d0) / wall:.1f} ms/s ({100 * (d1 - d0) / wall / 2:.2f}% of 2 CPUs); "
+            f"the browser's processes {1000 * (b1 - b0) / wall:.1f} ms/s "
+            f"({100 * (b1 - b0) / wall / 2:.2f}% of 2 CPUs)")
 
 
 def main(argv=None) -> int:
@@ -78,14 +157,17 @@ def main(argv=None) -> int:
     print(f"tiny: {args.tiny} submits; uts: {params.name} ({expect:,} nodes); 2 workers; "
           f"B = dashboard open{'' if not args.no_browser else ' (no browser)'}", flush=True)
     ratios: dict[str, list[float]] = {"tiny": [], "uts": []}
-    for i in range(args.pairs):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        got = {mode: measure(mode, not args.no_browser, args.tiny, params, expect) for mode in order}
-        for k in ratios:
-            ratios[k].append(got[True][k] / got[False][k])
-        print(f"pair {i + 1}: " + "  ".join(
-            f"{k} closed {got[False][k]:.3f} s open {got[True][k]:.3f} s (x{got[True][k] / got[False][k]:.3f})"
-            for k in ratios) + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+    with chromium(not args.no_browser) as browser:
+        for i in range(args.pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {mode: measure(mode, browser, args.tiny, params, expect) for mode in order}
+            for k in ratios:
+                ratios[k].append(got[True][k] / got[False][k])
+            print(f"pair {i + 1}: " + "  ".join(
+                f"{k} closed {got[False][k]:.3f} s open {got[True][k]:.3f} s "
+                f"(x{got[True][k] / got[False][k]:.3f})" for k in ratios)
+                + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+        print(cpu_accounting(browser, args.tiny), flush=True)
     print()
     for k, r in ratios.items():
         print(f"{k}: open / closed median {statistics.median(r):.3f}  "

@@ -45,3 +45,18 @@ def wait_for(predicate, timeout: float = 30.0, every: float = 0.1):
             return last
         time.sleep(every)
     raise AssertionError(f"not true after {timeout} s (last: {last!r})")
+
+
+def bits_children(depth: int, node: tuple) -> list:
+    return [] if len(node) == depth else [node + (0,), node + (1,)]
+
+
+def bits_distance(target: int, depth: int, node: tuple) -> int:
+    """(binary value - target)^2 for a full-length node; internal nodes score a large value."""
+    if len(node) < depth:
+        return 10**9
+    return (int("".join(map(str, node)), 2) - target) ** 2
+
+
+def zero(node) -> int:
+    return 0

@@ -16,10 +16,20 @@ import urllib.request
 
 import psutil
 import pytest
-from dash_tasks import get_state, is_solution, my_pid, nap, queens_children, wait_for
+from dash_tasks import (
+    bits_children,
+    bits_distance,
+    get_state,
+    is_solution,
+    my_pid,
+    nap,
+    queens_children,
+    wait_for,
+    zero,
+)
 
 import shoal
-from shoal.patterns import all_pairs, backtracking
+from shoal.patterns import all_pairs, backtracking, branch_and_bound
 from shoal.runtime.progress import BOARD
 
 
@@ -125,6 +135,18 @@ def test_search_progress_reaches_the_page_and_its_final_node_count_is_exact():
         page = wait_for(lambda: [r for r in get_state(pilot.dashboard_url)["pilot"]["progress"]
                                  .get("search", []) if r["seq"] == last["seq"]])
         assert page[0]["nodes"] == got.stats.nodes
+
+
+def test_minimise_publishes_the_incumbent_in_the_users_sign_and_work_inflation():
+    with shoal.Pilot(2) as pilot:
+        res = branch_and_bound.minimise(pilot, (), functools.partial(bits_children, 9),
+                                        functools.partial(bits_distance, 300, 9), zero,
+                                        reference_nodes=500, stats=True)
+    assert res.value == 0 and res.path is not None  # 300 is reachable with 9 bits
+    last = BOARD.records("search")[-1]
+    assert last["goal"] == "optimise" and last["incumbent"] == 0
+    assert last["nodes"] == res.stats.nodes
+    assert last["work_inflation"] == pytest.approx(res.stats.work_inflation, abs=1e-4)
 
 
 def test_all_pairs_progress_counts_tiles_and_cache_hits():

@@ -102,11 +102,15 @@ def test_progress_page_shows_a_running_search_and_published_records(page):
                                ".textContent.includes('done')")
 
 
+HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'  # a stderr tail is text, not HTML
+
+
 def _workflow(n_ok: int, seconds: float):
     ok = [Stage([Task(function=nap, args=(seconds, i), name=f"t{i}") for i in range(n_ok)], name="simulate"),
           Stage([Task(function=nap, args=(seconds, 0), name="summary")], name="analyse")]
     bad = Stage([Task(executable="/bin/sh", name="bad",
-                      arguments=["-c", "echo 'step 3: disk quota exceeded' >&2; exit 7"])], name="ingest")
+                      arguments=["-c", "echo 'step 3: disk quota exceeded' >&2; echo \"$0\" >&2; exit 7",
+                                 HOSTILE])], name="ingest")
     return [Pipeline(ok, name="members"), Pipeline([bad], name="broken")]
 
 
@@ -140,7 +144,9 @@ def test_journal_page_while_a_run_writes_it_and_after(page, tmp_path):
         assert page.locator("#stages tr[data-name='members.simulate'] td.done").inner_text() == "24"
         failure = page.locator("#failures details.failure")
         assert failure.count() == 1 and "broken." in failure.get_attribute("data-uid")
-        assert "disk quota exceeded" in page.locator("#failures pre.stderr").inner_text()
+        tail = page.locator("#failures pre.stderr").inner_text()
+        assert "disk quota exceeded" in tail and HOSTILE in tail
+        assert page.evaluate("() => document.body.dataset.pwned") is None
         screenshot(page, "dashboard-journal.png")
     worker.join()
     assert not errors

@@ -104,6 +104,24 @@ def test_the_event_stream_says_the_pilot_closed_and_ends():
     assert lines[-3:] == ["event: end\n", "data: {}\n", "\n"]
 
 
+def test_hostile_paths_are_refused():
+    with shoal.Pilot(1, dashboard=0) as pilot:
+        parts = urllib.parse.urlsplit(pilot.dashboard_url)
+        for path, status in [("/static/../../../../etc/passwd", 404), ("/static/%2e%2e/app.py", 404),
+                             ("/nope", 404), ("/journal", 404)]:  # no journal on a pilot's server
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            assert resp.status == status, path
+            assert b"root:" not in body and b"make_app" not in body
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("POST", "/api/state", body=b"x")
+        assert conn.getresponse().status == 405
+        conn.close()
+
+
 def test_host_and_port_options_and_bad_values():
     with shoal.Pilot(1, dashboard="0.0.0.0:0") as pilot:  # told otherwise: every interface
         port = urllib.parse.urlsplit(pilot.dashboard_url).port

@@ -5,6 +5,7 @@ from a real pilot's trace."""
 from __future__ import annotations
 
 import html.parser
+import os
 import sqlite3
 import threading
 
@@ -125,3 +126,42 @@ def test_trace_errors_name_the_file(tmp_path, capsys):
     assert main(["trace", str(bad), "--html", str(tmp_path / "o.html")]) == 2
     err = capsys.readouterr().err
     assert "nope.json" in err and "bad.json" in err
+
+
+WORKFLOW = """
+import time
+from shoal.ensemble import Pipeline, Stage, Task
+
+def nap(i):
+    time.sleep(0.2)
+    return i
+
+workflow = Pipeline([Stage([Task(function=nap, args=(i,)) for i in range(20)])], name="p")
+"""
+
+
+def test_shoal_run_dashboard_serves_the_runs_journal_and_progress(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wf = tmp_path / "wf.py"
+    wf.write_text(WORKFLOW)
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--journal",
+                             str(tmp_path / "run.db"), "--workers", "2", "--dashboard"],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)journal", line).group(1)
+        st = wait_for(lambda: (s := get_state(url)) and s["journal"].get("counts", {}).get("done", 0) >= 1
+                      and s["journal"]["progress"].get("ensemble") and s)
+        assert st["pages"] == ["journal", "progress"]
+        assert st["journal"]["total"] == 20  # from the run's own progress: an ETA is possible
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "20 done" in out

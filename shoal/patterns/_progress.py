@@ -53,7 +53,13 @@ class _Line:
                 self.enabled = False
                 return
             tqdm.monitor_interval = 0  # no monitor thread: the line is redrawn by tick()
-            self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, leave=False)
+            try:
+                cols, rows = os.get_terminal_size(sys.stderr.fileno())
+            except (OSError, ValueError, AttributeError):
+                cols, rows = 100, 24
+            # (a terminal that reports 0 rows or columns, e.g. under script(1), still gets a line)
+            self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, leave=False,
+                            ncols=cols or 100, nrows=rows or 24)
         text = "  ".join(f"{k.replace('_', ' ')} {_fmt(rec[k])}" for k in fields
                          if rec.get(k) is not None)
         self.bar.set_description_str(f"{self.topic}: {text}", refresh=True)

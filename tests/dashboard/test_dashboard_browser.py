@@ -14,7 +14,7 @@ import signal
 import threading
 
 import pytest
-from conftest import screenshot
+from chromium import browser, page, screenshot  # noqa: F401  (fixtures)
 from dash_tasks import is_solution, nap, queens_children
 
 import shoal

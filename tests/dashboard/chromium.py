@@ -1,4 +1,6 @@
-"""A real headless Chromium for the browser tests (Debian's package, driven by playwright).
+"""A real headless Chromium for the browser tests (Debian's package, driven by playwright):
+fixtures that test modules import by name (a conftest.py here would shadow tests/conftest.py,
+which other test modules import as ``conftest``).
 
 Chromium comes from scripts/install-chromium (root and apt; .ci/run calls it); a browser
 that playwright would download cannot be fetched on these machines, so playwright drives

@@ -85,7 +85,10 @@ class Progress:
         self.drawn = False
 
     def __call__(self, p: dict) -> None:
-        shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
+        try:
+            shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
+        except (TypeError, ValueError):
+            pass  # a progress display never stops the run
         line = progress_line(p)
         if self.tty:
             self.stream.write("\r" + line.ljust(100) + ("\n" if p.get("final") else ""))

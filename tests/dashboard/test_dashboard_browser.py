@@ -12,6 +12,7 @@ import functools
 import os
 import signal
 import threading
+import time
 
 import pytest
 from chromium import browser, page, screenshot  # noqa: F401  (fixtures)
@@ -21,6 +22,7 @@ import shoal
 from shoal.dashboard import Dashboard
 from shoal.ensemble import Pipeline, Stage, Task, run
 from shoal.patterns import backtracking
+from shoal.workloads import fib
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -47,9 +49,14 @@ def test_workers_page_shows_every_pid_and_a_growing_task_count(page):
         states = set(page.locator("tr.worker td.state").all_inner_texts())
         assert states <= {"busy", "idle", "stealing", "parked", "starting"}
         assert page.locator("tr.worker svg.timeline").count() == 2
-        screenshot(page, "dashboard-workers.png")
         for f in futs:
             f.cancel()
+        if os.environ.get("SHOAL_SCREENSHOTS"):  # the docs' picture: a minute with steals in it
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                fib.fib_parallel(pilot, 28, cutoff=16)
+            page.wait_for_timeout(1500)
+            screenshot(page, "dashboard-workers.png")
 
 
 def test_page_survives_a_worker_kill_and_says_when_the_pilot_closed(page):

@@ -76,6 +76,8 @@ class PilotSource:
     def sample(self) -> None:
         monitor = getattr(self.backend, "monitor", None)
         raw = monitor() if monitor is not None else self.backend.stats()
+        if raw.get("closing"):
+            return  # the pilot is shutting down: the page keeps the last numbers
         now = time.time()
         pids = [w.get("pid") for w in raw.get("workers", []) if w.get("pid")]
         rows = self.view.update(raw, now, self._cpu_percent(pids))

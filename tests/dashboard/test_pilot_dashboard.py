@@ -79,6 +79,25 @@ def test_a_killed_worker_is_shown_replaced():
         assert pilot.submit(my_pid).result() in _worker_pids(pilot)  # the pilot goes on
 
 
+def test_rows_stay_while_the_pilot_drains_its_work_at_close():
+    pilot = shoal.Pilot(2, dashboard=0)
+    url = pilot.dashboard_url
+    futs = [pilot.submit(nap, 2.5, i) for i in range(2)]
+    wait_for(lambda: len(get_state(url)["pilot"]["workers"]) == 2)
+    closer = threading.Thread(target=pilot.close)  # waits for the two tasks
+    closer.start()
+    try:
+        wait_for(lambda: pilot._backend.closing)
+        seq = get_state(url)["pilot"]["seq"]
+        threading.Event().wait(1.5)  # the sampler runs at least once while closing
+        state = get_state(url)["pilot"]
+        assert len(state["workers"]) == 2 and not state["closed"]
+        assert state["seq"] == seq  # nothing newer than the last real sample
+    finally:
+        closer.join(30)
+    assert [f.result() for f in futs] == [0, 1]
+
+
 def test_the_event_stream_says_the_pilot_closed_and_ends():
     pilot = shoal.Pilot(1, dashboard=0)
     parts = urllib.parse.urlsplit(pilot.dashboard_url)

@@ -39,14 +39,15 @@ from shoal.workloads import uts  # noqa: E402
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process and its shoal workers (not the browser's processes)."""
+    """CPU seconds of this process and its shoal workers (not the browser, not playwright's
+    driver: they are the page's cost, which ``cpu_accounting`` reports on its own)."""
     import psutil
 
     me = psutil.Process()
     total = sum(me.cpu_times()[:2])
     for p in me.children(recursive=True):
         try:
-            if "chromium" not in p.exe():
+            if "shoal.runtime.worker" in " ".join(p.cmdline()[:3]):
                 total += sum(p.cpu_times()[:2])
         except psutil.Error:
             pass

@@ -32,7 +32,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import run as bench_run  # noqa: E402  (benchmarks/run.py: inc, watching)
+import run as bench_run  # noqa: E402  (benchmarks/run.py: inc, chromium, machine)
 
 import shoal  # noqa: E402
 from shoal.workloads import uts  # noqa: E402
@@ -91,29 +91,14 @@ def measure(dashboard: bool, browser, n_tiny: int, params, expect_nodes: int) ->
 
 @contextlib.contextmanager
 def chromium(enabled: bool):
-    """One headless Chromium for the whole run (started before any timing: its start-up
-    is not the dashboard's cost), or None."""
-    import shutil
-    import tempfile
-
-    exe = shutil.which("chromium")
-    if not enabled or exe is None:
-        if enabled:
-            print("(no Chromium: the dashboard is served, no page is open)")
+    """One headless Chromium for the whole run (benchmarks/run.py's), or None."""
+    if not enabled:
         yield None
         return
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            profile, executable_path=exe, headless=True,
-            args=["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-gpu"])
-        try:
-            time.sleep(3.0)  # its own start-up work settles
-            yield ctx
-        finally:
-            ctx.close()
+    with bench_run.chromium() as ctx:
+        if ctx is None:
+            print("(no Chromium/playwright: the dashboard is served, no page is open)")
+        yield ctx
 
 
 def cpu_accounting(browser, n_tiny: int, seconds: float = 10.0) -> str:

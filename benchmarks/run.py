@@ -180,11 +180,23 @@ class Runners:
         def make():
             p = self.stack.enter_context(shoal.Pilot(workers=w, dashboard=0 if self.dashboard else None))
             if self.dashboard:
-                self.stack.enter_context(watching(p.dashboard_url + "workers"))
+                self.watch(p.dashboard_url + "workers")
             list(p.map(inc, range(8 * w)))
             p.submit(inc, 0).result()
             return p
         return self._get(("pilot", w), make)
+
+    def watch(self, url: str) -> None:
+        """Open ``url`` in this run's one headless Chromium (started on first use), if any."""
+        if "browser" not in self.cache:
+            self.cache["browser"] = self.stack.enter_context(chromium())
+        ctx = self.cache["browser"]
+        if ctx is None:
+            print(f"   (no Chromium/playwright: dashboard served at {url}, no page open)", flush=True)
+            return
+        page = ctx.new_page()
+        page.goto(url)
+        page.wait_for_selector("tr.worker")
 
     def pool(self, w: int):
         def make():
@@ -222,8 +234,9 @@ class Runners:
 
 
 @contextlib.contextmanager
-def watching(url: str):
-    """The page at ``url`` open in a headless Chromium of this machine (nothing without one)."""
+def chromium():
+    """A headless Chromium of this machine driven by playwright (one per run: playwright's
+    sync API cannot nest), or None without Chromium or playwright."""
     import shutil
 
     exe = shutil.which("chromium")
@@ -232,7 +245,6 @@ def watching(url: str):
     except ImportError:
         exe = None
     if exe is None:
-        print(f"   (no Chromium/playwright: dashboard served at {url}, no page open)", flush=True)
         yield None
         return
     import tempfile
@@ -243,10 +255,8 @@ def watching(url: str):
             args=["--no-sandbox", "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--no-first-run", "--disable-quic", "--disable-gpu"])
         try:
-            page = ctx.new_page()
-            page.goto(url)
-            page.wait_for_selector("tr.worker")
-            yield page
+            time.sleep(3.0)  # its own start-up work settles before anything is timed
+            yield ctx
         finally:
             ctx.close()
 

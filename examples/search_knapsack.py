@@ -118,6 +118,7 @@ def items(pr: Problem, node: Node) -> list[int]:
 
 def solve(pilot, pr: Problem, **options):
     """branch_and_bound.maximise of the packed value: a Result."""
+    options.setdefault("prune_level", True)  # children come best bound first
     return branch_and_bound.maximise(pilot, root(pr), functools.partial(children, pr), value,
                                      bound, **options)
 

@@ -130,6 +130,7 @@ def is_clique(g: Graph, node: Node) -> bool:
 
 def max_clique(pilot, g: Graph, **options):
     """branch_and_bound.maximise over cliques of ``g``: a Result (value = clique number)."""
+    options.setdefault("prune_level", True)  # children come best bound first
     return branch_and_bound.maximise(pilot, root(g), functools.partial(children, g), size, bound,
                                      **options)
 

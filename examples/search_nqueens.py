@@ -1,6 +1,7 @@
 """N-Queens with shoal.patterns.backtracking: count solutions, checked against OEIS A000170.
 
-    python examples/search_nqueens.py [n] [--coordination stack-stealing] [--compare]
+    python examples/search_nqueens.py [n] [--coordination stack-stealing] [--kernel-depth 3]
+                                      [--compare]
 
 A node is a partial board: (row, cols, ld, rd) bitmasks, one queen per row so far;
 ``children`` yields one child per safe square of the next row.  Leaves at row n
@@ -39,10 +40,24 @@ def is_solution(n: int, node) -> bool:
 ROOT = (0, 0, 0, 0)
 
 
-def count_queens(pilot, n: int, **options) -> int:
-    """Solutions of the n-queens problem, by backtracking.count."""
+def count_queens(pilot, n: int, *, kernel_depth: int | None = None, **options) -> int:
+    """Solutions of the n-queens problem, by backtracking.count.
+
+    ``kernel_depth=d``: below depth ``d`` the plain recursion ``count_from`` counts
+    whole subtrees (``kernel=``); the skeleton splits the rows above it.
+    """
+    if kernel_depth is not None:
+        options.update(kernel=functools.partial(count_from, n), kernel_depth=kernel_depth)
     return backtracking.count(pilot, ROOT, functools.partial(children, n),
                               accept=functools.partial(is_solution, n), **options)
+
+
+def count_from(n: int, node) -> int:
+    """The solutions under ``node``: the hand-written recursion (no skeleton)."""
+    total = 1 if node[0] == n else 0
+    for c in children(n, node):
+        total += count_from(n, c)
+    return total
 
 
 def sequential_reference(n: int) -> int:
@@ -62,6 +77,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", type=int, nargs="?", default=10)
     ap.add_argument("--coordination", default="stack-stealing")
+    ap.add_argument("--kernel-depth", type=int, default=None,
+                    help="count subtrees below this depth with the plain recursion (kernel=)")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--compare", action="store_true", help="time sequential vs 1 and 2 workers")
     args = ap.parse_args()
@@ -74,12 +91,14 @@ def main() -> None:
             with shoal.Pilot(workers=w) as pilot:
                 count_queens(pilot, 6)  # warm up the workers
                 t = time.perf_counter()
-                got = count_queens(pilot, args.n, coordination=args.coordination)
+                got = count_queens(pilot, args.n, coordination=args.coordination,
+                                   kernel_depth=args.kernel_depth)
                 dt = time.perf_counter() - t
             print(f"{w} worker(s): {got} in {dt:.2f} s: speed-up {t_seq / dt:.2f}x")
         return
     with shoal.Pilot(workers=args.workers) as pilot:
-        got = count_queens(pilot, args.n, coordination=args.coordination, stats=True)
+        got = count_queens(pilot, args.n, coordination=args.coordination, stats=True,
+                           kernel_depth=args.kernel_depth)
     want = OEIS_A000170[args.n]
     print(f"{args.n}-queens: {int(got)} solutions (OEIS A000170: {want}) "
           f"{'ok' if got == want else 'MISMATCH'}; {got.stats.nodes} nodes, "

@@ -106,6 +106,7 @@ def is_cover(adj, cover: int) -> bool:
 
 def solve(pilot, adj, **options):
     """branch_and_bound.minimise of the cover size: a Result (node.cover is the cover)."""
+    options.setdefault("prune_level", True)  # children come best bound first
     return branch_and_bound.minimise(pilot, root(adj), functools.partial(children, adj),
                                      objective, bound, **options)
 

@@ -36,9 +36,12 @@ class RemoteTraceback(Exception):
     shows the worker's frames too (the trick of concurrent.futures.process).
     """
 
-    def __init__(self, tb: str):
+    def __init__(self, tb: str, hops: int = 0):
         super().__init__(tb)
         self.tb = tb
+        self.hops = hops  # further process boundaries it crossed after the first (not re-nested)
 
     def __str__(self) -> str:
+        if self.hops:
+            return f"{self.tb}\n(re-raised across {self.hops} more process boundaries on its way here)"
         return self.tb

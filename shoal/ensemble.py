@@ -14,6 +14,7 @@ The implementation lives in ``shoal.patterns.ensemble``; docs/ensemble.md has th
 from __future__ import annotations
 
 from shoal.patterns.ensemble import (
+    DriverState,
     EnsembleError,
     Failure,
     FailureKind,
@@ -21,6 +22,7 @@ from shoal.patterns.ensemble import (
     Pipeline,
     Report,
     Results,
+    RunStatus,
     Stage,
     StageContext,
     Staging,
@@ -34,4 +36,5 @@ from shoal.patterns.ensemble import (
 __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "parse_walltime",
+    "RunStatus", "DriverState",
 ]

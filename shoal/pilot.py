@@ -9,10 +9,15 @@ unchanged on every backend.
 Lifecycle: constructed = started (workers up); ``close()`` (or leaving the
 ``with`` block) waits for submitted work, or cancels it with
 ``cancel_pending=True`` — which is what an exception in the ``with`` body
-does, so an error never leaves workers behind.
+does, so an error never leaves workers behind.  A pilot dropped without
+``close()`` is closed when it is collected, and every open pilot at
+interpreter exit, both after their pending work (``shoal.runtime.context``).
 """
 
 from __future__ import annotations
+
+import sys
+import threading
 
 from .runtime import context
 from .runtime.api import BackendKind
@@ -45,15 +50,18 @@ class Pilot:
         self.backend = kind
         self._closed = False
         self._dashboard = None
-        if dashboard is not None:  # live pages: shoal.dashboard (127.0.0.1 unless "HOST:PORT")
-            try:
+        try:
+            if dashboard is not None:  # live pages: shoal.dashboard (127.0.0.1 unless "HOST:PORT")
                 from .dashboard import Dashboard
 
                 self._dashboard = Dashboard(backend=self._backend, address=dashboard)
-            except BaseException:
-                self._backend.close(cancel_pending=True)
-                raise
-        context.pilots.append(self)
+            context.push_pilot(self)
+        except BaseException:
+            self._closed = True
+            self._backend.close(cancel_pending=True)
+            if self._dashboard is not None:
+                self._dashboard.close()
+            raise
 
     # -- work --------------------------------------------------------------------------
 
@@ -113,8 +121,7 @@ class Pilot:
         finally:
             if self._dashboard is not None:
                 self._dashboard.close()  # pages say "closed"; the port is free after this
-            if self in context.pilots:
-                context.pilots.remove(self)
+            context.drop_pilot(self)
 
     def __enter__(self) -> Pilot:
         return self
@@ -123,10 +130,17 @@ class Pilot:
         self.close(cancel_pending=exc_type is not None)
 
     def __del__(self):
+        # Dropped without close(): the pending work finishes, then the workers stop (what a
+        # dropped ProcessPoolExecutor does), in a thread: a finalizer must not block.
         if not getattr(self, "_closed", True):
+            self._closed = True
+            context.drop_pilot(self)
+            if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
+                return  # the exit handler closes it (a thread started now would never run)
             try:
-                self.close(cancel_pending=True)
-            except Exception:
+                threading.Thread(target=context.close_quietly, args=(self._backend,),
+                                 name="shoal-closer", daemon=True).start()
+            except RuntimeError:  # interpreter shutdown: the exit handler closes it
                 pass
 
     def __repr__(self) -> str:

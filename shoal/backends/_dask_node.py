@@ -50,7 +50,7 @@ import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._errors import SerializationError
-from ..runtime import wire
+from ..runtime import graph, wire
 from ..runtime.mapping import TARGET_S, map_iter
 from ..runtime.shared import portable_dumps
 from ..runtime.topology import topology as get_topology
@@ -206,9 +206,14 @@ def _tag(exc: BaseException) -> None:
             pass
 
 
-def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: float | None):
-    """A dask task: run ``fn(*args, **kwargs)`` on this node's shoal runtime (dask worker)."""
+def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: float | None,
+             unpack: bool = False):
+    """A dask task: run ``fn(*args, **kwargs)`` on this node's shoal runtime (dask worker).
+    ``unpack``: the arguments held dependencies, and sets among them travelled as tagged
+    dicts (``graph.substitute(..., sets_as_dicts=True)``; dask walks no sets)."""
     node = node_runtime(cfg)
+    if unpack:
+        args, kwargs = graph.unpack_sets(args), graph.unpack_sets(kwargs)
     return _run(node, node.function(blob), args, kwargs, timeout)
 
 

@@ -50,13 +50,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import enum
+import io
 import itertools
 import socket
 import threading
 import traceback
 import uuid
-
-import cloudpickle
 
 from .._errors import (
     BackendUnavailable,
@@ -65,6 +64,7 @@ from .._errors import (
     SerializationError,
     WorkerLost,
 )
+from ..runtime import graph, wire
 from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_balance import Balancer
@@ -73,7 +73,6 @@ from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
 
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 
 
@@ -213,14 +212,21 @@ class DaskBackend:
             _check_options(retries, timeout)
         if not callable(fn):
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, io.IOBase) and not isinstance(a, (io.BytesIO, io.StringIO)):
+                return _failed(SerializationError(  # dask's cloudpickle would send a StringIO
+                    f"an open file ({type(a).__name__} {getattr(a, 'name', None)!r}) cannot be "
+                    "sent to a worker; pass the path (and open it in the task) or the contents"))
         try:
             blob = self._blob(fn)
-            args, kwargs = _to_dask(args), _to_dask(kwargs)
+            deps = (bool(args) and graph.any_future(args)) or (bool(kwargs) and graph.any_future(kwargs.values()))
+            if deps:
+                args, kwargs = _to_dask(args), _to_dask(kwargs)
         except _ForeignFuture as exc:
             raise ValueError(str(exc)) from None
         except Exception as exc:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
-        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout), _name(fn), retries)
+        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps), _name(fn), retries)
 
     def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
         """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
@@ -255,7 +261,7 @@ class DaskBackend:
     def _blob(self, fn) -> bytes:
         entry = self._blobs.get(id(fn))
         if entry is None:
-            entry = self._blobs[id(fn)] = (cloudpickle.dumps(fn), fn)  # fn kept: id stays unique
+            entry = self._blobs[id(fn)] = (wire.dump_function(fn), fn)  # fn kept: id stays unique
         return entry[0]
 
     def _cancel(self, fut: Future) -> None:
@@ -426,23 +432,18 @@ class _ForeignFuture(Exception):
     pass
 
 
-def _to_dask(obj, depth: int = 0):
-    """``obj`` with this backend's shoal Futures replaced by their dask futures."""
-    if isinstance(obj, Future):
-        dfut = getattr(obj, "_dask", None)
-        if dfut is None:
-            raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
-                                 "task; pass its .result() instead")
-        return dfut
-    t = type(obj)
-    if t in _ATOMIC or depth >= 5:
-        return obj
-    if t is tuple or t is list:
-        items = [_to_dask(x, depth + 1) for x in obj]
-        return tuple(items) if t is tuple else items
-    if t is dict:
-        return {k: _to_dask(v, depth + 1) for k, v in obj.items()}
-    return obj
+def _dask_future_of(fut: Future):
+    dfut = getattr(fut, "_dask", None)
+    if dfut is None:
+        raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
+                             "task; pass its .result() instead")
+    return dfut
+
+
+def _to_dask(obj):
+    """``obj`` with this backend's shoal Futures replaced by their dask futures (the one
+    walk of ``shoal.runtime.graph``; dask then finds them at the same places)."""
+    return graph.substitute(obj, _dask_future_of, sets_as_dicts=True)
 
 
 def _probe_tcp(address: str, timeout: float) -> None:

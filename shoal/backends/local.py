@@ -38,6 +38,7 @@ import concurrent.futures as cf
 import heapq
 import itertools
 import json
+import logging
 import os
 import random
 import signal
@@ -46,32 +47,36 @@ import sys
 import threading
 import time
 import types
+import weakref
 
 from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
+from ..runtime import context, graph, wire
 from ..runtime import trace as tracing
-from ..runtime import wire
+from ..runtime.functions import FunctionTable
 from ..runtime.future import Future
+from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.policy import Placement
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
 from ..runtime.worker import (
-    _ATOMIC,
     POKE,
     STATUS_DEPTH,
     STATUS_HUNGRY,
+    STATUS_LOADING,
     STATUS_PID,
     STATUS_RUNNING,
     STATUS_SLOTS,
-    has_futures,
-    resolve_futures,
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
+_LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
+_log = logging.getLogger("shoal.runtime")
+_live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
 
 
 class _Task:
@@ -128,9 +133,10 @@ class LocalBackend:
         self.doorbell = self.matrix.doorbell(0)
         self._cancel_cb = self._cancel
         self.tasks: dict[int, _Task] = {}
+        self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
-        self.fn_ids: dict[int, tuple[int, object]] = {}  # id(fn) -> (fn id, fn kept alive)
-        self.defines: list[bytes] = []
+        self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
+        self.fn_ids = self.functions.ids  # id(fn) -> (fn id, fn): read on the hot path
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
@@ -143,6 +149,12 @@ class LocalBackend:
         self.export_lock = threading.Lock()
         self.closing = False
         self.closed = False
+        self.close_lock = threading.Lock()
+        self.pid = os.getpid()  # the process that owns the rings (a fork may not use them)
+        self.forked = False
+        self.health = Health(_LIVENESS_S)  # down endpoints (restart backoff), stopped workers
+        self.down = self.health.down  # endpoint without a process -> Down
+        self.pump_errors = 0
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)
@@ -157,6 +169,7 @@ class LocalBackend:
             raise
         self.pump_thread = threading.Thread(target=self._pump, name="shoal-pump", daemon=True)
         self.pump_thread.start()
+        _live.add(self)
 
     @property
     def endpoints(self) -> range:
@@ -187,8 +200,36 @@ class LocalBackend:
             env=env,
             stdin=subprocess.DEVNULL,
         )
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
         self.procs[ep] = proc
-        self.pidfds[ep] = os.pidfd_open(proc.pid)
+        self.pidfds[ep] = pidfd
+
+    def _replace(self, ep: int) -> None:
+        """Start a replacement on ``ep`` (lock held).  A failure (no free fds, ENOMEM, the
+        pids limit) leaves ``ep`` down; the pump retries with backoff and says so."""
+        try:
+            self._start_worker(ep)
+        except BaseException as exc:  # noqa: BLE001 - the pump thread must not die of it
+            entry = self.health.start_failed(ep, repr(exc), time.monotonic())
+            _log.warning("shoal: could not start a replacement for worker %d (attempt %d: %r); "
+                         "its tasks go to the other workers; retrying in %.2f s",
+                         ep, entry.tries, exc, entry.delay)
+            return
+        if self.health.started(ep):
+            _log.warning("shoal: worker %d is back (pid %d)", ep, self.procs[ep].pid)
+        for msg in self.functions.defines.values():
+            self._send(ep, msg, wake=False)
+
+    def _retry_down(self) -> None:
+        with self.lock:
+            for ep in self.health.due(time.monotonic()):
+                if not self.closing:
+                    self._replace(ep)
 
     def _on_death(self, ep: int) -> None:
         """A worker process exited: account for its tasks, tell the others, replace it."""
@@ -200,8 +241,11 @@ class LocalBackend:
         status = self.matrix.status(ep)
         depth = status[STATUS_DEPTH]
         running = {status[STATUS_RUNNING + i] for i in range(min(depth, STATUS_SLOTS))}
+        loading = status[STATUS_LOADING]
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
+        if loading:  # it died unpickling a function: no other worker gets that DEFINE again
+            self._quarantine(loading, ep, proc)
         overran = self.timed_out.pop(ep, None)
         with self.stats_cond:
             self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
@@ -218,6 +262,8 @@ class LocalBackend:
             for other in self.endpoints:
                 if other != ep:
                     self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
+            self.health.lost(ep)  # re-sent tasks go elsewhere
+            broken = []
             for tid, task in list(self.tasks.items()):
                 if task.placed == ep:
                     self.placement.finished(ep - 1)
@@ -225,15 +271,18 @@ class LocalBackend:
                 if task.where == ep:
                     if tid in running or tid == overran:
                         lost.append(task)
+                    elif self.functions.quarantined and self.functions.is_quarantined(task.fn):
+                        broken.append(task)
                     else:
                         self._dispatch(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()
             if not self.closing:
-                self._start_worker(ep)
-                for msg in self.defines:
-                    self._send(ep, msg, wake=False)
+                self._replace(ep)
+        for task in broken:
+            self._fail_or_retry(task.future.task_id, task, SerializationError(
+                self.functions.quarantined[id(task.fn)][1]), retry=False)
         for task in lost:
             tid = task.future.task_id
             if tid == overran:
@@ -244,18 +293,29 @@ class LocalBackend:
                                  f"while running task {task.name}; a replacement was started")
             self._fail_or_retry(tid, task, err)
 
+    def _quarantine(self, fn_id: int, ep: int, proc) -> None:
+        """Function ``fn_id`` killed worker ``ep`` while being unpickled: drop its DEFINE
+        (replacements would die of it too), fail its tasks, refuse new ones."""
+        with self.lock:
+            why = self.functions.quarantine(fn_id, lambda name: (
+                f"function {name} killed worker {ep} (pid {proc.pid}, exit code "
+                f"{proc.returncode}) while the worker unpickled it (importing its module?); "
+                "it is quarantined: its tasks fail, the others go on"))
+        if why is not None:
+            _log.error("shoal: %s", why)
+
     # -- submitting --------------------------------------------------------------------
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
-            raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
+            raise PilotClosed(self._closed_reason())
         if type(retries) is not int or retries or timeout is not None:
             _check_options(retries, timeout)
         fut = Future()
         fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
-        if (args and _any_future(args)) or (kwargs and _any_future(kwargs.values())):
+        if (args and graph.any_future(args)) or (kwargs and graph.any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
             self._submit_later(fut, fn, args, kwargs, retries, timeout)
@@ -272,7 +332,7 @@ class LocalBackend:
         if entry is not None:
             fn_id = entry[0]
             payload = wire.dump_args(args, kwargs, fn)
-        elif type(fn) in _CACHEABLE:
+        elif type(fn) in _CACHEABLE and self._fn_id(fn):
             fn_id = self._fn_id(fn)
             payload = wire.dump_args(args, kwargs, fn)
         elif callable(fn):  # bound methods, partials, callable objects: their state may change
@@ -289,57 +349,52 @@ class LocalBackend:
             self._dispatch(task)
 
     def _submit_later(self, fut, fn, args, kwargs, retries, timeout) -> None:
-        """Hold a task until the futures among its arguments are done, then send it."""
-        deps = []
-        _collect_futures((args, kwargs), deps)
-        remaining = [len(deps)]
-        lock = threading.Lock()
+        """Hold a task until the futures among its arguments are done, then send it.
 
-        def on_dep_done(_dep):
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+        From now on the task counts as outstanding (``waiting``): ``close`` waits
+        for it, ``close(cancel_pending=True)`` cancels it."""
+        deps = graph.collect_futures((args, kwargs))
+        with self.lock:
+            self.waiting[fut.task_id] = fut
+
+        def on_deps_done():
+            with self.lock:
+                self.waiting.pop(fut.task_id, None)
             if fut.done():
                 return
-            for d in deps:
-                if d.cancelled():
-                    fut.set_exception(cf.CancelledError(f"a dependency of task {fut.task_id:#x} was cancelled"))
-                    return
-                if d.exception() is not None:
-                    fut.set_exception(d.exception())
-                    return
+            err = graph.failed_dependency(deps)
+            if err is not None:
+                _settle(fut, False, err)
+                return
             try:
-                self._submit_now(fut, fn, resolve_futures(args), resolve_futures(kwargs), retries, timeout)
-            except Exception as exc:
-                fut.set_exception(exc)
+                self._submit_now(fut, fn, graph.resolve(args), graph.resolve(kwargs), retries, timeout)
+            except BaseException as exc:  # noqa: BLE001 - the task's own failure
+                _settle(fut, False, exc)
 
-        for d in deps:
-            d.add_done_callback(on_dep_done)
+        graph.when_done(deps, on_deps_done)
 
     def _fn_id(self, fn) -> int:
+        """The id under which the workers know ``fn``; 0: send it with the task instead
+        (``shoal.runtime.functions``: bounded, lambdas on second use, quarantine)."""
         entry = self.fn_ids.get(id(fn))
         if entry is not None:
             return entry[0]
+        with self.lock:
+            if not self.functions.wants(fn):
+                return 0
         blob = wire.dump_function(fn)
         with self.lock:
             entry = self.fn_ids.get(id(fn))
             if entry is not None:
                 return entry[0]
-            fn_id = len(self.fn_ids) + 1
-            msg = wire.encode_define(fn_id, blob)
-            self.defines.append(msg)
+            fn_id, msg = self.functions.define(fn, blob)
             for ep in self.endpoints:
                 self._send(ep, msg, wake=False)
-            self.fn_ids[id(fn)] = (fn_id, fn)
         return fn_id
 
     def function_of(self, fn_id: int):
         """The function sent to the workers under ``fn_id`` (None if unknown)."""
-        for fid, fn in list(self.fn_ids.values()):
-            if fid == fn_id:
-                return fn
-        return None
+        return self.functions.function_of(fn_id)
 
     def _send(self, ep: int, msg: bytes, wake: bool = True) -> None:
         """Send to a worker (lock held).  What does not fit waits in the outbox; the pump
@@ -354,6 +409,10 @@ class LocalBackend:
         if task.placed:
             self.placement.finished(task.placed - 1)
         w = self.placement.choose()
+        if self.down and w + 1 in self.down:  # no process there now: any live worker
+            live = self.health.live(self.endpoints)
+            if live:
+                w = live[task.future.task_id % len(live)] - 1
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep
@@ -361,6 +420,8 @@ class LocalBackend:
 
     def _cancel(self, fut: Future) -> None:
         with self.lock:
+            if self.waiting and self.waiting.pop(fut.task_id, None) is not None:
+                return  # still waiting for its inputs: nothing was sent
             task = self.tasks.pop(fut.task_id, None)
             if task is None:
                 return
@@ -373,8 +434,8 @@ class LocalBackend:
                 if len(self.recently_cancelled) > 4096:
                     self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
 
-    def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException) -> None:
-        if task.retries > 0 and not self.closing:
+    def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
+        if retry and task.retries > 0 and not self.closing:
             task.retries -= 1
             with self.lock:
                 if tid in self.tasks:
@@ -390,15 +451,33 @@ class LocalBackend:
     # -- the pump thread ---------------------------------------------------------------
 
     def _pump(self) -> None:
+        """The pump thread's body: it never dies before ``close``.  Anything a round
+        raises (BaseException included) is reported and the loop goes on."""
+        errors = 0
+        while True:
+            try:
+                self._pump_rounds()
+                return
+            except BaseException:  # noqa: BLE001 - a dead pump would hang every future
+                self.pump_errors += 1
+                errors += 1
+                _log.exception("shoal: the pump thread hit an error; it goes on")
+                time.sleep(min(1.0, 0.001 * 2 ** min(errors, 10)))
+
+    def _pump_rounds(self) -> None:
         idle = 0
         while True:
             got = self._drain_inboxes()
             if self.deadlines:
                 self._check_deadlines()
+            if self.down:
+                self._retry_down()
             if any(box.pending for box in self.out.values()):
                 with self.lock:
                     for box in self.out.values():
                         box.flush()
+            if self.tasks and self.health.check_due(time.monotonic()):
+                self._check_liveness()
             if got:
                 idle = 0
                 continue
@@ -410,6 +489,11 @@ class LocalBackend:
             timeout = None
             if self.deadlines:
                 timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            if self.down and not self.closing:
+                due = self.health.wake_in(time.monotonic())
+                timeout = due if timeout is None else min(timeout, due)
+            if self.tasks:
+                timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001
             fds = list(self.pidfds.values())
@@ -418,6 +502,18 @@ class LocalBackend:
                 for ep, pidfd in list(self.pidfds.items()):
                     if pidfd == fd:
                         self._on_death(ep)
+
+    def _check_liveness(self) -> None:
+        """Report workers that are stopped (SIGSTOP, a debugger): their tasks cannot
+        progress, and without a ``timeout=`` nothing else would say why."""
+        for ep, proc in list(self.procs.items()):
+            change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
+            if change is Change.STOPPED:
+                _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); its "
+                             "tasks wait until it gets SIGCONT. Give tasks a timeout= to bound "
+                             "them.", ep, proc.pid)
+            elif change is Change.RUNS_AGAIN:
+                _log.warning("shoal: worker %d (pid %d) runs again", ep, proc.pid)
 
     def _readable(self) -> bool:
         if self.closed:
@@ -438,10 +534,14 @@ class LocalBackend:
                 self.messages_in += len(msgs)
                 results = []
                 for m in msgs:
-                    if m[0] == Kind.RESULT:
-                        results.append(wire.decode_result(m))
-                    else:
-                        self._handle(ep, m)
+                    try:
+                        if m[0] == Kind.RESULT:
+                            results.append(wire.decode_result(m))
+                        else:
+                            self._handle(ep, m)
+                    except BaseException:  # noqa: BLE001 - one bad message, not the batch
+                        self.pump_errors += 1
+                        _log.exception("shoal: a message from worker %d could not be handled", ep)
                 if results:
                     self._on_results(results)
         return got
@@ -579,13 +679,18 @@ class LocalBackend:
                 if left <= 0:
                     break
                 self.stats_cond.wait(left)
-            workers = [self.stats_replies.get(ep, {"worker": ep, "unresponsive": True}) for ep in self.endpoints]
+            workers = [self.stats_replies.get(ep) or self._silent(ep) for ep in self.endpoints]
         return {
             "backend": self.kind,
             "workers": workers,
             "driver": {
                 "outstanding": len(self.tasks),
                 "worker_deaths": self.deaths,
+                "waiting_for_inputs": len(self.waiting),
+                "restart_failures": self.health.restart_failures,
+                "workers_down": sorted(self.down),
+                "workers_stopped": sorted(self.health.stopped),
+                "pump_errors": self.pump_errors,
                 "messages_in": self.messages_in,
                 "messages_out": sum(box.sent for box in self.out.values()),
             },
@@ -599,7 +704,8 @@ class LocalBackend:
         latest answers so far, each with ``at`` (epoch seconds), plus what the
         driver sees without asking: each worker's pid and state from its status
         words (``running``: driver tasks on its stack; ``hungry``: asked every
-        victim in vain; ``parked``: asleep on its doorbell).
+        victim in vain; ``parked``: asleep on its doorbell) and its health
+        (``down``: could not be restarted; ``stopped``: SIGSTOPped).
         """
         with self.lock:
             if self.closing:
@@ -617,6 +723,7 @@ class LocalBackend:
                     "generation": self.generation[ep], "running": status[STATUS_DEPTH],
                     "hungry": bool(status[STATUS_HUNGRY]),
                     "parked": bool(box is not None and box.doorbell.sleeping),
+                    "down": ep in self.down, "stopped": ep in self.health.stopped,
                 })
         with self.stats_cond:
             for row in rows:
@@ -626,15 +733,60 @@ class LocalBackend:
                            "messages_in": self.messages_in,
                            "messages_out": sum(box.sent for box in self.out.values())}}
 
+    def _silent(self, ep: int) -> dict:
+        """A worker's stats entry when it did not answer: why, as far as the driver knows."""
+        out = {"worker": ep, "unresponsive": True}
+        if ep in self.down:
+            out["state"] = "down"
+            out["restart_error"] = self.down[ep].why
+        else:
+            proc = self.procs.get(ep)
+            state = proc_state(proc.pid) if proc is not None else None
+            out["pid"] = proc.pid if proc is not None else None
+            out["state"] = "stopped" if state in ("T", "t") else "busy"
+        return out
+
+    def _closed_reason(self) -> str:
+        if self.forked:
+            return (f"this pilot belongs to process {self.pid}, and this process ({os.getpid()}) "
+                    "is a fork of it: a forked process cannot use its parent's pilot (the workers "
+                    "and rings are the parent's); open a new shoal.Pilot in the child")
+        if context.exiting:
+            return "cannot schedule new futures after interpreter shutdown"
+        return "submit() on a closed pilot; open a new shoal.Pilot"
+
+    def _forked(self) -> None:
+        """In the child of ``os.fork()`` (at-fork hook): never touch the parent's workers,
+        rings or processes; every use raises ``PilotClosed`` saying why."""
+        self.forked = True
+        self.closing = self.closed = True
+        for fd in [*self.pidfds.values(), self.lifeline_w]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pidfds, self.procs = {}, {}
+        self.tasks, self.waiting = {}, {}
+        self.out, self.inboxes = {}, []
+
     def close(self, cancel_pending: bool = False) -> None:
+        with self.close_lock:  # the exit handler and a collected pilot's closer may race
+            self._close(cancel_pending)
+
+    def _close(self, cancel_pending: bool) -> None:
         if self.closed:
             return
         self.closing = True
-        if cancel_pending:
-            for task in list(self.tasks.values()):
-                task.future.cancel()
-        else:
-            cf.wait([t.future for t in list(self.tasks.values())])
+        while True:  # tasks waiting for inputs are outstanding too (they finish or cancel)
+            with self.lock:
+                futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
+            if not futs:
+                break
+            if cancel_pending:
+                for f in futs:
+                    f.cancel()
+                break
+            cf.wait(futs)
         with self.lock:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
@@ -681,13 +833,6 @@ def _check_options(retries, timeout) -> None:
         raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")
 
 
-def _any_future(values) -> bool:
-    for v in values:
-        if type(v) not in _ATOMIC and has_futures(v):
-            return True
-    return False
-
-
 def _settle(fut: Future, ok: bool, value) -> None:
     try:
         if ok:
@@ -696,17 +841,16 @@ def _settle(fut: Future, ok: bool, value) -> None:
             fut.set_exception(value)
     except cf.InvalidStateError:
         pass  # cancelled meanwhile
+    except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
+        _log.exception("shoal: a done-callback of %r raised", fut)
 
 
-def _collect_futures(obj, out: list, depth: int = 0) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif depth < 5 and type(obj) in (list, tuple):
-        for x in obj:
-            _collect_futures(x, out, depth + 1)
-    elif depth < 5 and type(obj) is dict:
-        for x in obj.values():
-            _collect_futures(x, out, depth + 1)
+def _after_fork_in_child() -> None:
+    for backend in list(_live):
+        backend._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _package_root() -> str:

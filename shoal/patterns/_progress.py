@@ -81,7 +81,7 @@ class Ticker:
     """Samples a running skeleton for the dashboard and the terminal: driver thread only."""
 
     def __init__(self, topic: str, sample: Callable[[], dict], *, rates=(), line=(),
-                 interval: float = INTERVAL_S, clock=time.monotonic):
+                 terminal: bool = True, interval: float = INTERVAL_S, clock=time.monotonic):
         self.topic = topic
         self.sample = sample
         self.rates = tuple(rates)  # fields that also get a ``<field>_per_s``
@@ -92,11 +92,15 @@ class Ticker:
         self.next = self.t0 + interval
         self.prev: tuple[float, dict] | None = None
         self.line = _Line(topic)
+        if not terminal:  # the caller draws its own line (the search skeletons' progress=)
+            self.line.enabled = False
         _runs[topic] = self.run = _runs.get(topic, 0) + 1  # pages show the latest call's records
 
     def timeout(self) -> float:
         """Seconds until the next sample is due (a wait's timeout)."""
         return max(0.0, self.next - self.clock())
+
+    wait_s = timeout  # the name the search driver's progress objects use
 
     def tick(self, final: bool = False) -> None:
         now = self.clock()
@@ -136,3 +140,17 @@ class Ticker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(final=exc_type is None)
+
+
+class Both:
+    """Several progress objects (``wait_s()``/``tick(final)``) driven as one; Nones dropped."""
+
+    def __init__(self, *progs):
+        self.progs = [p for p in progs if p is not None]
+
+    def wait_s(self) -> float:
+        return min(p.wait_s() for p in self.progs)
+
+    def tick(self, final: bool = False) -> None:
+        for p in self.progs:
+            p.tick(final=final)

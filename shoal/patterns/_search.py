@@ -17,11 +17,12 @@ Data flow::
             then join the spawned tasks newest first and merge their Tallies
     driver: Tally -> count / node / Result + SearchStats
 
-Control is a ``SharedArray((workers + 1, 6), int64)``: one row per process,
+Control is a ``SharedArray((workers + 1, 4), int64)``: one row per process,
 each written only by its owner (the single-writer rule of BestCell):
 SPAWNED and STARTED count search tasks made and begun, ACTIVE counts search
-tasks running (not waiting in a join) and STOP is a flag; EXPORTED counts subtrees
-given away, NODES nodes visited (at each poll; the driver's progress ticker reads it).  A worker whose
+tasks running (not waiting in a join), STOP is a flag, EXPORTED counts subtrees
+given to other machines and NODES the nodes visited so far (written at every
+poll: what ``progress=`` shows).  A worker whose
 ACTIVE is 0 is hungry; ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer.
 
 Invariants: every node of the tree is visited by exactly one task (a split
@@ -46,6 +47,7 @@ not public API); reading the incumbent at every node (a few us each).
 
 from __future__ import annotations
 
+import numbers
 import pickle
 import random
 import sys
@@ -54,6 +56,7 @@ import time
 import shoal
 
 from ._portable import unwrap
+from ._search_bnb import BnBLoop
 from ._search_model import (  # noqa: F401 - re-exported for the drivers
     Coordination,
     Goal,
@@ -68,12 +71,14 @@ from ._search_model import (  # noqa: F401 - re-exported for the drivers
     kids_of,
     number,
     replay,
+    where,
 )
 
 __all__ = ["Coordination", "SearchError", "SearchStats"]
 
 
 SPAWNED, STARTED, ACTIVE, STOP, EXPORTED, NODES = range(6)
+CONTROL_COLUMNS = 6
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop cell (the cross-node stop flag)
 TICK = 16  # the hot loops look at the clock once per TICK nodes expanded
@@ -99,7 +104,7 @@ def _slot(array) -> int:
 # ---------------------------------------------------------------------------
 
 
-class Explorer:
+class Explorer(BnBLoop):
     """Depth-first search of one unit of work inside one task: worker thread only."""
 
     def __init__(self, spec: Spec, base: tuple, ctl, me: int, split: bool):
@@ -108,6 +113,7 @@ class Explorer:
         self.accept = unwrap(spec.accept)
         self.objective = unwrap(spec.objective)
         self.bound = unwrap(spec.bound)
+        self.kernel = unwrap(spec.kernel)
         self.base = base
         self.ctl = ctl
         self.me = me
@@ -116,6 +122,10 @@ class Explorer:
         self.split_ok = split and _nesting < max_nesting()
         self.demand = split and spec.coordination in (Coordination.STACK_STEALING,
                                                      Coordination.INDEXED)
+        # a split counts leaf siblings in place instead of shipping them (count only:
+        # most UTS nodes are leaves, and 87% of its pieces used to be single leaves)
+        self.leaves_in_place = (spec.goal is Goal.COUNT and not spec.collect
+                                and spec.kernel is None)
         self.next_poll = 0.0
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
@@ -124,9 +134,8 @@ class Explorer:
         self.channel = spec.channel
         self.exporting: list | None = None  # collects what split() ships, while exporting
         self.polls = 0
-        self.live = 0  # nodes a hot loop counted but has not added to the tally yet
-        self.published = 0  # nodes of this task written to Control's NODES column
-        self.nodes_col = ctl.shape[1] > NODES  # (backtracking.iter's Control is narrower)
+        self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
+        self.reported = 0  # nodes of this task already added to Control's NODES
         w = shoal.current_worker()
         self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
         g = spec.initial
@@ -155,8 +164,8 @@ class Explorer:
             try:
                 b = self.bound(node)
             except Exception as exc:
-                raise SearchError(f"bound() raised {exc!r} at node path {_p(path)}") from exc
-            b = number(b, "bound()", _p(path))
+                raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+            b = number(b, "bound()", path, node)
             if spec.negate:
                 b = -b
             if b <= self.lim or b < self.slim:
@@ -165,17 +174,33 @@ class Explorer:
             try:
                 v = self.objective(node)
             except Exception as exc:
-                raise SearchError(f"objective() raised {exc!r} at node path {_p(path)}") from exc
-            v = number(v, "objective()", _p(path))
+                raise SearchError(f"objective() raised {exc!r} at {where(path, node)}") from exc
+            v = number(v, "objective()", path, node)
             if spec.negate:
                 v = -v
             if v > self.lim and v >= self.slim:
                 self.improve(node, v, _p(path))
         elif spec.goal is Goal.FIND:
-            try:
-                hit = self.accept(node)
-            except Exception as exc:
-                raise SearchError(f"goal() raised {exc!r} at node path {_p(path)}") from exc
+            if self.bound is not None:  # the Decision skeleton: prune against the target
+                try:
+                    b = self.bound(node)
+                except Exception as exc:
+                    raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+                if number(b, "bound()", path, node) < spec.target:
+                    t.pruned += 1
+                    return False
+            if self.accept is not None:
+                try:
+                    hit = self.accept(node)
+                except Exception as exc:
+                    raise SearchError(f"goal() raised {exc!r} at {where(path, node)}") from exc
+            else:
+                try:
+                    v = self.objective(node)
+                except Exception as exc:
+                    raise SearchError(f"objective() raised {exc!r} at "
+                                      f"{where(path, node)}") from exc
+                hit = number(v, "objective()", path, node) >= spec.target
             if hit:
                 p = _p(path)
                 check_picklable(node, p, "a found node travels back to the driver")
@@ -187,7 +212,7 @@ class Explorer:
             try:
                 ok = self.accept(node)
             except Exception as exc:
-                raise SearchError(f"accept() raised {exc!r} at node path {_p(path)}") from exc
+                raise SearchError(f"accept() raised {exc!r} at {where(path, node)}") from exc
             if ok:
                 t.count += 1
                 if spec.collect:
@@ -225,8 +250,16 @@ class Explorer:
         if self.stop_cell is not None:
             self.stop_cell.offer(1.0)
 
+    def report(self) -> None:
+        """Add the nodes visited since the last report to Control's NODES (progress)."""
+        live = self.tally.nodes + self.seen
+        if live != self.reported:
+            self.ctl[self.me, NODES] += live - self.reported
+            self.reported = live
+
     def poll(self, iters, idx) -> None:
         """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+        self.report()
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
             if r[STOP]:
@@ -262,15 +295,7 @@ class Explorer:
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
                         self.split(iters, idx, 1, whole_level=False)
                         self.stale = 0
-        self.publish_nodes()
         self.next_poll = time.perf_counter() + POLL_S
-
-    def publish_nodes(self) -> None:
-        """Add the nodes this task visited since the last call to its worker's NODES cell."""
-        if self.nodes_col:
-            n = self.tally.nodes + self.live
-            self.ctl[self.me, NODES] += n - self.published
-            self.published = n
 
     def split(self, iters, idx, want: int, whole_level: bool) -> None:
         """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
@@ -287,7 +312,8 @@ class Explorer:
                     break
                 except Exception as exc:
                     path = self.base + tuple(idx[:lvl])
-                    raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+                    raise SearchError(f"children() raised {exc!r} at "
+                                      f"{where(path, spec=self.spec)}") from exc
                 if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
                     idx[lvl] += 1
                     path = self.base + tuple(idx)
@@ -300,6 +326,8 @@ class Explorer:
                         iters[lvl] = _EMPTY
                         break
                     continue
+                if self.leaves_in_place and self._leaf(child, path):
+                    continue  # counted here: a steal round trip for one leaf buys nothing
                 self.ship(child, path)
                 shipped += 1
                 if not whole_level:
@@ -307,12 +335,24 @@ class Explorer:
             if want <= 0 or (whole_level and shipped):
                 return
 
+    def _leaf(self, node, path) -> bool:
+        """Count ``node`` here if it is a leaf (``children`` returns an empty list or
+        tuple; a generator cannot tell without being advanced, so it is shipped)."""
+        try:
+            kids = self.children(node)
+        except Exception as exc:
+            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
+        if kids or not (kids.__class__ is list or kids.__class__ is tuple):
+            return False
+        self.visit(node, len(path), path)
+        return True
+
     def prunable(self, node, path) -> bool:
         try:
             b = self.bound(node)
         except Exception as exc:
-            raise SearchError(f"bound() raised {exc!r} at node path {path}") from exc
-        b = number(b, "bound()", path)
+            raise SearchError(f"bound() raised {exc!r} at {where(path, node)}") from exc
+        b = number(b, "bound()", path, node)
         if self.spec.negate:
             b = -b
         if b <= self.lim or b < self.slim:
@@ -404,8 +444,8 @@ class Explorer:
             try:
                 child = next(iters[-1], _END)
             except Exception as exc:
-                raise SearchError(f"children() raised {exc!r} at node path "
-                                  f"{base + tuple(idx[:-1])}") from exc
+                raise SearchError(f"children() raised {exc!r} at "
+                                  f"{where(base + tuple(idx[:-1]), spec=self.spec)}") from exc
             if child is _END:
                 iters.pop()
                 idx.pop()
@@ -461,12 +501,20 @@ class Explorer:
         """
         base, t = self.base, self.tally
         d0 = len(base)
+        kernel = self.kernel
+        kd = sys.maxsize  # loop depth d from which the children are the kernel's
+        if kernel is not None:
+            if d0 >= self.spec.kernel_depth:  # a whole task below the cutoff
+                t.count += self.run_kernel(node, base)
+                return
+            kd = self.spec.kernel_depth - d0 - 1
         self.visit(node, d0, base)
         children, accept = self.children, self.accept
         pd = [0] * 32 if self.spec.per_depth else None
         budget = self.spec.budget if (self.spec.coordination is Coordination.BUDGET
                                       and self.split_ok) else 0
-        backtracks = count = nodes = 0
+        backtracks = count = nodes = kcount = 0
+        bad = False
         tick = TICK
         skips = self.skips
         clock = time.perf_counter
@@ -479,18 +527,28 @@ class Explorer:
             while True:
                 for child in top:
                     i += 1
+                    if d >= kd:  # kernel=: the user's sequential count of the subtree
+                        bad = True  # its TypeError (not an int) is the user's answer
+                        kcount += self.run_kernel(child, base + tuple(idx[:d]) + (i,))
+                        bad = False
+                        if clock() >= self.next_poll:  # (a kernel call is a whole subtree)
+                            self.seen = nodes
+                            top = self._poll_at(iters, idx, d, top, i)
+                        if skips and d in skips:
+                            i += skips.pop(d)
+                        continue
                     if accept is not None:  # (without accept, count = nodes: added at the end)
                         try:
                             if accept(child):
                                 count += 1
                         except Exception as exc:
-                            raise SearchError(f"accept() raised {exc!r} at node path "
-                                              f"{base + tuple(idx[:d]) + (i,)}") from exc
+                            raise SearchError(f"accept() raised {exc!r} at "
+                                              f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     try:
                         kids = children(child)
                     except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
+                        raise SearchError(f"children() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
                     if pd is not None:  # a local list indexed by depth below the base - 1
                         try:
                             pd[d] += 1
@@ -502,7 +560,7 @@ class Explorer:
                         nodes += TICK
                         tick = TICK
                         if clock() >= self.next_poll:
-                            self.live = nodes
+                            self.seen = nodes
                             top = self._poll_at(iters, idx, d, top, i)
                     if not kids and (kids.__class__ is list or kids.__class__ is tuple):
                         # a leaf: no level to push and pop (most nodes of UTS trees)
@@ -525,9 +583,9 @@ class Explorer:
                         top = iter(kids)
                     except TypeError:
                         raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at node path "
-                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
-                                          "generator") from None
+                                          f"{type(kids).__name__} at "
+                                          f"{where(base + tuple(idx[:d]), child)}; return a "
+                                          "list, tuple or generator") from None
                     i = -1
                     break
                 else:  # the level is done: back up
@@ -546,15 +604,30 @@ class Explorer:
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # raised inside a generator, listing top's children
-            raise SearchError(f"children() raised {exc!r} at node path "
-                              f"{base + tuple(idx[:d])}") from exc
+            if bad:
+                raise
+            raise SearchError(f"children() raised {exc!r} at "
+                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
         finally:
             nodes += TICK - tick
             t.nodes += nodes
-            self.live = 0
+            self.seen = 0
             if pd is not None:
                 self._add_per_depth(pd, d0 + 1)
-            t.count += nodes if accept is None else count
+            t.count += (nodes if accept is None else count) + kcount
+
+    def run_kernel(self, node, path) -> int:
+        """``kernel(node)``: the count of the subtree at ``path``, checked."""
+        try:
+            k = self.kernel(node)
+        except Exception as exc:
+            raise SearchError(f"kernel() raised {exc!r} at {where(path, node)}") from exc
+        if type(k) is not int:
+            if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+                return int(k)
+            raise TypeError(f"kernel() returned {k!r} ({type(k).__name__}) at "
+                            f"{where(path, node)}; it must return the subtree's count (an int)")
+        return k
 
     def _add_per_depth(self, counts: list, first: int) -> None:
         """Add a hot loop's per-depth counts (``counts[k]``: nodes at depth ``first + k``)."""
@@ -574,127 +647,6 @@ class Explorer:
         self.split(full, fidx, 1, whole_level=True)
         top = self._after_split(iters, full, fidx, d, i)
         return top, i + self.skips.pop(d, 0)
-
-    def dfs_bnb(self, node) -> None:
-        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
-        base, t, spec = self.base, self.tally, self.spec
-        d0 = len(base)
-        if not self.visit(node, d0, base):
-            return
-        children, bound, objective = self.children, self.bound, self.objective
-        negate, prune_level = spec.negate, spec.prune_level
-        pd = [0] * 32 if spec.per_depth else None
-        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
-        backtracks = nodes = pruned = 0
-        tick = TICK
-        lim, slim = self.lim, self.slim
-        skips = self.skips
-        clock = time.perf_counter
-        iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
-        idx: list = [0] * 32
-        d = 0
-        top = self.kids(node, base)
-        i = -1
-        bad = None  # set while number() checks a value: its TypeError is the user's answer
-        try:
-            while True:
-                for child in top:
-                    i += 1
-                    try:
-                        b = bound(child)
-                    except Exception as exc:
-                        raise SearchError(f"bound() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
-                    tb = type(b)
-                    if tb is not int and (tb is not float or b != b):
-                        bad = "bound()"
-                        b = number(b, bad, base + tuple(idx[:d]) + (i,))
-                        bad = None
-                    if negate:
-                        b = -b
-                    if b <= lim or b < slim:
-                        pruned += 1
-                        if prune_level:
-                            top = _EMPTY  # the rest of the level is pruned too
-                            break
-                        continue
-                    try:
-                        v = objective(child)
-                    except Exception as exc:
-                        raise SearchError(f"objective() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
-                    tv = type(v)
-                    if tv is not int and (tv is not float or v != v):
-                        bad = "objective()"
-                        v = number(v, bad, base + tuple(idx[:d]) + (i,))
-                        bad = None
-                    if negate:
-                        v = -v
-                    if v > lim and v >= slim:
-                        self.improve(child, v, base + tuple(idx[:d]) + (i,))
-                        lim, slim = self.lim, self.slim
-                    nodes += 1
-                    if pd is not None:  # a local list indexed by depth below the base - 1
-                        try:
-                            pd[d] += 1
-                        except IndexError:
-                            pd.extend([0] * (d + 1 - len(pd)))
-                            pd[d] += 1
-                    try:
-                        kids = children(child)
-                    except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at node path "
-                                          f"{base + tuple(idx[:d]) + (i,)}") from exc
-                    tick -= 1
-                    if not tick:
-                        tick = TICK
-                        if clock() >= self.next_poll:
-                            self.live = nodes
-                            top = self._poll_at(iters, idx, d, top, i)
-                            lim, slim = self.lim, self.slim
-                    try:  # push (the lists only grow: d is the depth below the base)
-                        iters[d] = top
-                        idx[d] = i
-                    except IndexError:
-                        iters.append(top)
-                        idx.append(i)
-                    d += 1
-                    try:
-                        top = iter(kids)
-                    except TypeError:
-                        raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at node path "
-                                          f"{base + tuple(idx[:d])}; return a list, tuple or "
-                                          "generator") from None
-                    i = -1
-                    break
-                else:  # the level is done (or pruned): back up
-                    if not d:
-                        break
-                    d -= 1
-                    top = iters[d]
-                    i = idx[d]
-                    if skips and d in skips:
-                        i += skips.pop(d)
-                    if budget:
-                        backtracks += 1
-                        if backtracks >= budget:
-                            backtracks = 0
-                            top, i = self._poll_split(iters, idx, d, top, i)
-                            lim, slim = self.lim, self.slim
-        except (_Stopped, SearchError):
-            raise
-        except Exception as exc:
-            if bad is not None:  # number() rejected a bound or objective value
-                raise
-            raise SearchError(f"children() raised {exc!r} at node path "
-                              f"{base + tuple(idx[:d])}") from exc
-        finally:
-            t.nodes += nodes
-            self.live = 0
-            t.pruned += pruned
-            if pd is not None:
-                self._add_per_depth(pd, d0 + 1)
 
     def join(self) -> None:
         """Wait for the spawned tasks (newest first) and merge what they found."""
@@ -753,7 +705,7 @@ def task(spec: Spec, node, path: tuple) -> Tally:
             for f in ex.futs:
                 f.cancel()
             raise
-        ex.publish_nodes()  # before the join: the children publish their own nodes
+        ex.report()  # (the spawned tasks report their own nodes)
         ex.join()
         return ex.tally
     finally:
@@ -793,7 +745,7 @@ def _spawn_children(ex: Explorer, node, path: tuple) -> None:
         except StopIteration:
             return
         except Exception as exc:
-            raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
         cpath = path + (i,)
         if ex.spec.goal is Goal.OPTIMISE and ex.prunable(child, cpath):
             if ex.spec.prune_level:

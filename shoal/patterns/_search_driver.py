@@ -11,14 +11,17 @@ the tree into groups and moves subtrees to machines that run dry
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import pickle
+import sys
 import time
 
 import shoal
 
 from ._portable import portable
-from ._progress import Ticker
+from ._progress import Both, Ticker
 from ._search import (
+    CONTROL_COLUMNS,
     NODES,
     SPAWNED,
     STARTED,
@@ -35,12 +38,74 @@ from ._search import (
     task,
     units_task,
 )
+from ._search_checkpoint import resume_initial, run_checkpointed
 
 STOP_WAIT_S = 10.0  # how long an interrupted search waits for its tasks to unwind
 UNITS_PER_NODE = 16  # a pilot of several machines: subtrees the driver opens per machine ...
 GROUPS_PER_NODE = 4  # ... dealt into this many tasks per machine (dask spreads the tasks)
 MAX_SPLIT_DEPTH = 8  # the driver expands at most this many levels
 EXPORT_POLL_S = 0.002  # the driver's loop over results and exports (several machines)
+PROGRESS_S = 1.0  # seconds between two progress lines
+
+
+class Progress:
+    """``progress=``: a line every ``PROGRESS_S`` with the nodes visited, nodes/s and the
+    incumbent, read from Control's NODES column and the incumbent cell (driver only).
+
+    ``True`` writes to stderr when it is a terminal (else nothing: logs of batch jobs
+    stay clean), ``"always"`` to stderr anyway, a file-like object to it.  On a pilot of
+    several machines the count is this machine's.
+    """
+
+    def __init__(self, out, ctl, cell, negate: bool):
+        self.out, self.ctl, self.cell, self.negate = out, ctl, cell, negate
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.t0 = self.last_t = time.monotonic()
+        self.last_nodes = 0
+        self.next = self.t0 + PROGRESS_S
+        self.lines = 0
+
+    @staticmethod
+    def make(progress, ctl, cell, negate: bool):
+        if progress is False or progress is None:
+            return None
+        if progress is True:
+            return Progress(sys.stderr, ctl, cell, negate) if sys.stderr.isatty() else None
+        if progress == "always":
+            return Progress(sys.stderr, ctl, cell, negate)
+        if callable(getattr(progress, "write", None)):
+            return Progress(progress, ctl, cell, negate)
+        raise ValueError(f"progress must be True, False, 'always' or a file-like object, "
+                         f"got {progress!r}")
+
+    def wait_s(self) -> float:
+        return max(0.0, self.next - time.monotonic())
+
+    def tick(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if now < self.next and not final:
+            return
+        nodes = int(self.ctl.array[:, NODES].sum())
+        dt = now - self.last_t
+        rate = (nodes - self.last_nodes) / dt if dt > 0 else 0.0
+        if final:
+            rate = nodes / max(now - self.t0, 1e-9)
+        self.last_t, self.last_nodes, self.next = now, nodes, now + PROGRESS_S
+        line = f"search: {nodes:,} nodes, {rate:,.0f} nodes/s"
+        if self.cell is not None:
+            v = self.cell.value
+            if math.isfinite(v):
+                v = -v if self.negate else v
+                line += f", incumbent {v:g}"
+            else:
+                line += ", no incumbent yet"
+        line += f", {now - self.t0:.1f} s" + (" (done)" if final else "")
+        if self.tty:
+            self.out.write("\r\x1b[K" + line + ("\n" if final else ""))
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+        self.lines += 1
 
 
 def validate(pilot, children, coordination, spawn_depth: int, budget: int) -> Coordination:
@@ -69,41 +134,51 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     sets the stop flag, so every task unwinds at its next poll; the driver
     waits up to ``STOP_WAIT_S`` for that before re-raising.
     """
+    progress = spec_kw.pop("progress", False)
+    ck = spec_kw.pop("checkpoint", None)  # a _search_checkpoint.Checkpoint
     check_picklable(root, (), "the root is sent to a worker")
+    resumed = ck.load() if ck is not None else None
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
-    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 6), "int64", fill=0)
+    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, CONTROL_COLUMNS), "int64", fill=0)
     owned = [ctl]
     try:
         stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
         owned.append(stop)
         cell = chan = requests = None
         if goal is Goal.OPTIMISE:
-            cell = shoal.BestCell.for_pilot(pilot, "max", initial=spec_kw.get("initial"))
+            cell = shoal.BestCell.for_pilot(pilot, "max",
+                                            initial=resume_initial(spec_kw["initial"], resumed))
             owned.append(cell)
-        split = pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
+        split = (pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
+                 and ck is None)
         if split:  # subtrees move between machines on request (see _run_split)
             chan = shoal.Channel.for_pilot(pilot)
             requests = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
             owned += [chan, requests]
-        for key in ("accept", "objective", "bound"):
+        for key in ("accept", "objective", "bound", "kernel"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
         spec = Spec(root=root, children=portable(children), goal=goal, control=ctl,
                     cell=cell, stop=stop, channel=chan, requests=requests,
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
-        t0 = time.monotonic()
+        # the terminal line (progress=) and the dashboard's records (shoal.publish, always)
         ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
-                                           spec_kw.get("negate", False)),
-                        rates=("nodes",), line=("nodes", "nodes_per_s", "incumbent", "frontier"))
-        with ticker:
-            if split:
-                tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests, ticker)
-            else:
-                tally, exported = _wait(pilot, [pilot.submit(task, spec, root, ())], ctl, stop,
-                                        ticker), 0
+                                           bool(spec_kw.get("negate"))),
+                        rates=("nodes",), terminal=False)
+        prog = Both(Progress.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
+        t0 = time.monotonic()
+        if ck is not None:
+            tally = run_checkpointed(pilot, spec, ck, resumed,
+                                     lambda pending: _stop_all(ctl, stop, pending), prog)
+            exported = 0
+        elif split:
+            tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests, prog)
+        else:
+            tally, exported = _wait([pilot.submit(task, spec, root, ())], ctl, stop, prog), 0
         t_end = time.monotonic()
+        prog.tick(final=True)
         after = _steals(pilot) if stats else (0, 0)
     finally:
         for obj in owned:
@@ -127,7 +202,8 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
 
 
 def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool):
-    """The search's progress record, read from Control and the incumbent cell (driver)."""
+    """The search's progress record for the dashboard, read from Control and the
+    incumbent cell (driver; no message)."""
     def sample() -> dict:
         a = ctl.array
         nodes = int(a[:, NODES].sum())
@@ -142,17 +218,17 @@ def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool)
     return sample
 
 
-def _wait(pilot, futs: list, ctl, stop, ticker=None) -> Tally:
+def _wait(futs: list, ctl, stop, prog=None) -> Tally:
     """Merge the tallies of ``futs``; on an error or an interruption stop every task."""
     tally, pending = Tally(tasks=0), set(futs)
     try:
         while pending:
-            done, pending = cf.wait(pending, timeout=None if ticker is None else ticker.timeout(),
-                                    return_when=cf.FIRST_COMPLETED)
-            if ticker is not None:
-                ticker.tick()
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED,
+                                    timeout=None if prog is None else prog.wait_s())
             for f in done:
                 tally.merge(f.result())
+            if prog is not None:
+                prog.tick()
         return tally
     except BaseException:
         _stop_all(ctl, stop, pending)
@@ -168,7 +244,7 @@ def _stop_all(ctl, stop, pending) -> None:
         f.cancel()
 
 
-def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, ticker) -> tuple[Tally, int]:
+def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, prog=None) -> tuple[Tally, int]:
     """A search over several machines: (merged Tally, subtrees exported).
 
     The driver splits the top of the tree into groups (``top_split``), one task each;
@@ -207,7 +283,6 @@ def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, ticker) -> tuple[Ta
         while pending or (wanted and not stopping):
             done, pending = cf.wait(pending, timeout=EXPORT_POLL_S,
                                     return_when=cf.FIRST_COMPLETED)
-            ticker.tick()
             for f in done:
                 part, uid = f.result(), uid_of.pop(f)
                 if part.found is not None and not stopping:
@@ -227,6 +302,8 @@ def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, ticker) -> tuple[Ta
                     f = pilot.submit(units_task, spec, units)
                     uid_of[f] = uid
                     pending.add(f)
+            if prog is not None:
+                prog.tick()
             if not stopping and len(pending) <= pilot.workers and asked <= received:
                 asked += 1
                 requests.offer(asked)
@@ -251,7 +328,9 @@ def top_split(spec: Spec, ctl, want: int, groups: int) -> tuple[Tally, list]:
     frontier = [(spec.root, ())]
     depth = 0
     try:
-        while frontier and len(frontier) < want and depth < MAX_SPLIT_DEPTH:
+        deepest = MAX_SPLIT_DEPTH if spec.kernel is None else min(MAX_SPLIT_DEPTH,
+                                                                  spec.kernel_depth)
+        while frontier and len(frontier) < want and depth < deepest:
             nxt = []
             for node, path in frontier:
                 if not ex.visit(node, len(path), path):

@@ -11,12 +11,17 @@ import enum
 import math
 import numbers
 import pickle
+import reprlib
 from dataclasses import dataclass, field
 from itertools import islice
 
 import shoal
 
 __all__ = ["Coordination", "SearchError", "SearchStats"]
+
+_UNKNOWN = object()  # where(): the node is not at hand
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
 
 
 class Coordination(enum.Enum):
@@ -53,17 +58,41 @@ def coordination_of(value) -> Coordination:
         raise ValueError(f"unknown coordination={value!r}; choose one of {choices}") from None
 
 
-def number(value, what: str, path) -> float:
+def number(value, what: str, path, node=_UNKNOWN) -> float:
     """``value`` if it is a real number (not NaN), else a TypeError naming it and the node."""
     t = type(value)
     if t is int or t is float:
         if value != value:
-            raise TypeError(f"{what} returned NaN at node path {path}; it must return a number")
+            raise TypeError(f"{what} returned NaN at {where(path, node)}; it must return a number")
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
-    raise TypeError(f"{what} returned {value!r} ({t.__name__}) at node path {path}; "
+    raise TypeError(f"{what} returned {value!r} ({t.__name__}) at {where(path, node)}; "
                     "it must return a real number (int or float)")
+
+
+def describe(node) -> str:
+    """A short repr of a user's node for error messages."""
+    try:
+        text = _repr.repr(node)
+    except Exception as exc:
+        text = f"<{type(node).__name__}: repr() raised {exc!r}>"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def where(path, node=_UNKNOWN, spec=None) -> str:
+    """"node path P (node N)" for an error message.  ``path``: a tuple or a function
+    computing it; a ``node`` not at hand is re-derived from the root through ``spec``
+    (error paths only), and left out when that fails."""
+    p = _p(path)
+    if node is _UNKNOWN and spec is not None:
+        try:
+            node = replay(spec, p)
+        except Exception:
+            node = _UNKNOWN
+    if node is _UNKNOWN:
+        return f"node path {p}"
+    return f"node path {p} (node {describe(node)})"
 
 
 def check_picklable(node, path, why: str) -> None:
@@ -97,7 +126,10 @@ class Spec:
     channel: object = None  # Channel.for_pilot: subtrees given away to other nodes (exports)
     requests: object = None  # BestCell.for_pilot: exports the driver has asked each node for
     initial: float = -math.inf
-    prune_level: bool = True
+    target: float | None = None  # FIND: a goal is objective >= target; bound < target prunes
+    kernel: object = None  # COUNT: node -> the count of its subtree, for nodes at ...
+    kernel_depth: int = 0  # ... this depth (root 0) and below
+    prune_level: bool = False
     ordered: bool = False
     spawn_depth: int = 2
     budget: int = 10_000
@@ -194,12 +226,12 @@ def kids_of(children, node, path):
     except _Stopped:
         raise
     except Exception as exc:
-        raise SearchError(f"children() raised {exc!r} at node path {_p(path)}") from exc
+        raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
     try:
         return iter(kids)
     except TypeError:
         raise SearchError(f"children() returned a non-iterable {type(kids).__name__} "
-                          f"at node path {_p(path)}; return a list, tuple or generator") from None
+                          f"at {where(path, node)}; return a list, tuple or generator") from None
 
 
 def replay(spec: Spec, path: tuple):

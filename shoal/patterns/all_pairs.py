@@ -150,7 +150,8 @@ def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetri
 
 
 def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None, tile=None,
-            cache_bytes=None, block=None, out=None, top_k=None, largest=False):
+            cache_bytes=None, block=None, out=None, top_k=None, largest=False,
+            condensed=False):
     """The matrix of ``compare(load(items[i]), load(other[j]))`` over all pairs, with ``.stats``.
 
     * ``items``: keys (paths, ids) with ``load(key) -> value`` run on the
@@ -171,11 +172,34 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
       largest with ``largest=True``; a symmetric problem leaves out ``(i, i)``):
       values ``(n, k)`` with ``.indices`` ``(n, k)``, best first, padded with
       NaN / -1; memory O(n k) in the driver.
+    * ``condensed=True`` (symmetric only): the pairs ``i < j`` as one vector in
+      scipy's ``pdist`` order, ``n (n - 1) / 2`` values (``.stats`` as usual).
+
+    Vectors already in memory: ``items`` a numpy array (one item per row), no
+    ``load``, a ``block`` and an in-memory result: the rows go to the workers
+    once through shared memory and are swept in strips of equal pair counts
+    (``_pair_arrays``), e.g. ``compute(pilot, X, block=cdist, condensed=True)``
+    equals ``scipy.spatial.distance.pdist(X)``.
     """
     import cloudpickle
     import numpy as np
 
     _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric)
+    if condensed and (other is not None or not symmetric or out is not None
+                      or top_k is not None):
+        raise ValueError("condensed=True is the upper triangle of a symmetric problem kept in "
+                         "memory: not with other=, symmetric=False, out= or top_k=")
+    if (block is not None and load is None and out is None and top_k is None
+            and isinstance(items, np.ndarray) and items.ndim >= 1
+            and (other is None or isinstance(other, np.ndarray))):
+        return _array_compute(pilot, items, other if other is not None else None, block,
+                              symmetric or other is not None, bool(condensed))
+    if condensed:
+        full = compute(pilot, items, compare, load=load, symmetric=True, tile=tile,
+                       cache_bytes=cache_bytes, block=block)
+        flat = full[np.triu_indices(len(full), 1)].view(AllPairsResult)
+        flat.stats = full.stats
+        return flat
     items = list(items)
     symmetric = bool(symmetric) and other is None
     other = None if other is None else list(other)
@@ -257,6 +281,24 @@ def _sampler(counters, total_pairs: int):
                 "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
                 "tiles_stolen": int(t[Counter.STOLEN])}
     return sample
+
+
+def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
+    """compute() on arrays in memory (see ``_pair_arrays``)."""
+    from . import _pair_arrays
+
+    if y is None and not symmetric:
+        y = x  # a full n x n sweep, both halves computed
+    values, seconds, parts, pairs = _pair_arrays.run(pilot, x, y, block, condensed)
+    result = values.view(AllPairsResult)
+    n, m = len(x), len(x) if y is None else len(y)
+    result.stats = AllPairsStats(
+        n=n, m=m, symmetric=y is None, pairs=pairs, tile=0, workers=max(1, pilot.workers),
+        seconds=seconds, pairs_per_s=pairs / seconds if seconds > 0 else 0.0, loads=0,
+        loads_per_item=0.0, max_loads_per_item=0, cache_hits=0, cache_misses=0,
+        cache_evictions=0, tiles=parts, tiles_stolen=0, tiles_stolen_warm=0,
+        tiles_stolen_local=0, tiles_stolen_remote=0, per_worker=[])
+    return result
 
 
 def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker):

@@ -47,7 +47,9 @@ from ._search import (
     check_picklable,
     stopped,
 )
+from ._search_checkpoint import make as make_checkpoint
 from ._search_driver import STOP_WAIT_S, drive, validate
+from ._search_model import number, where
 
 __all__ = ["Coordination", "Count", "Found", "SearchError", "SearchStats", "count", "find",
            "solutions"]
@@ -77,34 +79,91 @@ class Found:
 
 
 def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK_STEALING,
-          spawn_depth: int = 2, budget: int = 10_000, stats: bool = False) -> Count:
+          spawn_depth: int = 2, budget: int = 10_000, stats: bool = False,
+          progress=False, checkpoint=None, checkpoint_interval: float = 60.0,
+          kernel=None, kernel_depth: int | None = None) -> Count:
     """The number of nodes of the tree under ``root`` (root included), or of those for
     which ``accept(node)`` is true.
 
     ``coordination``: a ``Coordination`` or its value ("sequential",
     "depth-bounded" with ``spawn_depth``, "budget" with ``budget`` backtracks
     per split, "stack-stealing", "indexed").  ``stats=True`` adds per-depth
-    counts and the steals of the search to ``result.stats``.
+    counts and the steals of the search to ``result.stats``.  ``progress=True``
+    writes a line a second (nodes, nodes/s) to stderr when it is a terminal;
+    ``"always"`` or a file-like object force it.
+
+    ``checkpoint="path"``: the search's open frontier, counts so far (and
+    incumbent) are written to that file atomically every
+    ``checkpoint_interval`` seconds and when the driver is interrupted; the
+    same call with the same path after a crash (even a SIGKILL of the driver)
+    goes on from there and returns exactly what an uninterrupted run returns.
+    The file is deleted when the search ends.  A checkpointed search runs as
+    driver-side chunks (``coordination`` is not used); see docs/search.md.
+
+    ``kernel=fn, kernel_depth=d``: for nodes at depth ``d`` (the root is 0),
+    ``fn(node)`` returns the count of the node's subtree (node included, with
+    ``accept`` as this call counts) -- a plain sequential function, e.g. a
+    recursion at hand-written speed.  The skeleton splits and balances the
+    tree above depth ``d`` only; ``stats.nodes`` counts the nodes it visited
+    itself (not the kernels').  Not with ``checkpoint``.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     if accept is not None and not callable(accept):
         raise TypeError(f"accept must be a function node -> bool or None, got {accept!r}")
+    if kernel is not None:
+        if not callable(kernel):
+            raise TypeError(f"kernel must be a function node -> int (its subtree's count), "
+                            f"got {kernel!r}")
+        if type(kernel_depth) is not int or kernel_depth < 0:
+            raise ValueError(f"kernel= needs kernel_depth, an int >= 0 (the depth from which "
+                             f"kernel counts whole subtrees), got {kernel_depth!r}")
+        if checkpoint is not None:
+            raise ValueError("kernel= and checkpoint= exclude each other: a checkpoint needs "
+                             "every open subtree, and a kernel's are inside the user's function")
+    elif kernel_depth is not None:
+        raise TypeError("kernel_depth= without kernel=")
+    ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.count", root, children,
+                         accept)
     tally, st = drive(pilot, root, children, Goal.COUNT, coordination=coord, stats=stats,
-                      accept=accept, spawn_depth=spawn_depth, budget=budget)
+                      accept=accept, spawn_depth=spawn_depth, budget=budget, progress=progress,
+                      checkpoint=ck, kernel=kernel, kernel_depth=kernel_depth or 0)
     return Count(tally.count, st)
 
 
-def find(pilot, root, children, goal, *, coordination=Coordination.STACK_STEALING,
-         spawn_depth: int = 2, budget: int = 10_000, stats: bool = False):
+def find(pilot, root, children, goal=None, *, objective=None, target=None, bound=None,
+         coordination=Coordination.STACK_STEALING, spawn_depth: int = 2, budget: int = 10_000,
+         stats: bool = False, progress=False, checkpoint=None,
+         checkpoint_interval: float = 60.0):
     """A node for which ``goal(node)`` is true, or None; the first hit stops all tasks.
 
+    YewPar's Decision skeleton: with ``objective`` and ``target`` instead of
+    ``goal``, a goal node is one with ``objective(node) >= target``; with
+    ``bound`` (an upper bound of ``objective`` over a node's subtree, as in
+    ``branch_and_bound.maximise``) subtrees with ``bound(node) < target`` are
+    pruned (``bound`` and ``target`` also prune a search for ``goal``).
+
     With ``stats=True`` a ``Found(node, path, stats)`` instead of the bare node.
+    ``progress``, ``checkpoint`` and ``checkpoint_interval`` as in ``count``.
     """
     coord = validate(pilot, children, coordination, spawn_depth, budget)
-    if not callable(goal):
-        raise TypeError(f"goal must be a function node -> bool, got {goal!r}")
+    if goal is not None and objective is not None:
+        raise TypeError("give find() a goal or an objective with a target, not both")
+    if goal is None and objective is None:
+        raise TypeError("find(): goal must be a function node -> bool, or give objective= "
+                        "and target=")
+    for name, fn in (("goal", goal), ("objective", objective), ("bound", bound)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function of a node, got {fn!r}")
+    if (objective is not None or bound is not None) and target is None:
+        raise TypeError("find(): objective= and bound= are measured against target=; give one")
+    if target is not None:
+        target = number(target, "target", ())
+    ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.find", root, children,
+                         goal, objective, bound, target)
     tally, st = drive(pilot, root, children, Goal.FIND, coordination=coord, stats=stats,
-                      accept=goal, spawn_depth=spawn_depth, budget=budget)
+                      accept=goal, objective=objective, bound=bound, target=target,
+                      spawn_depth=spawn_depth, budget=budget, progress=progress,
+                      checkpoint=ck)
     path, node = tally.found if tally.found is not None else (None, None)
     return Found(node, path, st) if stats else node
 
@@ -192,7 +251,7 @@ def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
             except StopIteration:
                 break
             except Exception as exc:
-                raise SearchError(f"children() raised {exc!r} at node path {path}") from exc
+                raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
             kids.append((child, path + (i,)))
         stack.extend(reversed(kids))
     return t.found_nodes, left, t

@@ -15,9 +15,14 @@ that found it and travels back up the join tree with the task's result.
 
 Pruning rule (values negated internally when minimising, so always "max"):
 a node is pruned when ``bound <= incumbent``: it cannot strictly improve.
-With ``prune_level=True`` (default) the children of a node must come in
-non-increasing bound order, so the first pruned child ends its level: its
-later siblings are skipped without calling ``bound`` (YewPar's PruneLevel).
+With ``prune_level=True`` (opt-in, as YewPar's PruneLevel) the children of a
+node must come in non-increasing bound order (best first), so the first pruned
+child ends its level: its later siblings are skipped without calling
+``bound``.  Off by default: on children in any other order it would return a
+wrong optimum silently.  When on, the order is checked where it costs one
+comparison (every bound the search computes against its elder sibling's) and
+a misordered level is refused with a SearchError; siblings after a pruned one
+are never bounded, so that check cannot see them.
 
 ``ordered=True``: a replicable answer.  Among optimal nodes the one first in
 sequential depth-first order (smallest child-index path) is returned, the same
@@ -44,6 +49,7 @@ import math
 from dataclasses import dataclass
 
 from ._search import Coordination, Goal, SearchError, SearchStats, number
+from ._search_checkpoint import make as make_checkpoint
 from ._search_driver import drive, validate
 
 __all__ = ["Coordination", "Result", "SearchError", "SearchStats", "maximise", "minimise"]
@@ -64,36 +70,47 @@ class Result:
     stats: SearchStats
 
 
-def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = True,
+def maximise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None) -> Result:
+             reference_nodes: int | None = None, progress=False, checkpoint=None,
+             checkpoint_interval: float = 60.0) -> Result:
     """The node of the tree under ``root`` with the largest ``objective``.
 
     ``bound(node)``: an upper bound of ``objective`` over the subtree of
     ``node``.  ``initial``: a value known to be reachable (e.g. from a
     heuristic); only nodes strictly better are looked for.  Other options as
     in ``shoal.patterns.backtracking.count``; ``stats=True`` adds per-depth
-    counts and steals to ``result.stats``.
+    counts and steals to ``result.stats``.  ``progress=True`` writes a line a
+    second (nodes, nodes/s, incumbent) to stderr when it is a terminal;
+    ``"always"`` or a file-like object force it.  ``checkpoint="path"`` (and
+    ``checkpoint_interval`` seconds): the frontier and the incumbent are saved
+    atomically, and the same call after a crash of the driver resumes from
+    them, with the same optimum (with ``ordered=True`` the same node) as an
+    uninterrupted run; as in ``backtracking.count``.
     """
     return _optimise(pilot, root, children, objective, bound, False, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress,
+                     checkpoint, checkpoint_interval)
 
 
-def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = True,
+def minimise(pilot, root, children, objective, bound, *, initial=None, prune_level: bool = False,
              ordered: bool = False, coordination=Coordination.STACK_STEALING,
              spawn_depth: int = 2, budget: int = 1_000, stats: bool = False,
-             reference_nodes: int | None = None) -> Result:
+             reference_nodes: int | None = None, progress=False, checkpoint=None,
+             checkpoint_interval: float = 60.0) -> Result:
     """The node with the smallest ``objective``; ``bound(node)`` is a lower bound.
 
     Everything else as in ``maximise``.
     """
     return _optimise(pilot, root, children, objective, bound, True, initial, prune_level,
-                     ordered, coordination, spawn_depth, budget, stats, reference_nodes)
+                     ordered, coordination, spawn_depth, budget, stats, reference_nodes, progress,
+                     checkpoint, checkpoint_interval)
 
 
 def _optimise(pilot, root, children, objective, bound, negate, initial, prune_level, ordered,
-              coordination, spawn_depth, budget, stats, reference_nodes) -> Result:
+              coordination, spawn_depth, budget, stats, reference_nodes, progress, checkpoint,
+              checkpoint_interval) -> Result:
     coord = validate(pilot, children, coordination, spawn_depth, budget)
     for name, fn in (("objective", objective), ("bound", bound)):
         if not callable(fn):
@@ -107,10 +124,14 @@ def _optimise(pilot, root, children, objective, bound, negate, initial, prune_le
                             f"({type(initial).__name__})")
         start = number(initial, "initial", ())
         start = -start if negate else start
+    ck = make_checkpoint(checkpoint, checkpoint_interval,
+                         "branch_and_bound." + ("minimise" if negate else "maximise"), root,
+                         children, objective, bound, start, bool(prune_level), bool(ordered))
     tally, st = drive(pilot, root, children, Goal.OPTIMISE, coordination=coord, stats=stats,
                       reference_nodes=reference_nodes, objective=objective, bound=bound,
                       negate=negate, initial=start, prune_level=bool(prune_level),
-                      ordered=bool(ordered), spawn_depth=spawn_depth, budget=budget)
+                      ordered=bool(ordered), spawn_depth=spawn_depth, budget=budget,
+                      progress=progress, checkpoint=ck)
     if tally.best_path is None:
         return Result(initial, None, None, st)
     value = -tally.best if negate else tally.best

@@ -3,20 +3,73 @@
 ``worker`` is the worker loop of this process (set once by the worker main, never
 in a driver).  ``pilots`` is the stack of pilots entered with ``with`` (or
 started) in this driver process; ``shoal.spawn`` outside a task submits to the
-innermost one.  Module globals rather than thread-locals: a worker is
-single-threaded and the driver's pilots are process-wide objects.
+innermost one.  It holds *weak* references: a pilot nobody holds any more is
+collected and closed (``Pilot.__del__``), like a dropped ``ProcessPoolExecutor``.
+Module globals rather than thread-locals: a worker is single-threaded and the
+driver's pilots are process-wide objects.
+
+Interpreter exit (the stdlib executors' semantics): ``_at_exit`` runs before
+non-daemon threads are joined; from then on ``exiting`` is True, every open
+pilot refuses new work (``RuntimeError``), and its pending work finishes before
+the process exits (unless it was cancelled).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
+
 worker = None  # the Worker loop when this process is a shoal worker
-pilots: list = []  # open pilots of this driver process, innermost last
+pilots: list = []  # weak references to the open pilots of this driver process, innermost last
+backends: weakref.WeakSet = weakref.WeakSet()  # backends of open (or closing) pilots
+exiting = False  # the interpreter is shutting down: no new work
+
+
+def push_pilot(pilot) -> None:
+    if exiting:
+        raise RuntimeError("cannot start a shoal.Pilot after interpreter shutdown")
+    pilots.append(weakref.ref(pilot))
+    backends.add(pilot._backend)
+
+
+def drop_pilot(pilot) -> None:
+    pilots[:] = [r for r in pilots if r() is not None and r() is not pilot]
 
 
 def current_pilot():
-    if pilots:
-        return pilots[-1]
+    while pilots:
+        pilot = pilots[-1]()
+        if pilot is not None:
+            return pilot
+        pilots.pop()
     raise RuntimeError(
         "shoal.spawn() was called outside a task and no shoal.Pilot is open; "
         "open one with `with shoal.Pilot() as pilot:` first"
     )
+
+
+def close_quietly(backend) -> None:
+    """Close a backend whose pilot was dropped: its pending work finishes first."""
+    try:
+        backend.close()
+    except Exception:  # noqa: BLE001 - nobody is left to tell but the log
+        logging.getLogger("shoal.runtime").exception("shoal: closing a dropped pilot failed")
+
+
+def _at_exit() -> None:
+    global exiting
+    exiting = True
+    open_ = list(backends)
+    for backend in open_:
+        backend.closing = True  # refuse new work everywhere first, then wait
+    for backend in open_:
+        close_quietly(backend)
+
+
+try:
+    threading._register_atexit(_at_exit)  # before non-daemon threads are joined, as the stdlib
+except (AttributeError, RuntimeError):  # pragma: no cover - another Python, or already exiting
+    import atexit
+
+    atexit.register(_at_exit)

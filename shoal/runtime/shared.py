@@ -160,6 +160,8 @@ class SharedArray:
         """Drop this process's mapping (the array must not be used after)."""
         if getattr(self, "_fd", None) is None:
             return
+        if _ATTACHED.get(getattr(self, "_token", None)) is self:
+            del _ATTACHED[self._token]  # a later task attaches afresh, not to a closed one
         self.array = None
         try:
             self._mmap.close()

@@ -23,9 +23,13 @@ cost that makes ``ProcessPoolExecutor`` slow for tiny tasks).
 from __future__ import annotations
 
 import enum
+import io
+import os
 import pickle
 import struct
+import sys
 import traceback
+from collections import ChainMap
 
 import cloudpickle
 import msgpack
@@ -37,8 +41,8 @@ class Kind(enum.IntEnum):
     """First byte of every message."""
 
     TASK = 1  # header TASK_HDR + pickle((args, kwargs)) [+ inline fn]
-    RESULT = 2  # header RESULT_HDR + pickle(value or (exc, tb))
-    DEFINE = 3  # u32 fn id + cloudpickle(fn)
+    RESULT = 2  # header RESULT_HDR + pickle(value or (exc, tb, hops))
+    DEFINE = 3  # u32 fn id + u16 name length + name (utf-8) + cloudpickle(fn)
     CANCEL = 4  # msgpack [task ids]
     STEAL = 5  # msgpack [thief endpoint, thief generation]
     LOOT = 6  # msgpack [victim, [task message, ...]]   (a steal answer; may be empty)
@@ -95,80 +99,232 @@ def describe(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
+# -- pickling ----------------------------------------------------------------------------
+
+
+def _refuse_file(f):
+    name = getattr(f, "name", None)
+    raise SerializationError(
+        f"an open file ({type(f).__name__} {name!r}) cannot be sent to a worker: a worker is "
+        "another process with its own files; pass the path (and open it in the task) or the "
+        "contents instead")
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, except that open files are refused: cloudpickle would silently send a
+    text file's *contents* as a StringIO (and a binary file not at all)."""
+
+    dispatch_table = ChainMap(
+        {t: _refuse_file for t in (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter,
+                                   io.BufferedRandom, io.FileIO)},
+        cloudpickle.Pickler.dispatch_table)
+
+
+def cloud_dumps(obj) -> bytes:
+    """cloudpickle.dumps with protocol 5, refusing open files (see ``_Pickler``)."""
+    _by_value_mp_main()
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=_PROTO).dump(obj)
+    return buf.getvalue()
+
+
+_mp_main_done = False
+
+
+def _by_value_mp_main() -> None:
+    """In a multiprocessing "spawn" child the user's script is ``__mp_main__``, a module the
+    workers cannot import: send its functions and classes by value, as ``__main__``'s."""
+    global _mp_main_done
+    if _mp_main_done:
+        return
+    mod = sys.modules.get("__mp_main__")
+    if mod is not None and getattr(mod, "__name__", None) == "__mp_main__":
+        cloudpickle.register_pickle_by_value(mod)
+        _mp_main_done = True
+
+
 def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
     try:
         data = _dumps((args, kwargs), _PROTO)
-        if b"__main__" not in data:
+        if b"main__" not in data:
             return data
-        # A class or function of the driver's __main__ pickles by reference, and a
-        # worker's __main__ is not the driver's: send those by value.
-        return cloudpickle.dumps((args, kwargs), _PROTO)
+        # A class or function of the driver's __main__ (or __mp_main__) pickles by
+        # reference, and a worker's __main__ is not the driver's: send those by value.
+        return cloud_dumps((args, kwargs))
     except Exception as exc:
         # Plain pickle refuses lambdas and local classes; cloudpickle takes them.
         try:
-            return cloudpickle.dumps((args, kwargs), _PROTO)
-        except Exception:
-            raise SerializationError(f"cannot pickle the arguments of {describe(fn)}: {exc!r}") from exc
+            return cloud_dumps((args, kwargs))
+        except Exception as exc2:
+            why = exc2 if isinstance(exc2, SerializationError) else exc
+            raise SerializationError(f"cannot pickle the arguments of {describe(fn)}: {why}") from exc
 
 
 def dump_inline(fn, args: tuple, kwargs: dict) -> bytes:
     try:
-        return cloudpickle.dumps((fn, args, kwargs), _PROTO)
+        return cloud_dumps((fn, args, kwargs))
     except Exception as exc:
         raise SerializationError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
 
 
 def dump_function(fn) -> bytes:
     try:
-        return cloudpickle.dumps(fn, _PROTO)
+        return cloud_dumps(fn)
     except Exception as exc:
         raise SerializationError(f"cannot pickle function {fn!r}: {exc!r}") from exc
 
 
-def encode_define(fn_id: int, blob: bytes) -> bytes:
-    return bytes((Kind.DEFINE,)) + fn_id.to_bytes(4, "little") + blob
+def load_args(body, fn_name: str):
+    """Unpickle a TASK payload; any failure (a module the worker cannot import, an object
+    whose ``__setstate__`` raises, even ``SystemExit``) becomes a SerializationError naming
+    the task's function."""
+    try:
+        return _loads(body)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in __setstate__ included
+        raise SerializationError(f"cannot unpickle the arguments of {fn_name} in worker process "
+                                 f"{os.getpid()}: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return (f"module {exc.name!r} cannot be imported there ({exc}); it exists only in the "
+                "driver (the __main__ of a multiprocessing child, a module made at run time, "
+                "a file not on sys.path): define the function in an importable module, or "
+                "cloudpickle.register_pickle_by_value(module) in the driver")
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Unloadable:
+    """Stands in for a function a worker could not unpickle: calling it raises why."""
+
+    def __init__(self, name: str, exc: BaseException):
+        self.__qualname__ = self.__name__ = name
+        self.message = f"cannot load function {name} in worker process {os.getpid()}: {_why(exc)}"
+
+    def __call__(self, *args, **kwargs):
+        raise SerializationError(self.message)
+
+
+def encode_define(fn_id: int, blob: bytes, name: str = "") -> bytes:
+    raw = name.encode("utf-8", "replace")[:0xFFFF]
+    return bytes((Kind.DEFINE,)) + fn_id.to_bytes(4, "little") + len(raw).to_bytes(2, "little") + raw + blob
 
 
 def decode_define(msg: bytes):
-    return int.from_bytes(msg[1:5], "little"), cloudpickle.loads(msg[5:])
+    """(fn id, function): an ``Unloadable`` when the function cannot be unpickled here."""
+    fn_id = int.from_bytes(msg[1:5], "little")
+    n = int.from_bytes(msg[5:7], "little")
+    name = bytes(msg[7:7 + n]).decode("utf-8", "replace")
+    try:
+        return fn_id, cloudpickle.loads(memoryview(msg)[7 + n:])
+    except BaseException as exc:  # noqa: BLE001 - SystemExit while unpickling included
+        return fn_id, Unloadable(name or f"#{fn_id}", exc)
+
+
+# -- results ------------------------------------------------------------------------------
+
+_TB_LIMIT = 100_000  # characters of remote traceback text kept (head and tail)
+_TB_FRAMES = 1000  # frames of a remote traceback formatted at most (the innermost ones)
 
 
 def encode_result(task_id: int, value) -> bytes:
     try:
         data = _dumps(value, _PROTO)
-        if b"__main__" in data:  # classes rebuilt by value in this worker (see dump_args)
-            data = cloudpickle.dumps(value, _PROTO)
+        if b"main__" in data:  # classes rebuilt by value in this worker (see dump_args)
+            data = cloud_dumps(value)
         return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + data
-    except Exception:
+    except BaseException:  # noqa: BLE001 - a __reduce__ raising SystemExit must not kill the worker
         try:
-            return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloudpickle.dumps(value, _PROTO)
-        except Exception as exc:
+            return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloud_dumps(value)
+        except BaseException as exc:  # noqa: BLE001
             err = SerializationError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
             return encode_error(task_id, err)
 
 
+def remote_text(exc: BaseException) -> tuple[str, int]:
+    """(traceback text, hops) to send with ``exc``.
+
+    An exception that already crossed a process boundary (its ``__cause__`` is the
+    RemoteTraceback of the previous crossing) keeps that original text once and
+    counts one more hop: re-formatting it at every hop made a deep stolen spawn
+    chain quadratic in time and memory."""
+    cause = exc.__cause__
+    if isinstance(cause, RemoteTraceback):
+        return cause.tb, cause.hops + 1
+    frames, tb_ = 0, exc.__traceback__
+    while tb_ is not None and frames <= _TB_FRAMES:
+        frames, tb_ = frames + 1, tb_.tb_next
+    try:
+        if frames > _TB_FRAMES:  # a RecursionError: formatting 100,000 frames takes seconds
+            tb = (f"[outer frames omitted: only the innermost {_TB_FRAMES} are shown]\n"
+                  + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__,
+                                                       limit=-_TB_FRAMES)))
+        else:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException as err:  # noqa: BLE001 - a __str__ that raises
+        tb = f"{type(exc).__name__} (its traceback could not be formatted: {err!r})\n"
+    if len(tb) > _TB_LIMIT:
+        cut = len(tb) - _TB_LIMIT
+        tb = tb[:_TB_LIMIT // 5] + f"\n... [{cut} characters cut] ...\n" + tb[-(_TB_LIMIT * 4 // 5):]
+    return tb, 0
+
+
+def _rebuild_exception(cls, args, state):
+    """Unpickle an exception without calling its ``__init__`` (which may need other
+    arguments than ``args``): how a class with a custom ``__init__`` keeps its type."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    return exc
+
+
+class _ExcByState:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __reduce__(self):
+        exc = self.exc
+        state = dict(getattr(exc, "__dict__", None) or {})
+        return _rebuild_exception, (type(exc), exc.args, state)
+
+
 def encode_error(task_id: int, exc: BaseException) -> bytes:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb, hops = remote_text(exc)
     hdr = RESULT_HDR.pack(Kind.RESULT, Status.ERROR, task_id)
     try:
-        return hdr + cloudpickle.dumps((exc, tb), _PROTO)
-    except Exception:
+        body = cloud_dumps((exc, tb, hops))
+        _loads(body)  # an exception whose __init__ takes other arguments fails only here
+        return hdr + body
+    except BaseException:  # noqa: BLE001
+        pass
+    try:
+        return hdr + cloud_dumps((_ExcByState(exc), tb, hops))
+    except BaseException:  # noqa: BLE001
         # The exception itself does not pickle: keep its type name and text.
-        return hdr + _dumps((SerializationError(f"unpicklable exception {exc!r}"), tb), _PROTO)
+        try:
+            text = repr(exc)
+        except BaseException:  # noqa: BLE001
+            text = type(exc).__name__
+        return hdr + _dumps((SerializationError(f"unpicklable exception {text}"), tb, hops), _PROTO)
 
 
 def decode_result(msg: bytes):
-    """(task_id, ok, value_or_exception)."""
+    """(task_id, ok, value_or_exception).  Never raises: whatever unpickling does (even
+    ``SystemExit``) becomes a SerializationError of this task."""
     _, status, task_id = RESULT_HDR.unpack_from(msg)
     body = memoryview(msg)[RESULT_HDR.size:]
     try:
         obj = _loads(body)
-    except Exception as exc:
-        return task_id, False, SerializationError(f"cannot unpickle the result of task {task_id:#x}: {exc!r}")
+    except BaseException as exc:  # noqa: BLE001
+        what = "result" if status == Status.OK else "exception"
+        return task_id, False, SerializationError(f"cannot unpickle the {what} of task {task_id:#x}: {exc!r}")
     if status == Status.OK:
         return task_id, True, obj
-    exc, tb = obj
-    exc.__cause__ = RemoteTraceback(tb)
+    exc, tb, hops = obj
+    exc.__cause__ = RemoteTraceback(tb, hops)
     return task_id, False, exc
 
 

@@ -51,6 +51,7 @@ from collections import deque
 from ..queues import RingMatrix
 from . import context, policy, wire
 from .future import Future, set_local_exception, set_local_result
+from .graph import has_futures, resolve
 from .mailbox import Inbox, Outbox
 from .trace import Tracer
 from .wire import Flag, Kind
@@ -61,7 +62,8 @@ STATUS_PID = 0  # the worker's pid, for SIGURG pokes
 STATUS_HUNGRY = 1  # 1 while the worker has asked every victim in vain and waits for a WAKE
 STATUS_DEPTH = 2  # how many driver tasks are running here (nested by help-first joins)
 STATUS_RUNNING = 3  # their ids, innermost last, up to STATUS_SLOTS
-STATUS_SLOTS = RingMatrix.STATUS_WORDS - STATUS_RUNNING
+STATUS_LOADING = RingMatrix.STATUS_WORDS - 1  # fn id of the DEFINE being unpickled (0: none)
+STATUS_SLOTS = STATUS_LOADING - STATUS_RUNNING
 POKE = signal.SIGURG  # ignored by default, so a stale pid can never be killed by it
 _POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
 _WAKE_MSG = bytes((Kind.WAKE,))
@@ -111,48 +113,6 @@ class WireTask:
         self.pinned = False
 
 
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
-
-
-def has_futures(obj, depth: int = 0) -> bool:
-    """Whether ``obj`` holds a shoal Future (also inside lists, tuples, dicts).
-
-    Runs on every submit/spawn: atomic items are skipped without a call, so a
-    list of a million numbers costs ~30 ms, not a recursion per item.
-    """
-    t = type(obj)
-    if t is Future:
-        return True
-    if depth < 4:
-        if t is list or t is tuple:
-            items = obj
-        elif t is dict:
-            items = obj.values()
-        else:
-            return isinstance(obj, Future)
-        atomic = _ATOMIC
-        for x in items:
-            if type(x) not in atomic and has_futures(x, depth + 1):
-                return True
-        return False
-    return isinstance(obj, Future)
-
-
-def resolve_futures(obj, depth: int = 0):
-    """Replace each Future in ``obj`` by its result (waits; errors propagate)."""
-    t = type(obj)
-    if isinstance(obj, Future):
-        return obj.result()
-    if depth < 4:
-        if t is list:
-            return [resolve_futures(x, depth + 1) for x in obj]
-        if t is tuple:
-            return tuple(resolve_futures(x, depth + 1) for x in obj)
-        if t is dict:
-            return {k: resolve_futures(v, depth + 1) for k, v in obj.items()}
-    return obj
-
-
 class Worker:
     """One worker's event loop (the worker process's main thread only)."""
 
@@ -180,6 +140,7 @@ class Worker:
         self.any_cancel = False
         self.scope: Scope | None = None
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
+        self.busy = False  # True while polling from inside a running task (signal, spawn)
         self.depth = 0  # tasks on this worker's stack (nested by help-first joins)
         self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
         self.seq = 0
@@ -202,6 +163,7 @@ class Worker:
         self.idle_s = 0.0
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
+        self.forked = 0  # pid of this process when it is a task's fork (see after_fork)
 
     # -- spawning (called from tasks through shoal.spawn) ------------------------------
 
@@ -216,7 +178,11 @@ class Worker:
         c = self.c
         c["spawned"] += 1
         if not c["spawned"] % _POLL_EVERY:
-            self.poll()
+            self.busy = True  # answering from inside a running task
+            try:
+                self.poll()
+            finally:
+                self.busy = False
             if len(deq) > 1:
                 self.wake_sleepers()
         elif len(deq) == 1:
@@ -285,9 +251,11 @@ class Worker:
         """
         if self.in_user:
             self.in_user = False
+            self.busy = True
             try:
                 self.poll()
             finally:
+                self.busy = False
                 self.in_user = True
 
     def park(self, timeout: float | None = None) -> None:
@@ -347,7 +315,10 @@ class Worker:
         elif kind == Kind.RESULT:
             self.on_result(msg)
         elif kind == Kind.DEFINE:
+            status = self.status
+            status[STATUS_LOADING] = int.from_bytes(msg[1:5], "little")  # a crash here names it
             fn_id, fn = wire.decode_define(msg)
+            status[STATUS_LOADING] = 0
             self.fns[fn_id] = fn
             self.fn_ids[id(fn)] = fn_id
             if self.undefined:
@@ -465,9 +436,13 @@ class Worker:
         if self.dead.get(thief, -1) >= gen:
             return  # asked before it died; its replacement asks for itself
         deq = self.deque
-        # Steal half, rounded up while a task runs here (its owner is busy anyway; a lone
-        # child is worth giving), rounded down between tasks (keep one to run next).
-        give = (len(deq) + 1) // 2 if self.depth else len(deq) // 2
+        # Steal half, rounded up when asked from inside a running task (it is busy anyway;
+        # a lone child is worth giving), rounded down when asked from the loop, between
+        # tasks or in a help-first join (keep one to run next).  Rounding up in a join
+        # too made two joining workers pass a lone stolen task back and forth forever
+        # (a livelock of a deep stolen chain: each took it, then gave it away before
+        # running it).
+        give = (len(deq) + 1) // 2 if self.busy else len(deq) // 2
         loot, moved, keep = [], {}, []
         while give > 0 and deq:
             task = deq.popleft()
@@ -560,7 +535,7 @@ class Worker:
         try:
             args, kwargs = task.args, task.kwargs
             if task.pinned:
-                args, kwargs = resolve_futures(args), resolve_futures(kwargs)
+                args, kwargs = resolve(args), resolve(kwargs)
             self.in_user = True
             value = task.fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything travels to the waiter
@@ -609,9 +584,11 @@ class Worker:
         self.depth += 1
         try:
             if fn is None:
-                fn, args, kwargs = wire.pickle.loads(body)
+                fn, args, kwargs = wire.load_args(body, "an inline task")
+            elif type(fn) is wire.Unloadable:
+                fn()  # raises the SerializationError that says why it could not be loaded
             else:
-                args, kwargs = wire.pickle.loads(body)
+                args, kwargs = wire.load_args(body, wire.describe(fn))
             self.in_user = True
             value = fn(*args, **kwargs)
             self.in_user = False
@@ -625,12 +602,32 @@ class Worker:
             self.scope = outer
             self.depth -= 1
             del self.running_scopes[tid]
-            if driver_task:
-                status[STATUS_DEPTH] -= 1
         self.c["tasks_run"] += 1
         if tracer is not None:
             tracer.span(getattr(fn, "__name__", "task"), t0, time.perf_counter())
-        self.deliver(tid, result)
+        try:
+            self.deliver(tid, result)
+        finally:
+            # Only now is the task done as far as a crash goes: a worker that dies while
+            # pickling or sending its result fails the task (quarantine) instead of
+            # having it re-sent to the next worker, and the next.
+            if driver_task:
+                self.status[STATUS_DEPTH] -= 1
+
+    # -- a task that forks ----------------------------------------------------------------
+
+    def after_fork(self) -> None:
+        """At-fork hook in the child of a task's ``os.fork()``: the child must never become
+        a second consumer or producer of this worker's rings.  It loses them here; when it
+        gets back into the loop (the task returned instead of calling ``os._exit``), it
+        exits (``_ForkedOut``) before touching any shared state."""
+        self.stop = True
+        self.forked = os.getpid()
+        self.inboxes = []
+        self.out = _ForkedOut(self.ep)
+        self.status = [0] * RingMatrix.STATUS_WORDS  # private now: the cell is the parent's
+        self.deque = deque()
+        self.lent = {}
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -645,6 +642,27 @@ class Worker:
         return out
 
 
+class _ForkedOut(dict):
+    """A forked child's outboxes: sending anything means the child came back into the
+    worker loop, so it exits instead (with a line on stderr saying why)."""
+
+    def __init__(self, ep: int):
+        super().__init__()
+        self.ep = ep
+
+    def __missing__(self, dst):
+        _exit_forked(self.ep)
+
+
+def _exit_forked(ep: int) -> None:
+    try:
+        sys.stderr.write(f"shoal: a task forked worker {ep}; the child (pid {os.getpid()}) returned "
+                         "into the worker loop and exits now (end a forked child with os._exit)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(70)
+
+
 def _watch_lifeline(fd: int) -> None:
     """Exit the moment the driver is gone, even while a task runs (daemon thread)."""
     import select
@@ -654,6 +672,32 @@ def _watch_lifeline(fd: int) -> None:
     while True:
         if poller.poll():
             os._exit(0)
+
+
+_STACK = 112 << 20  # main-thread stack wanted: Linux leaves >= 128 MiB below it for growth
+_STACK_PER_LEVEL = 1100  # bytes of C stack one recursion level may take (generous)
+
+
+def _room_for_deep_joins() -> None:
+    """Deep help-first joins nest Python frames, so workers allow deep recursion, but
+    never deeper than the C stack can hold: C-level recursion (repr, pickle, a Python
+    function called from C) must end in RecursionError, as in plain Python, not in a
+    segfault.  The soft stack limit is raised (the main thread's stack grows on demand
+    up to it) and the recursion limit is sized to the stack there is."""
+    import resource
+
+    have = 8 << 20
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        want = _STACK if hard == resource.RLIM_INFINITY else min(_STACK, hard)
+        if soft == resource.RLIM_INFINITY or soft >= want:
+            have = want
+        else:
+            resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+            have = want
+    except (ValueError, OSError):
+        pass
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), min(100_000, have // _STACK_PER_LEVEL)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -670,8 +714,11 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(spec, matrix)
     worker.status[STATUS_PID] = os.getpid()
     signal.signal(POKE, worker.on_signal)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+    os.register_at_fork(after_in_child=worker.after_fork)
+    _room_for_deep_joins()
     worker.run()
+    if worker.forked:
+        _exit_forked(worker.ep)
     if worker.tracer is not None:
         worker.tracer.dump(f"{spec['trace']}.w{worker.ep}")
     for box in worker.out.values():

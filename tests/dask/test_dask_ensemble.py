@@ -457,13 +457,17 @@ def test_node_kills_at_the_walltime_first(tmp_path):
     gets there: the task is PENDING again (not failed), the run drained, a resume finishes."""
     journal = str(tmp_path / "run.db")
     pilot = ThreadPilot(skew=0.6)
+    quick = tmp_path / "quick"  # the same workflow (a resume refuses another one) runs fast once it exists
+
+    def workflow():
+        return Pipeline([Stage([sh(f"t{i}", f"test -e {quick} || sleep 10") for i in range(2)], name="s")],
+                        name="p")
     try:
-        first = run(Pipeline([Stage([sh(f"t{i}", "sleep 10") for i in range(2)], name="s")], name="p"),
-                    pilot=pilot, journal=journal, walltime=1.0)
+        first = run(workflow(), pilot=pilot, journal=journal, walltime=1.0)
         assert first.drained and first.counts.get(TaskState.PENDING) == 2 and first.failed == 0
         assert first.wall_s < 5
-        again = run(Pipeline([Stage([sh(f"t{i}", "true") for i in range(2)], name="s")], name="p"),
-                    pilot=pilot, journal=journal, resume=True)
+        quick.write_text("")
+        again = run(workflow(), pilot=pilot, journal=journal, resume=True)
         assert again.ok and again.done == 2
     finally:
         pilot.close()

@@ -50,3 +50,24 @@ def run_py(script: str, *args, timeout=120, cwd=None):
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
     return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
+
+
+def cpu_view():
+    """(CPUs this task may run on, OMP_NUM_THREADS) as the task sees them."""
+    return len(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS")
+
+
+def make_value():
+    """Plain data the journal's data format must give back unchanged (tuple, set, int keys, bigint, array)."""
+    import numpy as np
+
+    return {"t": (1, 2), "s": {3}, 7: 2 ** 80, "a": np.arange(4).reshape(2, 2)}
+
+
+class Thing:
+    def __init__(self, x):
+        self.x = x
+
+
+def make_object():
+    return Thing(5)

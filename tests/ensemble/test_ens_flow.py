@@ -6,7 +6,16 @@ import pytest
 from ens_tasks import add, boom, flaky, nap, square, touch_count
 
 import shoal
-from shoal.ensemble import FailureKind, Pipeline, Stage, Staging, Task, TaskState, run
+from shoal.ensemble import (
+    EnsembleError,
+    FailureKind,
+    Pipeline,
+    Stage,
+    Staging,
+    Task,
+    TaskState,
+    run,
+)
 
 
 def test_function_tasks_and_results(tmp_path):
@@ -157,9 +166,13 @@ def test_resume_skips_done_reruns_rest(tmp_path):
     good = [Task(function=touch_count, args=(str(counter),)) for _ in range(5)]
     run(Pipeline([Stage(good)], name="r"), journal=j)
     assert len(counter.read_text().split()) == 5
-    report = run(Pipeline([Stage([Task(function=touch_count, args=(str(counter),)) for _ in range(7)])],
+    report = run(Pipeline([Stage([Task(function=touch_count, args=(str(counter),)) for _ in range(5)])],
                           name="r"), journal=j, resume=True)
-    assert report.done == 7 and len(counter.read_text().split()) == 7
+    assert report.done == 5 and len(counter.read_text().split()) == 5
+    # a grown stage is another workflow: refused, saying what differs (it used to merge silently)
+    with pytest.raises(EnsembleError, match=r"another workflow .*stage r\.s0 has 7 tasks, was 5"):
+        run(Pipeline([Stage([Task(function=touch_count, args=(str(counter),)) for _ in range(7)])],
+                     name="r"), journal=j, resume=True)
 
 
 def test_function_timeout(tmp_path):

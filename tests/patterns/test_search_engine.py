@@ -35,7 +35,7 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
     monkeypatch.setattr(S, "TICK", 1)
     shipped = []
     monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
-    ctl = np.zeros((2, 4), dtype=np.int64)  # row 1: a hungry worker, so every poll splits
+    ctl = np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
     spec = S.Spec(root=(), children=tree, goal=goal, control=None, **_optimise_kw(goal))
     total = tasks = 0
     todo = [((), ())]
@@ -56,7 +56,7 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
 def test_count_per_depth_in_process():
     spec = S.Spec(root=(), children=tree, goal=S.Goal.COUNT, control=None, per_depth=True,
                   coordination=S.Coordination.SEQUENTIAL)
-    ex = S.Explorer(spec, (), np.zeros((2, 4), dtype=np.int64), 0, split=False)
+    ex = S.Explorer(spec, (), np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
     ex.dfs(())
     want: dict = {}
     stack = [()]
@@ -80,7 +80,7 @@ def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, bud
     monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
     spec = S.Spec(root=(), children=tree, goal=goal, control=None,
                   coordination=S.Coordination.BUDGET, budget=budget, **_optimise_kw(goal))
-    ctl = np.zeros((2, 5), dtype=np.int64)
+    ctl = np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64)
     total, todo = 0, [((), ())]
     while todo:
         node, path = todo.pop()

@@ -214,3 +214,99 @@ def big_children(n, size):
 def channel_put(chan, blobs):
     """Put each blob into the Channel; the list of put() answers."""
     return [chan.put(b) for b in blobs]
+
+
+def ident(x):
+    return x
+
+
+def ident_kw(*args, **kwargs):
+    return args, kwargs
+
+
+# -- fault injection (tests/runtime/test_faults_*.py) -----------------------------------
+
+
+class ExitOnUnpickle:
+    """Unpickling it calls sys.exit: a result like this once killed the driver's pump."""
+
+    def __reduce__(self):
+        import sys
+
+        return sys.exit, (3,)
+
+
+class ExitOnPickle:
+    """Pickling it raises SystemExit: a result like this once killed its worker, forever."""
+
+    def __reduce__(self):
+        raise SystemExit(4)
+
+
+def exit_on_unpickle():
+    return ExitOnUnpickle()
+
+
+def exit_on_pickle():
+    return ExitOnPickle()
+
+
+def c_recursion(n):
+    """Recursion in C (comparing deeply nested lists): RecursionError, never a segfault."""
+    x, y = [], []
+    for _ in range(n):
+        x, y = [x], [y]
+    return x == y
+
+
+def through_c(n):
+    """Python recursion through a C call (map) on every level."""
+    return list(map(through_c, [n - 1])) if n else 0
+
+
+class CodedError(Exception):
+    """An exception whose __init__ takes other arguments than its ``args``."""
+
+    def __init__(self, code, text):
+        super().__init__(text)
+        self.code = code
+
+
+def raise_coded(code):
+    raise CodedError(code, f"failed with code {code}")
+
+
+def read_handle(f):
+    return f.read()
+
+
+def fork_and_return():
+    """Fork; parent and child both return into the worker loop (the child should have
+    called os._exit).  Returns the child's pid to the driver."""
+    pid = os.fork()
+    return "child" if pid == 0 else pid
+
+
+def failing_chain(depth, steal_every=1):
+    """A chain of joins whose bottom raises; each level sleeps a little so idle
+    workers steal the next level (the error then crosses processes on the way up)."""
+    if depth == 0:
+        raise ValueError("bottom of the chain")
+    f = shoal.spawn(failing_chain, depth - 1, steal_every)
+    if depth % steal_every == 0:
+        time.sleep(0.0005)
+    return f.result()
+
+
+def sleep_then(s, value):
+    time.sleep(s)
+    return value
+
+
+def stolen_chain(depth):
+    """A chain of joins whose levels idle workers steal (each parent sleeps briefly)."""
+    if depth == 0:
+        return 0
+    f = shoal.spawn(stolen_chain, depth - 1)
+    time.sleep(0.0005)
+    return f.result() + 1

@@ -1,14 +1,19 @@
 """Ensembles on pilots: Pipeline/Stage/Task workflows of executables and functions.
 
-Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation),
-``scheduler`` (pure placement and backfill policy), ``journal`` (SQLite WAL,
-write-ahead state), ``launcher`` (sandboxes, staging, Popen, reaping),
-``remote`` (executables as pilot tasks on the nodes of a dask pilot),
-``report`` (Results/StageContext/Report), ``walker`` (pipelines, stages,
-the stage barrier), ``engine`` (the driver loop: place, launch, reap), and
-``commands`` (``shoal run`` / ``shoal status``, the progress line) with
-``yamlfile`` (YAML workflow files).  The
-public face is ``shoal.ensemble``; see docs/ensemble.md.
+Modules, bottom to top: ``model`` (Task/Stage/Pipeline, Enums, validation,
+the EnTK attribute style), ``identity`` (a run's plan, identity and task
+specs), ``values`` (results as data; pickle opt-in), ``scheduler`` (pure
+placement and backfill policy), ``journal`` (SQLite WAL, write-ahead state,
+the driver lock), ``status`` (RunStatus: a run's honest status from its
+journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
+(executables as pilot tasks on the nodes of a dask pilot), ``functions``
+(function tasks on N CPUs; local code travelling to dask), ``report``
+(Results/StageContext/Report), ``walker`` (pipelines, stages, the stage
+barrier), ``progress`` (the progress line), ``engine`` (the driver loop:
+place, launch, reap), ``entk`` (EnTK's AppManager), and ``commands``
+(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
+The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
+docs/ensemble.md and docs/entk.md.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from .model import (
 )
 from .report import Report, Results, StageContext
 from .scheduler import Placement, Request, Scheduler
+from .status import Driver, DriverState, PipelineStatus, RunStatus, StageStatus, TaskFailure
+from .values import Values
 
 
 def parse_walltime(value) -> float | None:
@@ -55,7 +62,8 @@ def parse_walltime(value) -> float | None:
 def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
-        progress=None, patience: int = 64) -> Report:
+        progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
+        values: str = "data") -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -66,6 +74,21 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     tasks may be placed on.  ``walltime`` (seconds or '2h'): stop starting
     tasks that cannot finish in time, drain, and leave the journal resumable.
     ``sandbox``: root of the per-task directories (default ``<journal>.sandbox``).
+
+    Re-runs: a journal that already holds a run is refused unless ``resume=True``
+    (finish it: only tasks not DONE run; a *different* workflow is refused,
+    saying what differs) or ``new=True`` (start afresh: the old journal and its
+    sandboxes are kept as ``<name>.<date>.db`` / ``.sandbox``).  ``retry_failed=True``
+    (with ``resume``) runs FAILED and CANCELED tasks again.  One driver per
+    journal: a second live one is refused with the first one's pid.
+
+    ``progress``: True prints the ``shoal run`` progress line on stderr;
+    False/None nothing; a callable gets a dict (done, running, failed, skipped,
+    waiting, total, rate, eta, elapsed, final) at most every 0.5 s.
+    ``values``: how function results are journaled — ``"data"`` (msgpack: plain
+    data, numpy arrays; reading never runs code) or ``"pickle"`` (any value;
+    reading a journal then runs code its author chose: trusted journals only).
+    Ctrl-C / SIGTERM drain like the walltime (the report says so; resume to finish).
 
     On a dask pilot (``pilot.backend is BackendKind.DASK``) executables run on
     the cluster's nodes as pilot tasks, ``cores`` is a number of slots
@@ -78,12 +101,13 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
-                    patience=patience)
+                    patience=patience, new=new, retry_failed=retry_failed, values=values)
     return engine.run()
 
 
 __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
-    "Request", "Placement", "parse_walltime",
+    "Request", "Placement", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
+    "TaskFailure", "Driver", "DriverState", "Values",
 ]

@@ -7,7 +7,9 @@ one of those.  It is executed with ``__name__ == "__shoal_workflow__"``, so an
 ``if __name__ == "__main__":`` block in it does not run.
 
 Exit status of ``shoal run``: 0 every task done (or skipped), 1 some failed,
-3 stopped at the walltime (resume to finish), 2 usage error / bad workflow.
+3 stopped at the walltime (resume to finish), 130 stopped by Ctrl-C/SIGTERM
+(drained like the walltime: resume to finish), 2 usage error / bad workflow /
+journal error.  Every stop with work left prints the exact resume command.
 
 ``--dask tcp://host:8786`` runs the workflow on a dask pilot connected to that
 scheduler (executables run on its nodes; the journal stays here); ``--workers``
@@ -18,18 +20,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import runpy
+import shlex
 import sys
 import time
 
-import shoal
-
 from . import parse_walltime, run
 from .model import EnsembleError
-from .report import Report
+from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
 
-EXIT_FAILED, EXIT_DRAINED = 1, 3
+EXIT_FAILED, EXIT_DRAINED, EXIT_INTERRUPTED = 1, 3, 130
 
 
 def load_workflow(path: str):
@@ -41,74 +43,29 @@ def load_workflow(path: str):
         return load_yaml(path)
     if not path.endswith(".py"):
         raise EnsembleError(f"workflow file {path}: expected a Python (.py) or YAML (.yaml, .yml) workflow file")
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:  # as `python workflow.py` does: modules beside it import
+        sys.path.insert(0, here)
     namespace = runpy.run_path(path, run_name="__shoal_workflow__")
     if "workflow" not in namespace:
         raise EnsembleError(f"{path} defines no 'workflow' (a Pipeline, a list of them, or a function)")
     return namespace["workflow"]
 
 
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds + 0.5)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
-def progress_line(p: dict, width: int = 20) -> str:
-    """``[#####.....] 120/400  running 2  failed 1  310.2 tasks/s  ETA 0:01`` (``?`` when unknown)."""
-    total, done, failed = p.get("total"), p["done"], p["failed"]
-    finished = done + failed + p.get("skipped", 0)
-    if total:
-        filled = min(width, width * finished // total)
-        head = f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total}"
-    else:
-        head = f"{finished}/?"
-    return (f"{head}  done {done}  running {p['running']}  failed {failed}  "
-            f"{p['rate']:.1f} tasks/s  elapsed {_clock(p['elapsed'])}  ETA {_clock(p.get('eta'))}")
-
-
-class Progress:
-    """The ``shoal run`` progress display on ``stream`` (stderr).
-
-    On a terminal: one line redrawn in place (the engine calls at most every
-    0.5 s).  Elsewhere (a log file, a pipe): one plain line every ``interval``
-    seconds at most, and one at the end.
-    """
-
-    def __init__(self, stream, interval: float = 10.0, clock=time.monotonic):
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.interval = interval
-        self.clock = clock
-        self.last: float | None = None
-        self.drawn = False
-
-    def __call__(self, p: dict) -> None:
-        try:
-            shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
-        except (TypeError, ValueError):
-            pass  # a progress display never stops the run
-        line = progress_line(p)
-        if self.tty:
-            self.stream.write("\r" + line.ljust(100) + ("\n" if p.get("final") else ""))
-            self.drawn = not p.get("final")
-        else:
-            now = self.clock()
-            if not p.get("final") and self.last is not None and now - self.last < self.interval:
-                return
-            if self.last is None and not p.get("final"):
-                self.last = now  # the first line only after one interval: short runs print one line
-                return
-            self.last = now
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def end(self) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
+def resume_command(args: argparse.Namespace) -> str:
+    """The exact ``shoal run ... --resume`` that finishes this run: every option it used."""
+    argv = ["shoal", "run", args.workflow, "--journal", args.journal, "--resume"]
+    for flag, value in (("--dask", args.dask), ("--workers", args.workers), ("--walltime", args.walltime),
+                        ("--sandbox", args.sandbox)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.gpus:
+        argv += ["--gpus", str(args.gpus)]
+    if args.pickle_values:
+        argv.append("--pickle-values")
+    for flag, value in getattr(args, "extra_resume", ()):  # options other commands add (e.g. --slurm)
+        argv += [flag] + ([str(value)] if value is not None else [])
+    return shlex.join(argv)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -124,12 +81,21 @@ def _run(args: argparse.Namespace) -> int:
         try:
             report = run(workflow, pilot=pilot, journal=args.journal, resume=args.resume,
                          workers=None if pilot else args.workers, gpus=args.gpus,
-                         walltime=parse_walltime(args.walltime), sandbox=args.sandbox, progress=progress)
+                         walltime=parse_walltime(args.walltime), sandbox=args.sandbox, progress=progress,
+                         new=args.new, retry_failed=args.retry_failed,
+                         values="pickle" if args.pickle_values else "data")
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
+            progress.end()
+            print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
         finally:
             progress.end()
     print(report)
     if report.drained:
-        print(f"stopped at the walltime; finish with: shoal run {args.workflow} --journal {args.journal} --resume")
+        print(f"{report.drain_reason or 'stopped'}; finish with: {resume_command(args)}")
+        if report.interrupted:
+            return EXIT_INTERRUPTED
         return EXIT_DRAINED
     return 0 if report.ok else EXIT_FAILED
 
@@ -141,7 +107,12 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("workflow", help="a Python file defining `workflow`")
     parser.add_argument("--journal", default="run.db", help="SQLite journal (default run.db)")
-    parser.add_argument("--resume", action="store_true", help="finish the run the journal holds")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="finish the run the journal holds")
+    again.add_argument("--new", action="store_true",
+                       help="start a fresh run; a journal already there is kept as <name>.<date>.db")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --resume: run FAILED and CANCELED tasks (and those skipped for them) again")
     parser.add_argument("--workers", type=int, default=None,
                         help="cores to use (default: all usable); with --dask: shoal workers per dask worker")
     parser.add_argument("--dask", default=None, metavar="ADDRESS",
@@ -149,19 +120,40 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
     parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
     parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")
+    parser.add_argument("--pickle-values", action="store_true",
+                        help="store function results with pickle (any type); reading such a journal runs "
+                             "code its author chose: only for journals you trust")
     parser.set_defaults(handler=_run)
 
 
 def _status(args: argparse.Namespace) -> int:
-    report = Report.load(args.journal)
-    print(report.table())
-    return 0
+    from .status import RunStatus
+
+    while True:
+        status = RunStatus.load(args.journal)
+        text = json.dumps(status.to_dict(), indent=2) if args.json else status.table()
+        if args.watch is None:
+            print(text)
+            return 0
+        if sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J")
+        print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
+        if status.driver.state.value in ("ended", "dead"):
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
 
 
 def add_status(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "status", help="print task states recorded in an ensemble journal",
-        description="Per-stage task counts and failures from a journal (works while a run writes it).",
+        "status", help="print the state of an ensemble run from its journal",
+        description="Every pipeline and stage (also those not started), totals, ETA, failures with "
+                    "their stderr tails, and whether the run's driver is alive (works while a run writes).",
     )
     parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until the run ends")
+    parser.add_argument("--json", action="store_true", help="machine-readable (RunStatus.to_dict())")
     parser.set_defaults(handler=_status)

@@ -46,8 +46,10 @@ memory, and no core accounting against executables).
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import contextlib
 import fcntl
+import functools
 import os
 import select
 import threading
@@ -56,8 +58,18 @@ from collections.abc import Callable
 
 import shoal
 
+from .functions import ship_code, with_cpus
+from .identity import diff_plans, diff_specs, plan_of, spec_text
 from .journal import Journal
-from .launcher import Launcher, LaunchError, check_root, exit_failure, kill_leftover, tail
+from .launcher import (
+    Launcher,
+    LaunchError,
+    check_root,
+    exit_failure,
+    kill_leftover,
+    stage_out,
+    tail,
+)
 from .model import (
     EMBEDDED_REF_RE,
     EnsembleError,
@@ -70,9 +82,11 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
+from .progress import progress_callback
 from .remote import Ended, ExecSpec, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
+from .values import Values
 from .walker import Walker, _Item, _PipeRun
 
 
@@ -83,9 +97,19 @@ class Engine(Walker):
                  workers: int | None = None, cores=None, gpus: int = 0, memory=None,
                  walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
                  max_pipelines: int = 4096, durability: str = "normal",
-                 progress: Callable[[dict], None] | None = None, patience: int = 64):
+                 progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
+                 new: bool = False, retry_failed: bool = False, values="data"):
+        if retry_failed and not resume:
+            raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
+                                "journaled run: it needs resume=True (--resume)")
+        if new and resume:
+            raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
+                                "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
         self.total = count_tasks(pipelines)  # None when lazy: the progress line then has no ETA
+        self.plan, self.identity = plan_of(pipelines)
+        self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
+        self.plan_pipes = list(self.workflow_list)  # + pipelines added at run time (the status plan)
         self.workflow = iter(pipelines)
         self.user_pilot = pilot
         self.pilot = pilot
@@ -119,9 +143,18 @@ class Engine(Walker):
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
         self.launcher = Launcher(root, gpus=gpus)
-        self.progress = progress
+        self.spawners = None if self.remote or len(self.sched.cpus) < 2 else \
+            cf.ThreadPoolExecutor(min(8, len(self.sched.cpus)), thread_name_prefix="shoal-spawn")
+        self.progress = progress_callback(progress)
         self.resume = resume
-        self.journal = Journal(journal, resume=resume, durability=durability)
+        self.retry_failed = retry_failed
+        self.journal = Journal(journal, resume=resume, durability=durability, values=Values.parse(values),
+                               new=new, sandbox=root)
+        try:
+            self._check_identity()
+        except BaseException:
+            self.journal.close(ended=False)
+            raise
         self.replay = resume  # look each task up in the journal
         self.results = Results(self.journal, self.launcher)
         self.pipes: list[_PipeRun] = []
@@ -145,6 +178,37 @@ class Engine(Walker):
         self.session_counts = collections.Counter()
         self._last_progress = 0.0
         self.moves = 0  # progress counter: a loop pass that moves nothing with nothing running is stuck
+        self.interrupted: str | None = None  # the signal's name once SIGINT/SIGTERM asked to drain
+        self.drain_reason: str | None = None
+
+    def _check_identity(self) -> None:
+        """Refuse to resume a journal that holds another workflow; record this one's plan."""
+        if self.resume:
+            old_plan, old_id = self.journal.plan()
+            if old_id and self.identity and old_id != self.identity:
+                diffs = diff_plans(old_plan, self.plan) or self._spec_diffs()
+                raise EnsembleError(
+                    f"journal {self.journal_path} holds another workflow (identity {old_id}, this one "
+                    f"{self.identity}): {'; '.join(diffs) or 'the tasks differ'}. Resume with the workflow "
+                    "that started it, or start afresh with new=True (shoal run --new; the old journal is "
+                    "kept under a dated name)")
+            if self.plan is None and old_plan is not None:
+                self.plan = old_plan
+        self.journal.set_plan(self.plan, self.identity)
+        self.journal.commit()
+
+    def _spec_diffs(self, limit: int = 3) -> list[str]:
+        out = []
+        for p in self.workflow_list:
+            for j, s in enumerate(p.stages):
+                for k, t in enumerate(s.tasks if isinstance(s.tasks, list | tuple) else ()):
+                    uid = f"{p.name or f'p{self.workflow_list.index(p)}'}.{s.name or f's{j}'}.{t.name or f't{k}'}"
+                    row = self.journal.replay_row(uid)
+                    if row is not None and row[2] is not None and row[2] != spec_text(t):
+                        out.append(diff_specs(uid, row[2], spec_text(t)))
+                        if len(out) >= limit:
+                            return out
+        return out
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> Report:
@@ -152,12 +216,16 @@ class Engine(Walker):
         self.deadline = t0 + self.walltime if self.walltime else None
         wall0 = time.time()
         self.walltime_at = wall0 + self.walltime if self.walltime else None  # for the nodes
+        restore = self._catch_signals()
         try:
             if self.resume:
-                for _uid, pid, start in self.journal.take_over():
+                for _uid, pid, start in self.journal.take_over(self.retry_failed):
                     kill_leftover(pid, start)
             while True:
                 before = self.moves
+                if self.interrupted and not self.draining:
+                    self.drain_reason = f"interrupted by {self.interrupted}"
+                    self._stop_for_walltime()
                 self._fill()
                 self._schedule()
                 if not self.running and not self.finished_futures:
@@ -175,11 +243,37 @@ class Engine(Walker):
             self._abort()
             raise
         finally:
+            restore()
             self._close_resources()
         report = Report.from_journal(self.journal, wall0, time.monotonic() - t0, drained,
                                      self.session_counts)
+        report.drain_reason = self.drain_reason if drained else None
+        report.interrupted = self.interrupted if drained else None
         self.journal.close()
         return report
+
+    def _catch_signals(self):
+        """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
+        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        import signal
+
+        def handler(signum, frame):
+            if self.interrupted:  # the second Ctrl-C: stop now (the journal stays resumable)
+                raise KeyboardInterrupt
+            self.interrupted = signal.Signals(signum).name
+            with self.wake_lock:
+                if not self.wake_closed:
+                    with contextlib.suppress(OSError):
+                        os.write(self.wake_w, b"x")
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore():
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        return restore
 
     def _finished(self) -> bool:
         return self.workflow_done and not self.pipes and not self.waiting and not self.running
@@ -232,6 +326,9 @@ class Engine(Walker):
                 continue
             if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
                 self.draining = True
+                left = max(0.0, self.deadline - now)
+                self.drain_reason = (f"walltime: {item.uid} is expected to take "
+                                     f"{self._estimate(item.task):.1f}s but {left:.1f}s are left")
                 break
             candidates.append(self._request(item.task, key))
         if self.draining and not candidates:
@@ -241,6 +338,7 @@ class Engine(Walker):
             self.journal.commit()
             return 0
         items = []
+        rows = []
         wall = time.time()
         for p in placements:
             item = self.waiting.pop(p.key)
@@ -248,19 +346,24 @@ class Engine(Walker):
             item.attempt += 1
             t = item.task
             item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
-            self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value,
-                                 item.attempt, item.sandbox, wall)
+            rows.append((item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value, item.attempt,
+                         item.sandbox, wall, item.spec))
             items.append(item)
+        self.journal.running_many(rows)
         self.journal.commit()  # write-ahead: RUNNING is durable before anything starts
-        spawned = False
+        local_exes = []
         for item in items:
             item.t0 = time.monotonic()
             if item.task.timeout:
                 item.deadline = item.t0 + item.task.timeout
             if item.task.kind is TaskKind.FUNCTION:
                 self._submit(item)
+            elif self.remote:
+                self._spawn_remote(item)
             else:
-                spawned |= self._spawn(item)
+                local_exes.append(item)
+        if local_exes:
+            self._spawn_all(local_exes)
         self.journal.commit()  # pids (a resume kills orphans), failed spawns
         self.moves += 1
         return len(items)
@@ -274,7 +377,7 @@ class Engine(Walker):
             self.waiting.pop(id(item), None)
             self.sched.forget(id(item))
             self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
-                                 1, None, time.time())
+                                 1, None, time.time(), item.spec)
             item.attempt = item.task.retries + 1  # no retry: the condition, not the task, failed
             self._ended(item, Failure(FailureKind.EXCEPTION, f"when= raised {exc!r} (add the tasks "
                                       "it reads to after=)", attempt=1))
@@ -283,16 +386,49 @@ class Engine(Walker):
         return False
 
     def _estimate(self, task: Task) -> float:
+        """Expected seconds: the task's ``estimate``, else the mean of this run's attempts (capped
+        by its ``timeout``, an upper bound and not an estimate), else 0 (start it)."""
         if task.estimate:
             return task.estimate
-        if task.timeout:
-            return task.timeout
         total, n = self.durations
-        return total / n if n else 0.0
+        mean = total / n if n else 0.0
+        return min(mean, task.timeout) if task.timeout else mean
 
-    def _spawn(self, item: _Item) -> bool:
-        if self.remote:
-            return self._spawn_remote(item)
+    def _spawn_all(self, items: list[_Item]) -> None:
+        """Start local executables: several at once on spawner threads when the batch has more
+        than one (fork/exec waits for the child to be scheduled; on a busy machine that wait,
+        not the work, dominates — xargs' fork does not wait).  Every started process is
+        registered before any unexpected error is raised, so nothing is left unreaped."""
+        if len(items) == 1 or self.spawners is None:
+            outcomes = [self._launch(item) for item in items]
+        else:
+            futures = [self.spawners.submit(self._launch, item) for item in items]
+            try:
+                outcomes = [f.result() for f in futures]
+            except BaseException:  # a second Ctrl-C while waiting: leave no process unregistered
+                for f in futures:
+                    outcome = f.result()
+                    if isinstance(outcome, tuple):
+                        kill_leftover(outcome[0], None)
+                        with contextlib.suppress(Exception):
+                            self.launcher.exit_code(outcome[0], outcome[1])
+                raise
+        error = None
+        for item, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, tuple):
+                self._register(item, *outcome)
+            elif isinstance(outcome, LaunchError):
+                self.sched.release(item.placement)
+                self._ended(item, Failure(outcome.kind, outcome.message, attempt=item.attempt))
+            else:
+                self.sched.release(item.placement)
+                error = error or outcome
+        if error is not None:
+            raise error
+
+    def _launch(self, item: _Item):
+        """Sandbox, staging, spawn: (pid, pidfd), a LaunchError, or another exception (returned,
+        not raised).  Thread-safe: touches only this item and the launcher's spawn path."""
         t = item.task
         try:
             self.launcher.make_sandbox(item.uid)
@@ -303,19 +439,18 @@ class Engine(Walker):
             stdin = self._resolve(t.stdin) if t.stdin else None
             if stdin is not None and not os.path.isabs(stdin):
                 stdin = os.path.join(item.sandbox, stdin)
-            pid, pidfd = self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
-                                             item.placement.gpus, args, stdin)
-        except LaunchError as exc:
-            self.sched.release(item.placement)
-            self._ended(item, Failure(exc.kind, exc.message, attempt=item.attempt))
-            return False
+            return self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
+                                       item.placement.gpus, args, stdin)
+        except Exception as exc:  # LaunchError or a bug: the caller decides, after registering
+            return exc
+
+    def _register(self, item: _Item, pid: int, pidfd: int) -> None:
         item.pid, item.pidfd = pid, pidfd
         self.running[pid] = item
         if pidfd >= 0:
             self.by_pidfd[pidfd] = item
             self.poller.register(pidfd, select.POLLIN)
         self.journal.pid(item.uid, pid, time.time())
-        return True
 
     def _spawn_remote(self, item: _Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
@@ -357,9 +492,14 @@ class Engine(Walker):
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
+        fn = t.function
+        if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
+            fn = functools.partial(with_cpus, t.function, item.placement.cpus, t.cores)
+        if self.remote:
+            ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.submit(t.function, *args, timeout=t.timeout, **dict(t.kwargs))
+            fut = self.pilot.submit(fn, *args, timeout=t.timeout, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.placement)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))
@@ -437,6 +577,7 @@ class Engine(Walker):
                 self.launcher.kill(item.pid)  # reaped on a later pass, as a timeout
                 item.future = False  # marks "killed for its timeout"
         if self.deadline is not None and now >= self.deadline and self.running:
+            self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
             self._stop_for_walltime()
         for item, failure, value in ended:
             del self.running[item.pid if item.future in (None, False) else id(item.future)]
@@ -455,6 +596,8 @@ class Engine(Walker):
                                       tail(os.path.join(sandbox, "stderr")), item.attempt), None
         try:
             outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
+            if item.task.stage_out:
+                stage_out(item.task.stage_out, sandbox, self.launcher.cwd)
         except LaunchError as exc:
             return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, outputs)
@@ -475,6 +618,11 @@ class Engine(Walker):
             return item, failure, None
         if out.failure is not None:  # declared outputs missing after exit 0
             return item, Failure(out.failure, out.message, 0, "", item.attempt), None
+        if item.task.stage_out:  # copied by the driver: the sandbox is on a shared filesystem
+            try:
+                stage_out(item.task.stage_out, item.sandbox, self.launcher.cwd)
+            except LaunchError as exc:
+                return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, list(out.outputs) if out.outputs else None)
 
     def _fn_outcome(self, item: _Item, fut):
@@ -524,7 +672,7 @@ class Engine(Walker):
         self.waiting.pop(id(item), None)
         self.sched.forget(id(item))
         self.journal.settled(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
-                             TaskState.SKIPPED, reason, time.time())
+                             TaskState.SKIPPED, reason, time.time(), item.spec)
         self._settle(item, TaskState.SKIPPED)
 
     # -- walltime, abort, cleanup -----------------------------------------------------
@@ -566,6 +714,10 @@ class Engine(Walker):
             self.journal.close()
 
     def _close_resources(self) -> None:
+        if self.spawners is not None:
+            self.spawners.shutdown(wait=True)
+            self.spawners = None
+        self.launcher.close()
         for fd in list(self.by_pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -578,6 +730,12 @@ class Engine(Walker):
         if self.pilot is not None and self.pilot is not self.user_pilot:
             self.pilot.close(cancel_pending=True)
         self.pilot = None
+
+    def note_plan(self) -> None:
+        """Stages appended / pipelines added at run time: record the grown plan for ``shoal status``."""
+        if self.plan is not None:
+            self.plan = plan_of(self.plan_pipes)[0]
+            self.journal.set_plan(self.plan, None)
 
     def grow_total(self, stages, sign: int = 1) -> None:
         """Stages appended / pipelines added at run time (sign=1: the total grows, or becomes

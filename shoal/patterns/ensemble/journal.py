@@ -12,8 +12,25 @@ Resume: rows in a terminal state (DONE, FAILED, SKIPPED, CANCELED) are kept
 and their tasks are not run again; rows left RUNNING by a killed driver are
 turned back to PENDING (their processes, if still alive — pid and start time
 both match — are killed first) and run again.  Tasks never journaled are
-simply pending.  Function results are stored pickled, so ``when=`` and stage
-``post_exec`` callbacks see the same values after a resume.
+simply pending.  Function results are stored in a data format (values.py:
+msgpack, never code) so ``when=`` and stage ``post_exec`` callbacks see the
+same values after a resume; pickle is an explicit opt-in (a trust boundary).
+``retry_failed`` also turns FAILED, CANCELED and dependency-SKIPPED rows back
+to PENDING with their attempts reset.
+
+One driver at a time: the journal's lock file ``<journal>.lock`` is held with
+``flock`` for the driver's life (the kernel drops it when the driver dies, even
+by SIGKILL), and a second driver is refused with the first one's pid and host.
+The journal also records the driver's pid, host and start time (``meta``), so
+``shoal status`` can tell a live run from one whose driver died.
+
+Identity: the meta table holds the workflow's plan and identity hash and each
+row the task's spec (identity.py); a resume with another workflow is refused.
+
+Errors: every SQLite or filesystem error becomes a ``JournalError`` (an
+``EnsembleError``, so ``shoal`` exits 2) naming the journal and the cause:
+a directory given as journal, a file that is not a journal, a read-only
+directory, a full disk.
 
 Durability: ``synchronous=NORMAL`` in WAL mode survives the driver being
 killed (SIGKILL, OOM) at any instant — committed transactions are in the OS
@@ -28,15 +45,21 @@ enough to resume, and keeps a million-task journal to a million rows).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
-import pickle
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
 
 from .model import EnsembleError, Failure, FailureKind, TaskState
+from .values import Values, decode, encode
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -44,67 +67,217 @@ CREATE TABLE IF NOT EXISTS tasks (
     uid TEXT PRIMARY KEY, pipeline TEXT, stage TEXT, kind TEXT, state TEXT NOT NULL,
     attempt INTEGER DEFAULT 0, pid INTEGER, pid_start REAL, sandbox TEXT,
     started REAL, finished REAL, exit_code INTEGER, failure TEXT, reason TEXT,
-    stderr_tail TEXT, result BLOB, outputs TEXT, session INTEGER);
+    stderr_tail TEXT, result BLOB, outputs TEXT, session INTEGER, spec TEXT);
 CREATE TABLE IF NOT EXISTS stages (uid TEXT PRIMARY KEY, pipeline TEXT, state TEXT NOT NULL);
 """
 
 
-class Unpicklable:
-    """Stands in for a function result that could not be pickled into the journal."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"<unpicklable result {self.text}>"
+class JournalError(EnsembleError):
+    """The journal file cannot be used (not a journal, unreadable, read-only, disk full, locked)."""
 
 
-def _dump(value) -> bytes | None:
-    if value is None:
-        return None
+def _explain(path: str, exc: BaseException) -> JournalError:
+    text = str(exc)
+    low = text.lower()
+    if "disk is full" in low or "disk i/o" in low or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG):
+        hint = "the disk (or the file size limit) is full; free space and resume the run"
+    elif "readonly" in low or "read-only" in low or getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES):
+        hint = "it cannot be written (read-only file, directory or filesystem); pick a writable --journal path"
+    elif "not a database" in low or "malformed" in low:
+        hint = "the file is not a shoal journal (not SQLite, or damaged)"
+    elif "unable to open" in low:
+        hint = "it cannot be opened (a directory? a missing or read-only parent directory?)"
+    else:
+        hint = "check the file and the filesystem"
+    return JournalError(f"journal {path}: {text}: {hint}")
+
+
+class _Conn:
+    """An SQLite connection whose errors are ``JournalError``s naming the journal."""
+
+    def __init__(self, path: str, target: str, **kw):
+        self.path = path
+        try:
+            self.db = sqlite3.connect(target, **kw)
+        except sqlite3.Error as exc:
+            raise _explain(path, exc) from None
+
+    def execute(self, sql: str, params=()):
+        try:
+            return self.db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def executemany(self, sql: str, rows):
+        try:
+            return self.db.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def executescript(self, sql: str):
+        try:
+            return self.db.executescript(sql)
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+
+def check_journal_file(path: str) -> None:
+    """Refuse what is clearly not a journal before SQLite sees it (a directory, a YAML file)."""
+    if os.path.isdir(path):
+        raise JournalError(f"journal {path} is a directory; give a file path such as {path.rstrip('/')}/run.db")
     try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return pickle.dumps(Unpicklable(repr(value)[:200]))
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _explain(path, exc) from None
+    if head and head != SQLITE_MAGIC:
+        raise JournalError(f"{path} is not a shoal journal (not an SQLite file: it starts with {head[:12]!r}); "
+                           "did you pass the workflow file instead of the journal?")
+
+
+class DriverLock:
+    """``flock`` on ``<journal>.lock`` for the driver's life; refuses a second live driver.
+
+    Called once (``acquire``), released by ``release`` or the driver's death."""
+
+    def __init__(self, journal_path: str):
+        self.path = journal_path + ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _explain(self.path, exc) from None
+        for attempt in range(5):  # a `shoal status` probing the lock holds it for microseconds
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == 4:
+                    holder = self.holder(fd)
+                    os.close(fd)
+                    raise JournalError(
+                        f"journal {self.path[:-5]} is in use by another live driver ({holder}); "
+                        "wait for it to end, stop it (kill that pid), or use another --journal") from None
+                time.sleep(0.02)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+
+    @staticmethod
+    def holder(fd: int) -> str:
+        try:
+            text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        except OSError:
+            text = ""
+        return text or "pid unknown"
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def archive(path: str, sandbox: str | None) -> str | None:
+    """Move a finished journal (and its sandbox root) aside as ``<stem>.<time>.db``; return the new path."""
+    if not (os.path.exists(path) and os.path.getsize(path) > 0):
+        return None
+    stem, ext = os.path.splitext(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
+    n, new = 0, f"{stem}.{stamp}{ext or '.db'}"
+    while os.path.exists(new):
+        n += 1
+        new = f"{stem}.{stamp}-{n}{ext or '.db'}"
+    try:
+        os.rename(path, new)
+        for suffix in ("-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.rename(path + suffix, new + suffix)
+        if sandbox and os.path.isdir(sandbox):
+            os.rename(sandbox, os.path.splitext(new)[0] + ".sandbox")
+    except OSError as exc:
+        raise _explain(path, exc) from None
+    return new
 
 
 class Journal:
     """The run's SQLite journal; driver thread only."""
 
-    def __init__(self, path: str, *, resume: bool = False, durability: str = "normal"):
+    def __init__(self, path: str, *, resume: bool = False, durability: str = "normal",
+                 values: Values = Values.DATA, lock: bool = True, new: bool = False,
+                 sandbox: str | None = None):
         self.path = os.path.abspath(path)
+        self.values = values
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
-            raise EnsembleError(f"journal {path!r}: directory {parent} does not exist; create it first")
+            raise JournalError(f"journal {path!r}: directory {parent} does not exist; create it first")
+        check_journal_file(self.path)
+        self.lock = DriverLock(self.path)
+        if lock:
+            self.lock.acquire()
+        try:
+            self.archived = archive(self.path, sandbox) if new and not resume else None
+            self._open(path, resume, durability)
+        except BaseException:
+            self.lock.release()
+            raise
+        self._in_tx = False
+
+    def _open(self, path: str, resume: bool, durability: str) -> None:
         existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db = _Conn(self.path, self.path, isolation_level=None, check_same_thread=False)
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             sync = {"normal": "NORMAL", "full": "FULL", "off": "OFF"}.get(durability)
             if sync is None:
                 raise EnsembleError(f"durability={durability!r}: choose 'normal', 'full' or 'off'")
             self.db.execute(f"PRAGMA synchronous={sync}")
+            if existed:
+                version = self._meta_or_none("schema")
+                if version not in (None, SCHEMA_VERSION):
+                    raise JournalError(f"journal {path}: schema {version}, this shoal writes {SCHEMA_VERSION}; "
+                                       "finish it with the shoal that wrote it, or start afresh with --new")
             self.db.executescript(_SCHEMA)
             if existed:
-                version = self._meta("schema")
-                if version not in (None, SCHEMA_VERSION):
-                    raise EnsembleError(f"journal {path}: schema {version}, this shoal writes {SCHEMA_VERSION}")
                 has_rows = self.db.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
                 if has_rows and not resume:
-                    raise EnsembleError(
+                    raise JournalError(
                         f"journal {path} already holds a run; pass resume=True (shoal run --resume) "
-                        "to finish it, or use another journal path"
+                        "to finish it, new=True (shoal run --new) to start a fresh run (the old journal "
+                        "is kept under a dated name), or use another journal path"
                     )
+                stored = self._meta("values")
+                if stored == Values.PICKLE.value and self.values is not Values.PICKLE:
+                    raise JournalError(
+                        f"journal {path} stores results with pickle; resuming reads them, which runs code "
+                        "the journal's author chose: pass values='pickle' (shoal run --pickle-values) "
+                        "only if you trust this file")
             self.session = int(self._meta("sessions") or 0) + 1
             self.db.execute("BEGIN")
             self._set_meta("schema", SCHEMA_VERSION)
             self._set_meta("sessions", str(self.session))
+            self._set_meta("values", self.values.value)
             self._set_meta(f"session.{self.session}.started", repr(time.time()))
+            self._set_meta("driver", json.dumps(driver_record()))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.close()
             raise
-        self._in_tx = False
+
+    def _meta_or_none(self, key: str) -> str | None:
+        try:
+            return self._meta(key)
+        except JournalError:
+            return None  # no meta table yet
 
     # -- plumbing ---------------------------------------------------------------------
     def _meta(self, key: str) -> str | None:
@@ -125,13 +298,21 @@ class Journal:
             self.db.execute("COMMIT")
             self._in_tx = False
 
-    def close(self) -> None:
+    def close(self, ended: bool = True) -> None:
+        """Commit, mark the driver gone, checkpoint, close and drop the lock (idempotent)."""
+        if self.db is None:
+            return
         try:
             self.commit()
+            if ended:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                (f"session.{self.session}.ended", repr(time.time())))
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error:
+        except (JournalError, sqlite3.Error):
             pass
         self.db.close()
+        self.db = None
+        self.lock.release()
 
     def set_meta(self, key: str, value: str) -> None:
         self._tx()
@@ -156,7 +337,7 @@ class Journal:
         state, blob, exit_code, kind = row
         if kind == "executable":
             return exit_code
-        return pickle.loads(blob) if blob is not None else None
+        return decode(blob, self.values, uid)
 
     def row(self, uid: str) -> dict | None:
         cur = self.db.execute("SELECT * FROM tasks WHERE uid=?", (uid,))
@@ -201,15 +382,26 @@ class Journal:
 
     # -- writes (each inside the current transaction; commit() publishes) -------------
     def running(self, uid: str, pipeline: str, stage: str, kind: str, attempt: int,
-                sandbox: str | None, now: float) -> None:
+                sandbox: str | None, now: float, spec: str | None = None) -> None:
         self._tx()
         self.db.execute(
-            "INSERT INTO tasks (uid, pipeline, stage, kind, state, attempt, sandbox, started, session) "
-            "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
+            "INSERT INTO tasks (uid, pipeline, stage, kind, state, attempt, sandbox, started, session, spec) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
             "attempt=excluded.attempt, sandbox=excluded.sandbox, started=excluded.started, "
-            "session=excluded.session, pid=NULL, pid_start=NULL",
-            (uid, pipeline, stage, kind, TaskState.RUNNING.value, attempt, sandbox, now, self.session),
+            "session=excluded.session, pid=NULL, pid_start=NULL, spec=coalesce(tasks.spec, excluded.spec)",
+            (uid, pipeline, stage, kind, TaskState.RUNNING.value, attempt, sandbox, now, self.session, spec),
         )
+
+    def running_many(self, rows) -> None:
+        """``running`` for many tasks in one statement: rows of (uid, pipeline, stage, kind, attempt,
+        sandbox, now, spec)."""
+        self._tx()
+        self.db.executemany(
+            "INSERT INTO tasks (uid, pipeline, stage, kind, state, attempt, sandbox, started, session, spec) "
+            f"VALUES (?,?,?,?,'{TaskState.RUNNING.value}',?,?,?,{int(self.session)},?) ON CONFLICT(uid) "
+            "DO UPDATE SET state=excluded.state, attempt=excluded.attempt, sandbox=excluded.sandbox, "
+            "started=excluded.started, session=excluded.session, pid=NULL, pid_start=NULL, "
+            "spec=coalesce(tasks.spec, excluded.spec)", rows)
 
     def pid(self, uid: str, pid: int, start: float) -> None:
         self._tx()
@@ -221,7 +413,7 @@ class Journal:
         self.db.execute(
             "UPDATE tasks SET state=?, finished=?, result=?, exit_code=?, outputs=?, failure=NULL, "
             "reason=NULL, pid=NULL WHERE uid=?",
-            (TaskState.DONE.value, now, _dump(result), exit_code,
+            (TaskState.DONE.value, now, encode(result, self.values), exit_code,
              "\n".join(outputs) if outputs else None, uid),
         )
 
@@ -237,15 +429,30 @@ class Journal:
         )
 
     def settled(self, uid: str, pipeline: str, stage: str, kind: str, state: TaskState,
-                reason: str, now: float) -> None:
+                reason: str, now: float, spec: str | None = None) -> None:
         """A task that never ran: SKIPPED (when=/dependency) or CANCELED."""
         self._tx()
         self.db.execute(
-            "INSERT INTO tasks (uid, pipeline, stage, kind, state, reason, finished, session) "
-            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
-            "reason=excluded.reason, finished=excluded.finished",
-            (uid, pipeline, stage, kind, state.value, reason, now, self.session),
+            "INSERT INTO tasks (uid, pipeline, stage, kind, state, reason, finished, session, spec) "
+            "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
+            "reason=excluded.reason, finished=excluded.finished, spec=coalesce(tasks.spec, excluded.spec)",
+            (uid, pipeline, stage, kind, state.value, reason, now, self.session, spec),
         )
+
+    def replay_row(self, uid: str) -> tuple[TaskState, int, str | None] | None:
+        """(state, attempt, spec) of ``uid`` for a resume's replay; None if never journaled."""
+        row = self.db.execute("SELECT state, attempt, spec FROM tasks WHERE uid=?", (uid,)).fetchone()
+        return (TaskState(row[0]), row[1] or 0, row[2]) if row else None
+
+    def plan(self) -> tuple[list | None, str | None]:
+        text = self._meta("plan")
+        return (json.loads(text) if text else None), self._meta("identity")
+
+    def set_plan(self, plan: list | None, identity: str | None) -> None:
+        self._tx()
+        self._set_meta("plan", json.dumps(plan, separators=(",", ":")) if plan is not None else "")
+        if identity is not None:
+            self._set_meta("identity", identity)
 
     def unstart(self, uid: str) -> None:
         """A RUNNING task stopped by the walltime: PENDING again, so resume runs it."""
@@ -256,20 +463,52 @@ class Journal:
         self._tx()
         self.db.execute("INSERT OR REPLACE INTO stages VALUES (?,?,?)", (uid, pipeline, state.value))
 
-    def take_over(self) -> list[tuple[str, int, float]]:
-        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid."""
+    def take_over(self, retry_failed: bool = False) -> list[tuple[str, int, float]]:
+        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid.
+
+        ``retry_failed``: FAILED, CANCELED and dependency-SKIPPED rows -> PENDING with their
+        attempts reset (so they get their retries again), and the failed/skipped stage and
+        pipeline rows are forgotten (the replay writes them again)."""
         self._tx()
         rows = self.db.execute(
             "SELECT uid, pid, pid_start FROM tasks WHERE state=?", (TaskState.RUNNING.value,)
         ).fetchall()
         self.db.execute("UPDATE tasks SET state=? WHERE state=?",
                         (TaskState.PENDING.value, TaskState.RUNNING.value))
+        if retry_failed:
+            self.db.execute(
+                "UPDATE tasks SET state=?, attempt=0 WHERE state IN (?, ?) OR (state=? AND reason LIKE ?)",
+                (TaskState.PENDING.value, TaskState.FAILED.value, TaskState.CANCELED.value,
+                 TaskState.SKIPPED.value, "dependency %"))
+            self.db.execute("DELETE FROM stages WHERE state IN (?, ?, ?)",
+                            (TaskState.FAILED.value, TaskState.CANCELED.value, TaskState.SKIPPED.value))
         self.commit()
         return [(u, p, s) for u, p, s in rows if p]
 
 
-def open_readonly(path: str) -> sqlite3.Connection:
-    """A read-only connection (``shoal status`` while a run writes)."""
+def driver_record() -> dict:
+    """This process as the journal's driver: pid, host and process start time (for liveness)."""
+    try:
+        import psutil
+
+        start = psutil.Process().create_time()
+    except Exception:  # pragma: no cover
+        start = None
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start": start, "since": time.time()}
+
+
+def open_readonly(path: str) -> _Conn:
+    """A read-only connection (``shoal status`` while a run writes); JournalError if not a journal."""
     if not os.path.exists(path):
-        raise EnsembleError(f"no journal at {path}; run a workflow with journal={path!r} first")
-    return sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
+        raise JournalError(f"no journal at {path}; run a workflow with journal={path!r} first")
+    check_journal_file(path)
+    conn = _Conn(path, f"file:{os.path.abspath(path)}?mode=ro", uri=True, timeout=5)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except JournalError:
+        conn.close()
+        raise
+    if not {"meta", "tasks", "stages"} <= tables:
+        conn.close()
+        raise JournalError(f"{path} is an SQLite file but not a shoal journal (tables: {sorted(tables)})")
+    return conn

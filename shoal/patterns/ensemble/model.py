@@ -26,7 +26,11 @@ per pipeline, so lazily generated workflows stay bounded).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import inspect
+import math
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -169,7 +173,58 @@ class Task:
     after: Sequence[Any] = ()
     when: Callable[[Any], bool] | None = None
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stage_out: Sequence[tuple[str, str]] = ()  # (file in the sandbox, destination) copied before DONE
     uid: str | None = dataclasses.field(default=None, init=False)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name not in _TASK_ATTRS:
+            raise _unknown_attr(self, name, _TASK_ATTRS, ENTK_TASK_UNSUPPORTED)
+        object.__setattr__(self, name, value)
+
+    # -- the RADICAL-EnTK attribute style (entk.py documents the mapping) -------------
+    @property
+    def cpu_reqs(self) -> dict:
+        return {"cpu_processes": 1, "cpu_process_type": None, "cpu_threads": self.cores,
+                "cpu_thread_type": None}
+
+    @cpu_reqs.setter
+    def cpu_reqs(self, reqs) -> None:
+        procs, threads = _reqs(self, "cpu_reqs", reqs, "cpu")
+        self.cores = max(1, procs) * max(1, threads)
+
+    @property
+    def gpu_reqs(self) -> dict:
+        return {"gpu_processes": self.gpus, "gpu_process_type": None, "gpu_threads": 1,
+                "gpu_thread_type": None}
+
+    @gpu_reqs.setter
+    def gpu_reqs(self, reqs) -> None:
+        procs, threads = _reqs(self, "gpu_reqs", reqs, "gpu")
+        self.gpus = procs * max(1, threads) if procs else 0
+
+    def _entk_inputs(self, field: str, mode: Staging, value) -> None:
+        self.inputs = [i for i in self.staged_inputs() if getattr(i, "_entk", None) != field] + [
+            _entk_input(self, field, v, mode) for v in _entk_list(self, field, value)]
+
+    def _entk_outputs(self, value, field: str) -> None:
+        pairs = []
+        for v in _entk_list(self, field, value):
+            src, dst = _split_arrow(v)
+            pairs.append((src, dst or os.path.basename(src)))
+        self.stage_out = pairs
+
+    upload_input_data = property(lambda self: [i.source for i in self.staged_inputs()],
+                                 lambda self, v: self._entk_inputs("upload_input_data", Staging.COPY, v))
+    copy_input_data = property(lambda self: [i.source for i in self.staged_inputs()],
+                               lambda self, v: self._entk_inputs("copy_input_data", Staging.COPY, v))
+    link_input_data = property(lambda self: [i.source for i in self.staged_inputs()],
+                               lambda self, v: self._entk_inputs("link_input_data", Staging.LINK, v))
+    move_input_data = property(lambda self: [i.source for i in self.staged_inputs()],
+                               lambda self, v: self._entk_inputs("move_input_data", Staging.MOVE, v))
+    download_output_data = property(lambda self: list(self.stage_out),
+                                    lambda self, v: self._entk_outputs(v, "download_output_data"))
+    copy_output_data = property(lambda self: list(self.stage_out),
+                                lambda self, v: self._entk_outputs(v, "copy_output_data"))
 
     @property
     def kind(self) -> TaskKind:
@@ -235,8 +290,9 @@ class Task:
                 raise EnsembleError(f"{who}: {field} must be an integer >= {low}, got {v!r}")
         for field in ("timeout", "estimate"):
             v = getattr(self, field)
-            if v is not None and (not isinstance(v, int | float) or v <= 0):
-                raise EnsembleError(f"{who}: {field} must be a number of seconds > 0, got {v!r}")
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
+                                  or not math.isfinite(v) or v <= 0):
+                raise EnsembleError(f"{who}: {field} must be a finite number of seconds > 0, got {v!r}")
         self.memory_bytes  # noqa: B018 - parse for the error
         for field in ("on_retry", "when"):
             v = getattr(self, field)
@@ -253,6 +309,11 @@ class Task:
                 raise EnsembleError(f"{who}: input target {inp.target!r} must be a path inside the sandbox")
         if isinstance(self.outputs, str):
             raise EnsembleError(f"{who}: outputs must be a list of file names, got {self.outputs!r}")
+        for pair in self.stage_out:
+            if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                raise EnsembleError(f"{who}: stage_out entries are (file in the sandbox, destination), got {pair!r}")
+            if pair[0].startswith("/") or ".." in pair[0].split("/"):
+                raise EnsembleError(f"{who}: stage_out source {pair[0]!r} must be a path inside the sandbox")
 
     def dependency_uids(self) -> list[str]:
         return [_ref_uid(a, f"task {self.label}: after") for a in self.after]
@@ -264,21 +325,36 @@ class Stage:
 
     ``post_exec(ctx)`` runs in the driver after the stage; ``ctx`` (a
     ``StageContext``) can read results, ``append`` stages to this pipeline,
-    ``add_pipeline``, or ``stop()`` the pipeline.
+    ``add_pipeline``, or ``stop()`` the pipeline.  EnTK's no-argument
+    ``post_exec()`` works too (it usually calls ``pipeline.add_stages``).
     """
 
-    tasks: Iterable[Task] = ()
+    tasks: Iterable[Task] = dataclasses.field(default_factory=list)
     name: str | None = None
-    post_exec: Callable[[Any], None] | None = None
+    post_exec: Callable[..., None] | None = None
     after: Sequence[Any] = ()
     when: Callable[[Any], bool] | None = None
     uid: str | None = dataclasses.field(default=None, init=False)
 
-    def add_tasks(self, *tasks: Task) -> Stage:
+    def __setattr__(self, name: str, value) -> None:
+        if name not in _STAGE_ATTRS:
+            raise _unknown_attr(self, name, _STAGE_ATTRS, {})
+        object.__setattr__(self, name, value)
+
+    def add_tasks(self, *tasks) -> Stage:
+        """Add a Task, several, or a list/set of them (EnTK's ``add_tasks(t)`` / ``add_tasks([...])``)."""
+        flat = _flatten(tasks, Task, f"stage {self.name or '<unnamed>'}: add_tasks")
+        if isinstance(self.tasks, tuple):
+            self.tasks = list(self.tasks)
         if not isinstance(self.tasks, list):
-            raise EnsembleError(f"stage {self.name}: add_tasks needs a list of tasks, not {type(self.tasks).__name__}")
-        self.tasks.extend(tasks)
+            raise EnsembleError(f"stage {self.name or '<unnamed>'}: add_tasks cannot add to a lazy "
+                                f"{type(self.tasks).__name__} of tasks; give all of them to Stage(tasks=...)")
+        self.tasks.extend(flat)
         return self
+
+    def post_exec_arity(self) -> int:
+        """0 for EnTK's ``post_exec()``, 1 for ``post_exec(ctx)``; EnsembleError otherwise."""
+        return _arity(self.post_exec, f"stage {self.uid or self.name or '<unnamed>'}: post_exec")
 
     def validate(self) -> None:
         who = f"stage {self.uid or self.name or '<unnamed>'}"
@@ -290,6 +366,8 @@ class Stage:
             v = getattr(self, field)
             if v is not None and not callable(v):
                 raise EnsembleError(f"{who}: {field} must be callable, got {v!r}")
+        if self.post_exec is not None:
+            self.post_exec_arity()
 
     def dependency_uids(self) -> list[str]:
         return [_ref_uid(a, f"stage {self.uid}: after") for a in self.after]
@@ -307,8 +385,14 @@ class Pipeline:
     def __post_init__(self):
         self.stages = list(self.stages)
 
-    def add_stages(self, *stages: Stage) -> Pipeline:
-        self.stages.extend(stages)
+    def __setattr__(self, name: str, value) -> None:
+        if name not in _PIPELINE_ATTRS:
+            raise _unknown_attr(self, name, _PIPELINE_ATTRS, {})
+        object.__setattr__(self, name, value)
+
+    def add_stages(self, *stages) -> Pipeline:
+        """Add a Stage, several, or a list of them (also from a running ``post_exec``)."""
+        self.stages.extend(_flatten(stages, Stage, f"pipeline {self.name or '<unnamed>'}: add_stages"))
         return self
 
     def validate(self) -> None:
@@ -336,3 +420,148 @@ def as_pipelines(workflow) -> Iterable[Pipeline]:
     if not isinstance(workflow, Iterable):
         raise EnsembleError(f"a workflow is a Pipeline or an iterable of them, got {workflow!r}")
     return workflow
+
+
+# -- attribute checks and the EnTK vocabulary ------------------------------------------
+ENTK_TASK_UNSUPPORTED = {
+    "stdout": "shoal writes a task's stdout to <sandbox>/stdout (read it with results.path(task, 'stdout'))",
+    "stderr": "shoal writes a task's stderr to <sandbox>/stderr; failures show its tail",
+    "sandbox": "sandboxes are <journal>.sandbox/<pipeline>/<stage>/<task>; pass run(sandbox=root)",
+    "lfs_per_process": "local file-system space is not scheduled; drop it",
+    "mem_per_process": "use memory= (bytes or '2G') for the whole task",
+    "move_output_data": "use download_output_data / copy_output_data (copies), or stage_out",
+    "tag": "placement tags are not supported; use after= for ordering",
+    "executor": "shoal runs executables without an MPI launcher; put srun/mpirun in executable/arguments",
+}
+
+
+def _attrs(cls) -> frozenset:
+    names = {f.name for f in dataclasses.fields(cls)}
+    names |= {n for n in dir(cls) if isinstance(getattr(cls, n, None), property)}
+    return frozenset(names)
+
+
+def _unknown_attr(obj, name: str, allowed, reasons: dict) -> EnsembleError:
+    what = type(obj).__name__
+    if name in reasons:
+        return EnsembleError(f"{what}.{name}: not supported by shoal: {reasons[name]}")
+    public = sorted(a for a in allowed if not a.startswith("_"))
+    close = difflib.get_close_matches(name, public, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return EnsembleError(f"{what} has no attribute {name!r}{hint}; it has: {', '.join(public)}")
+
+
+def _flatten(items, cls, what: str) -> list:
+    out = []
+    for item in items:
+        if isinstance(item, cls):
+            out.append(item)
+        elif isinstance(item, list | tuple | set | frozenset):
+            for x in item:
+                if not isinstance(x, cls):
+                    raise EnsembleError(f"{what}: expected {cls.__name__} objects, got {x!r}")
+                out.append(x)
+        else:
+            raise EnsembleError(f"{what}: expected a {cls.__name__} or a list of them, got {item!r}")
+    return out
+
+
+def _arity(fn, what: str) -> int:
+    """How many positional arguments a callback takes: 0 (EnTK style) or 1 (``ctx``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1  # a builtin or C callable: assume the documented ctx form
+    required = [p for p in sig.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+                    for p in sig.parameters.values())
+    if len(required) > 1:
+        raise EnsembleError(f"{what}: {getattr(fn, '__qualname__', fn)} takes {len(required)} required "
+                            "arguments; a stage post_exec takes none (EnTK style) or one (the StageContext)")
+    return 1 if takes_any and (required or len(sig.parameters) >= 1) else 0
+
+
+_REQ_KEYS = {
+    "cpu": {"cpu_processes": "p", "processes": "p", "cpu_threads": "t", "threads_per_process": "t",
+            "cpu_process_type": "pt", "process_type": "pt", "cpu_thread_type": "tt", "thread_type": "tt"},
+    "gpu": {"gpu_processes": "p", "processes": "p", "gpu_threads": "t", "threads_per_process": "t",
+            "gpu_process_type": "pt", "process_type": "pt", "gpu_thread_type": "tt", "thread_type": "tt"},
+}
+
+
+def _reqs(task, field: str, reqs, kind: str) -> tuple[int, int]:
+    """EnTK's ``cpu_reqs``/``gpu_reqs`` dict -> (processes, threads); unknown keys are errors."""
+    who = f"task {task.label}: {field}"
+    if not isinstance(reqs, Mapping):
+        raise EnsembleError(f"{who}: expected a dict like {{'{kind}_processes': 1, '{kind}_threads': 2}}, "
+                            f"got {reqs!r}")
+    keys = _REQ_KEYS[kind]
+    procs, threads = (1 if kind == "cpu" else 0), 1
+    for key, value in reqs.items():
+        role = keys.get(key)
+        if role is None:
+            close = difflib.get_close_matches(str(key), keys, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EnsembleError(f"{who}: unknown key {key!r}{hint}; allowed: {', '.join(keys)}")
+        if role in ("p", "t"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise EnsembleError(f"{who}: {key} must be an integer >= 0, got {value!r}")
+            if role == "p":
+                procs = value
+            else:
+                threads = value
+        elif value is not None and str(value).upper() == "MPI":
+            raise EnsembleError(f"{who}: {key}='MPI': shoal starts the executable once and does not "
+                                "launch MPI ranks; put mpirun/srun in the executable and arguments")
+        elif value not in (None, "", "POSIX", "OpenMP", "CUDA"):
+            raise EnsembleError(f"{who}: {key}={value!r}: expected None, 'POSIX', 'OpenMP' or 'CUDA'")
+    return procs, threads
+
+
+ENTK_REF_RE = re.compile(r"\$Pipeline_(.+?)_Stage_(.+?)_Task_([^/\s]+)")
+
+
+def entk_ref(text: str) -> str:
+    """EnTK's ``$Pipeline_p_Stage_s_Task_t/file`` -> shoal's ``$p.s.t/file`` (other text unchanged)."""
+    return ENTK_REF_RE.sub(lambda m: f"${m[1]}.{m[2]}.{m[3]}", text)
+
+
+def _split_arrow(text: str) -> tuple[str, str | None]:
+    if ">" in text:
+        src, dst = (x.strip() for x in text.split(">", 1))
+        return src, dst or None
+    return text.strip(), None
+
+
+def _entk_list(task, field: str, value) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Iterable) or not all(isinstance(v, str) for v in value):
+        raise EnsembleError(f"task {task.label}: {field} must be a list of strings like "
+                            f"'source > target', got {value!r}")
+    return list(value)
+
+
+def _entk_input(task, field: str, text: str, mode: Staging) -> Input:
+    src, dst = _split_arrow(text)
+    if src.startswith("$SHARED"):
+        raise EnsembleError(f"task {task.label}: {field} {text!r}: $SHARED (the pilot's shared space) does "
+                            "not exist in shoal; name the file by its path")
+    src = entk_ref(src)
+    ref = parse_ref(src)
+    if src.startswith("$") and ref is None:
+        raise EnsembleError(f"task {task.label}: {field} {text!r}: not a reference "
+                            "'$Pipeline_<p>_Stage_<s>_Task_<t>/file'")
+    target = dst or (ref[1] if ref else src).rsplit("/", 1)[-1]
+    inp = _EntkInput(src, target, mode)
+    object.__setattr__(inp, "_entk", field)
+    return inp
+
+
+@dataclasses.dataclass(frozen=True)
+class _EntkInput(Input):
+    """An Input set through one of EnTK's ``*_input_data`` attributes (re-assignment replaces them)."""
+
+
+_TASK_ATTRS = _attrs(Task)
+_STAGE_ATTRS = _attrs(Stage)
+_PIPELINE_ATTRS = _attrs(Pipeline)

@@ -69,20 +69,24 @@ class StageContext:
         self.stage = stage
         self.pipeline: Pipeline = prun.pipeline
         self.results: Results = engine.results
+        self.appended = False
 
     def append(self, *stages: Stage) -> None:
         """Add stages at the end of this pipeline (they run after the current last one)."""
         for s in stages:
             if not isinstance(s, Stage):
                 raise EnsembleError(f"append() takes Stage objects, got {s!r}")
-        self.pipeline.stages.extend(stages)
-        self._engine.grow_total(stages)
         if self._prun.stopped:
             raise EnsembleError(f"pipeline {self._prun.uid} was stopped; it takes no more stages")
+        self.pipeline.stages.extend(stages)
+        self._engine.grow_total(stages)
+        self._engine.note_plan()
+        self.appended = True
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         """Start a new pipeline now (alongside this one)."""
         self._engine.add_pipeline(pipeline)
+        self._engine.note_plan()
 
     def stop(self) -> None:
         """End this pipeline after the current stage: the remaining stages do not run."""
@@ -105,8 +109,10 @@ class Report:
     outputs: dict[str, list[str]]
     started: float | None  # epoch seconds
     wall_s: float
-    drained: bool = False  # stopped by walltime= with work left; resume to finish
+    drained: bool = False  # stopped by walltime= or a signal with work left; resume to finish
     retries: int = 0
+    drain_reason: str | None = None  # why it stopped starting tasks (walltime, Ctrl-C, ...)
+    interrupted: str | None = None  # "SIGINT"/"SIGTERM" when a signal drained the run
 
     @property
     def done(self) -> int:
@@ -126,9 +132,9 @@ class Report:
     def tasks_per_s(self) -> float:
         return self.done / self.wall_s if self.wall_s > 0 else 0.0
 
-    def result(self, uid: str):
-        """A DONE task's value, read from the journal file."""
-        import pickle
+    def result(self, uid: str, values="data"):
+        """A DONE task's value, read from the journal file (``values='pickle'``: see values.py)."""
+        from .values import Values, decode
 
         db = open_readonly(self.journal)
         try:
@@ -137,7 +143,7 @@ class Report:
             db.close()
         if row is None or row[0] != TaskState.DONE.value:
             raise KeyError(f"{uid} has no result ({row[0] if row else 'not in the journal'})")
-        return row[2] if row[3] == "executable" else (pickle.loads(row[1]) if row[1] else None)
+        return row[2] if row[3] == "executable" else decode(row[1], Values.parse(values), uid)
 
     @classmethod
     def from_journal(cls, journal: Journal, wall0: float, wall_s: float, drained: bool,
@@ -190,7 +196,10 @@ class Report:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        state = "drained at walltime (resume to finish)" if self.drained else ("ok" if self.ok else "not ok")
+        if self.drained:
+            state = f"stopped ({self.drain_reason or 'walltime'}); resume to finish"
+        else:
+            state = "ok" if self.ok else "not ok"
         when = time.strftime("%H:%M:%S", time.localtime(self.started)) if self.started else "-"
         return (f"ensemble run {state}: {self.done} done, {self.failed} failed, started {when}, "
                 f"{self.wall_s:.2f} s, {self.tasks_per_s:.1f} tasks/s\n{self.table()}")

@@ -19,6 +19,7 @@ million-task stage would live in driver memory).
 
 from __future__ import annotations
 
+from .identity import diff_specs, spec_text
 from .model import EnsembleError, Pipeline, Stage, Task, TaskState, parse_ref
 from .report import StageContext
 
@@ -50,10 +51,11 @@ class _Item:
     """A task pulled from its stage: waiting, then running."""
 
     __slots__ = ("task", "uid", "srun", "attempt", "deps", "pid", "pidfd", "future", "placement",
-                 "deadline", "t0", "sandbox")
+                 "deadline", "t0", "sandbox", "spec")
 
-    def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int):
+    def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int, spec: str | None = None):
         self.task, self.uid, self.srun, self.attempt = task, uid, srun, attempt
+        self.spec = spec
         self.deps = task.dependency_uids() + [
             r[0] for r in (parse_ref(i.source) for i in task.staged_inputs()) if r
         ]
@@ -174,14 +176,21 @@ class Walker:
             raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
         srun.outstanding += 1
         attempt = 0
+        spec = spec_text(task)
         if self.replay:
-            state = self.journal.state(task.uid)
-            if state is not None and state.terminal:
-                self.session_counts["replayed", state] += 1  # for the progress line
-                self._settle_counts(srun, state)
-                return
-            attempt = self.journal.attempt(task.uid)
-        item = _Item(task, task.uid, srun, attempt)
+            row = self.journal.replay_row(task.uid)
+            if row is not None:
+                state, attempt, old = row
+                if old is not None and old != spec:
+                    raise EnsembleError(
+                        f"journal {self.journal_path} holds another workflow: {diff_specs(task.uid, old, spec)}. "
+                        "Resume with the workflow that started it, or start afresh with new=True "
+                        "(shoal run --new)")
+                if state.terminal:
+                    self.session_counts["replayed", state] += 1  # for the progress line
+                    self._settle_counts(srun, state)
+                    return
+        item = _Item(task, task.uid, srun, attempt, spec)
         self.waiting[id(item)] = item
         self.moves += 1
 
@@ -208,8 +217,22 @@ class Walker:
         if srun.failed:
             prun.stopped = prun.failed = True
         elif srun.stage.post_exec is not None:
+            stages_before = len(prun.pipeline.stages)
             ctx = StageContext(self, prun, srun.stage)
-            srun.stage.post_exec(ctx)
+            try:
+                if srun.stage.post_exec_arity() == 0:
+                    srun.stage.post_exec()  # EnTK style: it calls pipeline.add_stages(...) itself
+                else:
+                    srun.stage.post_exec(ctx)
+            except Exception as exc:
+                exc.add_note(f"(in the post_exec of stage {srun.uid}; the journal stays resumable)")
+                raise
+            added = prun.pipeline.stages[max(stages_before, prun.next_stage):]
+            if added and not ctx.appended:
+                if prun.stopped:
+                    raise EnsembleError(f"pipeline {prun.uid} was stopped; it takes no more stages")
+                self.grow_total(added)
+                self.note_plan()
 
     def _end_pipeline(self, prun: _PipeRun, state: TaskState | None = None) -> None:
         if prun in self.pipes:
@@ -223,4 +246,5 @@ class Walker:
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         self._add_pipeline(pipeline)
+        self.plan_pipes.append(pipeline)
         self.grow_total(pipeline.stages)

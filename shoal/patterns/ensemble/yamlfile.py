@@ -21,9 +21,12 @@ library (another dependency, and its messages name schema paths, not lines).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+import math
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -58,7 +61,8 @@ TASK_KEYS = {
     "cores": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
     "retries": "integer", "on_retry": "'module:function'", "name": "name", "tags": "mapping",
     "inputs": "list of inputs", "outputs": "list of strings", "after": "list of uids",
-    "when": "'module:function'",
+    "when": "'module:function'", "replicas": "integer >= 1 (copies; {i} is the copy number)",
+    "sweep": "mapping of name: list of values (one task per combination; {name} is the value)",
 }
 INPUT_KEYS = {"source": "string", "target": "string", "mode": "copy, link or move"}
 
@@ -69,6 +73,7 @@ class _Loader:
         self.constructor = SafeConstructor()
         self.uids: set[str] = set()  # every pipeline, stage and task uid the file defines
         self.refs: list[tuple[str, object, str]] = []  # (uid, node, where) checked at the end
+        self.templating = False  # parsing a replicas:/sweep: task: names may hold {placeholders}
 
     # -- errors and plain values ------------------------------------------------------
     def error(self, node, where: str, message: str) -> EnsembleError:
@@ -131,7 +136,8 @@ class _Loader:
 
     def name(self, node, where: str) -> str:
         v = self.string(node, where)
-        if not NAME_RE.match(v):
+        bare = re.sub(r"\{[A-Za-z_][A-Za-z0-9_]*\}", "x", v) if self.templating else v
+        if not NAME_RE.match(bare):
             raise self.error(node, where, f"name {v!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
         return v
 
@@ -143,8 +149,8 @@ class _Loader:
 
     def number(self, node, where: str) -> float:
         v = self.scalar(node, where, (int, float), "a number of seconds")
-        if v <= 0:
-            raise self.error(node, where, f"must be a number of seconds > 0, got {v}")
+        if not math.isfinite(v) or v <= 0:
+            raise self.error(node, where, f"must be a finite number of seconds > 0, got {v}")
         return v
 
     def plain(self, node, where: str, container: type):
@@ -230,12 +236,79 @@ class _Loader:
         after = self.uid_list(keys["after"][1], f"{where}.after") if "after" in keys else []
         post = self.callable_(keys["post_exec"][1], f"{where}.post_exec") if "post_exec" in keys else None
         when = self.callable_(keys["when"][1], f"{where}.when") if "when" in keys else None
-        tasks = [self.task(n, f"{where}.tasks[{k}]", uid, k)
-                 for k, n in enumerate(self.seq(keys["tasks"][1], f"{where}.tasks", "tasks"))]
+        tasks: list[Task] = []
+        for k, n in enumerate(self.seq(keys["tasks"][1], f"{where}.tasks", "tasks")):
+            tasks += self.tasks_of(n, f"{where}.tasks[{k}]", uid, len(tasks))
         return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after, when=when)
+
+    def tasks_of(self, node, where: str, suid: str, k: int) -> list[Task]:
+        """One task, or the copies a ``replicas:`` / ``sweep:`` generator describes."""
+        if not isinstance(node, MappingNode):
+            return [self.task(node, where, suid, k)]
+        keys = self.mapping(node, where, TASK_KEYS)
+        if "replicas" not in keys and "sweep" not in keys:
+            return [self.task(node, where, suid, k)]
+        axes: list[tuple[str, list]] = []
+        if "replicas" in keys:
+            n = self.integer(keys["replicas"][1], f"{where}.replicas", 1)
+            axes.append(("i", list(range(n))))
+        if "sweep" in keys:
+            snode = keys["sweep"][1]
+            sweep = self.plain(snode, f"{where}.sweep", dict)
+            for name, values in sweep.items():
+                if not name.isidentifier() or (name == "i" and "replicas" in keys):
+                    raise self.error(snode, f"{where}.sweep", f"{name!r} cannot name a sweep parameter "
+                                     "(use a Python identifier; 'i' is the replica number)")
+                if not isinstance(values, list) or not values:
+                    raise self.error(snode, f"{where}.sweep.{name}", f"expected a non-empty list of values, "
+                                     f"got {values!r}")
+                axes.append((name, values))
+        plain = MappingNode(node.tag, [(kn, vn) for kn, vn in node.value
+                                       if kn.value not in ("replicas", "sweep")], node.start_mark, node.end_mark)
+        refs_before = len(self.refs)
+        names_before = set(self.uids)
+        self.templating = True
+        try:
+            template = self.task(plain, where, suid, k)  # parsed once, placeholders in it
+        finally:
+            self.templating = False
+        raw_refs = self.refs[refs_before:]
+        del self.refs[refs_before:]
+        self.uids = names_before
+        if template.name is not None and "{" not in template.name and len(axes) and \
+                len(_product(axes)) > 1:
+            raise self.error(keys["name"][1] if "name" in keys else node, f"{where}.name",
+                             f"name {template.name!r} would be the same for every copy; put a placeholder "
+                             f"in it, e.g. '{template.name}-{{{axes[0][0]}}}', or drop it")
+        out = []
+        for j, values in enumerate(_product(axes)):
+            env = dict(values)
+            try:
+                task = _substitute(template, env)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise self.error(node, where, f"placeholder {exc} is not defined; defined: "
+                                 f"{', '.join(n for n, _ in axes)} (write {{{{ and }}}} for literal braces)") from None
+            name = task.name or f"t{k + j}"
+            if task.name is not None and not NAME_RE.match(task.name):
+                raise self.error(node, f"{where}.name", f"name {task.name!r} must be letters, digits or _-:+@%=,")
+            self.unique(f"{suid}.{name}", node, where)
+            try:
+                task.validate()
+            except EnsembleError as exc:
+                raise self.error(node, where, str(exc).split(": ", 1)[-1]) from None
+            for uid, rnode, rwhere in raw_refs:
+                try:
+                    self.refs.append((uid.format_map(env), rnode, rwhere))
+                except (KeyError, IndexError, ValueError):
+                    self.refs.append((uid, rnode, rwhere))
+            out.append(task)
+        return out
 
     def task(self, node, where: str, suid: str, k: int) -> Task:
         keys = self.mapping(node, where, TASK_KEYS)
+        for key in ("replicas", "sweep"):
+            if key in keys:
+                raise self.error(keys[key][0], f"{where}.{key}", "generators are not allowed here")
         kw: dict = {}
 
         def at(key):
@@ -307,6 +380,8 @@ class _Loader:
         if "stdin" in kw and parse_ref(kw["stdin"]):
             self.refs.append((parse_ref(kw["stdin"])[0], keys["stdin"][1], f"{where}.stdin"))
         task = Task(**kw)
+        if self.templating:
+            return task  # each copy is validated once its placeholders are filled
         try:
             task.validate()
         except EnsembleError as exc:
@@ -343,6 +418,49 @@ class _Loader:
         if ref:
             self.refs.append((ref[0], keys["source"][1], f"{where}.source"))
         return Input(source, target, mode)
+
+
+def _product(axes) -> list[tuple]:
+    import itertools
+
+    return [tuple(zip([n for n, _ in axes], combo, strict=True))
+            for combo in itertools.product(*[v for _, v in axes])]
+
+
+def _sub(value, env: dict):
+    if isinstance(value, str):
+        return value.format_map(env) if "{" in value or "}" in value else value
+    if isinstance(value, Input):
+        return Input(_sub(value.source, env), _sub(value.target, env), value.mode)
+    if isinstance(value, list):
+        return [_sub(v, env) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_sub(v, env) for v in value)
+    if isinstance(value, dict):
+        return {k: _sub(v, env) for k, v in value.items()}
+    return value
+
+
+_GENERATED = ("executable", "arguments", "args", "kwargs", "environment", "pre_exec", "post_exec", "stdin",
+              "inputs", "outputs", "after", "name", "tags")
+
+
+def _substitute(template: Task, env: dict) -> Task:
+    """A copy of ``template`` with ``{name}`` placeholders in its strings filled from ``env``.
+    A whole-string placeholder in ``args``/``kwargs`` (``"{temp}"``) keeps the value's type."""
+    changes = {}
+    for field in _GENERATED:
+        value = getattr(template, field)
+        if field in ("args", "kwargs"):
+            def typed(v):
+                if isinstance(v, str) and v.startswith("{") and v.endswith("}") and v[1:-1] in env:
+                    return env[v[1:-1]]
+                return _sub(v, env)
+            value = tuple(typed(v) for v in value) if field == "args" else {k: typed(v) for k, v in value.items()}
+        else:
+            value = _sub(value, env)
+        changes[field] = value
+    return dataclasses.replace(template, **changes)
 
 
 def load_yaml(path: str) -> list[Pipeline]:

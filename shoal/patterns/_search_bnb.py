@@ -1,0 +1,167 @@
+"""The branch-and-bound hot loop, ``Explorer.dfs_bnb`` (a mixin of ``_search.Explorer``).
+
+Split out of ``_search`` (the engine) so that module stays under 800 lines; the loop
+has the same shape as ``Explorer.dfs_count`` there (see its docstring): a ``for`` over
+the level being listed, a preallocated stack of iterators and child indices, a poll
+every ``TICK`` nodes once ``POLL_S`` has passed, and each user call wrapped in its own
+``try`` so errors name the node.  Per child: ``bound`` (pruned when it cannot strictly
+beat the incumbent; with ``prune_level`` the rest of the level too, after checking the
+bounds come best first), then ``objective`` (an improvement is offered at once), then
+``children``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ._search_model import Coordination, SearchError, _Stopped, number, where
+
+
+class BnBLoop:
+    """Explorer's branch-and-bound loop: worker thread only."""
+
+    def dfs_bnb(self, node) -> None:
+        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
+        from ._search import _EMPTY, TICK  # read at call time (tests patch TICK)
+
+        base, t, spec = self.base, self.tally, self.spec
+        d0 = len(base)
+        if not self.visit(node, d0, base):
+            return
+        children, bound, objective = self.children, self.bound, self.objective
+        negate, prune_level = spec.negate, spec.prune_level
+        pd = [0] * 32 if spec.per_depth else None
+        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
+        backtracks = nodes = pruned = 0
+        tick = TICK
+        lim, slim = self.lim, self.slim
+        skips = self.skips
+        clock = time.perf_counter
+        iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
+        idx: list = [0] * 32
+        prev = inf = math.inf
+        prevs: list = [inf] * 32  # prune_level: the last bound seen on each ancestor's level
+        d = 0
+        top = self.kids(node, base)
+        i = -1
+        bad = None  # set while number() checks a value: its TypeError is the user's answer
+        try:
+            while True:
+                for child in top:
+                    i += 1
+                    try:
+                        b = bound(child)
+                    except Exception as exc:
+                        raise SearchError(f"bound() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
+                    tb = type(b)
+                    if tb is not int and (tb is not float or b != b):
+                        bad = "bound()"
+                        b = number(b, bad, base + tuple(idx[:d]) + (i,), child)
+                        bad = None
+                    if negate:
+                        b = -b
+                    if prune_level:  # the promise it rests on, checked where it is cheap
+                        if b > prev:
+                            self._misordered(base + tuple(idx[:d]), i, b, prev)
+                        prev = b
+                    if b <= lim or b < slim:
+                        pruned += 1
+                        if prune_level:
+                            top = _EMPTY  # the rest of the level is pruned too
+                            break
+                        continue
+                    try:
+                        v = objective(child)
+                    except Exception as exc:
+                        raise SearchError(f"objective() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
+                    tv = type(v)
+                    if tv is not int and (tv is not float or v != v):
+                        bad = "objective()"
+                        v = number(v, bad, base + tuple(idx[:d]) + (i,), child)
+                        bad = None
+                    if negate:
+                        v = -v
+                    if v > lim and v >= slim:
+                        self.improve(child, v, base + tuple(idx[:d]) + (i,))
+                        lim, slim = self.lim, self.slim
+                    nodes += 1
+                    if pd is not None:  # a local list indexed by depth below the base - 1
+                        try:
+                            pd[d] += 1
+                        except IndexError:
+                            pd.extend([0] * (d + 1 - len(pd)))
+                            pd[d] += 1
+                    try:
+                        kids = children(child)
+                    except Exception as exc:
+                        raise SearchError(f"children() raised {exc!r} at "
+                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
+                    tick -= 1
+                    if not tick:
+                        tick = TICK
+                        if clock() >= self.next_poll:
+                            self.seen = nodes
+                            top = self._poll_at(iters, idx, d, top, i)
+                            lim, slim = self.lim, self.slim
+                    try:  # push (the lists only grow: d is the depth below the base)
+                        iters[d] = top
+                        idx[d] = i
+                        prevs[d] = prev
+                    except IndexError:
+                        iters.append(top)
+                        idx.append(i)
+                        prevs.append(prev)
+                    d += 1
+                    try:
+                        top = iter(kids)
+                    except TypeError:
+                        raise SearchError(f"children() returned a non-iterable "
+                                          f"{type(kids).__name__} at "
+                                          f"{where(base + tuple(idx[:d]), child)}; return a "
+                                          "list, tuple or generator") from None
+                    i = -1
+                    prev = inf
+                    break
+                else:  # the level is done (or pruned): back up
+                    if not d:
+                        break
+                    d -= 1
+                    top = iters[d]
+                    i = idx[d]
+                    prev = prevs[d]
+                    if skips and d in skips:
+                        i += skips.pop(d)
+                    if budget:
+                        backtracks += 1
+                        if backtracks >= budget:
+                            backtracks = 0
+                            top, i = self._poll_split(iters, idx, d, top, i)
+                            lim, slim = self.lim, self.slim
+        except (_Stopped, SearchError):
+            raise
+        except Exception as exc:
+            if bad is not None:  # number() rejected a bound or objective value
+                raise
+            raise SearchError(f"children() raised {exc!r} at "
+                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
+        finally:
+            t.nodes += nodes
+            self.seen = 0
+            t.pruned += pruned
+            if pd is not None:
+                self._add_per_depth(pd, d0 + 1)
+
+    def _misordered(self, parent, i: int, b: float, prev: float) -> None:
+        """prune_level=True, but child ``i`` of ``parent`` has a better bound than its
+        elder sibling: refuse (pruning the level would have been silently wrong)."""
+        if self.spec.negate:
+            b, prev = -b, -prev
+        order = "non-decreasing lower" if self.spec.negate else "non-increasing upper"
+        raise SearchError(f"prune_level=True needs children in {order} bound order, but "
+                          f"child {i} of {where(parent, spec=self.spec)} has bound {b} after a sibling "
+                          f"with bound {prev}; sort the children best bound first, or "
+                          "leave prune_level off (the default)")
+

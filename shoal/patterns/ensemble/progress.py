@@ -1,0 +1,93 @@
+"""The progress display of a run: ``run(progress=True)`` and ``shoal run``'s line on stderr.
+
+``progress_callback(progress)`` turns ``run``'s ``progress=`` argument into the
+callable the engine calls (at most every 0.5 s, and once at the end) with a
+dict: done, running, failed, skipped, waiting, total, rate, eta, elapsed,
+final.  ``Progress`` draws it: one line redrawn in place on a terminal, a plain
+line every ``interval`` seconds elsewhere; it also publishes each dict to the
+progress board (topic ``ensemble``), which ``shoal run --dashboard`` shows.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import shoal
+
+from .model import EnsembleError
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds + 0.5)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def progress_line(p: dict, width: int = 20) -> str:
+    """``[#####.....] 120/400  running 2  failed 1  310.2 tasks/s  ETA 0:01`` (``?`` when unknown)."""
+    total, done, failed = p.get("total"), p["done"], p["failed"]
+    finished = done + failed + p.get("skipped", 0)
+    if total:
+        filled = min(width, width * finished // total)
+        head = f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total}"
+    else:
+        head = f"{finished}/?"
+    return (f"{head}  done {done}  running {p['running']}  failed {failed}  "
+            f"{p['rate']:.1f} tasks/s  elapsed {_clock(p['elapsed'])}  ETA {_clock(p.get('eta'))}")
+
+
+class Progress:
+    """The ``shoal run`` progress display on ``stream`` (stderr).
+
+    On a terminal: one line redrawn in place (the engine calls at most every
+    0.5 s).  Elsewhere (a log file, a pipe): one plain line every ``interval``
+    seconds at most, and one at the end.
+    """
+
+    def __init__(self, stream, interval: float = 10.0, clock=time.monotonic):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval = interval
+        self.clock = clock
+        self.last: float | None = None
+        self.drawn = False
+
+    def __call__(self, p: dict) -> None:
+        try:
+            shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
+        except (TypeError, ValueError):
+            pass  # a progress display never stops the run
+        line = progress_line(p)
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100) + ("\n" if p.get("final") else ""))
+            self.drawn = not p.get("final")
+        else:
+            now = self.clock()
+            if not p.get("final") and self.last is not None and now - self.last < self.interval:
+                return
+            if self.last is None and not p.get("final"):
+                self.last = now  # the first line only after one interval: short runs print one line
+                return
+            self.last = now
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+def progress_callback(progress):
+    """``run(progress=...)``: True -> the ``shoal run`` line on stderr; False/None -> none; a callable."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return Progress(sys.stderr)
+    if not callable(progress):
+        raise EnsembleError(f"progress={progress!r}: give True, False or a callable taking a dict")
+    return progress

@@ -1,0 +1,228 @@
+"""``dl.TorchModule``: the same plans with torch doing the layer math (extra ``shoal[torch]``).
+
+Wrap an ``torch.nn.Sequential``: its children are the layers the plan cuts into stages.
+Parameters are those of ``module.parameters()`` in order, with torch's own shapes (a
+``torch.nn.Linear`` weight is ``(out, in)``) and dtype (usually float32).
+
+Data flow inside a task (``TorchEngine``): the stage's parameters are bound, without a
+copy, to the arena's shared memory (``param.data = torch.from_numpy(view)``); a forward
+task runs the stage under ``no_grad`` and stores only the stage input; a backward task
+re-runs the stage's forward under autograd from that input and calls
+``torch.autograd.grad`` with the incoming gradient (GPipe's re-materialisation: an
+autograd graph cannot cross processes, and a backward may run on another worker).  On
+the last stage of a 1F1B schedule forward and backward are one task and nothing is
+recomputed.  Each task runs on one torch thread (``_OneThread``): torch's kernels
+give other last bits on other thread counts.  The loss and the optimizer stay the numpy ones, so a TorchModule and a
+Sequential with equal parameters follow the same optimizer arithmetic.
+
+``torch.nn.Dropout`` draws from torch's generator, seeded per (seed, step, layer, rows)
+before the layer runs and again before its recomputation, so the mask is reproducible
+across workers and stage cuts (but, unlike ``dl.Dropout``, depends on the plan's
+micro-batch split).  Keying it by the stage instead made the first run on a new pilot
+differ: the cut is balanced by measured cost and moved the Dropout to the other stage.
+
+Installing torch: the CPU wheel (``pip install torch==2.13.0 --index-url
+https://download.pytorch.org/whl/cpu``, or the wheel this machine has); a plain ``torch``
+requirement pulls several GB of CUDA libraries on Linux.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layers import ShapeError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("dl.TorchModule needs torch: pip install 'shoal[torch]' (the CPU wheel; "
+                          "see docs/dl.md)") from exc
+    return torch
+
+
+class TorchModule:
+    """A ``torch.nn.Sequential`` trained by ``dl.Trainer`` with any ``dl.Plan``."""
+
+    kind = "torch"
+
+    def __init__(self, module, seed: int = 0):
+        torch = _torch()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"TorchModule needs a torch.nn.Module, got {type(module).__name__}")
+        children = list(module.children()) if isinstance(module, torch.nn.Sequential) else [module]
+        if not children:
+            raise ValueError("TorchModule: the Sequential has no layers")
+        self.module = module
+        self.layers = children
+        self.seed = int(seed)
+        dtypes = {p.dtype for p in module.parameters()}
+        if len(dtypes) > 1:
+            raise ValueError(f"TorchModule: parameters of one dtype needed, got {sorted(map(str, dtypes))}")
+        self.dtype = np.dtype(str(dtypes.pop()).replace("torch.", "")) if dtypes else np.dtype("float32")
+
+    # -- parameters --------------------------------------------------------------------
+    def param_shapes(self):
+        return [[tuple(p.shape) for p in layer.parameters()] for layer in self.layers]
+
+    def parameters(self) -> list[np.ndarray]:
+        return [p.detach().cpu().numpy().copy() for layer in self.layers for p in layer.parameters()]
+
+    def set_parameters(self, arrays) -> None:
+        torch = _torch()
+        params = [p for layer in self.layers for p in layer.parameters()]
+        arrays = [np.asarray(a) for a in arrays]
+        if len(arrays) != len(params):
+            raise ValueError(f"set_parameters: the module has {len(params)} parameter arrays, got {len(arrays)}")
+        for i, (p, a) in enumerate(zip(params, arrays, strict=True)):
+            if tuple(p.shape) != a.shape:
+                raise ValueError(f"set_parameters: array {i} must have shape {tuple(p.shape)}, got {a.shape}")
+        with torch.no_grad():
+            for p, a in zip(params, arrays, strict=True):
+                p.data = torch.from_numpy(np.ascontiguousarray(a).copy())
+        self.dtype = arrays[0].dtype if arrays else self.dtype
+
+    # -- shapes and inference -------------------------------------------------------------
+    def shapes(self, in_shape) -> list[tuple]:
+        torch = _torch()
+        shapes = [tuple(int(n) for n in in_shape)]
+        x = torch.zeros((1,) + shapes[0], dtype=getattr(torch, self.dtype.name))
+        self.module.eval()
+        with torch.no_grad():
+            for i, layer in enumerate(self.layers):
+                try:
+                    x = layer(x)
+                except RuntimeError as exc:
+                    src = "the input X" if i == 0 else f"layer {i - 1} ({self.layers[i - 1]!r})"
+                    raise ShapeError(f"layer {i} ({layer!r}): {exc} (input shape {shapes[-1]} from {src})") from None
+                shapes.append(tuple(x.shape[1:]))
+        return shapes
+
+    def forward(self, X) -> np.ndarray:
+        torch = _torch()
+        self.module.eval()
+        with torch.no_grad():
+            return self.module(torch.from_numpy(np.asarray(X, dtype=self.dtype))).numpy()
+
+    # -- what the trainer needs ---------------------------------------------------------
+    def engine(self, stage_layers):
+        return TorchEngine(self, stage_layers)
+
+    def saved_layers(self, stage):
+        return [stage[0]]
+
+    def layer_costs(self, shapes, rows: int) -> list[float]:
+        import time
+
+        torch = _torch()
+        costs = []
+        for i, layer in enumerate(self.layers):
+            x = torch.randn((rows,) + shapes[i], dtype=getattr(torch, self.dtype.name), requires_grad=True)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                y = layer(x)
+                y.backward(torch.ones_like(y))
+                best = min(best, time.perf_counter() - t0)
+            costs.append(best)
+        return costs
+
+    def __repr__(self):
+        return f"TorchModule({self.module!r}, seed={self.seed})"
+
+
+class _OneThread:
+    """torch's results depend on its intra-op thread count: run each task on one thread."""
+
+    def __enter__(self):
+        torch = _torch()
+        self.before = torch.get_num_threads()
+        if self.before != 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.before != 1:
+            _torch().set_num_threads(self.before)
+
+
+class TorchEngine:
+    """Stage math with torch modules whose parameters live in the arena (see module docstring).
+
+    Every call runs on one torch thread: torch's CPU kernels give different last bits on
+    1 and 2 threads, and the plan, not the pilot's size, must fix the arithmetic."""
+
+    def __init__(self, model: TorchModule, stage_layers):
+        self.layers = model.layers
+        self.seed = model.seed
+        self.stage_layers = stage_layers
+
+    def __getstate__(self):
+        return {"layers": self.layers, "seed": self.seed, "stage_layers": self.stage_layers}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def _bind(self, s, params):
+        torch = _torch()
+        mods = [self.layers[i] for i in self.stage_layers[s]]
+        tensors = []
+        for mod, views in zip(mods, params, strict=True):
+            for p, view in zip(mod.parameters(), views, strict=True):
+                p.data = torch.from_numpy(view)
+                tensors.append(p)
+        return mods, tensors
+
+    def _run(self, mods, x, ctx, s):
+        torch = _torch()
+        for i, mod in zip(self.stage_layers[s], mods, strict=True):
+            if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in mod.modules()):
+                # keyed by the layer, not the stage: the cut (measured, so it may vary) must
+                # not change a mask
+                torch.manual_seed((self.seed * 1_000_003 + ctx.step * 7919 + ctx.row0 * 31 + i)
+                                  % (1 << 63))
+            mod.train(ctx.train)
+            x = mod(x)
+        return x
+
+    def forward(self, s, params, x, ctx, live):
+        with _OneThread():
+            return self._forward(s, params, x, ctx, live)
+
+    def backward(self, s, params, saved, dy, ctx, need_dx):
+        with _OneThread():
+            return self._backward(s, params, saved, dy, ctx, need_dx)
+
+    def _forward(self, s, params, x, ctx, live):
+        torch = _torch()
+        mods, tensors = self._bind(s, params)
+        xt = torch.from_numpy(x)
+        if live:
+            xt.requires_grad_(s > 0)
+            with torch.enable_grad():
+                y = self._run(mods, xt, ctx, s)
+            return y.detach().numpy(), (xt, y, tensors)
+        with torch.no_grad():
+            y = self._run(mods, xt, ctx, s)
+        return y.numpy(), [x]
+
+    def storable(self, saved):
+        if isinstance(saved, tuple):
+            return [saved[0].detach().numpy()]
+        return saved
+
+    def _backward(self, s, params, saved, dy, ctx, need_dx):
+        torch = _torch()
+        if isinstance(saved, tuple):
+            xt, y, tensors = saved
+        else:
+            mods, tensors = self._bind(s, params)
+            xt = torch.from_numpy(np.ascontiguousarray(saved[0])).requires_grad_(need_dx)
+            with torch.enable_grad():
+                y = self._run(mods, xt, ctx, s)
+        inputs = tensors + ([xt] if need_dx else [])
+        grads = torch.autograd.grad(y, inputs, grad_outputs=torch.from_numpy(np.ascontiguousarray(dy)),
+                                    allow_unused=True)
+        out = [np.zeros(tuple(t.shape), dtype=dy.dtype) if g is None else g.numpy()
+               for t, g in zip(tensors, grads[:len(tensors)], strict=True)]
+        return (grads[-1].numpy() if need_dx else None), out

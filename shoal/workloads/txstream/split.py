@@ -1,0 +1,219 @@
+"""Split planning: each worker records only its own transactions, the graph is assembled in
+shared memory.  The TPG scheduler's default for operation granularity.
+
+Partition p owns the transactions ``t % workers == p``: it records them (the only place
+their closures exist), and runs their operations.  Three stages per partition, the
+last two behind in-task barriers (``phase[p]`` = epoch*4 + stage, written by p's owner):
+
+0. record own transactions; publish per transaction: operation count, read count,
+   "has a guard" (``txn_nops``/``txn_nreads``/``txn_guard``);
+1. after every partition did 0: prefix sums give global operation and read offsets;
+   publish own operations' keys and reads (``meta_gid``, ``op_nreads``, ``read_gid``);
+   partition 0 also publishes ``meta_start`` (what the driver reads after the batch);
+2. after every partition did 1: every task derives the edges from the shared arrays with
+   numpy (``prev``: temporal; the version each read sees: parametric) — identical in
+   every task — and its runners run their own operations (tpgrun's ``OpStructured`` /
+   ``OpFree`` and ``_Exec``, unchanged: they walk versions through other partitions'
+   operations by number, never needing those closures).
+
+A barrier never deadlocks: a task whose partitions all wait at a barrier claims an
+unclaimed partition (``area.drive``), so every partition is held by a running task.
+The redo phase of a lazy batch skips stages 0-1 (the metadata is in shared memory) and
+re-records a partition's own transactions only in a process that lacks them.
+
+What it buys: recording costs ~12 us per event (calling the user's function,
+validating keys); replicated, every worker pays it for the whole batch; split, each pays
+it for 1/workers of it.  What it costs: two barriers per batch, and operation
+granularity only (a key's chain has operations of every partition) — chain granularity
+uses the replicated plan (tpg.py); the adaptive policy picks it from the previous
+batch's shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .area import load_events
+from .policy import Shape
+from .txn import record_or_error
+
+_OWN: dict = {}  # (run_id, batch, p) -> (own txns, their ops, bad): this process's recordings
+
+
+def own_records(job, p: int):
+    key = (job.run_id, job.batch, p)
+    got = _OWN.get(key)
+    if got is None:
+        if len(_OWN) > 64:
+            _OWN.clear()
+        mine = load_events(job, p)  # events p, p + W, p + 2W, ...
+        txns = list(range(p, p + job.nparts * len(mine), job.nparts))
+        ops, bad = [], {}
+        for t, event in zip(txns, mine, strict=True):
+            o, err = record_or_error(*event, job.layout)
+            if err is not None:
+                bad[t] = err
+            ops.append(o)
+        got = _OWN[key] = (txns, ops, bad)
+    return got
+
+
+class Global:
+    """The batch's graph as every task derives it from the shared arrays (stage 2)."""
+
+    def __init__(self, job, n_txn: int):
+        nops = job.view("txn_nops")[:n_txn]
+        self.n_txn = n_txn
+        start = np.zeros(n_txn + 1, np.int64)
+        np.cumsum(nops, out=start[1:])
+        n = int(start[-1])
+        self.n_ops = n
+        self.txn_start = start.tolist()
+        gid = job.view("meta_gid")[:n].copy()
+        op_txn = np.repeat(np.arange(n_txn), nops)
+        self.op_txn = op_txn.tolist()
+        self.op_gid = gid.tolist()
+        order = np.argsort(gid, kind="stable")
+        sg = gid[order]
+        new = np.ones(n, bool)
+        new[1:] = sg[1:] != sg[:-1]
+        prev_sorted = np.empty(n, np.int64)
+        if n:
+            prev_sorted[0] = -1
+            prev_sorted[1:] = order[:-1]
+        prev_sorted[new] = -1
+        prev = np.empty(n, np.int64)
+        prev[order] = prev_sorted
+        self.prev = prev.tolist()
+        nreads = job.view("op_nreads")[:n]
+        self.rstart = np.zeros(n + 1, np.int64)
+        np.cumsum(nreads, out=self.rstart[1:])
+        r_gid = job.view("read_gid")[:int(self.rstart[-1])].copy()
+        r_op = np.repeat(np.arange(n), nreads)
+        m = n + 1
+        pos = np.searchsorted(sg * m + order, r_gid * m + r_op, "left") - 1
+        ok = (pos >= 0) & (sg[np.clip(pos, 0, None)] == r_gid)
+        self.r_prev = np.where(ok, order[np.clip(pos, 0, None)], -1)
+        self.r_gid = r_gid
+        self.op_fn: list = [None] * n
+        self.op_guard: list = [None] * n
+        self.op_reads: list = [()] * n
+        self.nparts = job.nparts
+        # the shape, for the adaptive choice (owner of an operation: its transaction % parts)
+        owner = op_txn % job.nparts
+        cross = np.zeros(n, bool)
+        has = prev >= 0
+        cross[has] = owner[prev[has]] != owner[has]
+        hr = self.r_prev >= 0
+        np.logical_or.at(cross, r_op[hr], owner[self.r_prev[hr]] != owner[r_op[hr]])
+        n_chains = int(new.sum())
+        counts = np.diff(np.append(np.flatnonzero(new), n)) if n else np.zeros(1)
+        self.shape = Shape(n_txn, n, n_chains,
+                           float(job.view("txn_guard")[:n_txn].mean()) if n_txn else 0.0,
+                           float(counts.max()) / max(n, 1), float(cross.mean()) if n else 0.0,
+                           None)
+        self._r_op, self._order, self._new = r_op, order, new
+        self._lists = None
+
+    def chain_ok(self) -> bool:
+        """Would the chain graph be acyclic (the hint for the next batch)?"""
+        from .tpg import _kahn
+
+        n = self.n_ops
+        if not n:
+            return False
+        chain_of = np.empty(n, np.int64)
+        chain_of[self._order] = np.cumsum(self._new) - 1
+        hr = self.r_prev >= 0
+        src, dst = chain_of[self.r_prev[hr]], chain_of[self._r_op[hr]]
+        keep = src != dst
+        n_chains = int(self._new.sum())
+        deps: list = [[] for _ in range(n_chains)]
+        if keep.any():
+            for d, s in np.unique(np.stack([dst[keep], src[keep]], 1), axis=0).tolist():
+                deps[d].append(s)
+        return _kahn(n_chains, deps) is not None
+
+    def adopt(self, txns: list, ops: list) -> list:
+        """Take a partition's closures; returns its operations in timestamp order."""
+        mine = []
+        if self._lists is None:
+            self._lists = (self.r_prev.tolist(), self.r_gid.tolist(), self.rstart.tolist())
+        rp, rg, rs = self._lists
+        fns, guards, reads, starts = self.op_fn, self.op_guard, self.op_reads, self.txn_start
+        for t, tops in zip(txns, ops, strict=True):
+            o = starts[t]
+            for _, fn, guard, _ in tops:
+                fns[o] = fn
+                guards[o] = guard
+                a, b = rs[o], rs[o + 1]
+                if b > a:
+                    reads[o] = tuple(zip(rp[a:b], rg[a:b], strict=True))
+                mine.append(o)
+                o += 1
+        return mine
+
+
+class SplitRunner:
+    """One partition through stages 0-2, then its operations (delegating to ``make_exec``)."""
+
+    def __init__(self, task, p: int):
+        self.task, self.p = task, p
+        self.finished = False
+        self.inner = None
+        job = task.job
+        self.base = job.epoch * 4
+        self.stage = 2 if task.redo else 0
+
+    def _barrier(self, k: int) -> bool:
+        ph = self.task.job.view("phase")
+        return all(ph[q] >= self.base + k for q in range(self.task.job.nparts))
+
+    def step(self) -> bool:
+        task, job, p = self.task, self.task.job, self.p
+        if self.stage == 0:
+            txns, ops, bad = own_records(job, p)
+            nops, nreads, guard = job.view("txn_nops"), job.view("txn_nreads"), job.view("txn_guard")
+            for t, tops in zip(txns, ops, strict=True):
+                nops[t] = len(tops)
+                nreads[t] = sum(len(x[3]) for x in tops)
+                guard[t] = any(x[2] is not None for x in tops)
+            task.bad.update(bad)
+            job.view("phase")[p] = self.base + 1
+            self.stage = 1
+            return True
+        if self.stage == 1:
+            if not self._barrier(1):
+                return False
+            if not task.sized():
+                self.finished = True
+                return True
+            txns, ops, _ = own_records(job, p)
+            start = task.starts
+            rstart = task.rstarts
+            gidv, nrv, rgv = job.view("meta_gid"), job.view("op_nreads"), job.view("read_gid")
+            for t, tops in zip(txns, ops, strict=True):
+                o, r = int(start[t]), int(rstart[t])
+                for gid, _, _, rg in tops:
+                    gidv[o] = gid
+                    nrv[o] = len(rg)
+                    for g in rg:
+                        rgv[r] = g
+                        r += 1
+                    o += 1
+            if p == 0:
+                job.view("meta_start")[:len(start)] = start
+            job.view("phase")[p] = self.base + 2
+            self.stage = 2
+            return True
+        if self.inner is None:
+            if not task.redo and not self._barrier(2):
+                return False
+            g = task.graph()
+            txns, ops, _ = own_records(job, p)
+            mine = g.adopt(txns, ops)
+            self.inner = task.runner([o for o in mine if o >= task.first_op])
+            return True
+        progressed = self.inner.step()
+        self.finished = self.inner.finished
+        return progressed

@@ -1,0 +1,159 @@
+"""Events, the transaction recorder, and the one function that applies an update.
+
+An event is ``Event(fn, ev)``: ``fn(txn, ev)`` *declares* the transaction's
+state accesses through ``txn.update(table, key, fn, guard=, reads=)``; it
+must not read state itself and must declare the same accesses every time it
+is called with the same ``ev`` (the schedulers record a transaction more than
+once, in different processes: that is how planning is spread over workers).
+
+Semantics (the definition of correct, the serial oracle implements it
+literally): transactions take effect in stream order; a transaction's
+updates apply in declaration order; ``fn`` and ``guard`` get the current
+value of their own key followed by the current values of their ``reads``, as
+of that point of the serial order (the transaction's own earlier updates
+included); a guard returning False, or an ``fn``/``guard`` raising, aborts
+the whole transaction (none of its updates take effect).
+
+A recorded operation is the tuple ``(gid, fn, guard, read_gids)``; global key
+ids come from ``Store.layout``.  Bad declarations (unknown table, key out of
+range or not an integer) raise ``TxnError`` naming the event; results that are
+not integers, or overflow int64, raise it too.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+import time
+import traceback
+from typing import Any, Callable, NamedTuple
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class Event(NamedTuple):
+    """One stream event: ``fn(txn, ev)`` declares its transaction; ``ev`` is plain picklable data."""
+
+    fn: Callable
+    ev: Any
+
+
+class OnError(enum.Enum):
+    """What a transaction that raises (or declares a bad access) does to the run."""
+
+    STOP = "stop"    # the run stops with TxnError; the store stays at the last punctuation
+    ABORT = "abort"  # the transaction aborts, its error is recorded in report.errors; the stream goes on
+
+
+class TxnError(Exception):
+    """A transaction failed (bad declaration, UDF raised, non-integer result): names the event."""
+
+    def __init__(self, seq: int, message: str):
+        super().__init__(f"event {seq}: {message}")
+        self.seq = seq
+        self.message = message
+
+
+class _BadAccess(Exception):
+    pass
+
+
+class Txn:
+    """The recorder passed to an event's ``fn``: collects the declared updates."""
+
+    __slots__ = ("_layout", "ops")
+
+    def __init__(self, layout: dict):
+        self._layout = layout
+        self.ops: list = []
+
+    def _gid(self, table, key) -> int:
+        try:
+            base, size = self._layout[table]
+        except (KeyError, TypeError):
+            raise _BadAccess(f"unknown table {table!r} (tables: {', '.join(self._layout)})") from None
+        if type(key) is not int:
+            if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+                raise _BadAccess(f"key {key!r} of table {table!r} is not an integer")
+            key = int(key)
+        if not 0 <= key < size:
+            raise _BadAccess(f"key {key} out of range for table {table!r} (size {size})")
+        return base + key
+
+    def update(self, table: str, key: int, fn: Callable, *, guard: Callable | None = None,
+               reads=()) -> None:
+        """Declare ``table[key] = fn(table[key], *reads)`` if ``guard(same values)`` (else abort)."""
+        if not callable(fn) or (guard is not None and not callable(guard)):
+            raise _BadAccess(f"the update of {table!r}[{key!r}] needs callables, got fn={fn!r}, "
+                             f"guard={guard!r}")
+        gid = self._gid(table, key)
+        if not reads:
+            self.ops.append((gid, fn, guard, ()))
+            return
+        rg = []
+        try:
+            for t, k in reads:
+                rg.append(self._gid(t, k))
+        except (TypeError, ValueError):
+            raise _BadAccess(f"reads must be a list of (table, key) pairs, got {reads!r}") from None
+        self.ops.append((gid, fn, guard, tuple(rg)))
+
+
+def record(fn: Callable, ev, layout: dict) -> list:
+    """The operations event ``ev`` declares; raises ``_BadAccess``/the user's exception."""
+    txn = Txn(layout)
+    fn(txn, ev)
+    return txn.ops
+
+
+def record_or_error(fn, ev, layout):
+    """``(ops, None)`` or ``([], message)`` when the declaration itself fails."""
+    try:
+        return record(fn, ev, layout), None
+    except _BadAccess as exc:
+        return [], str(exc)
+    except Exception as exc:  # the user's fn raised while declaring
+        return [], describe(exc, f"declaring the transaction ({getattr(fn, '__name__', fn)!r})")
+
+
+class Guarded(Exception):
+    """The guard returned False: the transaction aborts (not an error)."""
+
+
+def apply(fn, guard, vals: list) -> int:
+    """One update: the guard, then fn, then the integer check.  Raises Guarded or the error."""
+    if guard is not None and not guard(*vals):
+        raise Guarded
+    new = fn(*vals)
+    if type(new) is not int:
+        if isinstance(new, bool) or not isinstance(new, numbers.Integral):
+            raise TypeError(f"an update must return an integer, got {new!r} "
+                            f"({type(new).__name__}) from {getattr(fn, '__qualname__', fn)}")
+        new = int(new)
+    if not INT64_MIN <= new <= INT64_MAX:
+        raise OverflowError(f"an update returned {new}, which does not fit int64")
+    return new
+
+
+def describe(exc: BaseException, where: str = "") -> str:
+    """A one-line error for report.errors, with the innermost frame of the user's code."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    frame = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    prefix = f"{where}: " if where else ""
+    return f"{prefix}{type(exc).__name__}: {exc}{frame}"
+
+
+def spin(us: float) -> None:
+    """Busy-wait ``us`` microseconds: MorphStream's per-access "complexity" knob."""
+    if us > 0:
+        end = time.perf_counter() + us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+
+def key_name(layout: dict, gid: int) -> str:
+    """``table[key]`` for a global key id (for error messages)."""
+    for name, (base, size) in layout.items():
+        if base <= gid < base + size:
+            return f"{name}[{gid - base}]"
+    return f"key {gid}"

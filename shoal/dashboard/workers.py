@@ -30,11 +30,17 @@ class WorkerState(enum.Enum):
     STEALING = "stealing"  # asked every victim in vain, waiting for work
     PARKED = "parked"  # asleep on its doorbell
     STARTING = "starting"  # a new (replacement) process that has not answered yet
+    STOPPED = "stopped"  # SIGSTOPped (the runtime notices and says so)
+    DOWN = "down"  # no process: a restart failed, the runtime retries with backoff
     UNKNOWN = "unknown"  # no status words on this backend and no answer yet
 
 
 def state_of(running: int, hungry: bool, parked: bool, busy: float | None,
-             answered: bool) -> WorkerState:
+             answered: bool, down: bool = False, stopped: bool = False) -> WorkerState:
+    if down:
+        return WorkerState.DOWN
+    if stopped:
+        return WorkerState.STOPPED
     if parked:
         return WorkerState.PARKED
     if running:
@@ -104,7 +110,7 @@ class Workers:
             if busy is None and stale and running:
                 busy = 1.0  # deep in a long task: it answers after it
             state = state_of(running, w.get("hungry", False), w.get("parked", False), busy,
-                             st is not None)
+                             st is not None, w.get("down", False), w.get("stopped", False))
             if busy is None and state is WorkerState.PARKED:
                 busy = 0.0
             prev = track.prev

@@ -20,6 +20,7 @@ from dash_tasks import is_solution, nap, queens_children
 
 import shoal
 from shoal.dashboard import Dashboard
+from shoal.dashboard.workers import WorkerState
 from shoal.ensemble import Pipeline, Stage, Task, run
 from shoal.patterns import backtracking
 from shoal.workloads import fib
@@ -47,7 +48,7 @@ def test_workers_page_shows_every_pid_and_a_growing_task_count(page):
         page.wait_for_function(f"n => ({TASKS_JS})() > n", arg=first)
         assert page.locator("#status").inner_text().startswith("live")
         states = set(page.locator("tr.worker td.state").all_inner_texts())
-        assert states <= {"busy", "idle", "stealing", "parked", "starting"}
+        assert states <= {s.value for s in WorkerState}
         assert page.locator("tr.worker svg.timeline").count() == 2
         for f in futs:
             f.cancel()

@@ -65,6 +65,8 @@ def test_state_priority():
     assert state_of(0, False, False, None, False) is WorkerState.STARTING
     assert state_of(0, False, False, 0.9, True) is WorkerState.BUSY
     assert state_of(0, False, False, 0.1, True) is WorkerState.IDLE
+    assert state_of(1, False, True, 1.0, True, down=True) is WorkerState.DOWN
+    assert state_of(1, False, False, 1.0, True, stopped=True) is WorkerState.STOPPED
 
 
 def test_stats_shaped_samples_without_status_words_work_too():

@@ -42,54 +42,60 @@ def check_journal(path: str) -> str:
 
 
 def journal_state(path: str, total: int | None = None) -> dict:
-    """The journal page's state (JSON-ready); ``{"error": ...}`` when it cannot be read."""
+    """The journal page's state (JSON-ready); ``{"error": ...}`` when it cannot be read.
+
+    Built on ``RunStatus`` (the same reading as ``shoal status``: planned tasks never
+    journaled count as pending, the driver's liveness, rate and ETA from the journal);
+    ``total`` (from a running ``shoal run``'s own progress) fills a missing ETA.
+    """
+    from ..patterns.ensemble.status import RunStatus
+
     try:
         check_journal(path)
-        db = open_readonly(path)
-    except EnsembleError as exc:
-        return {"path": path, "error": str(exc)}
-    try:
-        counts = dict.fromkeys(STATES, 0)
-        for state, n in db.execute("SELECT state, count(*) FROM tasks GROUP BY state"):
-            counts[state] = n
-        pipelines: dict[str, dict] = {}
-        stages: dict[str, dict] = {}
-        for pipeline, stage, state, n in db.execute(
-                "SELECT pipeline, stage, state, count(*) FROM tasks GROUP BY pipeline, stage, state "
-                "ORDER BY min(rowid)"):
-            pipelines.setdefault(pipeline, dict.fromkeys(STATES, 0))[state] += n
-            stages.setdefault(stage, dict.fromkeys(STATES, 0))[state] += n
-        failures = [
-            {"uid": u, "kind": k, "exit_code": c, "reason": r, "stderr_tail": (t or "")[-2000:],
-             "attempts": a}
-            for u, k, c, r, t, a in db.execute(
-                "SELECT uid, failure, exit_code, reason, stderr_tail, attempt FROM tasks "
-                "WHERE state=? ORDER BY finished DESC LIMIT ?", (TaskState.FAILED.value, FAILURES_SHOWN))
-        ]
-        first, last = db.execute("SELECT min(started), max(finished) FROM tasks").fetchone()
-        running_since = db.execute("SELECT min(started) FROM tasks WHERE state=?",
-                                   (TaskState.RUNNING.value,)).fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        return {"path": path, "error": f"cannot read the journal {path}: {exc}"}
-    finally:
-        db.close()
+        st = RunStatus.load(path, failures=FAILURES_SHOWN)
+    except (EnsembleError, sqlite3.DatabaseError, ValueError, KeyError) as exc:
+        return {"path": path, "error": str(exc) if isinstance(exc, EnsembleError)
+                else f"cannot read the journal {path}: {exc!r}"}
+    d = st.to_dict()
+
+    def with_pending(counts: dict, pending) -> dict:
+        out = dict.fromkeys(STATES, 0)
+        out.update(counts)
+        if pending is not None:
+            out[TaskState.PENDING.value] = pending
+        return out
+
+    pipelines: dict[str, dict] = {}
+    stages: dict[str, dict] = {}
+    for p in d["pipelines"]:
+        agg = pipelines.setdefault(p["uid"], dict.fromkeys(STATES, 0))
+        for s in p["stages"]:
+            row = with_pending(s["counts"], s["pending"])
+            row[TaskState.RUNNING.value] += s["interrupted"]
+            stages[s["uid"]] = row
+            for k, n in row.items():
+                agg[k] += n
+    counts = with_pending(d["counts"], None)
+    counts[TaskState.RUNNING.value] += d["interrupted"]
     settled = sum(counts[s.value] for s in TaskState if s.terminal)
     known = sum(counts.values())
-    finished = counts[TaskState.RUNNING.value] == 0 and counts[TaskState.PENDING.value] == 0
+    total = d["total"] if d["total"] is not None else total
+    finished = d["finished"] or (known > 0 and counts[TaskState.PENDING.value] == 0
+                                 and counts[TaskState.RUNNING.value] == 0)
     now = time.time()
-    end = last if finished and last else now
-    elapsed = (end - first) if first else 0.0
-    rate = settled / elapsed if elapsed > 0 else 0.0
-    eta = None
-    if total is not None:
-        left = max(0, total - settled)
-        eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
-    elif finished and known:
+    first, last = d["started"], d["updated"]
+    elapsed = ((last if finished and last else now) - first) if first else 0.0
+    rate = d["rate"] if d["rate"] is not None else (settled / elapsed if elapsed > 0 else 0.0)
+    eta = d["eta"]
+    if finished:
         eta = 0.0
+    elif eta is None and total is not None and rate and d["driver"]["state"] == "alive":
+        eta = max(0, total - settled) / rate
+    failures = [{**f, "stderr_tail": (f["stderr_tail"] or "")[-2000:]} for f in d["failures"]]
     return {
         "path": path, "error": None, "counts": counts, "pipelines": pipelines, "stages": stages,
-        "failures": failures, "settled": settled, "known": known, "total": total,
-        "started": first, "last_finished": last, "running_since": running_since,
-        "elapsed_s": round(elapsed, 3), "rate": round(rate, 3), "eta_s": eta,
-        "finished": finished and known > 0,
+        "failures": failures[::-1], "settled": settled, "known": known, "total": total,
+        "started": first, "last_finished": last, "driver": d["driver"]["state"],
+        "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": round(rate, 3),
+        "eta_s": eta, "finished": finished,
     }

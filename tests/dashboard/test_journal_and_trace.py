@@ -165,3 +165,27 @@ def test_shoal_run_dashboard_serves_the_runs_journal_and_progress(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "20 done" in out
+
+
+def test_journal_of_a_killed_driver_says_dead_not_running(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wf = tmp_path / "wf.py"
+    wf.write_text(WORKFLOW.replace("time.sleep(0.2)", "time.sleep(1.0)"))
+    db = str(tmp_path / "run.db")
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--journal", db,
+                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=root), start_new_session=True)
+    try:
+        wait_for(lambda: os.path.exists(db) and not journal_state(db)["error"]
+                 and journal_state(db)["counts"]["done"] >= 2, timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    st = journal_state(db)
+    assert st["driver"] == "dead" and not st["finished"]
+    assert st["interrupted"] >= 1 and st["total"] == 20
+    assert st["counts"]["done"] >= 2 and st["eta_s"] is None  # no ETA for a run nobody drives

@@ -143,6 +143,7 @@ function renderJournal(st) {
   html += `<div class="cards" id="journal-summary">` + states.map(s => card(s, `<span class="count-${esc(s)}">${fmt(c[s])}</span>`)).join("") +
     card("settled / known" + (total ? " / total" : ""), `${fmt(j.settled)} / ${fmt(j.known)}${total ? " / " + fmt(total) : ""}`) +
     card("tasks/s", fmt(j.rate)) + card("elapsed", clock(j.elapsed_s)) +
+    (j.driver ? card("driver", `<span id="driver">${esc(j.driver)}</span>${j.interrupted ? " · " + fmt(j.interrupted) + " interrupted" : ""}`) : "") +
     card("ETA", `<span id="eta">${j.finished ? "done" : clock(eta)}</span>`) + `</div>`;
   const table = (id, title, rows) => {
     let t = `<h2>${title}</h2><table id="${id}"><tr><th class="text">${title.toLowerCase().replace(/s$/, "")}</th>` +

@@ -134,3 +134,19 @@ def diff_specs(uid: str, old: str, new: str) -> str:
     fields = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
     parts = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in fields[:3]]
     return f"task {uid}: " + "; ".join(parts)
+
+
+def count_tasks(pipelines) -> int | None:
+    """Tasks in a workflow whose pipelines and stages are all lists; None if any part is lazy."""
+    if not isinstance(pipelines, list | tuple):
+        return None
+    n = 0
+    for p in pipelines:
+        if not isinstance(p, Pipeline):
+            return None
+        for s in p.stages:
+            tasks = getattr(s, "tasks", None)
+            if not isinstance(tasks, list | tuple):
+                return None
+            n += len(tasks)
+    return n

@@ -76,7 +76,7 @@ from .launcher import (
     tail,
     task_env,
 )
-from .model import FailureKind, Input
+from .model import EnsembleError, FailureKind, Input
 
 PR_SET_PDEATHSIG = 1
 
@@ -240,3 +240,18 @@ def _prctl():
             pass
         _PRCTL.append(fn)
     return _PRCTL[0]
+
+
+def dask_slots(pilot, cores, gpus: int) -> list[int]:
+    """The Scheduler's "CPUs" on a dask pilot: one slot per shoal worker of the cluster."""
+    if gpus:
+        raise EnsembleError(f"run(gpus={gpus}) is not supported on a dask pilot: the driver cannot "
+                            "see the nodes' GPUs to hand out CUDA_VISIBLE_DEVICES; run GPU tasks "
+                            "with a local pilot on the GPU machine")
+    if cores is None:
+        return list(range(pilot.workers))
+    if isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1:
+        return list(range(cores))
+    raise EnsembleError(f"run(cores={cores!r}) on a dask pilot: give a number of slots (an int "
+                        f">= 1; default pilot.workers = {pilot.workers}); CPU ids name the driver's "
+                        "CPUs, which do not run the tasks")

@@ -19,6 +19,10 @@ Sections (``--only`` picks some):
   rate divided by each peer's.
 * ``map``: ``Pilot.map`` vs ``Pool.map`` / ``ProcessPoolExecutor.map`` with
   automatic chunk sizes, and ``dask.bag``.
+* ``integrations``: dask graphs on shoal (``scheduler=pilot.get`` and
+  ``scheduler=pilot``) vs dask's threads and processes schedulers: 2,000 tiny
+  ``delayed`` tasks, and a CPU-bound pure-Python graph; ``joblib.Parallel`` on
+  the ``shoal`` backend vs loky and threading.
 * ``ring``: ``benchmarks/ring_bench.py``'s ``run(messages, size)`` (the queue
   layer's own benchmark; skipped when the file is absent).
 * ``uts`` / ``nqueens`` / ``fib``: recursive workloads (T3, N-Queens 14,
@@ -63,7 +67,7 @@ if str(HERE.parent) not in sys.path:  # run from a source checkout without insta
 import shoal  # noqa: E402
 from shoal.workloads import fib, nqueens, uts  # noqa: E402
 
-SECTIONS = ("startup", "tiny", "map", "ring", "uts", "nqueens", "fib", "overhead")
+SECTIONS = ("startup", "tiny", "map", "integrations", "ring", "uts", "nqueens", "fib", "overhead")
 TINY_WORKERS = 2
 MEASURE_BUDGET_S = 10.0  # stop repeating a measurement after this much time
 
@@ -162,8 +166,9 @@ class Runners:
         self.stack = contextlib.ExitStack()
         self.cache: dict = {}
         self.dashboard = dashboard
-        self.ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
-                                  else "spawn")
+        # Peers run in each start method; tables keep the fastest (fork is often 3x
+        # faster than forkserver for Pool.map(chunksize=1), never a weakened config).
+        self.methods = [m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()]
         self.dask_error = None
         try:
             import dask  # noqa: F401
@@ -198,19 +203,28 @@ class Runners:
         page.goto(url)
         page.wait_for_selector("tr.worker")
 
-    def pool(self, w: int):
+    def pool(self, w: int, method: str = "forkserver"):
         def make():
-            pool = self.stack.enter_context(self.ctx.Pool(w))
+            pool = self.stack.enter_context(mp.get_context(method).Pool(w))
             pool.map(inc, range(4 * w), chunksize=1)
             return pool
-        return self._get(("pool", w), make)
+        return self._get(("pool", w, method), make)
 
-    def ppe(self, w: int):
+    def ppe(self, w: int, method: str = "forkserver"):
         def make():
-            ex = self.stack.enter_context(cf.ProcessPoolExecutor(w, mp_context=self.ctx))
+            ex = self.stack.enter_context(cf.ProcessPoolExecutor(w, mp_context=mp.get_context(method)))
             list(ex.map(inc, range(4 * w)))
             return ex
-        return self._get(("ppe", w), make)
+        return self._get(("ppe", w, method), make)
+
+    def fastest(self, kind: str, w: int, timed, repeat: int, check=None) -> tuple[float, str]:
+        """Best time of ``timed(runner)`` over the start methods of peer ``kind``
+        ("pool" or "ppe"), and the method that gave it."""
+        out = []
+        for method in self.methods:
+            runner = getattr(self, kind)(w, method)
+            out.append((best_of(lambda runner=runner: timed(runner), repeat, check), method))
+        return min(out)
 
     @contextlib.contextmanager
     def dask(self, w: int):
@@ -278,12 +292,12 @@ def section_tiny(args, run: Runners) -> list[Table]:
     pilot = run.pilot(w)
     rates.append(("shoal Pilot.submit", n, best_of(
         lambda: sum(f.result() for f in [pilot.submit(inc, i) for i in range(n)]), R, expect), None))
-    ex = run.ppe(w)
-    rates.append(("ProcessPoolExecutor.submit", n, best_of(
-        lambda: sum(f.result() for f in [ex.submit(inc, i) for i in range(n)]), R, expect), None))
-    pool = run.pool(w)
-    rates.append(("multiprocessing Pool.map(chunksize=1)", n, best_of(
-        lambda: sum(pool.map(inc, range(n), chunksize=1)), R, expect), None))
+    secs, how = run.fastest("ppe", w, lambda ex: sum(f.result() for f in [ex.submit(inc, i)
+                                                                          for i in range(n)]), R, expect)
+    rates.append((f"ProcessPoolExecutor.submit ({how})", n, secs, None))
+    secs, how = run.fastest("pool", w, lambda pool: sum(pool.map(inc, range(n), chunksize=1)), R, expect)
+    rates.append((f"multiprocessing Pool.map(chunksize=1) ({how})", n, secs, None))
+    fast_ppe = run.ppe(w, run.fastest("ppe", w, lambda ex: sum(ex.map(inc, range(200))), 1)[1])
     if run.dask_error:
         for name in ("dask delayed, threads", "dask delayed, processes", "dask.distributed map"):
             rates.append((name, 0, None, run.dask_error))
@@ -294,7 +308,7 @@ def section_tiny(args, run: Runners) -> list[Table]:
         for sched, cap, kw in (("threads", min(n, 2_000 if args.quick else 8_000),
                                 {"num_workers": w}),
                                ("processes", min(n, 2_000 if args.quick else 8_000),
-                                {"pool": run.ppe(w)})):
+                                {"pool": fast_ppe})):
             exp = sum(range(1, cap + 1))
             rates.append((f"dask delayed, {sched} scheduler", cap, best_of(
                 lambda sched=sched, cap=cap, kw=kw: sum(dask.compute(
@@ -313,7 +327,8 @@ def section_tiny(args, run: Runners) -> list[Table]:
         rate = count / secs
         t.add(name, count, secs, rate, None if name.startswith("shoal") else ratio(shoal_rate, rate))
     t.notes.append("shoal ÷ peer > 1: shoal completes more tasks per second.  Peers slower than "
-                   "~1,000 tasks/s run fewer tasks (rates compare; counts are in the table).")
+                   "~1,000 tasks/s run fewer tasks (rates compare; counts are in the table).  "
+                   "Pools run in their fastest start method (in parentheses).")
     return [t]
 
 
@@ -329,12 +344,11 @@ def section_map(args, run: Runners) -> list[Table]:
     pilot = run.pilot(w)
     rows.append(("shoal Pilot.map (adaptive batches)", best_of(
         lambda: sum(pilot.map(inc, range(n))), R, expect)))
-    pool = run.pool(w)
-    rows.append(("multiprocessing Pool.map (auto chunksize)", best_of(
-        lambda: sum(pool.map(inc, range(n))), R, expect)))
-    ex = run.ppe(w)
-    rows.append((f"ProcessPoolExecutor.map(chunksize={auto})", best_of(
-        lambda: sum(ex.map(inc, range(n), chunksize=auto)), R, expect)))
+    secs, how = run.fastest("pool", w, lambda pool: sum(pool.map(inc, range(n))), R, expect)
+    rows.append((f"multiprocessing Pool.map (auto chunksize, {how})", secs))
+    secs, how = run.fastest("ppe", w, lambda ex: sum(ex.map(inc, range(n), chunksize=auto)), R, expect)
+    rows.append((f"ProcessPoolExecutor.map(chunksize={auto}, {how})", secs))
+    ex = run.ppe(w, how)
     if not run.dask_error:
         import dask.bag as db
         rows.append((f"dask.bag map, processes ({4 * w} partitions)", best_of(
@@ -350,6 +364,88 @@ def section_map(args, run: Runners) -> list[Table]:
     if run.dask_error:
         t.notes.append(f"dask rows skipped: {run.dask_error}")
     return [t]
+
+
+def spin(n):
+    """CPU-bound pure Python (holds the GIL: threads cannot run two at once)."""
+    s = 0
+    for i in range(n):
+        s += i * i % 7
+    return s
+
+
+def section_integrations(args, run: Runners) -> list[Table]:
+    """dask graphs and joblib on shoal vs the schedulers/backends those tools bring."""
+    w = TINY_WORKERS
+    R = args.repeat
+    tables = []
+    pilot = run.pilot(w)
+    if run.dask_error:
+        t = Table("dask graphs on shoal", ["graph", "scheduler", "best s", "shoal pilot.get ÷ peer"])
+        t.notes.append(f"skipped: {run.dask_error}")
+        return [t]
+    import dask
+    from dask import delayed
+
+    n = 500 if args.quick else 2_000
+    k = 20_000 if args.quick else 200_000
+    t = Table(f"dask graphs on shoal, {w} workers (dask.compute on a built graph: dask's "
+              "optimisation included, what each scheduler costs the user)",
+              ["graph", "scheduler", "best s", "peer ÷ shoal pilot.get"])
+
+    def tiny():
+        return delayed(sum)([delayed(inc)(i) for i in range(n)])
+
+    def cpu():
+        return delayed(sum)([delayed(spin)(k) for _ in range(4 * w)])
+
+    _, ppe_how = run.fastest("ppe", w, lambda ex: sum(ex.map(inc, range(200))), 1)
+    for label, make in ((f"delayed: {n:,} x inc + sum", tiny), (f"delayed: {4 * w} x spin({k:,}) + sum", cpu)):
+        g = make()  # built once: building delayed objects is not the scheduler's cost
+        expect = dask.compute(g, scheduler="sync")[0]
+        rows = [
+            ("shoal pilot.get", best_of(lambda g=g: dask.compute(g, scheduler=pilot.get)[0],
+                                        R, expect)),
+            ("shoal pilot (Executor protocol)", best_of(
+                lambda g=g: dask.compute(g, scheduler=pilot)[0], R, expect)),
+            (f"dask threads ({w})", best_of(lambda g=g: dask.compute(
+                g, scheduler="threads", num_workers=w)[0], R, expect)),
+            (f"dask processes ({ppe_how}, warm pool)", best_of(lambda g=g: dask.compute(
+                g, scheduler="processes", pool=run.ppe(w, ppe_how))[0], R, expect)),
+        ]
+        shoal_s = rows[0][1]
+        for name, secs in rows:
+            t.add(label, name, secs, None if name == "shoal pilot.get" else ratio(secs, shoal_s))
+    t.notes.append("peer ÷ shoal > 1: shoal's pilot.get is faster")
+    tables.append(t)
+
+    try:
+        import joblib
+
+        import shoal.integrations.joblib  # noqa: F401  (registers backend "shoal")
+    except ImportError as exc:
+        t = Table("joblib on shoal", ["work", "backend", "best s", "loky ÷ shoal"])
+        t.notes.append(f"skipped: joblib not installed ({exc})")
+        return tables + [t]
+    t = Table(f"joblib.Parallel on shoal, n_jobs={w} (loky's workers reused, like the pilot)",
+              ["work", "backend", "best s", "peer ÷ shoal"])
+    m = 2_000 if args.quick else 20_000
+    c = 8 * w
+    for label, make, expect in (
+            (f"{m:,} x inc", lambda: (joblib.delayed(inc)(i) for i in range(m)), list(range(1, m + 1))),
+            (f"{c} x spin({k:,})", lambda: (joblib.delayed(spin)(k) for _ in range(c)), [spin(k)] * c)):
+        rows = []
+        for backend, kw in (("shoal", {"pilot": pilot}), ("loky", {}), ("threading", {})):
+            with joblib.parallel_config(backend=backend, n_jobs=w, **kw):
+                par = joblib.Parallel()
+                par(make())  # warm
+                rows.append((backend, best_of(lambda par=par, make=make: par(make()), R, expect)))
+        shoal_s = rows[0][1]
+        for name, secs in rows:
+            t.add(label, name, secs, None if name == "shoal" else ratio(secs, shoal_s))
+    t.notes.append("peer ÷ shoal > 1: shoal is faster")
+    tables.append(t)
+    return tables
 
 
 def section_ring(args, run: Runners) -> list[Table]:
@@ -448,10 +544,9 @@ def run_workload(wl: Workload, args, run: Runners) -> list[Table]:
         pilot = run.pilot(w)
         s = best_of(lambda pilot=pilot: wl.shoal(pilot), R, expect)
         t.add("shoal spawn + work stealing", w, s, seq / s, seq / s / w, None)
-        pool = run.pool(w)
-        p = best_of(lambda pool=pool: wl.combine(pool.map(wl.static_fn, wl.static_items,
-                                                           chunksize=1)), R, expect)
-        t.add(f"Pool.map, {wl.static_label}", w, p, seq / p, seq / p / w, p / s)
+        p, how = run.fastest("pool", w, lambda pool: wl.combine(pool.map(wl.static_fn, wl.static_items,
+                                                                          chunksize=1)), R, expect)
+        t.add(f"Pool.map ({how}), {wl.static_label}", w, p, seq / p, seq / p / w, p / s)
         with run.dask(w) as client:
             if client is not None:
                 d = best_of(lambda client=client: wl.combine(client.gather(

@@ -5,7 +5,9 @@ Public surface (a test checks it)::
     with shoal.Pilot() as pilot:            # worker processes, one per usable CPU
         fut = pilot.submit(fn, *args)       # shoal.Future (a concurrent.futures.Future)
         for y in pilot.map(fn, items): ...  # lazy, adaptively batched
+        pilot.options(retries=2, timeout=60).submit(fn, *args)   # per-task options
     shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
+    shoal.allocation()                      # the SLURM/PBS job this process runs in, or None
     shoal.publish("train", epoch=3, loss=0.4)  # a progress record for the dashboard
 """
 
@@ -15,16 +17,21 @@ from dataclasses import dataclass
 
 from ._errors import (
     BackendUnavailable,
+    BrokenPilot,
+    PicklingError,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
     ShoalError,
     TaskTimeout,
     TopologyError,
+    UnpicklingError,
     WorkerLost,
 )
 from .pilot import Pilot
 from .runtime import context as _context
+from .runtime.allocation import Allocation
+from .runtime.allocation import current as allocation
 from .runtime.api import BackendKind
 from .runtime.future import Future
 from .runtime.progress import publish
@@ -94,6 +101,8 @@ __all__ = [
     "Sense",
     "topology",
     "Topology",
+    "allocation",
+    "Allocation",
     "NumaNode",
     "BackendKind",
     "ShoalError",
@@ -103,5 +112,8 @@ __all__ = [
     "TaskTimeout",
     "WorkerLost",
     "SerializationError",
+    "PicklingError",
+    "UnpicklingError",
+    "BrokenPilot",
     "RemoteTraceback",
 ]

@@ -1,4 +1,14 @@
-"""Exception hierarchy shared by every layer (leaf module: stdlib only)."""
+"""Exception hierarchy shared by every layer (leaf module: stdlib only).
+
+Where the standard library has a type for the same failure, shoal's error is
+also an instance of it, so code written for ``concurrent.futures`` catches it:
+``WorkerLost``/``BrokenPilot`` are ``concurrent.futures.BrokenExecutor``s,
+``TaskTimeout`` is a ``TimeoutError``, and the two serialization failures are
+``pickle.PicklingError``/``pickle.UnpicklingError``.
+"""
+
+import pickle
+from concurrent.futures import BrokenExecutor
 
 
 class ShoalError(Exception):
@@ -17,8 +27,16 @@ class TaskTimeout(ShoalError, TimeoutError):
     """A task ran longer than its ``timeout=``; its worker was killed and replaced."""
 
 
-class WorkerLost(ShoalError, RuntimeError):
-    """The worker process running a task died (segfault, ``os._exit``, SIGKILL, OOM kill)."""
+class WorkerLost(ShoalError, BrokenExecutor):
+    """The worker process running a task died (segfault, ``os._exit``, SIGKILL, OOM kill).
+
+    A ``concurrent.futures.BrokenExecutor`` (a ``RuntimeError``), although only the
+    task is lost: the pilot replaces the worker and goes on (a process pool breaks).
+    """
+
+
+class BrokenPilot(ShoalError, BrokenExecutor):
+    """The pilot cannot run tasks any more: a worker's ``initializer`` failed (stdlib semantics)."""
 
 
 class BackendUnavailable(ShoalError, ConnectionError):
@@ -26,7 +44,15 @@ class BackendUnavailable(ShoalError, ConnectionError):
 
 
 class SerializationError(ShoalError, TypeError):
-    """A function, argument or result could not be pickled or unpickled."""
+    """A function, argument or result could not be pickled or unpickled (base of the two below)."""
+
+
+class PicklingError(SerializationError, pickle.PicklingError):
+    """A function, argument or result could not be pickled."""
+
+
+class UnpicklingError(SerializationError, pickle.UnpicklingError):
+    """An argument or result could not be unpickled (also when unpickling raised SystemExit)."""
 
 
 class RemoteTraceback(Exception):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from shoal._errors import ShoalError
 from shoal.dashboard.commands import add_dashboard, add_trace, with_dashboard
 from shoal.patterns.ensemble.commands import add_run, add_status
+from shoal.runtime.allocation import current as allocation
 from shoal.runtime.topology import Topology, format_cpulist, topology
 
 EXIT_USAGE = 2
@@ -46,6 +47,7 @@ def info_dict(topo: Topology) -> dict:
         "python_version": platform.python_version(),
         "native_ring": native_ring_built(),
         **topo.to_dict(),
+        "allocation": alloc.to_dict() if (alloc := allocation()) is not None else None,
     }
 
 
@@ -61,6 +63,11 @@ def _format_info(info: dict) -> str:
     ]
     if info["synthetic"]:
         rows.append(("mapped onto host CPUs", format_cpulist(info["host_cpus"])))
+    if info.get("limited_by"):
+        rows.append(("limited by", info["limited_by"]))
+    if info.get("allocation"):
+        a = info["allocation"]
+        rows.append(("batch job", f"{a['scheduler']} {a['job_id']}, nodes {','.join(a['nodes']) or '?'}"))
     width = max(len(key) for key, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines += ["", f"{'NUMA node':<10}  {'CPUs':<16}  count"]

@@ -6,31 +6,47 @@ to that backend through the protocol in ``shoal.runtime.api``.  Code written
 against the Pilot (the skeletons in ``shoal.patterns``) therefore runs
 unchanged on every backend.
 
-Lifecycle: constructed = started (workers up); ``close()`` (or leaving the
-``with`` block) waits for submitted work, or cancels it with
-``cancel_pending=True`` — which is what an exception in the ``with`` body
-does, so an error never leaves workers behind.  A pilot dropped without
-``close()`` is closed when it is collected, and every open pilot at
-interpreter exit, both after their pending work (``shoal.runtime.context``).
+A Pilot is a ``concurrent.futures.Executor`` with the standard library's
+semantics (``submit(fn, /, *args, **kwargs)`` passes every keyword to ``fn``;
+``map(timeout=)``; ``shutdown(wait, cancel_futures)``; ``max_workers``,
+``initializer``, ``initargs``, ``max_tasks_per_child``), so code that takes an
+Executor takes a pilot.  shoal's own per-task options (``retries``,
+``timeout``) live on ``pilot.options(...)``, which returns a view with the same
+``submit``/``map``: they cannot collide with the function's keywords.  The
+intended differences are listed, with reasons, in docs/guide.md ("Executor
+compatibility").
+
+Lifecycle: constructed = started (workers starting); ``shutdown()``/``close()``
+(or leaving the ``with`` block) waits for submitted work, or cancels the work no
+worker has started (``cancel_futures=True`` / ``cancel_pending=True``) — which
+is what an exception in the ``with`` body does, so an error never leaves
+workers behind.  A pilot dropped without ``close()`` is closed when it is
+collected, and every open pilot at interpreter exit, both after their pending
+work (``shoal.runtime.context``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import sys
 import threading
 
+from ._errors import BrokenPilot, PilotClosed
 from .runtime import context
 from .runtime.api import BackendKind
 from .runtime.future import Future
 from .runtime.mapping import map_iter
 
 
-class Pilot:
+class Pilot(cf.Executor):
     """Holds workers and runs tasks on them: ``with shoal.Pilot() as pilot: ...``."""
 
-    def __init__(self, workers: int | None = None, *, backend: str | BackendKind = BackendKind.LOCAL,
-                 topology: str | None = None, trace: str | None = None, seed: int = 0,
+    def __init__(self, workers: int | None = None, *, max_workers: int | None = None,
+                 backend: str | BackendKind = BackendKind.LOCAL, topology: str | None = None,
+                 trace: str | None = None, seed: int = 0, initializer=None, initargs: tuple = (),
+                 max_tasks_per_child: int | None = None,
                  dashboard: int | str | None = None, **options):
+        workers = _worker_count(workers, max_workers)
         try:
             kind = BackendKind(backend)
         except ValueError:
@@ -39,16 +55,23 @@ class Pilot:
         if kind is BackendKind.LOCAL:
             from .backends.local import LocalBackend
 
-            self._backend = LocalBackend(workers, topology=topology, trace=trace, seed=seed, **options)
+            self._backend = LocalBackend(workers, topology=topology, trace=trace, seed=seed,
+                                         initializer=initializer, initargs=initargs,
+                                         max_tasks_per_child=max_tasks_per_child, **options)
         else:  # BackendKind.DASK: address=, client=, cluster= or provider= (+ its options)
             if topology is not None or trace is not None:
                 raise ValueError("backend='dask' takes no topology= or trace= (each dask worker's "
                                  "host has its own topology; use dask's dashboard for traces)")
+            if initializer is not None or max_tasks_per_child is not None:
+                raise ValueError("backend='dask' takes no initializer= or max_tasks_per_child= "
+                                 "(use a dask WorkerPlugin for per-worker set-up)")
             from .backends.dask import DaskBackend
 
             self._backend = DaskBackend(workers, seed=seed, **options)
         self.backend = kind
         self._closed = False
+        self._close_lock = threading.Lock()
+        self._closer: threading.Thread | None = None
         self._dashboard = None
         try:
             if dashboard is not None:  # live pages: shoal.dashboard (127.0.0.1 unless "HOST:PORT")
@@ -65,27 +88,95 @@ class Pilot:
 
     # -- work --------------------------------------------------------------------------
 
-    def submit(self, fn, /, *args, retries: int = 0, timeout: float | None = None, **kwargs) -> Future:
+    def submit(self, fn, /, *args, **kwargs) -> Future:
         """Run ``fn(*args, **kwargs)`` on a worker; Futures among the arguments are dependencies.
 
-        ``retries``: re-run up to this many times after an exception, a lost
-        worker or a timeout.  ``timeout``: seconds the task may run once
-        started; past it the worker is killed and replaced and the future
-        gets ``shoal.TaskTimeout``.  (These two names are taken by shoal, so
-        a task function cannot receive keyword arguments called so.)
+        Every keyword goes to ``fn`` (as ``Executor.submit``); retries and
+        timeouts are ``pilot.options(retries=..., timeout=...).submit(...)``.
         """
-        return self._backend.submit(fn, args, kwargs, retries=retries, timeout=timeout)
+        return self._backend.submit(fn, args, kwargs)
 
-    def map(self, fn, *iterables, ordered: bool = True, chunksize: int | None = None):
-        """Lazy ``map(fn, *iterables)`` in parallel, batched adaptively, in bounded memory."""
+    def options(self, *, retries: int = 0, timeout: float | None = None) -> TaskOptions:
+        """A view of this pilot whose ``submit``/``map`` run tasks with these options.
+
+        ``retries``: re-run up to this many times after an exception, a lost
+        worker or a timeout.  ``timeout``: seconds a task may run once started;
+        past it the worker is killed and replaced and the future gets
+        ``shoal.TaskTimeout``.  ``pilot.options(retries=2).submit(fn, x)``.
+        """
+        from .backends.local import _check_options
+
+        _check_options(retries, timeout)
+        return TaskOptions(self, retries, timeout)
+
+    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
+            ordered: bool = True, window_bytes: int | None = None):
+        """``map(fn, *iterables)`` in parallel: results in input order (``ordered=False``:
+        as they finish), batched adaptively (``chunksize`` fixes the batch size).
+
+        Work starts at call time, within a bounded window: at most a few batches
+        per worker and ``window_bytes`` bytes of pickled input (default 64 MiB)
+        are in flight, and more input is read as results are consumed, so a
+        generator of any length maps in bounded memory.  ``timeout`` (seconds
+        from the call): ``next()`` raises ``concurrent.futures.TimeoutError``
+        past it.  An item's exception is raised by ``next()`` after the results
+        before it.
+        """
+        return self._map(fn, iterables, timeout, chunksize, ordered, window_bytes, 0, None)
+
+    def _map(self, fn, iterables, timeout, chunksize, ordered, window_bytes, retries, task_timeout):
         if self._backend.closing:
-            from ._errors import PilotClosed
-
-            raise PilotClosed("map() on a closed pilot; open a new shoal.Pilot")
+            broken = getattr(self._backend, "broken", None)
+            if broken:
+                raise BrokenPilot(broken)
+            raise PilotClosed("cannot schedule new futures after shutdown: map() on a closed pilot; "
+                              "open a new shoal.Pilot")
         own_map = getattr(self._backend, "map", None)  # a backend may batch at its own level
-        if own_map is not None:
-            return own_map(fn, iterables, ordered=ordered, chunksize=chunksize)
-        return map_iter(self._backend, fn, iterables, ordered=ordered, chunksize=chunksize)
+        if own_map is not None and not retries and task_timeout is None:
+            return own_map(fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
+                           window_bytes=window_bytes)
+        submit = None
+        if retries or task_timeout is not None:
+            backend = self._backend
+
+            def submit(runner, args, kwargs):
+                return backend.submit(runner, args, kwargs, retries=retries, timeout=task_timeout)
+
+        return map_iter(self._backend, fn, iterables, ordered=ordered, chunksize=chunksize,
+                        timeout=timeout, window_bytes=window_bytes, submit=submit, catch=not retries)
+
+    def get(self, dsk, keys, **kwargs):
+        """dask's scheduler protocol: ``dask.compute(x, scheduler=pilot.get)`` submits the whole
+        graph to this pilot as one shoal task graph (``shoal.integrations.dask``)."""
+        from .integrations.dask import get
+
+        return get(self, dsk, keys, **kwargs)
+
+    @property
+    def _max_workers(self) -> int:
+        """``ProcessPoolExecutor``'s name for the worker count (dask reads it)."""
+        return self._backend.n
+
+    def cancel(self, future: Future, *, force: bool = False) -> bool:
+        """Cancel ``future``'s task: like ``future.cancel()`` (False once a worker runs it;
+        then the children it spawned that have not started are dropped, while the task
+        itself runs on), or with ``force=True`` also a running task, by killing and
+        replacing its worker (other tasks that worker was running get ``WorkerLost`` or
+        their retries)."""
+        if not isinstance(future, Future):
+            raise TypeError(f"cancel() takes a shoal.Future, got {type(future).__name__}")
+        if not force:
+            if future.cancel():
+                return True
+            children = getattr(self._backend, "cancel_children", None)
+            if children is not None and not future.done():
+                children(future)
+            return False
+        forcer = getattr(self._backend, "force_cancel", None)
+        if forcer is None:
+            raise NotImplementedError(f"cancel(force=True) is not supported by the {self.backend.value} "
+                                      "backend")
+        return forcer(future)
 
     def stats(self) -> dict:
         """Counters per worker (tasks run, steals by locality, idle time, messages) and driver totals."""
@@ -109,13 +200,46 @@ class Pilot:
     def topology(self):
         return self._backend.topology
 
+    @property
+    def _broken(self):
+        """Why the pilot cannot run tasks (a worker's initializer failed), or False
+        (the attribute ``ProcessPoolExecutor`` has, under the same name)."""
+        return getattr(self._backend, "broken", None) or False
+
     # -- lifecycle ---------------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking work; free the workers once the submitted work is done.
+
+        ``cancel_futures``: cancel the tasks no worker has started (running ones
+        finish).  ``wait=False`` returns at once; the pilot closes in the
+        background (a non-daemon thread, so the interpreter's exit waits for it).
+        """
+        if cancel_futures:
+            self._backend.closing = True  # no new work while cancelling
+            cancel = getattr(self._backend, "cancel_pending", None)
+            if cancel is not None:
+                cancel()
+        if wait:
+            self.close()
+            return
+        with self._close_lock:
+            if self._closed or self._closer is not None:
+                return
+            self._backend.closing = True
+            self._closer = threading.Thread(target=self.close, name="shoal-shutdown")
+            self._closer.start()
 
     def close(self, cancel_pending: bool = False) -> None:
         """Stop the workers: after the submitted work is done, or dropping it (``cancel_pending``)."""
-        if self._closed:
+        closer = self._closer
+        if closer is not None and closer is not threading.current_thread():
+            closer.join()
             return
-        self._closed = True
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self._backend.close(cancel_pending=cancel_pending)
         finally:
@@ -135,6 +259,12 @@ class Pilot:
         if not getattr(self, "_closed", True):
             self._closed = True
             context.drop_pilot(self)
+            if getattr(self, "_dashboard", None) is not None:  # its pages say closed, port freed
+                try:
+                    threading.Thread(target=self._dashboard.close, name="shoal-dashboard-closer",
+                                     daemon=True).start()
+                except RuntimeError:
+                    pass
             if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
                 return  # the exit handler closes it (a thread started now would never run)
             try:
@@ -146,3 +276,43 @@ class Pilot:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<shoal.Pilot {self.backend.value} workers={self.workers} {state}>"
+
+
+class TaskOptions:
+    """``pilot.options(retries=..., timeout=...)``: ``submit``/``map`` with per-task options."""
+
+    __slots__ = ("pilot", "retries", "timeout")
+
+    def __init__(self, pilot: Pilot, retries: int, timeout: float | None):
+        self.pilot, self.retries, self.timeout = pilot, retries, timeout
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """``pilot.submit`` with these options; every keyword goes to ``fn``."""
+        return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout)
+
+    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
+            ordered: bool = True, window_bytes: int | None = None):
+        """``pilot.map`` whose batches run with these options (``timeout`` here is the
+        map's, as in ``Pilot.map``; the per-batch one is the option)."""
+        return self.pilot._map(fn, iterables, timeout, chunksize, ordered, window_bytes,
+                               self.retries, self.timeout)
+
+    def __repr__(self) -> str:
+        return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}>"
+
+
+def _worker_count(workers, max_workers):
+    """``workers`` or its stdlib name ``max_workers`` (not both); > 0 when given."""
+    name = "workers"
+    if max_workers is not None:
+        if workers is not None and workers != max_workers:
+            raise TypeError(f"give workers= or max_workers= (the same thing), not both: "
+                            f"workers={workers!r}, max_workers={max_workers!r}")
+        workers, name = max_workers, "max_workers"
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise TypeError(f"{name} must be an int or None, got {name}={workers!r}")
+    if workers <= 0:
+        raise ValueError(f"{name} must be greater than 0, got {name}={workers}")
+    return workers

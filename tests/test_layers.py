@@ -107,6 +107,11 @@ RULES = [
         "(a pilot's backend is handed to it, never imported)",
     ),
     (
+        "shoal.integrations",
+        lambda n: _is_root(n) or _within(n, "shoal.integrations"),
+        "integrations import only the public package shoal and shoal.integrations",
+    ),
+    (
         "shoal.workloads",
         lambda n: _is_root(n) or _within(n, "shoal.patterns", "shoal.workloads"),
         "workloads import only the public package shoal, shoal.patterns and shoal.workloads",

@@ -181,3 +181,21 @@ def test_placement_model(ops, seed):
                 assert loads[chosen] == gmin
         for x, load in loads.items():
             assert p.load(x) == load
+
+
+def test_placement_single_node_fast_path_survives_a_second_node():
+    """One node: node buckets are not kept (hot path); a worker on a new node rebuilds them."""
+    import random
+
+    from shoal.runtime.policy import Placement
+
+    p = Placement([0, 0], random.Random(1))
+    for _ in range(3):
+        p.submitted(p.choose())
+    p.add(2, node=1)
+    assert sorted(p.load(w) for w in range(3)) == [0, 1, 2]
+    assert p.choose(preferred_node=1) == 2
+    assert p.choose() == 2  # node 1 is the least loaded per worker
+    p.remove(0)
+    p.finished(1) if p.load(1) else None
+    assert p.choose(preferred_node=0) == 1

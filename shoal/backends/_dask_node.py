@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -131,7 +132,7 @@ def _claim_cpus(cfg: NodeConfig) -> int:
             pass
     if cfg.workers is not None:
         return cfg.workers
-    return len(mine) if mine else max(1, len(os.sched_getaffinity(0)))
+    return len(mine) if mine else max(1, len(get_topology(spec="").usable_cpus))  # the job's CPUs
 
 
 def node_runtime(cfg: NodeConfig) -> _Node:
@@ -231,7 +232,7 @@ def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None):
 
 def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
     """A dask task: one coarse map batch, spread over this node's shoal workers by the
-    node's own adaptive map.  Returns ``(results, scaled seconds)``: the seconds are
+    node's own adaptive map.  Returns ``(results, scaled seconds, error or None)``: the seconds are
     scaled so that the driver's ``map_iter`` (which aims at ``TARGET_S`` per batch)
     sizes dask batches to about ``DASK_TARGET_S`` of node time."""
     node = node_runtime(cfg)
@@ -241,9 +242,16 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
     try:
         t0 = time.perf_counter()
         columns = [list(c) for c in zip(*batch, strict=True)] if star else [batch]
-        out = list(map_iter(node.backend, fn, columns))
+        out, err = [], None
+        try:
+            out.extend(map_iter(node.backend, fn, columns))
+        except Exception as exc:  # the results before the failing item travel with its error
+            cause = exc.__cause__
+            tb = cause.tb if isinstance(getattr(cause, "tb", None), str) else "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__))
+            err = (exc, tb)
         elapsed = time.perf_counter() - t0
-        return out, elapsed * TARGET_S / DASK_TARGET_S
+        return out, elapsed * TARGET_S / DASK_TARGET_S, err
     except BaseException as exc:
         _tag(exc)
         raise
@@ -369,7 +377,7 @@ def deliver_result(token: str, task_id: int, ok: bool, blob: bytes) -> bool:
 
 def probe() -> tuple[str, tuple[int, ...]]:
     """(host, usable CPUs) of this dask worker (run with ``client.run``)."""
-    return _my_address().rsplit(":", 1)[0], tuple(sorted(os.sched_getaffinity(0)))
+    return _my_address().rsplit(":", 1)[0], get_topology(spec="").usable_cpus  # a batch job's
 
 
 def cpu_slices(probes: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:

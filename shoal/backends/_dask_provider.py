@@ -1,30 +1,49 @@
 """Providers for the dask backend: build a dask-jobqueue cluster (the pilot job) for the user.
 
-``Pilot(backend="dask", provider="slurm", cores=32, memory="64GB", walltime="02:00:00",
+``Pilot(backend="dask", provider="slurm", cores=32, memory="64GB", walltime="2h",
 queue="normal", jobs=4)`` becomes ``dask_jobqueue.SLURMCluster(**jobqueue_kwargs(...))``
 scaled to ``jobs`` batch jobs.  Parsl's split: the *provider* acquires resources (here:
 dask-jobqueue submits the jobs); the mapping from shoal's options to the provider's is a
-pure function (``jobqueue_kwargs``), testable without a batch system.
+pure function (``jobqueue_kwargs``), testable without a batch system; watching the jobs
+once they are submitted (queue progress, replacing a job that ended, failing fast on a job
+that can never start) is ``_dask_jobs.JobWatch``.
 
 Mapping rules (the invariants a test pins):
 
+* one meaning of a walltime everywhere in shoal: a number is **seconds**;
+  a string is ``"90s"``, ``"30m"``, ``"2h"``, ``"1d"``, ``"SS"`` (seconds),
+  ``"MM:SS"``, ``"HH:MM:SS"`` or ``"D-HH:MM:SS"``.  The batch system gets
+  ``HH:MM:SS`` (SLURM rounds it up to whole minutes), so SLURM's own reading
+  of a bare number (minutes) never applies;
 * one dask worker process per job (``processes=1``): each job's host runs one
   node-local shoal runtime with all ``cores`` as shoal workers, the two-level
   design the backend is built for;
 * with a ``walltime``, workers get ``--lifetime`` = walltime minus a drain
-  margin (default 5 min, at most a quarter of the walltime) and a small
-  ``--lifetime-stagger``, so dask retires them gracefully before the batch
-  system kills the job: running and queued tasks are re-run on other workers
-  (the ones of jobs started later), nothing is lost;
-* unknown options pass through to the jobqueue class unchanged.
+  margin (``min(drain_margin_s, walltime / 4)``, default cap 5 min) and a
+  ``--lifetime-stagger`` of a quarter of the margin, so dask retires them
+  gracefully before the batch system kills the job: running and queued tasks
+  are re-run on other workers (the ones of jobs started later, or of the job
+  ``JobWatch`` submits in place of the retired one), nothing is lost;
+* ``job_extra=[...]`` are extra ``#SBATCH``/``#PBS`` lines
+  (dask-jobqueue's ``job_extra_directives``); unknown options pass through to
+  the jobqueue class unchanged.
 
 Rejected: writing sbatch scripts ourselves (dask-jobqueue does it, tested on
-real sites).
+real sites); passing the walltime string through unchanged (``"45"`` would be
+45 minutes to SLURM and 45 seconds to ``shoal run --walltime``).
 """
 
 from __future__ import annotations
 
 import enum
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from .._errors import BackendUnavailable
 
 
 class Provider(enum.Enum):
@@ -33,30 +52,51 @@ class Provider(enum.Enum):
 
 
 _CLASSES = {Provider.SLURM: "SLURMCluster", Provider.PBS: "PBSCluster"}
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def walltime_seconds(walltime: str) -> int:
-    """Seconds in a batch walltime: ``"MM"``, ``"MM:SS"``, ``"HH:MM:SS"`` or ``"D-HH:MM:SS"``."""
-    days = 0
-    text = str(walltime).strip()
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in text.split(":")]
-    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts):
-        raise ValueError(f"walltime must look like HH:MM:SS, got walltime={walltime!r}")
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:
-        seconds = parts[0] * 60 + parts[1]
+def walltime_seconds(walltime) -> float:
+    """Seconds in a walltime: a number (seconds), ``"90s"``/``"30m"``/``"2h"``/``"1d"``,
+    ``"SS"``, ``"MM:SS"``, ``"HH:MM:SS"`` or ``"D-HH:MM:SS"``."""
+    if isinstance(walltime, int | float) and not isinstance(walltime, bool):
+        seconds = float(walltime)
     else:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return days * 86400 + seconds
+        text = str(walltime).strip()
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
+        days, clock = (0, text)
+        if m:
+            seconds = float(m[1]) * _UNITS[m[2]]
+        else:
+            d = re.fullmatch(r"(\d+)-(.*)", text)
+            if d:
+                days, clock = int(d[1]), d[2]
+            parts = clock.split(":")
+            if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+                raise ValueError(f"walltime={walltime!r}: use seconds, '90s', '30m', '2h', "
+                                 "'HH:MM:SS' or 'D-HH:MM:SS'")
+            seconds = 0.0
+            for p in parts:
+                seconds = seconds * 60 + int(p)
+            seconds += days * 86400
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"walltime must be > 0 seconds, got walltime={walltime!r}")
+    return seconds
 
 
-def jobqueue_kwargs(*, cores: int, memory: str, walltime: str | None = None,
-                    queue: str | None = None, account: str | None = None,
-                    drain_margin_s: int = 300, **extra) -> dict:
+def batch_time(seconds: float) -> str:
+    """``HH:MM:SS`` (hours may exceed 24) for a batch system, rounded up to whole seconds."""
+    s = math.ceil(seconds)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def drain_margin(total: float, cap: float = 300) -> float:
+    """Seconds before the walltime at which workers retire: ``min(cap, total / 4)``."""
+    return min(cap, total / 4)
+
+
+def jobqueue_kwargs(*, cores: int, memory: str, walltime=None, queue: str | None = None,
+                    account: str | None = None, drain_margin_s: float = 300,
+                    job_extra: list[str] | tuple[str, ...] | None = None, **extra) -> dict:
     """The keyword arguments for ``dask_jobqueue.<Provider>Cluster`` (pure)."""
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be an int >= 1, got cores={cores!r}")
@@ -65,13 +105,18 @@ def jobqueue_kwargs(*, cores: int, memory: str, walltime: str | None = None,
         kw["queue"] = queue
     if account is not None:
         kw["account"] = account
+    if job_extra is not None:
+        if isinstance(job_extra, str) or not all(isinstance(x, str) for x in job_extra):
+            raise ValueError(f"job_extra must be a list of strings (batch directives such as "
+                             f"'--exclusive'), got job_extra={job_extra!r}")
+        kw["job_extra_directives"] = list(extra.pop("job_extra_directives", [])) + list(job_extra)
     args = list(extra.pop("worker_extra_args", []))
     if walltime is not None:
-        kw["walltime"] = walltime
         total = walltime_seconds(walltime)
-        margin = min(drain_margin_s, total // 4)
-        lifetime = max(60, total - margin)
-        stagger = max(1, min(120, margin // 2))
+        kw["walltime"] = batch_time(total)
+        margin = drain_margin(total, drain_margin_s)
+        lifetime = max(1, math.floor(total - margin))
+        stagger = max(1, math.floor(margin / 4))
         args += ["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{stagger}s"]
     if args:
         kw["worker_extra_args"] = args
@@ -79,8 +124,41 @@ def jobqueue_kwargs(*, cores: int, memory: str, walltime: str | None = None,
     return kw
 
 
+def check_submission(provider: Provider, cluster, timeout: float = 30.0) -> None:
+    """Ask the batch system whether the job script could ever run; raise with its reason if not.
+
+    SLURM: ``sbatch --test-only`` on dask-jobqueue's own job script (a bad partition, more
+    cores or memory than any node has, a bad account: refused in well under a second with
+    SLURM's message).  PBS has no dry run; nothing is checked there."""
+    if provider is not Provider.SLURM:
+        return
+    if shutil.which("sbatch") is None:
+        raise BackendUnavailable("provider='slurm': sbatch is not on PATH (is this a SLURM login "
+                                 "node? for a local one-node SLURM: sudo scripts/slurm-local up)")
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="shoal-job-") as f:
+        f.write(cluster.job_script())
+        f.flush()
+        try:
+            out = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True, text=True,
+                                 timeout=timeout, env=_env())
+        except subprocess.TimeoutExpired:
+            raise BackendUnavailable(f"provider='slurm': sbatch --test-only did not answer within "
+                                     f"{timeout} s; is slurmctld up (sinfo)?") from None
+    if out.returncode != 0:
+        reason = " ".join(line.strip() for line in (out.stderr or out.stdout).splitlines()
+                          if line.strip()) or f"exit status {out.returncode}"
+        if "Unable to contact" in reason:
+            raise BackendUnavailable(f"cannot reach the SLURM controller: {reason} (is slurmctld "
+                                     "up? sinfo; for a local one: sudo scripts/slurm-local up)")
+        raise BackendUnavailable(f"SLURM refuses the pilot job: {reason}")
+
+
+def _env() -> dict:
+    return {**os.environ, "LC_ALL": "C"}
+
+
 def make_cluster(provider: Provider, *, jobs: int = 1, **options):
-    """A dask-jobqueue cluster for ``provider`` scaled to ``jobs`` jobs (caller closes it)."""
+    """A dask-jobqueue cluster for ``provider``, checked, scaled to ``jobs`` jobs (caller closes it)."""
     try:
         import dask_jobqueue
     except ImportError:
@@ -89,6 +167,13 @@ def make_cluster(provider: Provider, *, jobs: int = 1, **options):
     if "cores" not in options or "memory" not in options:
         raise TypeError(f"provider={provider.value!r} needs cores= and memory= "
                         "(per job, e.g. cores=32, memory='64GB')")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got jobs={jobs!r}")
     cluster = getattr(dask_jobqueue, _CLASSES[provider])(**jobqueue_kwargs(**options))
-    cluster.scale(jobs=jobs)
+    try:
+        check_submission(provider, cluster)
+        cluster.scale(jobs=jobs)
+    except BaseException:
+        cluster.close()
+        raise
     return cluster

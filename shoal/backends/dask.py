@@ -33,6 +33,10 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
+  (``_dask_provider``); on SLURM a ``JobWatch`` (``_dask_jobs``) reports queue
+  state, replaces jobs that end, and fails the pending tasks with SLURM's
+  reason when a job can never start (docs/hpc.md).
 
 Invariants: every shoal Future this backend returned is settled exactly once
 (``_pending`` holds it until then; ``close`` settles leftovers with
@@ -69,6 +73,7 @@ from ..runtime.future import Future
 from ..runtime.mapping import map_iter
 from ._dask_balance import Balancer
 from ._dask_cells import CellHub, ClusterCell, NodeArray
+from ._dask_jobs import JobPolicy, JobWatch
 from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
 from ._dask_provider import Provider, make_cluster
 from .local import _check_options, _settle
@@ -126,9 +131,17 @@ class DaskBackend:
         self.token = uuid.uuid4().hex[:12]
         self.cluster = cluster
         self.owned = Owned.CLIENT
+        self.jobs: JobWatch | None = None  # the batch jobs of provider=, watched
+        self.broken: str | None = None  # why the provider's jobs can never run
         wait = True
         if provider is not None:
-            self.cluster = make_cluster(Provider(provider), jobs=jobs, **provider_options)
+            try:
+                provider = Provider(provider)
+            except ValueError:
+                raise ValueError(f"unknown provider={provider!r}; choose one of "
+                                 f"{', '.join(repr(p.value) for p in Provider)}") from None
+            warn_s = provider_options.pop("queue_warn_s", 10.0)  # pending this long: a warning
+            self.cluster = make_cluster(provider, jobs=jobs, **provider_options)
             self.owned = Owned.CLUSTER
             wait = False  # batch jobs start when the queue says so; tasks wait for them
         try:
@@ -147,6 +160,9 @@ class DaskBackend:
             self._size(workers, seed, idle_timeout, connect_timeout if wait else None)
             if not wait:  # no worker to probe yet: what the jobs will bring
                 self.n = max(1, jobs * int(provider_options.get("cores", 1)))
+            if provider is Provider.SLURM:
+                self.jobs = JobWatch(self.cluster, self.client, self._provider_failed,
+                                     policy=JobPolicy(warn_after_s=warn_s))
         except BaseException:
             self._release()
             raise
@@ -228,16 +244,19 @@ class DaskBackend:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
         return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps), _name(fn), retries)
 
-    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None):
+    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
+            timeout: float | None = None, window_bytes: int | None = None):
         """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
         if not callable(fn):
             raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
-        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables,
-                        ordered=ordered, chunksize=chunksize)
+        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables, ordered=ordered,
+                        chunksize=chunksize, timeout=timeout, window_bytes=window_bytes)
 
     def _send(self, runner, args: tuple, name: str, retries: int) -> Future:
         if self.closing:
             raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
+        if self.broken is not None:
+            raise BackendUnavailable(self.broken)
         if self.client.status != "running":
             raise BackendUnavailable(f"the dask client is {self.client.status}: the cluster went "
                                      "away or the client was closed")
@@ -344,6 +363,18 @@ class DaskBackend:
             return False, cf.CancelledError(f"dask cancelled task {dfut.key} ({reason})")
         return False, _SKIP  # pragma: no cover - a done callback for a pending future
 
+    def _provider_failed(self, message: str) -> None:
+        """The job watch's thread: the batch jobs can never run; fail what waits for them."""
+        self.broken = message
+        with self._lock:
+            entries = list(self._pending.values())
+            self._pending.clear()
+            self.counters["failed"] += len(entries)
+        for fut, dfut in entries:
+            _settle(fut, False, BackendUnavailable(message))
+            if self.client.status == "running":
+                self.client.loop.add_callback(self._cancel_async, dfut)
+
     def _settle_gone(self) -> None:
         with self._lock:
             entries = list(self._pending.values())
@@ -371,6 +402,8 @@ class DaskBackend:
             driver = {**self.counters, "outstanding": len(self._pending)}
         driver.update(dask_workers=len(nodes), scheduler=self._scheduler_address(),
                       moved=self.balancer.moved)
+        if self.jobs is not None:
+            driver.update(jobs=self.jobs.snapshot(), jobs_replaced=self.jobs.replaced)
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
     def _scheduler_address(self) -> str | None:
@@ -406,6 +439,9 @@ class DaskBackend:
         self._release()
 
     def _release(self) -> None:
+        jobs = getattr(self, "jobs", None)
+        if jobs is not None:
+            jobs.stop()  # before the cluster cancels its jobs: none is replaced now
         client = getattr(self, "client", None)
         if self.owned is not Owned.NOTHING and client is not None:
             try:
@@ -417,6 +453,8 @@ class DaskBackend:
                 self.cluster.close()
             except Exception:  # pragma: no cover
                 pass
+        if jobs is not None:
+            jobs.wait_gone()  # squeue lists none of the pilot's jobs when close() returns
 
 
 _SKIP = object()

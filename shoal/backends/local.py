@@ -49,7 +49,7 @@ import time
 import types
 import weakref
 
-from .._errors import PilotClosed, SerializationError, TaskTimeout, WorkerLost
+from .._errors import BrokenPilot, PilotClosed, SerializationError, TaskTimeout, WorkerLost
 from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import context, graph, wire
@@ -72,6 +72,7 @@ from ..runtime.worker import (
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
+_LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
 _LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
@@ -112,6 +113,10 @@ class LocalBackend:
         seed: int = 0,
         ring_capacity: int = 1 << 20,
         peer_capacity: int = 1 << 18,
+        initializer=None,
+        initargs: tuple = (),
+        max_tasks_per_child: int | None = None,
+        start_timeout: float = 60.0,
     ):
         self.topology = get_topology(spec=topology)
         if workers is None:
@@ -121,6 +126,16 @@ class LocalBackend:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got workers={workers}")
         self.n = workers
+        if max_tasks_per_child is not None and (isinstance(max_tasks_per_child, bool) or not isinstance(
+                max_tasks_per_child, int) or max_tasks_per_child < 1):
+            raise ValueError(f"max_tasks_per_child must be an int >= 1 or None, got {max_tasks_per_child!r}")
+        self.max_tasks = max_tasks_per_child
+        if initializer is not None and not callable(initializer):
+            raise TypeError(f"initializer must be callable, got {initializer!r}")
+        self.init_msg = wire.encode_init(initializer, initargs) if initializer is not None else None
+        self.start_timeout = start_timeout
+        self.broken: str | None = None  # why the pilot takes no work (a failed initializer)
+        self.forced: dict[int, int] = {}  # endpoint killed by cancel(force=True) -> task id
         self.trace_path = os.path.abspath(trace) if trace else None
         self.seed = seed
         self.slots = self.topology.worker_slots(workers)
@@ -128,10 +143,12 @@ class LocalBackend:
         self.placement = Placement(self.node_of, random.Random(seed))
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
         self.lock = threading.Lock()  # driver threads on the producer side of driver rings
+        self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep)) for ep in self.endpoints}
         self.inboxes = [(ep, Inbox(self.matrix.ring(ep, 0))) for ep in self.endpoints]
         self.doorbell = self.matrix.doorbell(0)
         self._cancel_cb = self._cancel
+        self._probe_cb = self._probe
         self.tasks: dict[int, _Task] = {}
         self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
@@ -190,6 +207,7 @@ class LocalBackend:
             "lifeline": self.lifeline_r,
             "rings": self.matrix.spec(),
             "trace": self.trace_path,
+            "max_tasks": self.max_tasks,
             "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
         }
         env = dict(os.environ)
@@ -208,6 +226,28 @@ class LocalBackend:
             raise
         self.procs[ep] = proc
         self.pidfds[ep] = pidfd
+        if self.init_msg is not None:
+            self._send(ep, self.init_msg, wake=False)  # first in its ring: before any task
+
+    def _wait_started(self, timeout: float) -> None:
+        """Return once every worker runs its loop (its pid is in its status cell); a
+        worker that exits first (a broken interpreter, an import error) is an error."""
+        deadline = time.monotonic() + timeout
+        pause = 0.0005
+        while True:
+            waiting = [ep for ep in self.endpoints if not self.matrix.status(ep)[STATUS_PID]]
+            if not waiting:
+                return
+            for ep in waiting:
+                code = self.procs[ep].poll()
+                if code is not None:
+                    raise WorkerLost(f"worker {ep} exited with code {code} while starting "
+                                     f"({sys.executable} -m shoal.runtime.worker)")
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"workers {waiting} did not start within {timeout} s")
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
+
 
     def _replace(self, ep: int) -> None:
         """Start a replacement on ``ep`` (lock held).  A failure (no free fds, ENOMEM, the
@@ -233,6 +273,10 @@ class LocalBackend:
 
     def _on_death(self, ep: int) -> None:
         """A worker process exited: account for its tasks, tell the others, replace it."""
+        with self.consume_lock:  # no cancel() drains the inbox being reset
+            self._on_death_locked(ep)
+
+    def _on_death_locked(self, ep: int) -> None:
         proc = self.procs[ep]
         proc.wait()
         os.close(self.pidfds.pop(ep))
@@ -249,6 +293,7 @@ class LocalBackend:
         overran = self.timed_out.pop(ep, None)
         with self.stats_cond:
             self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
+        forced = self.forced.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1
         lost: list[_Task] = []
@@ -278,13 +323,18 @@ class LocalBackend:
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()
-            if not self.closing:
+            if not self.closing and self.broken is None:
                 self._replace(ep)
         for task in broken:
             self._fail_or_retry(task.future.task_id, task, SerializationError(
                 self.functions.quarantined[id(task.fn)][1]), retry=False)
+        if self.broken is not None:
+            self._fail_all(BrokenPilot(self.broken))
+            return
         for task in lost:
             tid = task.future.task_id
+            if tid == forced:
+                continue  # cancel(force=True) settled it already
             if tid == overran:
                 err = TaskTimeout(f"task {task.name} ran longer than its timeout of {task.timeout} s; "
                                   f"worker {ep} was killed and replaced")
@@ -309,12 +359,15 @@ class LocalBackend:
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
+            if self.broken is not None:
+                raise BrokenPilot(self.broken)
             raise PilotClosed(self._closed_reason())
         if type(retries) is not int or retries or timeout is not None:
             _check_options(retries, timeout)
         fut = Future()
         fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
+        fut._prober = self._probe_cb
         if (args and graph.any_future(args)) or (kwargs and graph.any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
@@ -434,6 +487,144 @@ class LocalBackend:
                 if len(self.recently_cancelled) > 4096:
                     self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
 
+    def _running_on(self, tid: int) -> int:
+        """The endpoint whose status cell says it runs driver task ``tid`` now (0: none)."""
+        status = self.matrix.status
+        for ep in self.endpoints:
+            cell = status(ep)
+            depth = cell[STATUS_DEPTH]
+            for i in range(min(depth, STATUS_SLOTS)):
+                if cell[STATUS_RUNNING + i] == tid:
+                    return ep
+        return 0
+
+    def _run_state(self, tid: int) -> int:
+        """Like ``_running_on``, but a worker that has *claimed* ``tid`` (slot written, depth
+        not yet raised) is waited for: it is deciding, within microseconds, whether a
+        cancel reached it first (it drops the claim) or not (it raises the depth).
+
+        The handshake with the worker (``Worker.run_wire``) is Dekker's: the driver pushes
+        CANCEL_IF_QUEUED then fences (the doorbell ring) then reads the slots; the worker
+        writes its claim, fences, then rechecks its driver ring.  At least one sees the
+        other, so ``cancel()`` never returns True for a task that then runs (the cancel goes
+        to every worker, so also a thief that got the task before the driver heard)."""
+        status = self.matrix.status
+        deadline = None
+        while True:
+            claimed = 0
+            for ep in self.endpoints:
+                cell = status(ep)
+                depth = cell[STATUS_DEPTH]
+                for i in range(min(depth + 1, STATUS_SLOTS)):
+                    if cell[STATUS_RUNNING + i] == tid:
+                        if i < depth:
+                            return ep
+                        claimed = ep
+            if not claimed:
+                return 0
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + 5.0
+            elif now > deadline or self.procs[claimed].poll() is not None:
+                return claimed  # stuck or dead between claim and confirm: call it started
+            os.sched_yield()
+
+    def _probe(self, fut: Future, cancel: bool = False) -> bool:
+        """Whether a worker runs ``fut``'s task now; if so the future goes RUNNING
+        (``Future.running()``/``cancel()`` ask: RUNNING is read from the workers'
+        status cells on demand, so the hot path sends no message per start).  With
+        ``cancel``, first tell the holder to drop the task unless it started."""
+        tid = fut.task_id
+        task = self.tasks.get(tid)
+        if self.closed or task is None:
+            return False
+        if cancel and task.where:
+            # To every worker: a thief may hold the task before the driver hears of the steal.
+            # (With retries left, only to its holder: a re-run after a refused cancel must not
+            # meet a stale cancel elsewhere; there a steal in flight can still race.)
+            msg = wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid])
+            with self.lock:
+                if not self.closed:
+                    for ep in (self.endpoints if not task.retries else (task.where,)):
+                        self._send(ep, msg)
+        if not self._run_state(tid):
+            if cancel:
+                # Not running: not started, or finished with its result still in a ring
+                # (a worker clears its status only after sending the result).  Drain the
+                # rings: a finished task's future is then FINISHED and cancel() says False.
+                self._drain_inboxes()
+                return fut._state != "PENDING"
+            return False
+        fut.set_running_or_notify_cancel()
+        return True
+
+    def force_cancel(self, fut: Future) -> bool:
+        """Cancel ``fut`` even while it runs: kill and replace the worker running it."""
+        if fut.cancel():
+            return True
+        with self.lock:
+            task = self.tasks.get(fut.task_id)
+            ep = self._running_on(fut.task_id) if task is not None else 0
+            if not ep or self.closed:
+                return False
+            del self.tasks[fut.task_id]
+            if task.placed:
+                self.placement.finished(task.placed - 1)
+                task.placed = 0
+            self.forced[ep] = fut.task_id
+        _force_cancelled(fut)  # outside the lock: its done callbacks may submit
+        try:
+            self.procs[ep].send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
+
+    def cancel_children(self, fut: Future) -> None:
+        """A running task's spawned children that have not started are dropped (it runs on)."""
+        ep = self._running_on(fut.task_id)
+        if ep:
+            with self.lock:
+                if not self.closed:
+                    self._send(ep, wire.encode_control(Kind.CANCEL, [fut.task_id]))
+
+    def cancel_pending(self) -> int:
+        """Cancel every task no worker has started (``shutdown(cancel_futures=True)``).
+
+        Workers start in the background (the constructor does not wait); so that
+        "not started" does not just mean "submitted before the workers were up", this
+        first waits (bounded) until they run and each one holding work has begun a
+        task, as a process pool's first tasks are already under way by then."""
+        try:
+            self._wait_started(self.start_timeout)
+        except WorkerLost:
+            pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            idle = [ep for ep in self.endpoints
+                    if self.placement.load(ep - 1) and not self.matrix.status(ep)[STATUS_DEPTH]]
+            if not idle:
+                break
+            time.sleep(0.001)
+        with self.lock:
+            futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
+        return sum(1 for fut in futs if fut.cancel())
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self.lock:
+            tasks = list(self.tasks.values())
+            self.tasks.clear()
+        for task in tasks:
+            _settle(task.future, False, exc)
+
+    def _on_init_failed(self, ep: int, tb: str) -> None:
+        """A worker's initializer raised: log it and break the pilot (a process pool's rule)."""
+        _LOG.critical("Exception in initializer of shoal worker %d:\n%s", ep, tb)
+        first_line = tb.strip().splitlines()[-1] if tb.strip() else "?"
+        self.broken = (f"a worker's initializer failed ({first_line}); the pilot cannot run tasks: "
+                       f"create a new shoal.Pilot")
+        self.closing = True
+        self._fail_all(BrokenPilot(self.broken))
+
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
         if retry and task.retries > 0 and not self.closing:
             task.retries -= 1
@@ -459,6 +650,8 @@ class LocalBackend:
                 self._pump_rounds()
                 return
             except BaseException:  # noqa: BLE001 - a dead pump would hang every future
+                if self.closed:
+                    return
                 self.pump_errors += 1
                 errors += 1
                 _log.exception("shoal: the pump thread hit an error; it goes on")
@@ -524,6 +717,11 @@ class LocalBackend:
         return False
 
     def _drain_inboxes(self) -> bool:
+        """Consume what the workers sent (the pump; also ``cancel()``: one at a time)."""
+        with self.consume_lock:
+            return self._drain_locked()
+
+    def _drain_locked(self) -> bool:
         got = False
         for ep, box in self.inboxes:
             if box.ring.readable():
@@ -586,6 +784,9 @@ class LocalBackend:
             if task is not None and task.timeout is not None:
                 task.where = where
                 heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
+                task.future.set_running_or_notify_cancel()
+        elif kind == Kind.INIT_FAILED:
+            self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:
             reply = wire.decode_control(msg)
             reply["at"] = time.time()
@@ -753,7 +954,7 @@ class LocalBackend:
                     "and rings are the parent's); open a new shoal.Pilot in the child")
         if context.exiting:
             return "cannot schedule new futures after interpreter shutdown"
-        return "submit() on a closed pilot; open a new shoal.Pilot"
+        return "cannot schedule new futures after shutdown: submit() on a closed pilot; open a new shoal.Pilot"
 
     def _forked(self) -> None:
         """In the child of ``os.fork()`` (at-fork hook): never touch the parent's workers,
@@ -831,6 +1032,17 @@ def _check_options(retries, timeout) -> None:
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0):
         raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")
+
+
+def _force_cancelled(fut: Future) -> None:
+    """Move a RUNNING future to CANCELLED (``Future.cancel`` refuses RUNNING ones)."""
+    with fut._condition:
+        if fut._state not in ("PENDING", "RUNNING"):
+            return
+        fut._state = "CANCELLED"
+        fut._condition.notify_all()
+    fut._invoke_callbacks()
+    fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, tells wait()
 
 
 def _settle(fut: Future, ok: bool, value) -> None:

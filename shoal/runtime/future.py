@@ -22,7 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
-from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
 
 from . import context
 
@@ -118,6 +118,7 @@ class Future(cf.Future):
     # task id (set by whoever made it); the backend/worker that can cancel it
     task_id: int = 0
     _canceller = None
+    _prober = None  # driver futures: asks the workers whether the task runs now (-> RUNNING)
 
     def __init__(self):
         self._condition = _Condition()
@@ -154,9 +155,17 @@ class Future(cf.Future):
                 worker.help_until(self, timeout)
         return super().exception(timeout)
 
+    def running(self) -> bool:
+        if self._state == PENDING and self._prober is not None:
+            self._prober(self)
+        return self._state == RUNNING
+
     def cancel(self) -> bool:
+        """Cancel the task unless a worker runs it already (then False, as the stdlib's)."""
         if self._state == CANCELLED_AND_NOTIFIED:
             return True  # cancelled before: nothing more to do
+        if self._state == PENDING and self._prober is not None and self._prober(self, True):
+            return False
         if not super().cancel():
             return False
         # Tell concurrent.futures.wait/as_completed at once (CANCELLED_AND_NOTIFIED), as an

@@ -138,8 +138,12 @@ class Placement:
         # shuffle, so no worker index is systematically first in a partial burst.
         workers = list(range(len(node_of)))
         rng.shuffle(workers)
+        self._single = False
         for worker in workers:
             self.add(worker)
+        # One NUMA node (most machines): the node's buckets would mirror the global ones,
+        # so they are not kept; choose() and the load events skip them (the submit hot path).
+        self._single = len(self._nodes) == 1
 
     # -- events in ----------------------------------------------------------
     def submitted(self, worker: int) -> None:
@@ -149,7 +153,8 @@ class Placement:
             self._live_load(worker)  # raises
         self._load[worker] = load + 1
         self._global.move(worker, load, 1)
-        self._nodes[self._node_of[worker]].move(worker, load, 1)
+        if not self._single:
+            self._nodes[self._node_of[worker]].move(worker, load, 1)
 
     def finished(self, worker: int) -> None:
         """A task of ``worker`` finished (or was stolen away from it)."""
@@ -159,14 +164,16 @@ class Placement:
             raise ValueError(f"finished() for worker {worker} with no outstanding tasks")
         self._load[worker] = load - 1
         self._global.move(worker, load, -1)
-        self._nodes[self._node_of[worker]].move(worker, load, -1)
+        if not self._single:
+            self._nodes[self._node_of[worker]].move(worker, load, -1)
 
     def remove(self, worker: int) -> None:
         """Worker lost: never chosen again; its outstanding load is forgotten."""
         load = self._live_load(worker)
         self._load[worker] = None
         self._global.discard(worker, load)
-        self._nodes[self._node_of[worker]].discard(worker, load)
+        if not self._single:
+            self._nodes[self._node_of[worker]].discard(worker, load)
 
     def add(self, worker: int, node: int | None = None) -> None:
         """Worker (re)started with no load; ``node`` defaults to the index's previous node."""
@@ -184,6 +191,15 @@ class Placement:
             self._node_of[worker] = node
         self._load[worker] = 0
         self._global.insert(worker, 0)
+        if self._single:
+            if self._node_of[worker] in self._nodes:
+                return
+            self._single = False  # a second node appears: build its buckets from the loads
+            for node in self._nodes:
+                self._nodes[node] = _Buckets()
+            for w, load in enumerate(self._load):
+                if load is not None and w != worker:
+                    self._nodes[self._node_of[w]].insert(w, load)
         buckets = self._nodes.get(self._node_of[worker])
         if buckets is None:
             buckets = self._nodes[self._node_of[worker]] = _Buckets()
@@ -200,6 +216,8 @@ class Placement:
         glob = self._global
         if glob.size == 0:
             raise LookupError("no live workers to place a task on")
+        if self._single and (preferred_node is None or preferred_node in self._nodes):
+            return glob.pick()
         if preferred_node is None:
             node = self._least_loaded_node()
         else:

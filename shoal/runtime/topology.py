@@ -13,7 +13,10 @@ in order of precedence:
    malformed files, or node lists that do not cover the usable CPUs).
 
 Usable CPUs come from ``os.sched_getaffinity(0)`` (the cgroup/taskset mask), or
-``range(os.cpu_count())`` where the platform lacks it.  Physical cores come from
+``range(os.cpu_count())`` where the platform lacks it, cut down to what a batch
+allocation grants this node (``SLURM_CPUS_ON_NODE``, ``PBS_NUM_PPN``; SLURM's
+``CPU_IDs`` say which) and to a cgroup CPU quota: see allocation.py.
+``limited_by`` says which of those applied.  Physical cores come from
 ``psutil.cpu_count(logical=False)``, falling back to the logical count.
 
 Why synthetic topologies
@@ -42,6 +45,7 @@ from functools import cached_property
 from pathlib import Path
 
 from shoal._errors import TopologyError
+from shoal.runtime.allocation import cpu_limit
 
 __all__ = [
     "ENV_VAR",
@@ -94,6 +98,7 @@ class Topology:
     synthetic: bool
     source: str
     host_cpus: tuple[int, ...] = ()
+    limited_by: str | None = None  # a batch allocation or cgroup quota that cut usable_cpus
 
     @cached_property
     def _node_by_cpu(self) -> dict[int, int]:
@@ -134,6 +139,7 @@ class Topology:
             "synthetic": self.synthetic,
             "source": str(getattr(self.source, "value", self.source)),
             "host_cpus": list(self.host_cpus),
+            "limited_by": self.limited_by,
         }
 
 
@@ -233,6 +239,7 @@ def _physical_cores(logical: int) -> int:
 def _detect(root: Path = SYSFS_NODES) -> Topology:
     usable = _usable_cpus()
     logical = max(os.cpu_count() or 0, len(usable))
+    usable, limited_by = cpu_limit(usable)
     nodes = _sysfs_nodes(usable, root)
     source = TopologySource.SYSFS
     if nodes is None:
@@ -245,6 +252,7 @@ def _detect(root: Path = SYSFS_NODES) -> Topology:
         synthetic=False,
         source=source,
         host_cpus=usable,
+        limited_by=limited_by,
     )
 
 

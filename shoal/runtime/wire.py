@@ -29,12 +29,13 @@ import pickle
 import struct
 import sys
 import traceback
+import types
 from collections import ChainMap
 
 import cloudpickle
 import msgpack
 
-from .._errors import RemoteTraceback, SerializationError
+from .._errors import PicklingError, RemoteTraceback, SerializationError, UnpicklingError
 
 
 class Kind(enum.IntEnum):
@@ -52,6 +53,9 @@ class Kind(enum.IntEnum):
     STATS = 10  # msgpack request (driver -> worker: []) or reply (worker -> driver: dict)
     SHUTDOWN = 11
     WAKE = 12  # nothing: "there may be work to steal" (a no-op message)
+    INIT = 13  # cloudpickle((initializer, initargs)): run once, before any task (driver -> worker)
+    INIT_FAILED = 14  # msgpack [endpoint, formatted traceback]          (worker -> driver)
+    CANCEL_IF_QUEUED = 15  # msgpack [task ids]: drop unless started (driver -> worker, cancel())
     FIRST = 0xFD  # first fragment of a larger message
     MORE = 0xFE  # middle fragment
     LAST = 0xFF  # last fragment
@@ -76,6 +80,14 @@ SEQ_MASK = (1 << OWNER_SHIFT) - 1
 _dumps = pickle.dumps
 _loads = pickle.loads
 _PROTO = 5
+
+
+def _code_reduce(code):
+    """cloudpickle's reducer for code objects, keeping ``co_filename`` (cloudpickle 3
+    replaces it by "<dynamic-code>"), so a remote traceback through a function of the
+    driver's ``__main__`` names its file and shows its source lines."""
+    make, args = cloudpickle.cloudpickle._code_reduce(code)
+    return make, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 
 def owner_of(task_id: int) -> int:
@@ -104,7 +116,7 @@ def describe(fn) -> str:
 
 def _refuse_file(f):
     name = getattr(f, "name", None)
-    raise SerializationError(
+    raise PicklingError(
         f"an open file ({type(f).__name__} {name!r}) cannot be sent to a worker: a worker is "
         "another process with its own files; pass the path (and open it in the task) or the "
         "contents instead")
@@ -112,11 +124,13 @@ def _refuse_file(f):
 
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, except that open files are refused: cloudpickle would silently send a
-    text file's *contents* as a StringIO (and a binary file not at all)."""
+    text file's *contents* as a StringIO (and a binary file not at all); and code objects
+    keep their file names."""
 
     dispatch_table = ChainMap(
         {t: _refuse_file for t in (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter,
                                    io.BufferedRandom, io.FileIO)},
+        {types.CodeType: _code_reduce},  # keeps co_filename (see _code_reduce)
         cloudpickle.Pickler.dispatch_table)
 
 
@@ -157,21 +171,21 @@ def dump_args(args: tuple, kwargs: dict, fn) -> bytes:
             return cloud_dumps((args, kwargs))
         except Exception as exc2:
             why = exc2 if isinstance(exc2, SerializationError) else exc
-            raise SerializationError(f"cannot pickle the arguments of {describe(fn)}: {why}") from exc
+            raise PicklingError(f"cannot pickle the arguments of {describe(fn)}: {why}") from exc
 
 
 def dump_inline(fn, args: tuple, kwargs: dict) -> bytes:
     try:
         return cloud_dumps((fn, args, kwargs))
     except Exception as exc:
-        raise SerializationError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
+        raise PicklingError(f"cannot pickle {describe(fn)} with its arguments: {exc!r}") from exc
 
 
 def dump_function(fn) -> bytes:
     try:
         return cloud_dumps(fn)
     except Exception as exc:
-        raise SerializationError(f"cannot pickle function {fn!r}: {exc!r}") from exc
+        raise PicklingError(f"cannot pickle function {fn!r}: {exc!r}") from exc
 
 
 def load_args(body, fn_name: str):
@@ -181,7 +195,7 @@ def load_args(body, fn_name: str):
     try:
         return _loads(body)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in __setstate__ included
-        raise SerializationError(f"cannot unpickle the arguments of {fn_name} in worker process "
+        raise UnpicklingError(f"cannot unpickle the arguments of {fn_name} in worker process "
                                  f"{os.getpid()}: {_why(exc)}") from None
 
 
@@ -202,7 +216,7 @@ class Unloadable:
         self.message = f"cannot load function {name} in worker process {os.getpid()}: {_why(exc)}"
 
     def __call__(self, *args, **kwargs):
-        raise SerializationError(self.message)
+        raise UnpicklingError(self.message)
 
 
 def encode_define(fn_id: int, blob: bytes, name: str = "") -> bytes:
@@ -236,9 +250,12 @@ def encode_result(task_id: int, value) -> bytes:
     except BaseException:  # noqa: BLE001 - a __reduce__ raising SystemExit must not kill the worker
         try:
             return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloud_dumps(value)
-        except BaseException as exc:  # noqa: BLE001
-            err = SerializationError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
+        except Exception as exc:  # noqa: BLE001
+            err = PicklingError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
+            err.__cause__ = exc
             return encode_error(task_id, err)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit while pickling: the task's
+            return encode_error(task_id, exc)  # error, as concurrent.futures.process delivers it
 
 
 def remote_text(exc: BaseException) -> tuple[str, int]:
@@ -308,7 +325,7 @@ def encode_error(task_id: int, exc: BaseException) -> bytes:
             text = repr(exc)
         except BaseException:  # noqa: BLE001
             text = type(exc).__name__
-        return hdr + _dumps((SerializationError(f"unpicklable exception {text}"), tb, hops), _PROTO)
+        return hdr + _dumps((PicklingError(f"unpicklable exception {text}"), tb, hops), _PROTO)
 
 
 def decode_result(msg: bytes):
@@ -318,14 +335,30 @@ def decode_result(msg: bytes):
     body = memoryview(msg)[RESULT_HDR.size:]
     try:
         obj = _loads(body)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too: it must not end the receiving thread
         what = "result" if status == Status.OK else "exception"
-        return task_id, False, SerializationError(f"cannot unpickle the {what} of task {task_id:#x}: {exc!r}")
+        err = UnpicklingError(f"cannot unpickle the {what} of task {task_id:#x}: {exc!r}")
+        err.__cause__ = exc
+        return task_id, False, err
     if status == Status.OK:
         return task_id, True, obj
     exc, tb, hops = obj
     exc.__cause__ = RemoteTraceback(tb, hops)
     return task_id, False, exc
+
+
+def unpickling_error(task_id: int, exc: BaseException) -> UnpicklingError:
+    err = UnpicklingError(f"cannot unpickle the arguments of task {task_id:#x} on the worker: {exc!r}")
+    err.__cause__ = exc
+    return err
+
+
+def encode_init(initializer, initargs: tuple) -> bytes:
+    try:
+        return bytes((Kind.INIT,)) + cloud_dumps((initializer, tuple(initargs)))
+    except Exception as exc:
+        raise PicklingError(f"cannot pickle initializer {describe(initializer)} with its initargs: "
+                            f"{exc!r}") from exc
 
 
 def encode_control(kind: Kind, body) -> bytes:

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import CancelledError
 
 from ..queues import RingMatrix
 from . import context, policy, wire
@@ -126,6 +127,7 @@ class Worker:
         n = matrix.n
         self.matrix = matrix
         self.inboxes = [(src, Inbox(matrix.ring(src, self.ep))) for src in range(n) if src != self.ep]
+        self.driver_box = self.inboxes[0][1]  # from endpoint 0
         self.out = {dst: Outbox(matrix.ring(self.ep, dst), matrix.doorbell(dst)) for dst in range(n) if dst != self.ep}
         self.doorbell = matrix.doorbell(self.ep)
         self.status = matrix.status(self.ep)
@@ -163,6 +165,7 @@ class Worker:
         self.idle_s = 0.0
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
+        self.retire_after = spec.get("max_tasks") or 0  # driver tasks, then exit (replaced)
         self.forked = 0  # pid of this process when it is a task's fork (see after_fork)
 
     # -- spawning (called from tasks through shoal.spawn) ------------------------------
@@ -300,6 +303,17 @@ class Worker:
                 box.flush()
         return got
 
+    def drain_driver(self) -> None:
+        """Handle everything the driver has sent so far (a cancel may sit behind many tasks)."""
+        box = self.driver_box
+        for _ in range(10_000):
+            msgs = box.receive(256)
+            if not msgs:
+                return
+            self.c["messages_in"] += len(msgs)
+            for m in msgs:
+                self.handle(0, m)
+
     def send(self, dst: int, msg: bytes) -> None:
         self.c["messages_out"] += 1
         self.out[dst].send(msg)
@@ -339,6 +353,10 @@ class Worker:
                         self.rerun(tid)
         elif kind == Kind.CANCEL:
             self.on_cancel(wire.decode_control(msg))
+        elif kind == Kind.CANCEL_IF_QUEUED:
+            for tid in wire.decode_control(msg):
+                if tid not in self.running_scopes:  # running: the driver's cancel() said False
+                    self.cancelled.add(tid)
         elif kind == Kind.DIED:
             ep, gen = wire.decode_control(msg)
             self.on_died(ep, gen)
@@ -348,6 +366,22 @@ class Worker:
             self.victim_cursor = 0  # a peer has work: start a new round of steal requests
             self.status[STATUS_HUNGRY] = 0
         elif kind == Kind.SHUTDOWN:
+            self.stop = True
+        elif kind == Kind.INIT:
+            self.run_initializer(msg)
+
+    def run_initializer(self, msg: bytes) -> None:
+        """The pilot's ``initializer(*initargs)``, before any task.  If it raises, the
+        driver is told (it logs the traceback and marks the pilot broken, as a process
+        pool does) and this worker stops."""
+        try:
+            fn, args = wire.cloudpickle.loads(memoryview(msg)[1:])
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported, then this worker ends
+            import traceback
+
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.send(0, wire.encode_control(Kind.INIT_FAILED, [self.ep, tb]))
             self.stop = True
 
     def on_result(self, msg: bytes) -> None:
@@ -391,6 +425,14 @@ class Worker:
             self.steal_pending = None
         # a half-sent fragmented message to the dead endpoint stays in the ring for
         # its replacement, which drops it; nothing else to do here
+
+    def drop_cancelled(self, tid: int) -> None:
+        """Drop a cancelled serialized task.  A worker that owns it (a spawned child lent
+        out) is told, so a parent waiting on it gets CancelledError instead of waiting
+        forever; the driver settled its own tasks when it cancelled them."""
+        self.cancelled.discard(tid)
+        if tid >> wire.OWNER_SHIFT:
+            self.deliver(tid, wire.encode_error(tid, CancelledError(f"task {tid:#x} was cancelled")))
 
     def rerun(self, tid: int) -> None:
         task = self.lent.pop(tid)[0]
@@ -441,11 +483,16 @@ class Worker:
         # tasks or in a help-first join (keep one to run next).  Rounding up in a join
         # too made two joining workers pass a lone stolen task back and forth forever
         # (a livelock of a deep stolen chain: each took it, then gave it away before
-        # running it).
-        give = (len(deq) + 1) // 2 if self.busy else len(deq) // 2
+        # running it).  The driver exporting for another machine (thief 0) never steals
+        # back: it gets the rounded-up half whenever a task runs here, as before.
+        give = (len(deq) + 1) // 2 if self.busy or (thief == 0 and self.depth) else len(deq) // 2
         loot, moved, keep = [], {}, []
+        cancelled = self.cancelled
         while give > 0 and deq:
             task = deq.popleft()
+            if cancelled and type(task) is WireTask and task.task_id in cancelled:
+                self.drop_cancelled(task.task_id)  # cancelled here: dropped, never handed on
+                continue
             if task.pinned or (thief == 0 and type(task) is WireTask):
                 # endpoint 0 (the driver) steals only spawned tasks, for another machine
                 keep.append(task)
@@ -555,7 +602,7 @@ class Worker:
     def run_wire(self, task: WireTask) -> None:
         msg, tid = task.msg, task.task_id
         if self.cancelled and tid in self.cancelled:
-            self.cancelled.discard(tid)
+            self.drop_cancelled(tid)
             return
         flags, fn_id, _ = wire.decode_task_header(msg)
         body = memoryview(msg)[wire.TASK_HDR.size:]
@@ -567,14 +614,24 @@ class Worker:
                 self.undefined.append(task)  # its DEFINE is still on the way from the driver
                 return
         driver_task = tid >> wire.OWNER_SHIFT == 0
-        if flags & Flag.TIMED:
-            self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
         status = self.status
         if driver_task:
+            # Start handshake with Future.cancel in the driver (see LocalBackend._run_state):
+            # claim the slot, fence, look once more for a cancel the driver pushed before
+            # it read the slots, then confirm by raising the depth.
             depth = status[STATUS_DEPTH]
             if depth < STATUS_SLOTS:
                 status[STATUS_RUNNING + depth] = tid
+                self.doorbell.ring()  # a StoreLoad fence (our own bell: nobody sleeps on it now)
+                if self.driver_box.ring.readable():
+                    self.drain_driver()
+                    if tid in self.cancelled:
+                        status[STATUS_RUNNING + depth] = 0
+                        self.cancelled.discard(tid)
+                        return
             status[STATUS_DEPTH] = depth + 1
+        if flags & Flag.TIMED:
+            self.send(0, wire.encode_control(Kind.STARTED, [tid, self.ep]))
         scope = Scope(self.scope)
         self.running_scopes[tid] = scope
         outer = self.scope
@@ -608,11 +665,20 @@ class Worker:
         try:
             self.deliver(tid, result)
         finally:
-            # Only now is the task done as far as a crash goes: a worker that dies while
-            # pickling or sending its result fails the task (quarantine) instead of
-            # having it re-sent to the next worker, and the next.
+            # Only now is the task done: a worker that dies while pickling or sending its
+            # result fails the task (quarantine) instead of having it re-sent; and a cancel()
+            # that finds neither the claim nor (draining) the result knows the task never
+            # started (LocalBackend._probe).
             if driver_task:
-                self.status[STATUS_DEPTH] -= 1
+                status = self.status
+                depth = status[STATUS_DEPTH] - 1
+                if depth < STATUS_SLOTS:
+                    status[STATUS_RUNNING + depth] = 0  # no stale claim for a retry of this id
+                status[STATUS_DEPTH] = depth
+        if driver_task and self.retire_after and not self.depth:
+            self.retire_after -= 1
+            if not self.retire_after:
+                self.stop = True  # max_tasks_per_child: the driver starts a fresh worker
 
     # -- a task that forks ----------------------------------------------------------------
 

@@ -100,15 +100,15 @@ def test_nqueens(pilot):
 
 def test_retries(pilot, tmp_path):
     marker = str(tmp_path / "count")
-    assert pilot.submit(t.fail_until, marker, 3, retries=2).result(60) == 3
+    assert pilot.options(retries=2).submit(t.fail_until, marker, 3).result(60) == 3
     marker2 = str(tmp_path / "count2")
     with pytest.raises(RuntimeError, match="attempt 2"):
-        pilot.submit(t.fail_until, marker2, 5, retries=1).result(60)
+        pilot.options(retries=1).submit(t.fail_until, marker2, 5).result(60)
 
 
 def test_timeout(pilot):
     with pytest.raises(shoal.TaskTimeout):
-        pilot.submit(t.sleep, 30, timeout=0.5).result(60)
+        pilot.options(timeout=0.5).submit(t.sleep, 30).result(60)
     assert pilot.submit(t.inc, 1).result(30) == 2  # the node replaced its worker
 
 

@@ -68,7 +68,7 @@ def test_sigkill_dask_worker_mid_spawn_tree(cluster, tmp_path):
 def test_node_worker_lost_retries_exhausted(cluster):
     with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
         with pytest.raises(shoal.WorkerLost):
-            pilot.submit(t.die_node_worker, retries=1).result(60)
+            pilot.options(retries=1).submit(t.die_node_worker).result(60)
         assert pilot.submit(t.inc, 1).result(30) == 2
 
 

@@ -12,12 +12,17 @@ from shoal.backends._dask_provider import Provider, jobqueue_kwargs, walltime_se
 
 
 def test_walltime_seconds():
+    """One meaning of a walltime in shoal: a bare number is seconds (as for
+    ``shoal run --walltime``), never SLURM's minutes (docs/hpc.md)."""
     assert walltime_seconds("02:00:00") == 7200
     assert walltime_seconds("30:00") == 1800
-    assert walltime_seconds("45") == 2700
+    assert walltime_seconds("45") == 45
+    assert walltime_seconds(45) == 45
+    assert walltime_seconds("30m") == 1800
     assert walltime_seconds("1-00:00:10") == 86410
-    with pytest.raises(ValueError):
-        walltime_seconds("1:2:3:4")
+    for bad in ("1:2:3:4", "soon", "0", -5, "1-x", float("nan")):
+        with pytest.raises(ValueError, match="walltime"):
+            walltime_seconds(bad)
 
 
 def test_jobqueue_kwargs_mapping():
@@ -25,6 +30,12 @@ def test_jobqueue_kwargs_mapping():
                          account="proj", job_extra_directives=["--exclusive"])
     assert kw["cores"] == 32 and kw["memory"] == "64GB" and kw["processes"] == 1
     assert kw["queue"] == "normal" and kw["account"] == "proj" and kw["walltime"] == "02:00:00"
+    assert jobqueue_kwargs(cores=1, memory="1GB", walltime=45)["walltime"] == "00:00:45"
+    assert jobqueue_kwargs(cores=1, memory="1GB", walltime="36h")["walltime"] == "36:00:00"
+    extra = jobqueue_kwargs(cores=1, memory="1GB", job_extra=["--exclusive"])
+    assert extra["job_extra_directives"] == ["--exclusive"]
+    with pytest.raises(ValueError, match="job_extra"):
+        jobqueue_kwargs(cores=1, memory="1GB", job_extra="--exclusive")
     assert kw["job_extra_directives"] == ["--exclusive"]
     args = kw["worker_extra_args"]
     lifetime = int(args[args.index("--lifetime") + 1].rstrip("s"))

@@ -13,7 +13,8 @@ from dl_models import cnn, digits, maxdiff, same
 import shoal
 from shoal.workloads import dl
 
-pytestmark = pytest.mark.dl_slow
+# each test trains three 15-epoch runs: ~25 s idle, but over 110 s at a load of 20 on 2 cores
+pytestmark = [pytest.mark.dl_slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,7 @@ def test_torch_cnn_trains_like_the_numpy_layers():
 
 
 @pytest.mark.dl_slow  # torch's import in each worker process makes this ~20 s
+@pytest.mark.timeout(600)
 def test_torch_mlp_bitwise_on_1_and_2_workers():
     def module():
         torch.manual_seed(1)

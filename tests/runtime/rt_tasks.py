@@ -76,6 +76,12 @@ def unpicklable_result():
     return Unpicklable()
 
 
+def touch(path):
+    with open(path, "w"):
+        pass
+    return path
+
+
 def where():
     return shoal.current_worker()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import time
 
 import pytest
 import rt_tasks as t
@@ -137,14 +138,14 @@ def test_cancel_pending(pilot):
 
 def test_retries_after_exceptions(pilot, tmp_path):
     marker = str(tmp_path / "count")
-    assert pilot.submit(t.fail_until, marker, 3, retries=2).result(timeout=30) == 3
+    assert pilot.options(retries=2).submit(t.fail_until, marker, 3).result(timeout=30) == 3
     marker2 = str(tmp_path / "count2")
     with pytest.raises(RuntimeError, match="attempt 2"):
-        pilot.submit(t.fail_until, marker2, 5, retries=1).result(timeout=30)
+        pilot.options(retries=1).submit(t.fail_until, marker2, 5).result(timeout=30)
 
 
 def test_timeout_kills_and_replaces(pilot):
-    fut = pilot.submit(t.sleep, 30, timeout=0.5)
+    fut = pilot.options(timeout=0.5).submit(t.sleep, 30)
     with pytest.raises(shoal.TaskTimeout, match="timeout"):
         fut.result(timeout=30)
     assert [f.result(timeout=30) for f in [pilot.submit(t.inc, i) for i in range(20)]] == list(range(1, 21))
@@ -163,7 +164,7 @@ def test_worker_death_fails_task_and_pilot_goes_on(pilot, how):
 
 def test_worker_death_with_retries(pilot, tmp_path):
     marker = str(tmp_path / "died")
-    assert pilot.submit(t.die_once, marker, retries=1).result(timeout=30) == "survived"
+    assert pilot.options(retries=1).submit(t.die_once, marker).result(timeout=30) == "survived"
 
 
 def test_stats(pilot):
@@ -188,9 +189,9 @@ def test_bad_input_at_call_site(pilot):
     with pytest.raises(TypeError, match="callable"):
         pilot.submit(42)
     with pytest.raises(ValueError, match="retries"):
-        pilot.submit(t.inc, 1, retries=-1)
+        pilot.options(retries=-1)
     with pytest.raises(ValueError, match="timeout"):
-        pilot.submit(t.inc, 1, timeout=0)
+        pilot.options(timeout=0)
 
 
 def test_waiting_semantics_many_threads_and_timeouts(pilot):
@@ -217,20 +218,27 @@ def test_waiting_semantics_many_threads_and_timeouts(pilot):
 
 
 def test_cancel_running_future_releases_waiters(pilot):
-    fut = pilot.submit(t.sleep, 0.5)
-    import time
-
-    time.sleep(0.1)
-    assert fut.cancel()
+    """A running task is not cancelled by ``cancel()`` (stdlib); ``force=True`` does it."""
+    fut = pilot.submit(t.sleep, 30)
+    while not fut.running():
+        time.sleep(0.01)
+    assert not fut.cancel()
+    assert pilot.cancel(fut, force=True)
     done, not_done = cf.wait([fut], timeout=5)
-    assert fut in done and not not_done
+    assert fut in done and not not_done and fut.cancelled()
     assert list(cf.as_completed([fut], timeout=5)) == [fut]
 
 
 def test_cancel_twice(pilot):
-    fut = pilot.submit(t.sleep, 0.3)
+    blockers = [pilot.submit(t.sleep, 30) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(b.running() for b in blockers):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    fut = pilot.submit(t.sleep, 0.3)  # queued behind the blockers
     assert fut.cancel() and fut.cancel()
     assert fut.cancelled()
+    assert all(pilot.cancel(b, force=True) for b in blockers)
 
 
 @pytest.mark.parametrize("size", [300_000, 5_000_000, 30_000_000])

@@ -63,7 +63,8 @@ def test_cancelling_parent_cancels_pending_children(pilot):
     import time
 
     time.sleep(0.2)
-    assert fut.cancel()
+    # the parent runs: cancel() says False (stdlib), and its children not started are dropped
+    assert not pilot.cancel(fut)
     before = sum(w["tasks_run"] for w in pilot.stats()["workers"])
     time.sleep(0.5)
     after = sum(w["tasks_run"] for w in pilot.stats()["workers"])

@@ -63,7 +63,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
-        values: str = "data") -> Report:
+        values: str = "data", resource=None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -95,9 +95,27 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     (default ``pilot.workers``), ``gpus`` is refused, ``memory`` is tracked only
     when given, and sandboxes and inputs must be on a filesystem the nodes
     share with the driver; the journal stays here (docs/ensemble.md).
+
+    ``resource``: run in a batch allocation instead (a mapping or ``Resource``:
+    ``{"backend": "slurm", "nodes": 2, "cores": 16, "partition": ..., "walltime": "2h"}``):
+    a dask pilot of batch jobs is opened, the walltime counts from when the
+    first job starts, the engine drains before the allocation ends, and the
+    jobs leave the queue when the run returns (resource.py, docs/hpc.md).
     """
     from .engine import Engine
 
+    if resource is not None:
+        from .resource import Resource, resource_pilot
+
+        if pilot is not None:
+            raise EnsembleError("run(): give pilot= or resource=, not both")
+        with resource_pilot(Resource.of(resource)) as (rpilot, left):
+            budget = [w for w in (parse_walltime(walltime), left) if w is not None]
+            return run(workflow, rpilot, journal, resume, workers=workers, cores=cores,
+                       gpus=gpus, memory=memory, walltime=min(budget) if budget else None,
+                       sandbox=sandbox, window=window, durability=durability,
+                       progress=progress, patience=patience, new=new,
+                       retry_failed=retry_failed, values=values)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,

@@ -14,6 +14,11 @@ journal error.  Every stop with work left prints the exact resume command.
 ``--dask tcp://host:8786`` runs the workflow on a dask pilot connected to that
 scheduler (executables run on its nodes; the journal stays here); ``--workers``
 is then the number of shoal workers per dask worker.
+
+``--slurm [--nodes N --cores C --partition P --account A --walltime T]`` (or a
+YAML file's ``resource:`` block) runs it in a batch allocation of its own
+(resource.py); started inside an allocation (``sbatch``/``salloc``) without
+``--walltime``, the run drains before that allocation ends.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ import shlex
 import sys
 import time
 
-from . import parse_walltime, run
+from . import run
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
+from .resource import add_resource_arguments, resource_from_args
 
 EXIT_FAILED, EXIT_DRAINED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -70,6 +76,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
+    resource, walltime = resource_from_args(args)  # --slurm & co., or inside an allocation
     progress = Progress(sys.stderr)
     with contextlib.ExitStack() as stack:
         pilot = None
@@ -81,7 +88,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             report = run(workflow, pilot=pilot, journal=args.journal, resume=args.resume,
                          workers=None if pilot else args.workers, gpus=args.gpus,
-                         walltime=parse_walltime(args.walltime), sandbox=args.sandbox, progress=progress,
+                         walltime=walltime, sandbox=args.sandbox, progress=progress,
+                         resource=resource,
                          new=args.new, retry_failed=args.retry_failed,
                          values="pickle" if args.pickle_values else "data")
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
@@ -123,6 +131,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pickle-values", action="store_true",
                         help="store function results with pickle (any type); reading such a journal runs "
                              "code its author chose: only for journals you trust")
+    add_resource_arguments(parser)
     parser.set_defaults(handler=_run)
 
 

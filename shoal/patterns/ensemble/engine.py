@@ -137,6 +137,9 @@ class Engine(Walker):
             import psutil
 
             memory_total = psutil.virtual_memory().total
+            alloc = shoal.allocation()  # inside a batch job: what it may use (docs/hpc.md)
+            if alloc is not None and alloc.memory:
+                memory_total = min(memory_total, alloc.memory)
         else:
             from .model import parse_size
 
@@ -521,7 +524,7 @@ class Engine(Walker):
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.submit(fn, *args, timeout=t.timeout, **dict(t.kwargs))
+            fut = self.pilot.options(timeout=t.timeout).submit(fn, *args, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.placement)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

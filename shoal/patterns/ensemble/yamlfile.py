@@ -50,7 +50,8 @@ try:
 except ImportError:  # pragma: no cover - pyyaml is a dependency
     yaml = None
 
-TOP_KEYS = {"pipelines": "list of pipelines"}
+TOP_KEYS = {"pipelines": "list of pipelines",
+            "resource": "mapping: a batch allocation (backend, nodes, cores, walltime, ...)"}
 PIPELINE_KEYS = {"name": "name", "stages": "list of stages", "after": "list of uids"}
 STAGE_KEYS = {"name": "name", "tasks": "list of tasks", "after": "list of uids",
               "post_exec": "'module:function'", "when": "'module:function'"}
@@ -198,6 +199,8 @@ class _Loader:
         keys = self.mapping(root, "top level", TOP_KEYS)
         if "pipelines" not in keys:
             raise self.error(root, "top level", "missing key 'pipelines'")
+        if "resource" in keys:  # checked here; resource.yaml_resource reads it for shoal run
+            self.resource_block(keys["resource"][1])
         nodes = self.seq(keys["pipelines"][1], "pipelines", "pipelines")
         if not nodes:
             raise self.error(keys["pipelines"][1], "pipelines", "the list is empty")
@@ -208,6 +211,16 @@ class _Loader:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.error(node, where, f"{uid!r} names no pipeline, stage or task of this file{hint}")
         return pipelines
+
+    def resource_block(self, node):
+        """``resource:`` -> a ``Resource`` (resource.py), errors with this file's line."""
+        from .resource import ALIASES, KEYS, Resource
+
+        keys = self.mapping(node, "resource", {**KEYS, **{a: f"alias of {n}" for a, n in ALIASES.items()}})
+        try:
+            return Resource.of({k: self.value(v) for k, (_, v) in keys.items()})
+        except EnsembleError as exc:
+            raise self.error(node, "resource", str(exc).removeprefix("resource: ")) from None
 
     def unique(self, uid: str, node, where: str) -> None:
         if uid in self.uids:

@@ -56,7 +56,7 @@ class _Inline:
 
     workers = 1
 
-    def submit(self, fn, /, *args, retries=0, timeout=None):
+    def submit(self, fn, /, *args):
         fut = cf.Future()
         try:
             args = tuple(a.result() if isinstance(a, cf.Future) else a for a in args)
@@ -250,9 +250,9 @@ class Trainer:
         return [f.result() for f in loss_futs]
 
     def _submit(self, pilot, fn, *args):
-        if self.timeout is None or self.pilot is None:
-            return pilot.submit(fn, *args, retries=self.retries)
-        return pilot.submit(fn, *args, retries=self.retries, timeout=self.timeout)
+        if self.pilot is None:  # the in-process serial executor
+            return pilot.submit(fn, *args)
+        return pilot.options(retries=self.retries, timeout=self.timeout).submit(fn, *args)
 
     @staticmethod
     def _wait(futs) -> None:

@@ -1,0 +1,63 @@
+"""dask graphs on shoal: ``scheduler=pilot`` (Executor protocol) and ``scheduler=pilot.get`` (the
+whole graph as one shoal task graph), checked against dask's own synchronous scheduler."""
+
+from __future__ import annotations
+
+import int_tasks as it
+import pytest
+
+import shoal
+
+dask = pytest.importorskip("dask")
+da = pytest.importorskip("dask.array")
+db = pytest.importorskip("dask.bag")
+from dask import delayed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pilot():
+    with shoal.Pilot(2) as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def leak_check():
+    yield
+
+
+def _graph():
+    xs = [delayed(it.inc)(i) for i in range(300)]
+    pairs = [delayed(it.add)(a, b) for a, b in zip(xs[::2], xs[1::2], strict=True)]
+    return delayed(sum)(pairs), xs[7]
+
+
+@pytest.mark.parametrize("how", ["executor", "get"])
+def test_delayed_graph_matches_the_sync_scheduler(pilot, how):
+    scheduler = pilot if how == "executor" else pilot.get
+    expected = dask.compute(*_graph(), scheduler="sync")
+    assert dask.compute(*_graph(), scheduler=scheduler) == expected
+
+
+def test_array_and_bag(pilot):
+    x = da.arange(10_000, chunks=1_000).reshape(100, 100)
+    expr = (x + x.T).sum(axis=0)
+    assert (expr.compute(scheduler=pilot.get) == expr.compute(scheduler="sync")).all()
+    bag = db.from_sequence(range(1000), npartitions=8).map(it.inc).filter(lambda v: v % 3 == 0)
+    assert bag.sum().compute(scheduler=pilot.get) == bag.sum().compute(scheduler="sync")
+
+
+def test_error_propagates_with_remote_traceback(pilot):
+    bad = delayed(it.boom)(delayed(it.inc)(1))
+    after = delayed(it.inc)(bad)
+    with pytest.raises(ValueError, match="boom 2") as info:
+        dask.compute(after, scheduler=pilot.get)
+    assert isinstance(info.value.__cause__, shoal.RemoteTraceback)
+    assert pilot.submit(it.inc, 1).result(30) == 2
+
+
+def test_raw_graph_and_nested_keys(pilot):
+    dsk = {"x": 1, "y": (it.inc, "x"), "z": (it.add, "y", "x"), "w": (sum, ["x", "y", "z"])}
+    assert pilot.get(dsk, "w") == 1 + 2 + 3
+    assert pilot.get(dsk, ["z", ["x", "y"]]) == (3, (1, 2))
+    with pytest.raises(KeyError, match="nope"):
+        pilot.get(dsk, "nope")

@@ -3,7 +3,11 @@
 Usage::
 
     python benchmarks/run.py [--workers 1,2] [--only startup,tiny,map,ring,uts,nqueens,fib,overhead]
-                             [--quick] [--repeat 3] [--markdown docs/benchmarks.md]
+                             [--quick] [--repeat 3] [--markdown docs/benchmarks.md] [--dashboard]
+
+``--dashboard``: every shoal pilot serves its live dashboard, with the workers page
+open in a headless Chromium on this machine (when one is installed) for the whole run;
+``benchmarks/bench_dashboard.py`` alternates runs with and without it.
 
 Sections (``--only`` picks some):
 
@@ -158,9 +162,10 @@ def best_of(fn, repeat: int, check=None) -> float:
 class Runners:
     """Pilots, pools and clusters by worker count; each started and warmed on first use."""
 
-    def __init__(self):
+    def __init__(self, dashboard: bool = False):
         self.stack = contextlib.ExitStack()
         self.cache: dict = {}
+        self.dashboard = dashboard
         # Peers run in each start method; tables keep the fastest (fork is often 3x
         # faster than forkserver for Pool.map(chunksize=1), never a weakened config).
         self.methods = [m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()]
@@ -178,11 +183,25 @@ class Runners:
 
     def pilot(self, w: int):
         def make():
-            p = self.stack.enter_context(shoal.Pilot(workers=w))
+            p = self.stack.enter_context(shoal.Pilot(workers=w, dashboard=0 if self.dashboard else None))
+            if self.dashboard:
+                self.watch(p.dashboard_url + "workers")
             list(p.map(inc, range(8 * w)))
             p.submit(inc, 0).result()
             return p
         return self._get(("pilot", w), make)
+
+    def watch(self, url: str) -> None:
+        """Open ``url`` in this run's one headless Chromium (started on first use), if any."""
+        if "browser" not in self.cache:
+            self.cache["browser"] = self.stack.enter_context(chromium())
+        ctx = self.cache["browser"]
+        if ctx is None:
+            print(f"   (no Chromium/playwright: dashboard served at {url}, no page open)", flush=True)
+            return
+        page = ctx.new_page()
+        page.goto(url)
+        page.wait_for_selector("tr.worker")
 
     def pool(self, w: int, method: str = "forkserver"):
         def make():
@@ -226,6 +245,34 @@ class Runners:
 
     def close(self):
         self.stack.close()
+
+
+@contextlib.contextmanager
+def chromium():
+    """A headless Chromium of this machine driven by playwright (one per run: playwright's
+    sync API cannot nest), or None without Chromium or playwright."""
+    import shutil
+
+    exe = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        exe = None
+    if exe is None:
+        yield None
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            profile, executable_path=exe, headless=True,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-gpu"])
+        try:
+            time.sleep(3.0)  # its own start-up work settles before anything is timed
+            yield ctx
+        finally:
+            ctx.close()
 
 
 # ---------------------------------------------------------------------------
@@ -599,6 +646,9 @@ def parse_args(argv=None):
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs per measurement, best kept (default 3; 1 with --quick)")
     ap.add_argument("--uts", default=None, help="UTS preset (default T3; T3S with --quick)")
+    ap.add_argument("--dashboard", action="store_true",
+                    help="shoal pilots serve their dashboard, its workers page open in a headless "
+                         "Chromium (the dashboard's overhead: compare with a run without)")
     ap.add_argument("--markdown", default=None, metavar="OUT.md",
                     help="also write the tables as markdown (for docs/benchmarks.md)")
     args = ap.parse_args(argv)
@@ -627,7 +677,7 @@ def main(argv=None) -> int:
     workloads = {name: WORKLOADS[name](args) for name in args.only if name in WORKLOADS}
     for wl in workloads.values():
         wl.seq_s = best_of(wl.seq, args.repeat, wl.expect)
-    run = Runners()
+    run = Runners(dashboard=args.dashboard)
     try:
         for name in args.only:
             t0 = time.perf_counter()

@@ -8,6 +8,7 @@ Public surface (a test checks it)::
         pilot.options(retries=2, timeout=60).submit(fn, *args)   # per-task options
     shoal.spawn(fn, *args)                  # inside a task: a child on this worker's deque
     shoal.allocation()                      # the SLURM/PBS job this process runs in, or None
+    shoal.publish("train", epoch=3, loss=0.4)  # a progress record for the dashboard
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .runtime.allocation import Allocation
 from .runtime.allocation import current as allocation
 from .runtime.api import BackendKind
 from .runtime.future import Future
+from .runtime.progress import publish
 from .runtime.shared import BestCell, Channel, Sense, SharedArray
 from .runtime.topology import NumaNode, Topology, topology
 
@@ -91,6 +93,7 @@ __all__ = [
     "Future",
     "spawn",
     "current_worker",
+    "publish",
     "WorkerInfo",
     "SharedArray",
     "BestCell",

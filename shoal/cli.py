@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from shoal._errors import ShoalError
+from shoal.dashboard.commands import add_dashboard, add_trace, with_dashboard
 from shoal.patterns.ensemble.commands import add_run, add_status
 from shoal.runtime.allocation import current as allocation
 from shoal.runtime.topology import Topology, format_cpulist, topology
@@ -93,7 +94,13 @@ def _add_info(subparsers: argparse._SubParsersAction) -> None:
 
 # Subcommand registrars, in help order.  A new command adds an ``_add_<name>``
 # function here (or imports one from its own module, as run and status do).
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_info, add_run, add_status)
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    add_run(subparsers)
+    with_dashboard(subparsers.choices["run"])  # shoal run --dashboard
+
+
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_info, _add_run, add_status, add_dashboard, add_trace)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,7 +44,8 @@ class Pilot(cf.Executor):
     def __init__(self, workers: int | None = None, *, max_workers: int | None = None,
                  backend: str | BackendKind = BackendKind.LOCAL, topology: str | None = None,
                  trace: str | None = None, seed: int = 0, initializer=None, initargs: tuple = (),
-                 max_tasks_per_child: int | None = None, **options):
+                 max_tasks_per_child: int | None = None,
+                 dashboard: int | str | None = None, **options):
         workers = _worker_count(workers, max_workers)
         try:
             kind = BackendKind(backend)
@@ -71,11 +72,18 @@ class Pilot(cf.Executor):
         self._closed = False
         self._close_lock = threading.Lock()
         self._closer: threading.Thread | None = None
+        self._dashboard = None
         try:
+            if dashboard is not None:  # live pages: shoal.dashboard (127.0.0.1 unless "HOST:PORT")
+                from .dashboard import Dashboard
+
+                self._dashboard = Dashboard(backend=self._backend, address=dashboard)
             context.push_pilot(self)
         except BaseException:
             self._closed = True
             self._backend.close(cancel_pending=True)
+            if self._dashboard is not None:
+                self._dashboard.close()
             raise
 
     # -- work --------------------------------------------------------------------------
@@ -175,6 +183,11 @@ class Pilot(cf.Executor):
         return self._backend.stats()
 
     @property
+    def dashboard_url(self) -> str | None:
+        """Where the live dashboard is (``dashboard=PORT``), e.g. ``http://127.0.0.1:8787/``."""
+        return None if self._dashboard is None else self._dashboard.url
+
+    @property
     def workers(self) -> int:
         return self._backend.n
 
@@ -230,6 +243,8 @@ class Pilot(cf.Executor):
         try:
             self._backend.close(cancel_pending=cancel_pending)
         finally:
+            if self._dashboard is not None:
+                self._dashboard.close()  # pages say "closed"; the port is free after this
             context.drop_pilot(self)
 
     def __enter__(self) -> Pilot:
@@ -244,6 +259,12 @@ class Pilot(cf.Executor):
         if not getattr(self, "_closed", True):
             self._closed = True
             context.drop_pilot(self)
+            if getattr(self, "_dashboard", None) is not None:  # its pages say closed, port freed
+                try:
+                    threading.Thread(target=self._dashboard.close, name="shoal-dashboard-closer",
+                                     daemon=True).start()
+                except RuntimeError:
+                    pass
             if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
                 return  # the exit handler closes it (a thread started now would never run)
             try:

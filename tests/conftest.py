@@ -28,8 +28,20 @@ def _shm() -> set[str]:
         return set()
 
 
+# A real browser's processes are not leaks: the dashboard's browser tests keep one Chromium
+# per module (tests/dashboard/conftest.py closes it), and its renderers come and go with pages.
+_BROWSER_EXES = ("chromium", "chrome", "headless_shell")
+
+
+def _is_browser(proc) -> bool:
+    try:
+        return os.path.basename(proc.exe()).startswith(_BROWSER_EXES)
+    except psutil.Error:
+        return False
+
+
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return {p.pid for p in psutil.Process().children(recursive=True) if not _is_browser(p)}
 
 
 def _fds() -> int:

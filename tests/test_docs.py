@@ -1,4 +1,5 @@
-"""The docs' code runs: every ```python block of docs/guide.md and README.md is a program.
+"""The docs' code runs: every ```python block of docs/guide.md, docs/dashboard.md and README.md
+is a program.
 
 A ``print(...)  # expected`` comment is checked against what the block prints.
 Blocks without ``if __name__ == "__main__"`` are skipped (fragments).
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", "docs/guide.md"]
+DOCS = ["README.md", "docs/guide.md", "docs/dashboard.md"]
 
 
 def _blocks():

@@ -1,7 +1,8 @@
 """Enforce ARCHITECTURE.md's import direction with an AST scan of every module under shoal/.
 
 Layers, bottom to top: leaf modules (``shoal/_*.py``), ``queues``, ``runtime``,
-``backends``, ``pilot``, ``patterns``/``workloads``, ``cli``.  Every import
+``backends``, ``pilot``, ``patterns``/``workloads``, ``dashboard`` (beside them:
+the pilot starts it, handing it the backend), ``cli``.  Every import
 statement anywhere in a file (also inside functions and ``if TYPE_CHECKING``)
 counts; relative imports are resolved.  ``from shoal import X`` is an import
 of module ``shoal.X`` when that module exists, else of the public package
@@ -100,6 +101,12 @@ RULES = [
         "patterns import only the public package shoal and shoal.patterns",
     ),
     (
+        "shoal.dashboard",
+        lambda n: _within(n, "shoal.dashboard", "shoal.runtime", "shoal.patterns.ensemble") or _is_leaf(n),
+        "the dashboard imports only itself, runtime, the ensemble journal and leaf modules "
+        "(a pilot's backend is handed to it, never imported)",
+    ),
+    (
         "shoal.integrations",
         lambda n: _is_root(n) or _within(n, "shoal.integrations"),
         "integrations import only the public package shoal and shoal.integrations",
@@ -183,6 +190,11 @@ def test_resolver(module, is_package, source, expected):
         ("shoal.__main__", {"shoal.cli"}, True),
         ("shoal.pilot", {"shoal.backends.local", "shoal.runtime.api"}, True),
         ("shoal.pilot", {"shoal.patterns"}, False),
+        ("shoal.pilot", {"shoal.dashboard"}, True),
+        ("shoal.dashboard.sources", {"shoal.runtime.progress", "starlette"}, True),
+        ("shoal.dashboard.journal", {"shoal.patterns.ensemble.journal"}, True),
+        ("shoal.dashboard.app", {"shoal.backends.local"}, False),
+        ("shoal.dashboard.app", {"shoal"}, False),
     ],
 )
 def test_rules(module, imported, ok):

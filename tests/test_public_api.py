@@ -13,7 +13,7 @@ EXPECTED = {
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
     "RemoteTraceback", "BackendUnavailable", "allocation", "Allocation", "BrokenPilot",
-    "PicklingError", "UnpicklingError",
+    "PicklingError", "UnpicklingError", "publish",
 }
 
 
@@ -39,6 +39,8 @@ def test_contract_shapes():
     assert issubclass(shoal.PicklingError, pickle.PicklingError)
     assert issubclass(shoal.UnpicklingError, pickle.UnpicklingError)
     assert {"cancel_pending"} <= set(inspect.signature(shoal.Pilot.close).parameters)
+    assert "dashboard" in inspect.signature(shoal.Pilot.__init__).parameters
+    assert hasattr(shoal.Pilot, "dashboard_url")
     for err in (shoal.PilotClosed, shoal.TaskTimeout, shoal.WorkerLost, shoal.SerializationError,
                 shoal.TopologyError):
         assert issubclass(err, shoal.ShoalError)

@@ -157,6 +157,7 @@ class LocalBackend:
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
+        self.latest_stats: dict[int, dict] = {}  # every worker's last STATS reply (monitor())
         self.stats_cond = threading.Condition()
         self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
         self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
@@ -290,6 +291,8 @@ class LocalBackend:
         if loading:  # it died unpickling a function: no other worker gets that DEFINE again
             self._quarantine(loading, ep, proc)
         overran = self.timed_out.pop(ep, None)
+        with self.stats_cond:
+            self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
         forced = self.forced.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1
@@ -785,8 +788,11 @@ class LocalBackend:
         elif kind == Kind.INIT_FAILED:
             self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:
+            reply = wire.decode_control(msg)
+            reply["at"] = time.time()
             with self.stats_cond:
-                self.stats_replies[ep] = wire.decode_control(msg)
+                self.stats_replies[ep] = reply
+                self.latest_stats[ep] = reply
                 self.stats_cond.notify_all()
         elif kind == Kind.LOOT:
             victim, msgs = wire.decode_control(msg)
@@ -890,6 +896,43 @@ class LocalBackend:
                 "messages_out": sum(box.sent for box in self.out.values()),
             },
         }
+
+    def monitor(self) -> dict:
+        """A monitor's sample that never waits (the dashboard's, once a second; any thread).
+
+        Asks every worker for fresh counters (one STATS message each: answered between
+        tasks, so a worker deep in a long task answers after it) and returns the
+        latest answers so far, each with ``at`` (epoch seconds), plus what the
+        driver sees without asking: each worker's pid and state from its status
+        words (``running``: driver tasks on its stack; ``hungry``: asked every
+        victim in vain; ``parked``: asleep on its doorbell) and its health
+        (``down``: could not be restarted; ``stopped``: SIGSTOPped).
+        """
+        with self.lock:
+            if self.closing:
+                return {"backend": self.kind, "workers": [], "closing": True}
+            for ep in self.endpoints:
+                self._send(ep, wire.encode_control(Kind.STATS, []))
+            rows = []
+            for ep in self.endpoints:
+                status = self.matrix.status(ep)
+                box = self.out.get(ep)
+                proc = self.procs.get(ep)
+                rows.append({
+                    "worker": ep, "pid": proc.pid if proc is not None else 0,
+                    "cpu": self.slots[ep - 1][0], "node": self.node_of[ep - 1],
+                    "generation": self.generation[ep], "running": status[STATUS_DEPTH],
+                    "hungry": bool(status[STATUS_HUNGRY]),
+                    "parked": bool(box is not None and box.doorbell.sleeping),
+                    "down": ep in self.down, "stopped": ep in self.health.stopped,
+                })
+        with self.stats_cond:
+            for row in rows:
+                row["stats"] = self.latest_stats.get(row["worker"])
+        return {"backend": self.kind, "workers": rows,
+                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
+                           "messages_in": self.messages_in,
+                           "messages_out": sum(box.sent for box in self.out.values())}}
 
     def _silent(self, ep: int) -> dict:
         """A worker's stats entry when it did not answer: why, as far as the driver knows."""

@@ -19,9 +19,12 @@ import time
 import shoal
 
 from ._portable import portable
+from ._progress import Both, Ticker
 from ._search import (
     CONTROL_COLUMNS,
     NODES,
+    SPAWNED,
+    STARTED,
     STOP,
     Coordination,
     Explorer,
@@ -160,7 +163,11 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
                     cell=cell, stop=stop, channel=chan, requests=requests,
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
-        prog = Progress.make(progress, ctl, cell, bool(spec_kw.get("negate")))
+        # the terminal line (progress=) and the dashboard's records (shoal.publish, always)
+        ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
+                                           bool(spec_kw.get("negate"))),
+                        rates=("nodes",), terminal=False)
+        prog = Both(Progress.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
         t0 = time.monotonic()
         if ck is not None:
             tally = run_checkpointed(pilot, spec, ck, resumed,
@@ -171,8 +178,7 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         else:
             tally, exported = _wait([pilot.submit(task, spec, root, ())], ctl, stop, prog), 0
         t_end = time.monotonic()
-        if prog is not None:
-            prog.tick(final=True)
+        prog.tick(final=True)
         after = _steals(pilot) if stats else (0, 0)
     finally:
         for obj in owned:
@@ -193,6 +199,23 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         exported=exported,
     )
     return tally, st
+
+
+def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool):
+    """The search's progress record for the dashboard, read from Control and the
+    incumbent cell (driver; no message)."""
+    def sample() -> dict:
+        a = ctl.array
+        nodes = int(a[:, NODES].sum())
+        rec = {"goal": goal.value, "coordination": coordination.value, "nodes": nodes,
+               "tasks": int(a[:, STARTED].sum()),
+               "frontier": max(0, int(a[:, SPAWNED].sum() - a[:, STARTED].sum()))}
+        if cell is not None:
+            rec["incumbent"] = -cell.value if negate else cell.value
+        if reference_nodes:
+            rec["work_inflation"] = round(nodes / reference_nodes, 4)
+        return rec
+    return sample
 
 
 def _wait(futs: list, ctl, stop, prog=None) -> Tally:

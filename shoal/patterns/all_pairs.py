@@ -55,6 +55,7 @@ from ._pair_tasks import (
     probe_task,
     tile_task,
 )
+from ._progress import Ticker
 from ._tiles import TileKind, blocks, default_tile, merge_topk, sizeof
 
 __all__ = ["compute", "AllPairsResult", "AllPairsStats", "PairError", "LoadError", "default_tile"]
@@ -243,7 +244,10 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
                                 symmetric=symmetric)
         tile = tile or 1
         t0 = time.perf_counter()
-        topk = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest)
+        total = n * (n + 1) // 2 if symmetric and other is None else n * m
+        with Ticker("all_pairs", _sampler(counters, total), rates=("pairs", "tiles"),
+                    line=("tiles", "pairs_per_s", "percent_done", "cache_hit_rate")) as ticker:
+            topk = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker)
         seconds = time.perf_counter() - t0
         stats = _stats(counters.array, loads.array, n, m, symmetric, tile, workers, seconds, n_items)
         flags.array[Flag.DONE] = 1
@@ -265,6 +269,20 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
             sa.close()
 
 
+def _sampler(counters, total_pairs: int):
+    """The progress record: the workers' own counters, summed (driver; no message)."""
+    def sample() -> dict:
+        t = counters.array.sum(axis=0)
+        hits, misses = int(t[Counter.HITS]), int(t[Counter.MISSES])
+        pairs = int(t[Counter.PAIRS])
+        return {"tiles": int(t[Counter.TILES]), "pairs": pairs, "pairs_total": total_pairs,
+                "percent_done": round(100.0 * pairs / total_pairs, 2) if total_pairs else 100.0,
+                "cache_hits": hits, "cache_misses": misses,
+                "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
+                "tiles_stolen": int(t[Counter.STOLEN])}
+    return sample
+
+
 def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
     """compute() on arrays in memory (see ``_pair_arrays``)."""
     from . import _pair_arrays
@@ -283,7 +301,7 @@ def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
     return result
 
 
-def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest):
+def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker):
     """Run the tile tasks; returns the top-k result (or None)."""
     import numpy as np
 
@@ -292,7 +310,10 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest):
     origin = (0, -1)  # the driver: the root task is placed, not stolen
     if mode in (Output.ARRAY, Output.MEMMAP):
         root = (TileKind.TRIANGLE, 0, n, 0, n) if symmetric else (TileKind.RECT, 0, n, 0, m)
-        pilot.submit(tile_task, run, root, tile, origin).result()
+        fut = pilot.submit(tile_task, run, root, tile, origin)
+        while not cf.wait([fut], timeout=ticker.timeout()).done:
+            ticker.tick()
+        fut.result()
         return None
     size = tile
     while (2 * size) ** 2 <= STREAM_BLOCK_PAIRS:
@@ -309,7 +330,8 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest):
                 pending.add(pilot.submit(tile_task, run, region, tile, origin))
             if not pending:
                 break
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            done, pending = cf.wait(pending, timeout=ticker.timeout(), return_when=cf.FIRST_COMPLETED)
+            ticker.tick()
             for fut in done:
                 part = fut.result()
                 if mode is Output.CALLBACK:

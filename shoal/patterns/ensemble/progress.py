@@ -4,13 +4,16 @@
 callable the engine calls (at most every 0.5 s, and once at the end) with a
 dict: done, running, failed, skipped, waiting, total, rate, eta, elapsed,
 final.  ``Progress`` draws it: one line redrawn in place on a terminal, a plain
-line every ``interval`` seconds elsewhere.
+line every ``interval`` seconds elsewhere; it also publishes each dict to the
+progress board (topic ``ensemble``), which ``shoal run --dashboard`` shows.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+import shoal
 
 from .model import EnsembleError
 
@@ -53,6 +56,10 @@ class Progress:
         self.drawn = False
 
     def __call__(self, p: dict) -> None:
+        try:
+            shoal.publish("ensemble", p)  # for the dashboard of ``shoal run --dashboard``
+        except (TypeError, ValueError):
+            pass  # a progress display never stops the run
         line = progress_line(p)
         if self.tty:
             self.stream.write("\r" + line.ljust(100) + ("\n" if p.get("final") else ""))

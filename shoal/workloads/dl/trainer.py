@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+import shoal
+
 from .arena import Arena, Layout
 from .layers import ShapeError
 from .losses import Loss
@@ -156,6 +158,8 @@ class Trainer:
                           "accuracy": (correct / rows) if self.loss is Loss.CROSS_ENTROPY else None,
                           "samples": rows, "seconds": seconds, "samples_per_s": rows / seconds}
                 self.history.append(record)
+                _publish("train", {**record, "replicas": R, "stages": S, "micro_batches": M,
+                                   "schedule": getattr(plan.schedule, "value", str(plan.schedule))})
                 if checkpoint is not None:
                     self._save_checkpoint(checkpoint, fingerprint, epoch)
                 if callback is not None:
@@ -462,3 +466,11 @@ class Trainer:
         self.step = int(meta["step"])
         self.history[:] = meta["history"]  # in place: a dashboard may hold the list
         return int(meta["epoch"]) + 1
+
+
+def _publish(topic: str, record: dict) -> None:
+    """One record for the dashboard's progress page (``shoal.publish``); never fails a fit."""
+    try:
+        shoal.publish(topic, record)
+    except (TypeError, ValueError):
+        pass

@@ -33,6 +33,8 @@ from itertools import islice
 
 import numpy as np
 
+import shoal
+
 from .area import DONE, Area, Cancelled, Job, owned
 from .checkpoint import Checkpoint
 from .locking import locking_task
@@ -374,6 +376,10 @@ class Engine:
                     time.time())
                 report.batches.append(stats)
                 self.last = stats
+                try:  # the dashboard's progress page (events/s, aborts, latency per batch)
+                    shoal.publish("txstream", stats.as_dict())
+                except (TypeError, ValueError):
+                    pass
                 if self.on_batch is not None:
                     self.on_batch(stats)
                 seq += len(batch)

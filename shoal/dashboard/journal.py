@@ -1,0 +1,101 @@
+"""An ensemble journal as the journal page's state: read-only SQL over the run's SQLite file.
+
+Counts by state for the run, each pipeline and each stage; the rate so far and an
+ETA when the total is known (``total`` from the engine's progress record, which
+``shoal run --dashboard`` publishes; a bare journal does not know the tasks
+never journaled); failures with their stderr tails.  Works while a run writes
+the journal (WAL readers never block the writer) and on a finished one.
+
+Errors (no file, not a journal, a locked or corrupt file) come back as an
+``error`` string that names the path, never as an exception to the page.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+from ..patterns.ensemble.journal import open_readonly
+from ..patterns.ensemble.model import EnsembleError, TaskState
+
+STATES = [s.value for s in TaskState]
+FAILURES_SHOWN = 50
+
+
+def check_journal(path: str) -> str:
+    """``path`` if it holds an ensemble journal; EnsembleError naming it otherwise."""
+    if not os.path.exists(path):
+        raise EnsembleError(f"no journal at {path}; run a workflow with journal={path!r} "
+                            "(shoal run ... --journal PATH) first")
+    if os.path.isdir(path):
+        raise EnsembleError(f"{path} is a directory, not an ensemble journal (an SQLite file)")
+    try:
+        db = open_readonly(path)
+        try:
+            db.execute("SELECT uid, pipeline, stage, state FROM tasks LIMIT 1").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise EnsembleError(f"{path} is not an ensemble journal: {exc}") from None
+    return path
+
+
+def journal_state(path: str, total: int | None = None) -> dict:
+    """The journal page's state (JSON-ready); ``{"error": ...}`` when it cannot be read.
+
+    Built on ``RunStatus`` (the same reading as ``shoal status``: planned tasks never
+    journaled count as pending, the driver's liveness, rate and ETA from the journal);
+    ``total`` (from a running ``shoal run``'s own progress) fills a missing ETA.
+    """
+    from ..patterns.ensemble.status import RunStatus
+
+    try:
+        check_journal(path)
+        st = RunStatus.load(path, failures=FAILURES_SHOWN)
+    except (EnsembleError, sqlite3.DatabaseError, ValueError, KeyError) as exc:
+        return {"path": path, "error": str(exc) if isinstance(exc, EnsembleError)
+                else f"cannot read the journal {path}: {exc!r}"}
+    d = st.to_dict()
+
+    def with_pending(counts: dict, pending) -> dict:
+        out = dict.fromkeys(STATES, 0)
+        out.update(counts)
+        if pending is not None:
+            out[TaskState.PENDING.value] = pending
+        return out
+
+    pipelines: dict[str, dict] = {}
+    stages: dict[str, dict] = {}
+    for p in d["pipelines"]:
+        agg = pipelines.setdefault(p["uid"], dict.fromkeys(STATES, 0))
+        for s in p["stages"]:
+            row = with_pending(s["counts"], s["pending"])
+            row[TaskState.RUNNING.value] += s["interrupted"]
+            stages[s["uid"]] = row
+            for k, n in row.items():
+                agg[k] += n
+    counts = with_pending(d["counts"], None)
+    counts[TaskState.RUNNING.value] += d["interrupted"]
+    settled = sum(counts[s.value] for s in TaskState if s.terminal)
+    known = sum(counts.values())
+    total = d["total"] if d["total"] is not None else total
+    finished = d["finished"] or (known > 0 and counts[TaskState.PENDING.value] == 0
+                                 and counts[TaskState.RUNNING.value] == 0)
+    now = time.time()
+    first, last = d["started"], d["updated"]
+    elapsed = ((last if finished and last else now) - first) if first else 0.0
+    rate = d["rate"] if d["rate"] is not None else (settled / elapsed if elapsed > 0 else 0.0)
+    eta = d["eta"]
+    if finished:
+        eta = 0.0
+    elif eta is None and total is not None and rate and d["driver"]["state"] == "alive":
+        eta = max(0, total - settled) / rate
+    failures = [{**f, "stderr_tail": (f["stderr_tail"] or "")[-2000:]} for f in d["failures"]]
+    return {
+        "path": path, "error": None, "counts": counts, "pipelines": pipelines, "stages": stages,
+        "failures": failures[::-1], "settled": settled, "known": known, "total": total,
+        "started": first, "last_finished": last, "driver": d["driver"]["state"],
+        "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": round(rate, 3),
+        "eta_s": eta, "finished": finished,
+    }

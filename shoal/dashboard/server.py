@@ -1,0 +1,95 @@
+"""The web server: uvicorn serving a Starlette app from one daemon thread.
+
+The socket is bound here (not by uvicorn), so port 0 yields the real port before
+``start`` returns and the address is known to be ours; ``close`` stops the
+server, waits for its thread and closes the socket, so the port is free the
+moment ``close`` returns.  Open event streams are ended by the app itself (it
+sees ``source.closed``) and uvicorn's graceful shutdown is bounded.
+
+Rejected: ``http.server`` (hand-rolled HTTP: no streaming without threads per
+client, no keep-alive); a subprocess (the sampler reads the pilot's state in
+this process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def parse_address(value) -> tuple[str, int]:
+    """``dashboard=`` as (host, port): an int port on 127.0.0.1, or ``"HOST:PORT"``."""
+    if isinstance(value, bool):
+        raise TypeError(f"dashboard= takes a port (0: any free one) or 'HOST:PORT', got {value!r}")
+    if isinstance(value, int):
+        host, port = DEFAULT_HOST, value
+    elif isinstance(value, str) and ":" in value:
+        host, _, port_text = value.rpartition(":")
+        host = host.strip("[]") or DEFAULT_HOST
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ValueError(f"dashboard={value!r}: the port after ':' is not a number") from None
+    else:
+        raise TypeError(f"dashboard= takes a port (0: any free one) or 'HOST:PORT', got {value!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"dashboard port must be 0..65535, got {port}")
+    return host, port
+
+
+class WebServer:
+    """uvicorn in a thread: ``start()`` once, ``close()`` once (idempotent)."""
+
+    def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0):
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise OSError(exc.errno, f"dashboard: cannot listen on {host}:{port}: {exc.strerror}") from None
+        self.sock.listen(128)
+        self.sock.set_inheritable(False)
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                loop="asyncio", http="h11", ws="none", timeout_graceful_shutdown=2,
+                                timeout_keep_alive=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
+        self.error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self.server.serve(sockets=[self.sock]))
+        except BaseException as exc:  # noqa: BLE001 - reported by start()/close()
+            self.error = exc
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"dashboard server did not start: {self.error!r}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(10.0)
+        try:
+            self.sock.close()
+        except OSError:
+            pass

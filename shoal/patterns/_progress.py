@@ -1,0 +1,156 @@
+"""A skeleton driver's progress: sample, publish, draw a terminal line.
+
+A driver loop that waits for tasks calls ``cf.wait(..., timeout=ticker.timeout())``
+and then ``ticker.tick()``; every ``interval`` seconds the ticker calls
+``sample()`` (a read of shared counters the workers already keep: no message, no
+per-task cost), adds rates and the elapsed time, publishes the record with
+``shoal.publish`` (the dashboard's progress page reads it) and, on a terminal,
+redraws one progress line on stderr once the call has run ``LINE_AFTER_S``.
+
+The line is off when stderr is not a TTY, when ``SHOAL_PROGRESS=0``, or when
+tqdm is not installed (it comes with ``shoal[dashboard]``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import shoal
+
+INTERVAL_S = 0.5
+_runs: dict[str, int] = {}
+LINE_AFTER_S = 2.0  # short calls draw nothing
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if abs(value) >= 1e4:
+            return f"{value:,.0f}"
+        return f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+class _Line:
+    """One redrawn line on stderr (tqdm), only on a terminal."""
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.bar = None
+        self.enabled = os.environ.get("SHOAL_PROGRESS", "1") != "0" and _isatty(sys.stderr)
+
+    def draw(self, rec: dict, fields) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self.enabled = False
+                return
+            tqdm.monitor_interval = 0  # no monitor thread: the line is redrawn by tick()
+            try:
+                cols, rows = os.get_terminal_size(sys.stderr.fileno())
+            except (OSError, ValueError, AttributeError):
+                cols, rows = 100, 24
+            # (a terminal that reports 0 rows or columns, e.g. under script(1), still gets a line)
+            self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, leave=False,
+                            ncols=cols or 100, nrows=rows or 24)
+        text = "  ".join(f"{k.replace('_', ' ')} {_fmt(rec[k])}" for k in fields
+                         if rec.get(k) is not None)
+        self.bar.set_description_str(f"{self.topic}: {text}", refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Ticker:
+    """Samples a running skeleton for the dashboard and the terminal: driver thread only."""
+
+    def __init__(self, topic: str, sample: Callable[[], dict], *, rates=(), line=(),
+                 terminal: bool = True, interval: float = INTERVAL_S, clock=time.monotonic):
+        self.topic = topic
+        self.sample = sample
+        self.rates = tuple(rates)  # fields that also get a ``<field>_per_s``
+        self.fields = tuple(line) or None  # fields on the terminal line (default: all)
+        self.interval = interval
+        self.clock = clock
+        self.t0 = clock()
+        self.next = self.t0 + interval
+        self.prev: tuple[float, dict] | None = None
+        self.line = _Line(topic)
+        if not terminal:  # the caller draws its own line (the search skeletons' progress=)
+            self.line.enabled = False
+        _runs[topic] = self.run = _runs.get(topic, 0) + 1  # pages show the latest call's records
+
+    def timeout(self) -> float:
+        """Seconds until the next sample is due (a wait's timeout)."""
+        return max(0.0, self.next - self.clock())
+
+    wait_s = timeout  # the name the search driver's progress objects use
+
+    def tick(self, final: bool = False) -> None:
+        now = self.clock()
+        if now < self.next and not final:
+            return
+        self.next = now + self.interval
+        try:
+            rec = dict(self.sample())
+        except Exception:  # progress never breaks the work it reports
+            return
+        rec["elapsed_s"] = round(now - self.t0, 3)
+        rec["run"] = self.run
+        if self.prev is not None:
+            t_prev, r_prev = self.prev
+            dt = now - t_prev
+            for k in self.rates:
+                if dt > 0 and isinstance(rec.get(k), (int, float)) and isinstance(r_prev.get(k), (int, float)):
+                    rec[f"{k}_per_s"] = round((rec[k] - r_prev[k]) / dt, 3)
+        self.prev = (now, rec)
+        rec["state"] = "done" if final else "running"
+        try:
+            shoal.publish(self.topic, rec)
+        except (TypeError, ValueError):
+            return
+        if now - self.t0 >= LINE_AFTER_S and not final:
+            fields = self.fields or [k for k in rec if k not in ("state", "t", "seq", "run")]
+            self.line.draw(rec, fields)
+
+    def close(self, final: bool = True) -> None:
+        """The last record (state ``done``) and the line erased."""
+        if final:
+            self.tick(final=True)
+        self.line.close()
+
+    def __enter__(self) -> Ticker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(final=exc_type is None)
+
+
+class Both:
+    """Several progress objects (``wait_s()``/``tick(final)``) driven as one; Nones dropped."""
+
+    def __init__(self, *progs):
+        self.progs = [p for p in progs if p is not None]
+
+    def wait_s(self) -> float:
+        return min(p.wait_s() for p in self.progs)
+
+    def tick(self, final: bool = False) -> None:
+        for p in self.progs:
+            p.tick(final=final)

@@ -1,0 +1,191 @@
+"""The journal page's state from real ensemble journals (a finished run, a run in progress,
+failures with stderr tails), clear errors for bad journal paths, and the static trace report
+from a real pilot's trace."""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import sqlite3
+import threading
+
+import pytest
+from dash_tasks import get_state, nap, wait_for
+
+import shoal
+from shoal.cli import main
+from shoal.dashboard import Dashboard
+from shoal.dashboard.journal import journal_state
+from shoal.ensemble import Pipeline, Stage, Task, run
+from shoal.workloads import fib
+
+
+def _workflow(n_ok: int, seconds: float = 0.0):
+    ok = Stage([Task(function=nap, args=(seconds, i), name=f"ok{i}") for i in range(n_ok)])
+    bad = Stage([Task(executable="/bin/sh", arguments=["-c", "echo 'disk quota exceeded' >&2; exit 7"],
+                      name="bad")])
+    return [Pipeline([ok], name="good"), Pipeline([bad], name="broken")]
+
+
+def test_finished_journal_counts_pipelines_stages_and_failures(tmp_path):
+    db = str(tmp_path / "run.db")
+    report = run(_workflow(6), journal=db, workers=2)
+    assert report.done == 6 and report.failed == 1
+    st = journal_state(db)
+    assert st["error"] is None and st["finished"] and st["eta_s"] == 0.0
+    assert st["counts"]["done"] == 6 and st["counts"]["failed"] == 1 and st["settled"] == 7
+    assert st["pipelines"]["good"]["done"] == 6 and st["pipelines"]["broken"]["failed"] == 1
+    assert sum(c["done"] for c in st["stages"].values()) == 6
+    (fail,) = st["failures"]
+    assert fail["uid"].startswith("broken.") and fail["exit_code"] == 7
+    assert "disk quota exceeded" in fail["stderr_tail"]
+
+
+def test_journal_page_state_while_a_run_writes_it(tmp_path):
+    db = str(tmp_path / "run.db")
+    done = threading.Event()
+    errors = []
+
+    def go():
+        try:
+            run(_workflow(12, 0.3), journal=db, workers=2)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=go)
+    with Dashboard(journal=db, address=0) as dash:
+        t.start()
+        first = wait_for(lambda: (s := get_state(dash.url)["journal"]) and not s["error"]
+                         and s["counts"]["done"] >= 1 and s)
+        assert not first["finished"]
+        wait_for(lambda: get_state(dash.url)["journal"]["counts"]["done"] > first["counts"]["done"])
+        done.wait(60)
+        last = wait_for(lambda: (s := get_state(dash.url)["journal"])["finished"] and s)
+        assert last["counts"]["done"] == 12 and last["counts"]["failed"] == 1
+    t.join()
+    assert not errors
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "not-sqlite", "other-sqlite"])
+def test_bad_journal_paths_are_clear_errors(tmp_path, kind, capsys):
+    path = tmp_path / "run.db"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "not-sqlite":
+        path.write_text("hello")
+    elif kind == "other-sqlite":
+        sqlite3.connect(path).execute("CREATE TABLE x (y)").connection.close()
+    st = journal_state(str(path))
+    assert str(path) in st["error"]
+    assert main(["dashboard", str(path), "--port", "0"]) == 2  # refused before serving
+    err = capsys.readouterr().err
+    assert err.startswith("shoal: error: ") and str(path) in err
+    with Dashboard(journal=str(path), address=0) as dash:  # a page over it says so too
+        assert str(path) in get_state(dash.url)["journal"]["error"]
+
+
+class _Tables(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.scripts, self.links = [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "script":
+            self.scripts += 1
+        if tag in ("link", "img") or (tag == "script" and "src" in a):
+            self.links.append(tag)
+
+
+def test_trace_report_is_self_contained(tmp_path, capsys):
+    trace = str(tmp_path / "run.json")
+    with shoal.Pilot(2, trace=trace) as pilot:
+        assert fib.fib_parallel(pilot, 20, cutoff=10) == 6765
+    out = str(tmp_path / "report.html")
+    assert main(["trace", trace, "--html", out]) == 0
+    text = open(out).read()
+    p = _Tables()
+    p.feed(text)
+    assert {"utilisation", "tasks"} <= set(p.ids)
+    assert p.scripts == 0 and p.links == []  # nothing to fetch: opens anywhere
+    assert "_fib_task" in text and "worker 1" in text and "worker 2" in text
+    assert main(["trace", trace]) == 0
+    summary = capsys.readouterr().out
+    utils = [float(line.split()[4]) for line in summary.splitlines() if line.startswith("worker ") and "util" not in line]
+    assert len(utils) == 2 and all(0 <= u <= 100.0 for u in utils)  # nested spans count once
+
+
+def test_trace_errors_name_the_file(tmp_path, capsys):
+    assert main(["trace", str(tmp_path / "nope.json")]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["trace", str(bad), "--html", str(tmp_path / "o.html")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.json" in err and "bad.json" in err
+
+
+WORKFLOW = """
+import time
+from shoal.ensemble import Pipeline, Stage, Task
+
+def nap(i):
+    time.sleep(0.2)
+    return i
+
+workflow = Pipeline([Stage([Task(function=nap, args=(i,)) for i in range(20)])], name="p")
+"""
+
+
+def test_shoal_run_dashboard_serves_the_runs_journal_and_progress(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wf = tmp_path / "wf.py"
+    wf.write_text(WORKFLOW)
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--journal",
+                             str(tmp_path / "run.db"), "--workers", "2", "--dashboard"],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)journal", line).group(1)
+        st = wait_for(lambda: (s := get_state(url)) and s["journal"].get("counts", {}).get("done", 0) >= 1
+                      and s["journal"]["progress"].get("ensemble") and s)
+        assert st["pages"] == ["journal", "progress"]
+        assert st["journal"]["total"] == 20  # from the run's own progress: an ETA is possible
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "20 done" in out
+
+
+def test_journal_of_a_killed_driver_says_dead_not_running(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wf = tmp_path / "wf.py"
+    wf.write_text(WORKFLOW.replace("time.sleep(0.2)", "time.sleep(1.0)"))
+    db = str(tmp_path / "run.db")
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf), "--journal", db,
+                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=root), start_new_session=True)
+    try:
+        wait_for(lambda: os.path.exists(db) and not journal_state(db)["error"]
+                 and journal_state(db)["counts"]["done"] >= 2, timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    st = journal_state(db)
+    assert st["driver"] == "dead" and not st["finished"]
+    assert st["interrupted"] >= 1 and st["total"] == 20
+    assert st["counts"]["done"] >= 2 and st["eta_s"] is None  # no ETA for a run nobody drives

@@ -120,10 +120,18 @@ def test_find_stops_every_node(dask_kind, clusters):
 def test_subtrees_move_to_an_idle_machine(dask_kind, clusters, coordination):
     """One group holds nearly the whole tree: once the others are done the driver asks,
     the busy machine gives its shallowest open level away, and the count stays exact."""
+    exported = []
     with clusters.pilot(dask_kind) as pilot:
-        got = bt.count(pilot, (), st.lopsided, coordination=coordination, stats=True)
-        assert got == st.LOPSIDED_NODES
-        assert got.stats.exported >= 1
+        # Whether the driver's request reaches the busy machine before it finishes on its
+        # own depends on scheduling (it did not, once, in a CI run): every count must be
+        # exact, and within three runs a subtree must move.
+        for _ in range(3):
+            got = bt.count(pilot, (), st.lopsided, coordination=coordination, stats=True)
+            assert got == st.LOPSIDED_NODES
+            exported.append(got.stats.exported)
+            if got.stats.exported >= 1:
+                break
+    assert max(exported) >= 1, f"no subtree moved in {len(exported)} runs"
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 

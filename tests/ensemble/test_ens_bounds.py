@@ -63,6 +63,7 @@ def test_error_in_callback_leaves_no_processes_and_stays_resumable(tmp_path):
                 Pipeline([Stage([Task(function=square, args=(3,))])], name="c")]
     j = str(tmp_path / "run.db")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    fds = len(os.listdir("/proc/self/fd"))  # relative: earlier tests' module fixtures hold some
     with pytest.raises(RuntimeError, match="callback bug"):
         run(wf, journal=j)
     deadline = time.monotonic() + 10  # a cancelled pilot's workers exit asynchronously
@@ -71,7 +72,7 @@ def test_error_in_callback_leaves_no_processes_and_stays_resumable(tmp_path):
     while extra() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not extra()
-    assert len(os.listdir("/proc/self/fd")) < 64
+    assert len(os.listdir("/proc/self/fd")) <= fds + 2, "the failed run leaked descriptors"
 
     fixed.append(True)  # the user fixes the bug and resumes; b's sleep is re-run, then drained
     report = run(wf(), journal=j, resume=True, walltime=1)

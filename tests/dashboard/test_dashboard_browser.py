@@ -16,7 +16,7 @@ import time
 
 import pytest
 from chromium import browser, page, screenshot  # noqa: F401  (fixtures)
-from dash_tasks import is_solution, nap, queens_children
+from dash_tasks import is_solution, nap, slow_queens_children
 
 import shoal
 from shoal.dashboard import Dashboard
@@ -91,7 +91,7 @@ def test_progress_page_shows_a_running_search_and_published_records(page):
             shoal.publish("train", epoch=epoch, loss=round(1.0 / (epoch + 1), 3), accuracy=0.5 + epoch / 10)
         result = {}
         search = threading.Thread(target=lambda: result.update(n=backtracking.count(
-            pilot, (), functools.partial(queens_children, 11), accept=functools.partial(is_solution, 11))))
+            pilot, (), functools.partial(slow_queens_children, 11), accept=functools.partial(is_solution, 11))))
         search.start()
         try:
             page.goto(pilot.dashboard_url + "progress")

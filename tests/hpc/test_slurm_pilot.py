@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 import tasks_hpc as th
@@ -40,7 +41,10 @@ def test_a_pilot_job_runs_100_tasks_in_one_allocation(tmp_path):
     with pilot(tmp_path) as p:
         first = p.submit(th.where, -1).result(120)
         seen = list(p.map(th.where, range(100)))
-        jobs = p.stats()["driver"]["jobs"]
+        # the job watch polls squeue every 2 s: on an idle machine the map can end first
+        deadline = time.monotonic() + 30
+        while not (jobs := p.stats()["driver"]["jobs"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
     assert [x for x, *_ in seen] == list(range(100))
     ids = {job for _, job, _, _ in seen} | {first[1]}
     assert len(ids) == 1 and None not in ids, ids

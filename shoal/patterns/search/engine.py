@@ -108,6 +108,7 @@ class Explorer(CountLoops, BnBLoop):
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.backtracks = 0  # BUDGET: backtracks since the last split
+        self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         self.channel = spec.channel
@@ -123,6 +124,11 @@ class Explorer(CountLoops, BnBLoop):
         self.glob = g  # best value anywhere (as of the last poll)
         self.local = spec.initial  # best value this task found
         self._limits()
+
+    @staticmethod
+    def frames_in_use() -> int:
+        """Frames the search tasks nested in joins on this worker's stack may hold."""
+        return (_nesting + 1) * _FRAMES_PER_NESTING
 
     def _limits(self) -> None:
         # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
@@ -239,18 +245,44 @@ class Explorer(CountLoops, BnBLoop):
                 offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
                 if offered < hungry:
                     # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.split_at(iters, idx, max(2, hungry - offered), whole_level=False)
                     self.stale = 0
                 else:
                     self.stale += 1
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split(iters, idx, 1, whole_level=False)
+                        self.split_at(iters, idx, 1, whole_level=False)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
 
-    def split(self, iters, idx, want: int, whole_level: bool) -> None:
-        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
+    def split_at(self, iters, idx, want: int, whole_level: bool) -> None:
+        """``split`` from a loop's state: ``iters``/``idx`` of an iterative loop, or None for
+        the recursive loop, whose levels are read from its frames only now (loops.py)."""
+        if iters is not None:
+            return self.split(iters, idx, want, whole_level)
+        its, idx = self.rec_levels()
+        keys, loops, rs = list(its), self._rec_loop_idx, self.rskips
+        # siblings already taken after the child each level is on (earlier splits)
+        pending = {lvl: sum(k for j, k in rs.get(it, ()) if j == loops[lvl])
+                   for lvl, it in enumerate(keys) if it in rs}
+        skips = dict(pending)
+        self.split(its, idx, want, whole_level, skips)
+        for lvl, k in skips.items():
+            k -= pending.get(lvl, 0)
+            if k:
+                rs.setdefault(keys[lvl], []).append((loops[lvl], k))
+
+    def split(self, iters, idx, want: int, whole_level: bool, skips: dict | None = None) -> None:
+        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level).
+
+        ``iters``/``idx``: each level's iterator and the index of the child it is on;
+        without ``skips`` (the iterative loops) the deepest level's index moves past what
+        is taken and the others' takes go to ``self.skips``; with ``skips`` (the recursive
+        loop, whose indices are the true ones) every level's takes are counted there.
+        """
         shipped = 0
+        deepest = len(idx) - 1 if skips is None else -1
+        if skips is None:
+            skips = self.skips
         for lvl in range(len(iters)):
             it = iters[lvl]
             if it is _EMPTY:
@@ -265,11 +297,10 @@ class Explorer(CountLoops, BnBLoop):
                     path = self.base + tuple(idx[:lvl])
                     raise SearchError(f"children() raised {exc!r} at "
                                       f"{where(path, spec=self.spec)}") from exc
-                if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
+                if lvl == deepest:  # the deepest level: DFS takes its next child after this
                     idx[lvl] += 1
                     path = self.base + tuple(idx)
                 else:  # idx[lvl] is on the current path: count the skip, apply it on return
-                    skips = self.skips
                     skips[lvl] = skips.get(lvl, 0) + 1
                     path = self.base + tuple(idx[:lvl]) + (idx[lvl] + skips[lvl],)
                 if self.spec.goal is Goal.OPTIMISE and self.prunable(child, path):

@@ -30,11 +30,17 @@ unexplored sibling, so thieves get the biggest subtrees) and INDEXED (as
 stack-stealing but a task ships only a path; the thief replays ``children``
 from the root along it).
 
+Hunger and nesting are the runtime's signals (``shoal.current_worker()``):
+``hungry()`` counts the idle peers of this worker live, ``nesting`` and
+``max_nesting`` say how deep joins nest on this worker's stack and how deep they
+may (a task at the cap explores its subtree without splitting).
+
 Alternatives rejected: true stack stealing (a thief reaching into the victim's
 Python stack: the runtime steals whole tasks, and a spawned task is exactly a
 piece of the stack put where thieves look); spawning at every node (~5 us per
-spawn swamps small nodes); splitting by the runtime's hunger flags (internal,
-not public API); reading the incumbent at every node (a few us each).
+spawn swamps small nodes); counting hungry workers in Control (a copy of what
+the runtime knows, and blind to workers busy with other work); reading the
+incumbent at every node (a few us each).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import shoal
 
 from .._portable import unwrap
 from .bnb import BnBLoop
-from .control import ACTIVE, EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
+from .control import EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
 from .loops import CountLoops
 from .model import (
     Coordination,
@@ -67,14 +73,7 @@ from .model import (
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
-_FRAMES_PER_NESTING = 20
 _EMPTY = iter(())
-_nesting = 0  # search tasks nested in joins on this worker's stack
-
-
-def max_nesting() -> int:
-    """Search tasks a worker may nest in joins before it stops splitting (bounds the stack)."""
-    return max(4, min(256, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
 
 
 # ---------------------------------------------------------------------------
@@ -97,7 +96,12 @@ class Explorer(CountLoops, BnBLoop):
         self.me = me
         self.tally = Tally()
         self.futs: list = []
-        self.split_ok = split and _nesting < max_nesting()
+        # the runtime's signals (shoal.current_worker()): tasks nested in joins on this
+        # worker's stack, how many its recursion limit affords, and idle peers (live)
+        w = shoal.current_worker()
+        self.split_ok = split and (w is None or w.nesting < w.max_nesting)
+        self.nest_frames = 0 if w is None else w.nesting * (sys.getrecursionlimit()
+                                                            // max(1, w.max_nesting))
         self.demand = split and spec.coordination in (Coordination.STACK_STEALING,
                                                      Coordination.INDEXED)
         # a split counts leaf siblings in place instead of shipping them (count only:
@@ -116,8 +120,8 @@ class Explorer(CountLoops, BnBLoop):
         self.polls = 0
         self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
         self.reported = 0  # nodes of this task already added to Control's NODES
-        w = shoal.current_worker()
-        self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
+        # in the driver's process (tests, benchmarks): every other row counts as hungry
+        self.hungry = w.hungry if w is not None else (lambda: len(ctl) - 1)
         g = spec.initial
         if self.cell is not None:
             g = max(g, self.cell.value)
@@ -125,10 +129,9 @@ class Explorer(CountLoops, BnBLoop):
         self.local = spec.initial  # best value this task found
         self._limits()
 
-    @staticmethod
-    def frames_in_use() -> int:
-        """Frames the search tasks nested in joins on this worker's stack may hold."""
-        return (_nesting + 1) * _FRAMES_PER_NESTING
+    def frames_in_use(self) -> int:
+        """Frames the tasks nested in joins on this worker's stack may hold."""
+        return self.nest_frames
 
     def _limits(self) -> None:
         # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
@@ -238,7 +241,7 @@ class Explorer(CountLoops, BnBLoop):
                 self.glob = g
                 self._limits()
         if self.demand and self.split_ok:
-            hungry = sum(1 for r in rows[1:self.peers + 1] if r[ACTIVE] == 0)
+            hungry = self.hungry()
             if not hungry:
                 self.stale = 0
             else:
@@ -373,9 +376,7 @@ class Explorer(CountLoops, BnBLoop):
         """Wait for the spawned tasks (newest first) and merge what they found."""
         if not self.futs:
             return
-        a = self.ctl
-        a[self.me, ACTIVE] -= 1  # waiting in a join: this worker may be hungry
-        try:
+        try:  # (waiting here, this worker runs or steals other tasks: the runtime's hunger)
             # No cancelling on STOP here: the sibling that raised (and set STOP) may
             # still be on its way back from a thief, and a cancelled future would drop
             # its error.  Siblings see STOP at their next poll and return at once.
@@ -388,8 +389,6 @@ class Explorer(CountLoops, BnBLoop):
             for g in self.futs:
                 g.cancel()
             raise
-        finally:
-            a[self.me, ACTIVE] += 1
 
 
 # ---------------------------------------------------------------------------
@@ -399,39 +398,32 @@ class Explorer(CountLoops, BnBLoop):
 
 def task(spec: SearchSpec, node, path: tuple) -> Tally:
     """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
-    global _nesting
     ctl = spec.control.array
     me = slot(ctl)
     ctl[me, STARTED] += 1
-    ctl[me, ACTIVE] += 1
-    _nesting += 1
+    coord = spec.coordination
+    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+    if spec.collect:
+        ex.tally.found_nodes = []
     try:
-        coord = spec.coordination
-        ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
-        if spec.collect:
-            ex.tally.found_nodes = []
-        try:
-            if stopped(spec.stop, ctl):
-                return ex.tally
-            if node is None:
-                node = replay(spec, path)
-            if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
-                _spawn_children(ex, node, path)
-            else:
-                ex.dfs(node)
-        except _Stopped:
-            pass
-        except BaseException:
-            ex.halt()
-            for f in ex.futs:
-                f.cancel()
-            raise
-        ex.report()  # (the spawned tasks report their own nodes)
-        ex.join()
-        return ex.tally
-    finally:
-        _nesting -= 1
-        ctl[me, ACTIVE] -= 1
+        if stopped(spec.stop, ctl):
+            return ex.tally
+        if node is None:
+            node = replay(spec, path)
+        if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
+            _spawn_children(ex, node, path)
+        else:
+            ex.dfs(node)
+    except _Stopped:
+        pass
+    except BaseException:
+        ex.halt()
+        for f in ex.futs:
+            f.cancel()
+        raise
+    ex.report()  # (the spawned tasks report their own nodes)
+    ex.join()
+    return ex.tally
 
 
 def _spawn_children(ex: Explorer, node, path: tuple) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shoal.patterns.search import bnb as B
 from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
 from shoal.patterns.search import loops as L
@@ -32,10 +33,16 @@ def _optimise_kw(goal) -> dict:
     return dict(objective=lambda n: -1, bound=lambda n: 0, cell=_Cell(), prune_level=False)
 
 
+@pytest.mark.parametrize("rec_depth", [None, 2], ids=["recursive", "deep-fallback"])
 @pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
-def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
+def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_depth):
+    """Splits read from the recursive loops' frames (and, below ``rec_depth`` levels, from
+    the iterative loop they hand deep subtrees to) ship true paths and lose no node."""
     monkeypatch.setattr(E, "POLL_S", 0.0)  # poll at every tick
     monkeypatch.setattr(L, "TICK", 1)
+    if rec_depth is not None:
+        monkeypatch.setattr(L, "REC_DEPTH", rec_depth)
+        monkeypatch.setattr(B, "REC_DEPTH", rec_depth)
     shipped = []
     monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
@@ -94,3 +101,24 @@ def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, bud
         todo.extend(shipped)
         shipped.clear()
     assert total == full_count(())
+
+
+@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
+def test_errors_below_the_recursion_name_the_node(monkeypatch, goal):
+    """A user function failing in the iterative loop under the recursive one names its
+    true path (read from the recursion's frames) and node."""
+    monkeypatch.setattr(L, "REC_DEPTH", 2)
+    monkeypatch.setattr(B, "REC_DEPTH", 2)
+    bad = (0, 1, 0, 1)
+
+    def children(node):
+        if node == bad:
+            raise ValueError("boom")
+        return tree(node)
+
+    spec = M.SearchSpec(root=(), children=children, goal=goal, control=None,
+                        **_optimise_kw(goal))
+    ex = E.Explorer(spec, (), np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
+    with pytest.raises(M.SearchError, match=r"children\(\) raised ValueError\('boom'\) at "
+                                            r"node path \(0, 1, 0, 1\) \(node \(0, 1, 0, 1\)\)"):
+        ex.dfs(())

@@ -29,7 +29,7 @@ REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow do
 #                 go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
 _GENERATOR = type(_ for _ in ())
-_REC_CODES: frozenset = frozenset()  # dfs_count_rec's inner functions (set below)
+_REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 
 
@@ -43,7 +43,9 @@ class CountLoops:
             if spec.kernel is None and not spec.per_depth and not self.budget():
                 return self.dfs_count_rec(node)
             return self.dfs_count(node)
-        if self.spec.goal is Goal.OPTIMISE:
+        if spec.goal is Goal.OPTIMISE:
+            if not spec.per_depth and not self.budget():
+                return self.dfs_bnb_rec(node)
             return self.dfs_bnb(node)
         base = self.base
         d0 = len(base)
@@ -448,18 +450,17 @@ class CountLoops:
         return top, i + self.skips.pop(d, 0)
 
 
-def _rec_lines() -> tuple[frozenset, dict]:
-    """The code objects of ``dfs_count_rec``'s recursions, and which call each line makes."""
+def register_recursions(*loops) -> None:
+    """Note the inner recursive functions of ``loops`` (the ``*_rec`` methods), and which
+    user call each of their lines makes (``rec_frames``, ``rec_error``)."""
     import dis
 
-    codes = frozenset(c for c in CountLoops.dfs_count_rec.__code__.co_consts
-                      if getattr(c, "co_name", None) in ("rec_all", "rec_acc"))
-    lines = {}
-    for code in codes:
-        for ins in dis.get_instructions(code):
-            if ins.argval in ("accept", "children", "iter") and ins.positions.lineno:
-                lines[(code, ins.positions.lineno)] = ins.argval
-    return codes, lines
-
-
-_REC_CODES, _REC_LINES = _rec_lines()
+    for f in loops:
+        for code in f.__code__.co_consts:
+            if getattr(code, "co_name", "").startswith("rec_"):
+                _REC_CODES.add(code)
+                for ins in dis.get_instructions(code):
+                    if (ins.argval in ("accept", "children", "iter", "bound", "objective")
+                            and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")
+                            and ins.positions.lineno):
+                        _REC_LINES[(code, ins.positions.lineno)] = ins.argval

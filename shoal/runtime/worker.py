@@ -144,6 +144,7 @@ class Worker:
         # the stealing protocol's state (loans, dead generations, cancels, requests)
         self.book = LoanBook(self.ep, self.victims)
         self.cancelled = self.book.cancelled  # ids of serialized tasks to drop (hot-path alias)
+        self.owed = self.book.owed  # thieves turned away, answered at the next spawn (alias)
         self.victims_tried: list[int] = []  # first victims asked, in order (for locality tests)
         self.c = dict.fromkeys(
             (
@@ -182,6 +183,8 @@ class Worker:
                 self.wake_sleepers()
         elif len(deq) == 1:
             self.wake_sleepers()  # a task is running here and offers its first child
+        if self.owed:  # a thief I turned away waits: answer it now (loans.LoanBook.spawned)
+            self.carry(self.book.spawned(deq, self.depth, self._serialize))
         self.in_user = in_user
         return fut
 

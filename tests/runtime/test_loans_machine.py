@@ -135,6 +135,8 @@ class LoansMachine(RuleBasedStateMachine):
         task = LocalTask(None, (), {}, fut, scope, pinned and self.serial % 3 == 0)
         w.deque.append(task)
         self.tasks[self.serial] = (w, task)
+        if w.book.owed:  # a thief turned away earlier is answered now (Worker.spawn)
+            self.carry(w, w.book.spawned(w.deque, 1, self.serialize))
 
     @rule(ep=st.integers(1, N))
     def steal(self, ep):

@@ -173,6 +173,8 @@ class Worker:
         deq.append(LocalTask(fn, args, kwargs, fut, self.scope, pinned))
         c = self.c
         c["spawned"] += 1
+        if self.owed:  # a thief I turned away waits: answer it now (loans.LoanBook.spawned)
+            self.carry(self.book.spawned(deq, self.depth, self._serialize))
         if not c["spawned"] % _POLL_EVERY:
             self.busy = True  # answering from inside a running task
             try:
@@ -183,8 +185,6 @@ class Worker:
                 self.wake_sleepers()
         elif len(deq) == 1:
             self.wake_sleepers()  # a task is running here and offers its first child
-        if self.owed:  # a thief I turned away waits: answer it now (loans.LoanBook.spawned)
-            self.carry(self.book.spawned(deq, self.depth, self._serialize))
         self.in_user = in_user
         return fut
 

@@ -6,7 +6,8 @@ The worker loop and the backends feed events in (``submitted``, ``finished``,
 ``remove``, ``add``) and carry the returned decisions out.
 
 Three pieces
-------------
+-----------
+* :func:`steal_share` — how much of its deque a victim hands a thief.
 * :func:`victim_order` — the order in which a thief asks other workers for work:
   every worker on its own NUMA node (shuffled), then the other nodes by distance
   ``|node - mine|`` (then id), workers shuffled within each node.
@@ -37,7 +38,19 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["Placement", "victim_order"]
+__all__ = ["Placement", "steal_share", "victim_order"]
+
+
+def steal_share(queued: int, busy: bool, exporting: bool) -> int:
+    """How many of its ``queued`` tasks a victim gives a thief: half, rounded up only
+    when it answers from inside a running task (``busy``: a lone child is worth giving,
+    the victim has work anyway), rounded down from its loop or a help-first join (it
+    keeps one to run next).  Rounding up in a join too made two joining workers pass a
+    lone stolen task back and forth forever (a livelock of a deep stolen chain: each
+    took it, then gave it away before running it).  ``exporting``: the driver takes
+    work for another machine while a task runs here; it never steals back, so it gets
+    the rounded-up half."""
+    return (queued + 1) // 2 if busy or exporting else queued // 2
 
 
 def victim_order(me: int, node_of: Sequence[int], rng: random.Random) -> list[int]:

@@ -52,6 +52,19 @@ class Outbox:
         if wake:
             self.doorbell.ring()
 
+    def send_many(self, msgs: list) -> None:
+        """``send`` each of ``msgs`` in order, ringing the doorbell once (a batch of tasks)."""
+        push, limit, pending = self.ring.push, self.limit, self.pending
+        self.sent += len(msgs)
+        for msg in msgs:
+            if len(msg) > limit:
+                self._send_fragments(msg)
+            elif pending or push(msg) is not _OK:
+                pending.append(msg)
+        if pending:
+            self.flush()
+        self.doorbell.ring()
+
     def _send_fragments(self, msg: bytes) -> None:
         step = self.limit
         view = memoryview(msg)

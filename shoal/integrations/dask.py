@@ -147,7 +147,7 @@ def get(pilot, dsk, keys, **kwargs):
 def _on_local_workers(pilot) -> bool:
     """Whether ``pilot``'s tasks may spawn children that other workers steal (the local
     backend); on dask each node goes as its own task (see the module docstring)."""
-    from ..runtime.api import BackendKind
+    from shoal import BackendKind
 
     return pilot.backend is BackendKind.LOCAL
 

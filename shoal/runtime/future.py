@@ -49,39 +49,43 @@ _NOLOCK = _NoLock()
 
 
 class _Condition:
-    """``threading.Condition`` cut to what futures use, in one small object.
+    """``threading.Condition`` over a Future's own lock, cut to what futures use.
 
     The stdlib Condition allocates a dozen garbage-collected objects (bound
     methods, a deque, a dict); with tens of thousands of futures in flight the
-    cyclic collector spends more time on them than the task takes.  Same
-    semantics: an RLock, and one waiter lock per waiting thread.
+    cyclic collector spends more time on them than the task takes.  Here a
+    future holds only its RLock (``_lock``) and, once a thread waits, the list of
+    waiter locks (``_cw``); this view is made when the stdlib's code asks for
+    ``future._condition`` (never on the hot path).  Same semantics: an RLock, and
+    one waiter lock per waiting thread.
     """
 
-    __slots__ = ("_lock", "_waiters")
+    __slots__ = ("_fut",)
 
-    def __init__(self):
-        self._lock = _RLock()
-        self._waiters = None
+    def __init__(self, fut):
+        self._fut = fut
 
     def __enter__(self):
-        return self._lock.__enter__()
+        return self._fut._lock.__enter__()
 
     def __exit__(self, *exc):
-        return self._lock.__exit__(*exc)
+        return self._fut._lock.__exit__(*exc)
 
     def acquire(self, *args):
-        return self._lock.acquire(*args)
+        return self._fut._lock.acquire(*args)
 
     def release(self):
-        self._lock.release()
+        self._fut._lock.release()
 
     def wait(self, timeout=None):
+        fut = self._fut
+        lock = fut._lock
         waiter = _allocate_lock()
         waiter.acquire()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
-        saved = self._lock._release_save()
+        if fut._cw is None:
+            fut._cw = []
+        fut._cw.append(waiter)
+        saved = lock._release_save()
         got = False
         try:
             if timeout is None:
@@ -92,24 +96,29 @@ class _Condition:
                 got = waiter.acquire(False)
             return got
         finally:
-            self._lock._acquire_restore(saved)
+            lock._acquire_restore(saved)
             if not got:
                 try:
-                    self._waiters.remove(waiter)
+                    fut._cw.remove(waiter)
                 except ValueError:
                     pass
 
     def notify_all(self):
-        waiters = self._waiters
-        if waiters:
-            for waiter in waiters:
-                try:
-                    waiter.release()
-                except RuntimeError:  # pragma: no cover - timed out meanwhile
-                    pass
-            waiters.clear()
+        _wake_all(self._fut)
 
     notify = notify_all  # spurious wake-ups are allowed by the Condition contract
+
+
+def _wake_all(fut) -> None:
+    """Release every thread waiting on ``fut``'s condition (its lock held)."""
+    waiters = fut._cw
+    if waiters:
+        for waiter in waiters:
+            try:
+                waiter.release()
+            except RuntimeError:  # pragma: no cover - timed out meanwhile
+                pass
+        waiters.clear()
 
 
 class Future(cf.Future):
@@ -119,25 +128,46 @@ class Future(cf.Future):
     task_id: int = 0
     _canceller = None
     _prober = None  # driver futures: asks the workers whether the task runs now (-> RUNNING)
+    # Defaults until set: a future costs one object and its condition, not five objects.
+    # Each garbage-collected object per task is paid again by every collection that walks
+    # the futures in flight (20,000 of them in a burst of tiny tasks: ~1.5 us per task).
+    _state = PENDING
+    _result = None
+    _exception = None
+
+    _w = None  # the stdlib's ``_waiters`` list, once someone waits (wait/as_completed)
+    _cb = None  # its ``_done_callbacks`` list, once someone adds one
+    _lock = None  # the RLock of a driver future (worker-local futures have none)
+    _cw = None  # threads blocked in result()/exception(): their waiter locks
 
     def __init__(self):
-        self._condition = _Condition()
-        self._state = PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+        self._lock = _RLock()
+
+    @property
+    def _condition(self):
+        """What the stdlib's code locks and waits on (see ``_Condition``)."""
+        return _NOLOCK if self._lock is None else _Condition(self)
+
+    # concurrent.futures reaches both lists only with the condition's lock held (adding a
+    # waiter or a callback, settling), so making them on first use cannot race.
+    @property
+    def _waiters(self) -> list:
+        w = self._w
+        if w is None:
+            w = self._w = []
+        return w
+
+    @property
+    def _done_callbacks(self) -> list:
+        cb = self._cb
+        if cb is None:
+            cb = self._cb = []
+        return cb
 
     @classmethod
     def local(cls, task_id: int) -> Future:
         """A lock-free future for a task spawned inside a worker: worker thread only."""
-        f = cls.__new__(cls)
-        f._condition = _NOLOCK
-        f._state = PENDING
-        f._result = None
-        f._exception = None
-        f._waiters = []
-        f._done_callbacks = []
+        f = cls.__new__(cls)  # no lock: its _condition is _NOLOCK
         f.task_id = task_id
         return f
 
@@ -204,8 +234,7 @@ def settle_many(items, log) -> None:
     the lock; one that raises (even ``BaseException``) is reported on ``log``.
     """
     for fut, ok, value in items:
-        cond = fut._condition
-        with cond._lock:
+        with fut._lock:
             if fut._state in _SETTLED:
                 continue
             if ok:
@@ -213,15 +242,16 @@ def settle_many(items, log) -> None:
             else:
                 fut._exception = value
             fut._state = FINISHED
-            if fut._waiters:  # concurrent.futures.wait / as_completed
-                for waiter in fut._waiters:
+            waiters = fut._w
+            if waiters:  # concurrent.futures.wait / as_completed
+                for waiter in waiters:
                     if ok:
                         waiter.add_result(fut)
                     else:
                         waiter.add_exception(fut)
-            if cond._waiters:
-                cond.notify_all()
-        if fut._done_callbacks:
+            if fut._cw:
+                _wake_all(fut)
+        if fut._cb:
             try:
                 fut._invoke_callbacks()
             except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
@@ -233,7 +263,7 @@ def set_local_result(fut: Future, value) -> None:
     if fut._state == PENDING:
         fut._result = value
         fut._state = FINISHED
-        if fut._done_callbacks:
+        if fut._cb:
             fut._invoke_callbacks()
 
 
@@ -241,5 +271,5 @@ def set_local_exception(fut: Future, exc: BaseException) -> None:
     if fut._state == PENDING:
         fut._exception = exc
         fut._state = FINISHED
-        if fut._done_callbacks:
+        if fut._cb:
             fut._invoke_callbacks()

@@ -79,6 +79,7 @@ from ..runtime.worker import (
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
+_ATOMIC = graph.ATOMIC
 _LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
 _CANCELLED = "CANCELLED"
 _PENDING = "PENDING"
@@ -386,9 +387,26 @@ class LocalBackend:
         if type(retries) is not int or retries or timeout is not None:
             _check_options(retries, timeout)
         fut = Future()
-        fut.task_id = next(self.ids)
+        tid = fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
         fut._prober = self._probe_cb
+        entry = self.fn_ids.get(id(fn))
+        if entry is not None and not kwargs and not retries and timeout is None:
+            # The fast path: a function the workers know, plain positional arguments (no
+            # futures among them, nothing pickle could refuse or send by reference).
+            for v in args:
+                if type(v) not in _ATOMIC:
+                    break
+            else:
+                task = _Task(fut, _pack_task(_TASK, 0, entry[0], tid) + _dumps((args, kwargs), 5),
+                             0, None, fn)
+                with self.lock:
+                    self.tasks[tid] = task
+                    staged = self.staged
+                    staged.append(task)
+                    if len(staged) >= _BATCH or self.placement.min_load() < _STAGE_LOAD or self.down:
+                        self._flush_staged()
+                return fut
         if (args and graph.any_future(args)) or (kwargs and graph.any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")

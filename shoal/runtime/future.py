@@ -20,6 +20,7 @@ other's children deadlock a 2-worker pilot).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
@@ -49,15 +50,17 @@ _NOLOCK = _NoLock()
 
 
 class _Condition:
-    """``threading.Condition`` over a Future's own lock, cut to what futures use.
+    """``threading.Condition`` over a Future's lock, cut to what futures use.
 
     The stdlib Condition allocates a dozen garbage-collected objects (bound
     methods, a deque, a dict); with tens of thousands of futures in flight the
     cyclic collector spends more time on them than the task takes.  Here a
-    future holds only its RLock (``_lock``) and, once a thread waits, the list of
-    waiter locks (``_cw``); this view is made when the stdlib's code asks for
-    ``future._condition`` (never on the hot path).  Same semantics: an RLock, and
-    one waiter lock per waiting thread.
+    future holds no lock of its own: every driver future of this process shares
+    one RLock (``Future._lock``: conditions may share a lock; nothing waits
+    while holding it except ``wait``, which releases it), and, once a thread
+    waits, the future keeps the list of its waiter locks (``_cw``).  This view
+    is made when the stdlib's code asks for ``future._condition`` (never on the
+    hot path).  Same semantics: an RLock, and one waiter lock per waiting thread.
     """
 
     __slots__ = ("_fut",)
@@ -137,11 +140,11 @@ class Future(cf.Future):
 
     _w = None  # the stdlib's ``_waiters`` list, once someone waits (wait/as_completed)
     _cb = None  # its ``_done_callbacks`` list, once someone adds one
-    _lock = None  # the RLock of a driver future (worker-local futures have none)
+    _lock = _RLock()  # shared by the driver futures of this process (see _Condition)
     _cw = None  # threads blocked in result()/exception(): their waiter locks
 
     def __init__(self):
-        self._lock = _RLock()
+        pass  # everything is a class default until set: no garbage-collected parts
 
     @property
     def _condition(self):
@@ -167,7 +170,8 @@ class Future(cf.Future):
     @classmethod
     def local(cls, task_id: int) -> Future:
         """A lock-free future for a task spawned inside a worker: worker thread only."""
-        f = cls.__new__(cls)  # no lock: its _condition is _NOLOCK
+        f = cls.__new__(cls)
+        f._lock = None  # no lock: its _condition is _NOLOCK
         f.task_id = task_id
         return f
 
@@ -223,6 +227,15 @@ class Future(cf.Future):
 _SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
 
 
+def _new_lock_after_fork() -> None:
+    # A fork while another thread held the shared lock would leave it held forever in
+    # the child: the child's futures get a fresh one.
+    Future._lock = _RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def settle_many(items, log) -> None:
     """Finish driver futures in bulk: ``items`` of ``(future, ok, value)``.
 
@@ -230,11 +243,20 @@ def settle_many(items, log) -> None:
     directly and no exception for a future settled meanwhile (a cancelled one is
     skipped): the result pump finishes hundreds of futures per round, and the
     stdlib's two calls, the set literal and the ``InvalidStateError`` path cost
-    more than the rest of a tiny task's round trip.  Done-callbacks run outside
-    the lock; one that raises (even ``BaseException``) is reported on ``log``.
+    more than the rest of a tiny task's round trip.  The shared lock is taken once
+    for the batch; done-callbacks run after it is released, in order; one that
+    raises (even ``BaseException``) is reported on ``log``.
     """
-    for fut, ok, value in items:
-        with fut._lock:
+    called, held = [], None
+    try:
+        for fut, ok, value in items:
+            lock = fut._lock
+            if lock is not held:  # in practice one lock for the whole batch
+                if held is not None:
+                    held.release()
+                    held = None
+                lock.acquire()
+                held = lock
             if fut._state in _SETTLED:
                 continue
             if ok:
@@ -251,11 +273,16 @@ def settle_many(items, log) -> None:
                         waiter.add_exception(fut)
             if fut._cw:
                 _wake_all(fut)
-        if fut._cb:
-            try:
-                fut._invoke_callbacks()
-            except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
-                log.exception("shoal: a done-callback of %r raised", fut)
+            if fut._cb:
+                called.append(fut)
+    finally:
+        if held is not None:
+            held.release()
+    for fut in called:
+        try:
+            fut._invoke_callbacks()
+        except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
+            log.exception("shoal: a done-callback of %r raised", fut)
 
 
 def set_local_result(fut: Future, value) -> None:

@@ -75,3 +75,46 @@ def test_staged_futures_complete_for_wait_and_as_completed(pilot, tmp_path):
     done, not_done = cf.wait(futs + blockers, timeout=60)
     assert not not_done
     assert sorted(f.result() for f in cf.as_completed(futs, timeout=60)) == [i * i for i in range(1000)]
+
+
+def test_futures_work_in_a_fork_while_the_parent_holds_their_shared_lock():
+    """Driver futures share one lock; a fork taken while another thread holds it must not
+    leave the child's futures locked forever (the child gets a fresh lock)."""
+    import threading
+
+    from shoal.runtime.future import Future
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with Future._lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(30)
+        pid = os.fork()
+        if pid == 0:  # child: exit 0 only if a future works; a hang is killed by the parent
+            code = 1
+            try:
+                f = Future()
+                f.set_result(7)
+                code = 0 if f.result(5) == 7 and f.done() else 1
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("a future in the forked child hung on the parent's held lock")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        t.join()

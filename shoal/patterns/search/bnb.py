@@ -43,7 +43,7 @@ class BnBLoop:
         cap = max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use()
                          - loops.REC_MARGIN))
         inf = math.inf
-        generator = loops._GENERATOR
+        generator = loops.GENERATOR
         self.rskips = {}
 
         def rec_bnb(it, d):

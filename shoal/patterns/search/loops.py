@@ -28,7 +28,7 @@ REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow do
 #                 stacks (UTS T3S, 1024 levels: a recursion 1.35x a loop); deeper subtrees
 #                 go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
-_GENERATOR = type(_ for _ in ())
+GENERATOR = type(_ for _ in ())  # a generator is its own iterator: no iter() call
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 
@@ -149,7 +149,7 @@ class CountLoops:
                 if d >= cap:
                     self._deep(child, True)
                     continue
-                rec_all(kids if kids.__class__ is _GENERATOR else iter(kids), d + 1)
+                rec_all(kids if kids.__class__ is GENERATOR else iter(kids), d + 1)
             n += i + 1
 
         def rec_acc(it, d):
@@ -170,7 +170,7 @@ class CountLoops:
                 if d >= cap:
                     self._deep(child, bool(hit))
                     continue
-                count += rec_acc(kids if kids.__class__ is _GENERATOR else iter(kids), d + 1)
+                count += rec_acc(kids if kids.__class__ is GENERATOR else iter(kids), d + 1)
             n += i + 1
             return count
 

@@ -16,6 +16,10 @@ def tree(node):  # an irregular tree: node = its path
     return [node + (i,) for i in range((2 + len(node) + sum(node)) % 4 + 1)] if len(node) < 8 else []
 
 
+def gtree(node):  # the same tree from a generator: counting takes the recursive loop
+    yield from tree(node)
+
+
 def full_count(node) -> int:
     return 1 + sum(full_count(c) for c in tree(node))
 
@@ -33,9 +37,10 @@ def _optimise_kw(goal) -> dict:
     return dict(objective=lambda n: -1, bound=lambda n: 0, cell=_Cell(), prune_level=False)
 
 
+@pytest.mark.parametrize("children", [tree, gtree], ids=["lists", "generator"])
 @pytest.mark.parametrize("rec_depth", [None, 2], ids=["recursive", "deep-fallback"])
 @pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
-def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_depth):
+def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_depth, children):
     """Splits read from the recursive loops' frames (and, below ``rec_depth`` levels, from
     the iterative loop they hand deep subtrees to) ship true paths and lose no node."""
     monkeypatch.setattr(E, "POLL_S", 0.0)  # poll at every tick
@@ -46,7 +51,8 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_de
     shipped = []
     monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
-    spec = M.SearchSpec(root=(), children=tree, goal=goal, control=None, **_optimise_kw(goal))
+    spec = M.SearchSpec(root=(), children=children, goal=goal, control=None,
+                        **_optimise_kw(goal))
     total = tasks = 0
     todo = [((), ())]
     while todo:
@@ -114,7 +120,7 @@ def test_errors_below_the_recursion_name_the_node(monkeypatch, goal):
     def children(node):
         if node == bad:
             raise ValueError("boom")
-        return tree(node)
+        yield from tree(node)
 
     spec = M.SearchSpec(root=(), children=children, goal=goal, control=None,
                         **_optimise_kw(goal))

@@ -16,6 +16,7 @@ helpers here, shared by both loops.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import sys
 import time
@@ -40,7 +41,8 @@ class CountLoops:
         """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
         spec = self.spec
         if spec.goal is Goal.COUNT and not spec.collect:
-            if spec.kernel is None and not spec.per_depth and not self.budget():
+            if (spec.kernel is None and not spec.per_depth and not self.budget()
+                    and _yields(self.children)):
                 return self.dfs_count_rec(node)
             return self.dfs_count(node)
         if spec.goal is Goal.OPTIMISE:
@@ -448,6 +450,18 @@ class CountLoops:
         self.split(full, fidx, 1, whole_level=True)
         top = self._after_split(iters, full, fidx, d, i)
         return top, i + self.skips.pop(d, 0)
+
+
+def _yields(children) -> bool:
+    """Is ``children`` a generator function (through partials)?  Counting uses the
+    recursive loop for those only: a tree of lists (UTS) stays on the iterative loop,
+    whose leaf shortcut it was measured on, and where the recursive loop's hand-over
+    of deep subtrees was once 10x slower in one benchmark process (not understood)."""
+    import inspect
+
+    while isinstance(children, functools.partial):
+        children = children.func
+    return inspect.isgeneratorfunction(children)
 
 
 def register_recursions(*loops) -> None:

@@ -77,6 +77,7 @@ from .launcher import (
     check_root,
     exit_failure,
     kill_leftover,
+    process_start,
     stage_out,
     tail,
 )
@@ -432,7 +433,8 @@ class Engine:
         """Hand local executables to the runner threads (runners.py): the runner of the first
         granted CPU spawns it (pinned) and reaps it; SPAWNED/EXITED come back as events."""
         if self.runners is None:
-            self.runners = Runners(self.sched.cpus, wait=self.launcher.wait, wake=self._poke)
+            self.runners = Runners(self.sched.cpus, wait=self.launcher.wait, wake=self._poke,
+                                   kill=self.launcher.kill, started=process_start)
         for item in items:
             self.starting[id(item)] = item
             self.runners.submit(item, item.grant.cpus, functools.partial(self._launch, item))
@@ -464,17 +466,21 @@ class Engine:
         ``stopping``, released and left PENDING.  Returns id() of the items that left the runners."""
         gone: set[int] = set()
         events = self._events()
-        error = None
+        batch = []
         while events:
-            kind, item, a, b = events.popleft()
+            batch.append(events.popleft())
+        exited = {id(e[1]) for e in batch if e[0] is Event.EXITED}
+        error = None
+        for kind, item, a, b in batch:
             if kind is Event.SPAWNED:
                 self.starting.pop(id(item), None)
                 if isinstance(a, int):
                     item.pid = a
                     self.running[a] = item
-                    self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
+                    if id(item) not in exited:
+                        self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
                     if stopping:
-                        self.launcher.kill(a)
+                        self.runners.kill(a)
                     continue
                 gone.add(id(item))
                 self.sched.release(item.grant)
@@ -508,7 +514,7 @@ class Engine:
         pending = set(self.starting)
         for item in list(self.running.values()):
             if item.future is None or item.future is False:
-                self.launcher.kill(item.pid)
+                self.runners.kill(item.pid)
                 pending.add(id(item))
         while pending:
             self.poller.poll(100)
@@ -628,7 +634,7 @@ class Engine:
             self._finish_attempt(item, failure, value, now)
         for item in list(self.running.values()):
             if item.future is None and item.deadline is not None and now >= item.deadline:
-                self.launcher.kill(item.pid)  # its runner reaps it; ended as a timeout
+                self.runners.kill(item.pid)  # its runner reaps it; ended as a timeout
                 item.future = False  # marks "killed for its timeout"
         if self.deadline is not None and now >= self.deadline and (self.running or self.starting):
             self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
@@ -748,7 +754,7 @@ class Engine:
             self._stop_local()  # every started process killed and reaped
         for item in list(self.running.values()):
             if item.future is None or item.future is False:
-                self.launcher.kill(item.pid)
+                self.runners.kill(item.pid)
             elif self.remote:  # queued on the cluster: do not let it start after we are gone
                 item.future.cancel()
             with contextlib.suppress(Exception):

@@ -16,19 +16,18 @@ task's files and the child they start.  Data flow per task::
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
-Spawning: ``subprocess.Popen(cwd=..., start_new_session=True)`` (vfork+exec in
-CPython 3.10+), never pinning the driver: the runner thread that calls it is
-pinned (runners.py), and vfork gives the child the calling thread's mask.
+Spawning: glibc's ``posix_spawn`` through ctypes (spawn.py: the child opens
+its files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
+start_new_session=True)`` (vfork+exec in CPython 3.10+); never pinning the
+driver: the runner thread that calls it is pinned (runners.py), and the
+vfork-style child inherits the calling thread's mask.
 Alternatives measured (issue 14, 2,000 x ``/bin/true`` on 2 cores): pinning
 a spawner thread around each spawn cost 2.3 ms of migration per task;
 ``taskset -c <cpus> <program>`` (the previous design) doubled the children's
 CPU, two execs per task; pinning the child by pid after Popen returns was
 racy — a fast task (``sh -c "grep ..."``) had already started a child on the
 wrong CPUs (``test_cores_pinned_and_gpus_assigned`` caught it).  stdin is one
-shared read-only ``/dev/null`` descriptor and stdout/stderr are opened with
-``os.open`` (no Python file objects).  ``os.posix_spawn`` has no "chdir"
-action, so it would need a process-wide ``chdir`` around each spawn (visible
-to other threads of an embedding program).
+shared read-only ``/dev/null`` descriptor.
 
 Reaping is ``waitpid(pid)`` for our own pids only — never ``waitpid(-1)``,
 which would steal the pilot's worker processes.
@@ -55,6 +54,7 @@ import signal
 import subprocess
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
+from .spawn import Spawner, envp
 
 
 class LaunchError(Exception):
@@ -229,6 +229,8 @@ class Launcher:
         self._which: dict[str, str | None] = {}
         self._procs: dict[int, subprocess.Popen] = {}  # pid -> Popen, until reaped
         self._null: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # stdin, shared
+        self._spawner = Spawner.load(self._null)  # glibc posix_spawn; None: subprocess.Popen
+        self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
@@ -266,16 +268,29 @@ class Launcher:
         """Start ``task``; returns its pid.  Raises LaunchError (nothing left running)."""
         exe = self._executable(task.executable)
         argv = command(exe, arguments, task.pre_exec, task.post_exec)
-        env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
         try:
+            if self._spawner is not None:
+                return self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus), sandbox,
+                                           stdin, out, err)
+            env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
+            if self.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             return self._spawn_popen(argv, env, sandbox, stdin, out, err)
         except OSError as exc:
             raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
+
+    def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:
+        """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once."""
+        over = {"OMP_NUM_THREADS": str(task.cores)}
+        over.update({k: str(v) for k, v in task.environment.items()})
+        over["SHOAL_SANDBOX"] = sandbox
+        over["SHOAL_TASK"] = uid
+        if self.gpus:
+            over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        return [e for k, e in self._base_envp.items() if k not in over] + envp(over)
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
@@ -320,6 +335,19 @@ class Launcher:
     def kill(pid: int) -> None:
         """SIGKILL the task's whole process group (it may have started children)."""
         kill_group(pid)
+
+
+def process_start(pid: int) -> float:
+    """``pid``'s start time as psutil reports it (what ``kill_leftover`` compares with: the
+    kernel's boot-relative start plus the boot time, which can be ~1 s off the wall clock)."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        import time
+
+        return time.time()
 
 
 def kill_leftover(pid: int, start: float | None) -> bool:

@@ -6,6 +6,8 @@ Data flow (local executables only; function tasks and dask go through the pilot)
             runner of min(cpus)
     runner: pin the child's mask ──► launch() (sandbox, staging, spawn) ──► post SPAWNED(pid, start)
             ──► blocking waitpid(pid) ──► post EXITED(exit code) ──► next job
+            (a child that exits within QUICK_S: SPAWNED and EXITED posted with one wake-up,
+            and the engine does not journal its pid: a dead process needs no killing)
     engine: poll(wake pipe) ──► Runners.events (SPAWNED/EXITED, in order per item) ──► journal
 
 Why threads per CPU: an exec'd ``/bin/true`` lives for well under a millisecond, so the cost of
@@ -22,6 +24,9 @@ so an exit is seen at once, with no pidfd and no polling.
 Invariants:
   * every pid a runner spawns is reaped by that runner (``waitpid(pid)``, never ``waitpid(-1)``,
     which would steal the pilot's worker processes); the engine never waits itself;
+  * kills go through ``Runners.kill``, which signals a pid only while it has not exited
+    (``waitid(WNOWAIT)`` sees the exit and leaves a zombie, so the pid is not reused until
+    the runner, under the same lock, has forgotten it and only then reaps it);
   * per item, SPAWNED is posted before EXITED, and each exactly once; a job taken after
     ``stop_new()`` is answered SPAWNED(NOT_STARTED) without launching (walltime drain, abort);
   * a task granted CPUs S is spawned by the runner of min(S); the Scheduler never grants a CPU
@@ -45,29 +50,36 @@ import contextlib
 import enum
 import os
 import queue
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 
 class Event(enum.Enum):
-    SPAWNED = "spawned"  # (item, pid | exception | NOT_STARTED, start time)
+    SPAWNED = "spawned"  # (item, pid | exception | NOT_STARTED, the pid's start time or None)
     EXITED = "exited"  # (item, exit code as os.waitstatus_to_exitcode gives it, None)
 
 
 NOT_STARTED = "not started"  # the answer to a job taken after stop_new()
+QUICK_S = 0.005  # a child that exits this soon is reported SPAWNED+EXITED with one wake-up
 
 
 class Runners:
     """One runner thread per CPU id; ``events`` is read by the engine (owner) only."""
 
-    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], int], wake: Callable[[], None]):
+    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], int], wake: Callable[[], None],
+                 kill: Callable[[int], None], started: Callable[[int], float] = lambda pid: time.time()):
         try:
             self.affinity: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             self.affinity = None
         self._wait = wait  # blocking reap of one pid -> exit code (Launcher.wait)
         self._wake = wake  # wakes the engine's poll (thread-safe, never blocks)
+        self._kill = kill  # SIGKILL a pid's process group (Launcher.kill)
+        self._started = started  # a pid's start time, as a resume's kill_leftover will compare it
+        self._lock = threading.Lock()
+        self._live: set[int] = set()  # spawned and not yet exited: their pids cannot be reused
         self.events: collections.deque = collections.deque()
         self._stop_new = False
         self._queues: dict[int, queue.SimpleQueue] = {}
@@ -82,6 +94,14 @@ class Runners:
     def submit(self, item, cpus, launch: Callable[[], int]) -> None:
         """Run ``launch`` (returns the pid, or raises) on the runner of ``min(cpus)``."""
         self._queues[min(cpus)].put((item, frozenset(cpus), launch))
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL ``pid``'s process group if it has not exited (the engine's kill: timeouts,
+        walltime, abort).  A pid whose exit was seen is left alone: once reaped, the number may
+        belong to another process."""
+        with self._lock:
+            if pid in self._live:
+                self._kill(pid)
 
     def stop_new(self) -> None:
         """Jobs not yet taken are answered NOT_STARTED from now on (running children are not touched)."""
@@ -129,9 +149,33 @@ class Runners:
             finally:
                 if changed:
                     self._set_mask(mine if mine is not None else self.affinity)
-            self._post(Event.SPAWNED, item, pid, time.time())
-            if isinstance(pid, int):
-                self._post(Event.EXITED, item, self._wait(pid), None)
+            if not isinstance(pid, int):
+                self._post(Event.SPAWNED, item, pid, None)
+                continue
+            with self._lock:
+                self._live.add(pid)
+            if self._exited_soon(pid):  # a short task: one wake-up for both events
+                self.events.append((Event.SPAWNED, item, pid, None))
+            else:  # the engine journals the pid and its start now
+                self._post(Event.SPAWNED, item, pid, self._started(pid))
+                with contextlib.suppress(ChildProcessError):
+                    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: the pid stays ours
+            with self._lock:
+                self._live.discard(pid)
+            self._post(Event.EXITED, item, self._wait(pid), None)
+
+    def _exited_soon(self, pid: int) -> bool:
+        """True if ``pid`` exits within QUICK_S (it is not reaped here)."""
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return False
+        try:
+            return bool(select.select([fd], [], [], QUICK_S)[0])
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _post(self, kind: Event, item, a, b) -> None:
         self.events.append((kind, item, a, b))

@@ -81,6 +81,16 @@ def tail(path: str, limit: int = 2000) -> str:
 def make_sandbox(path: str) -> str:
     """Create the task's sandbox directory (and its parents); LaunchError(SANDBOX) if impossible."""
     try:
+        os.mkdir(path)  # the common case, one syscall: the stage's directory exists
+        return path
+    except FileExistsError:
+        if os.path.isdir(path):
+            return path
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise LaunchError(FailureKind.SANDBOX, f"cannot create sandbox {path}: {exc.strerror}") from None
+    try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise LaunchError(FailureKind.SANDBOX, f"cannot create sandbox {path}: {exc.strerror}") from None
@@ -254,8 +264,8 @@ class Launcher:
 
     # -- spawning ---------------------------------------------------------------------
     def _executable(self, exe: str) -> str:
-        if "/" in exe:
-            return find_executable(exe, self.cwd, None)
+        if "/" in exe:  # checked by the spawn itself; find_executable explains a failure
+            return os.path.join(self.cwd, exe)
         if exe not in self._which:
             self._which[exe] = shutil.which(exe, path=self.base_env.get("PATH"))
         found = self._which[exe]
@@ -280,6 +290,8 @@ class Launcher:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             return self._spawn_popen(argv, env, sandbox, stdin, out, err)
         except OSError as exc:
+            if "/" in task.executable:
+                find_executable(task.executable, self.cwd, None)  # LaunchError: missing, not executable
             raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
 
     def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:

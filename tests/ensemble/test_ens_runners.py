@@ -138,3 +138,18 @@ def test_no_runner_thread_outlives_the_run(tmp_path):
     report = run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
     assert report.ok and report.done == 20
     assert [t.name for t in threading.enumerate() if t.name.startswith("shoal-runner")] == []
+
+
+def _boom(task, failure):
+    raise RuntimeError("on_retry hook broke")
+
+
+def test_a_raising_hook_aborts_without_hanging_or_leaving_children(tmp_path):
+    """An exception while the loop handles a batch of runner events (here: a user's on_retry)
+    aborts the run; the abort kills and waits for every child the runners still hold."""
+    tasks = [Task(executable="/bin/false", retries=1, on_retry=_boom) for _ in range(6)]
+    tasks += [Task(executable="/bin/sleep", arguments=["30"], name="long")]
+    with pytest.raises(RuntimeError, match="on_retry hook broke"):
+        run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    assert [c for c in psutil.Process().children(recursive=True) if c.name() == "sleep"] == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith("shoal-runner")] == []

@@ -460,11 +460,10 @@ class Engine:
             stdin = os.path.join(item.sandbox, stdin)
         return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin)
 
-    def _take_events(self, ended: list, *, stopping: bool = False) -> set[int]:
+    def _take_events(self, ended: list, *, stopping: bool = False) -> None:
         """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when
         ``stopping``), a launch failure (ended) or NOT_STARTED; EXITED -> ``ended``, or, when
-        ``stopping``, released and left PENDING.  Returns id() of the items that left the runners."""
-        gone: set[int] = set()
+        ``stopping``, released and left PENDING."""
         events = self._events()
         batch = []
         while events:
@@ -472,34 +471,37 @@ class Engine:
         exited = {id(e[1]) for e in batch if e[0] is Event.EXITED}
         error = None
         for kind, item, a, b in batch:
-            if kind is Event.SPAWNED:
-                self.starting.pop(id(item), None)
-                if isinstance(a, int):
-                    item.pid = a
-                    self.running[a] = item
-                    if id(item) not in exited:
-                        self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
-                    if stopping:
-                        self.runners.kill(a)
-                    continue
-                gone.add(id(item))
-                self.sched.release(item.grant)
-                if a is NOT_STARTED:
-                    self.journal.unstart(item.uid)
-                elif isinstance(a, LaunchError):
-                    self._ended(item, Failure(a.kind, a.message, attempt=item.attempt))
-                else:
-                    error = error or a
-            elif stopping:
-                gone.add(id(item))
-                del self.running[item.pid]
-                self.sched.release(item.grant)
-                self.journal.unstart(item.uid)
-            else:
-                ended.append(self._exe_outcome(item, a))
+            try:  # every event of the batch is handled even if one raises (on_retry, a bug):
+                self._take_event(kind, item, a, b, exited, ended, stopping)  # none is lost
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
         if error is not None:
             raise error
-        return gone
+
+    def _take_event(self, kind, item: Item, a, b, exited, ended, stopping) -> None:
+        if kind is Event.SPAWNED:
+            self.starting.pop(id(item), None)
+            if isinstance(a, int):
+                item.pid = a
+                self.running[a] = item
+                if id(item) not in exited:
+                    self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
+                if stopping:
+                    self.runners.kill(a)
+                return
+            self.sched.release(item.grant)
+            if a is NOT_STARTED:
+                self.journal.unstart(item.uid)
+            elif isinstance(a, LaunchError):
+                self._ended(item, Failure(a.kind, a.message, attempt=item.attempt))
+            else:
+                raise a  # a bug in the launch path
+        elif stopping:
+            self.running.pop(item.pid, None)
+            self.sched.release(item.grant)
+            self.journal.unstart(item.uid)
+        else:
+            ended.append(self._exe_outcome(item, a))
 
     def _stop_local(self) -> None:
         """Kill every local executable, started or being started, and wait until the runners
@@ -511,15 +513,19 @@ class Engine:
         self._take_events(ended)  # exits already reported: journaled normally
         for item, failure, value in ended:
             self._finish_attempt(item, failure, value, time.monotonic())
-        pending = set(self.starting)
         for item in list(self.running.values()):
             if item.future is None or item.future is False:
-                self.runners.kill(item.pid)
-                pending.add(id(item))
-        while pending:
-            self.poller.poll(100)
+                self.runners.kill(item.pid)  # a no-op for a pid already seen exiting
+        while self.runners.busy or self.runners.events:  # the runners' count, not ours: nothing
+            self.poller.poll(100)  # the engine lost track of can make this wait forever
             self._drain_wake()
-            pending -= self._take_events([], stopping=True)
+            self._take_events([], stopping=True)
+        for key, item in list(self.running.items()):  # reaped, their events consumed by a pass
+            if item.future is None or item.future is False:  # that raised: PENDING for a resume
+                del self.running[key]
+                self.sched.release(item.grant)
+                self.journal.unstart(item.uid)
+        self.starting.clear()
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -80,6 +80,7 @@ class Runners:
         self._started = started  # a pid's start time, as a resume's kill_leftover will compare it
         self._lock = threading.Lock()
         self._live: set[int] = set()  # spawned and not yet exited: their pids cannot be reused
+        self._jobs = 0  # submitted and not yet answered with their last event
         self.events: collections.deque = collections.deque()
         self._stop_new = False
         self._queues: dict[int, queue.SimpleQueue] = {}
@@ -93,7 +94,14 @@ class Runners:
 
     def submit(self, item, cpus, launch: Callable[[], int]) -> None:
         """Run ``launch`` (returns the pid, or raises) on the runner of ``min(cpus)``."""
+        with self._lock:
+            self._jobs += 1
         self._queues[min(cpus)].put((item, frozenset(cpus), launch))
+
+    @property
+    def busy(self) -> bool:
+        """Some job has not posted its last event yet (EXITED, or a SPAWNED without a pid)."""
+        return self._jobs > 0
 
     def kill(self, pid: int) -> None:
         """SIGKILL ``pid``'s process group if it has not exited (the engine's kill: timeouts,
@@ -138,7 +146,7 @@ class Runners:
                 return
             item, cpus, launch = job
             if self._stop_new:
-                self._post(Event.SPAWNED, item, NOT_STARTED, None)
+                self._post(Event.SPAWNED, item, NOT_STARTED, None, last=True)
                 continue
             want = self._child_mask(cpus)
             changed = want is not None and want != mine and self._set_mask(want) is not None
@@ -150,7 +158,7 @@ class Runners:
                 if changed:
                     self._set_mask(mine if mine is not None else self.affinity)
             if not isinstance(pid, int):
-                self._post(Event.SPAWNED, item, pid, None)
+                self._post(Event.SPAWNED, item, pid, None, last=True)
                 continue
             with self._lock:
                 self._live.add(pid)
@@ -162,7 +170,7 @@ class Runners:
                     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: the pid stays ours
             with self._lock:
                 self._live.discard(pid)
-            self._post(Event.EXITED, item, self._wait(pid), None)
+            self._post(Event.EXITED, item, self._wait(pid), None, last=True)
 
     def _exited_soon(self, pid: int) -> bool:
         """True if ``pid`` exits within QUICK_S (it is not reaped here)."""
@@ -177,7 +185,10 @@ class Runners:
         finally:
             os.close(fd)
 
-    def _post(self, kind: Event, item, a, b) -> None:
+    def _post(self, kind: Event, item, a, b, last: bool = False) -> None:
         self.events.append((kind, item, a, b))
+        if last:
+            with self._lock:
+                self._jobs -= 1
         with contextlib.suppress(Exception):
             self._wake()

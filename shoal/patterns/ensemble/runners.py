@@ -29,6 +29,8 @@ Invariants:
     the runner, under the same lock, has forgotten it and only then reaps it);
   * per item, SPAWNED is posted before EXITED, and each exactly once; a job taken after
     ``stop_new()`` is answered SPAWNED(NOT_STARTED) without launching (walltime drain, abort);
+    ``busy`` stays true until every submitted job has posted its last event, and a drain
+    waits on that count, not on the engine's own bookkeeping;
   * a task granted CPUs S is spawned by the runner of min(S); the Scheduler never grants a CPU
     twice, so a runner has at most one child at a time and its queue is at most one job deep
     in steady state;

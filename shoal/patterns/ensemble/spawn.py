@@ -13,8 +13,9 @@ Data flow (one call, on a runner thread; runners.py)::
 
 Why: ``subprocess.Popen`` does the same with a Python layer around ``_posixsubprocess``
 (an error pipe, fd bookkeeping, 64 signal resets in the child) and costs the spawning
-thread ~140 us per task against ~55 us here (2,000 x ``/bin/true``); the ctypes call
-releases the GIL while the child execs, so the driver's loop keeps running.  The child
+thread ~120-140 us of CPU per ``/bin/true`` against ~85-100 us here (1,000 serial spawns,
+same run); the ctypes call releases the GIL while the child execs, so the driver's loop
+keeps running.  The child
 inherits the calling thread's CPU mask (the runner's pin).
 
 Availability: glibc >= 2.34 (``addchdir_np``, ``addclosefrom_np``).  Elsewhere ``Spawner``

@@ -92,7 +92,7 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
-from .progress import progress_callback
+from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .runners import NOT_STARTED, Event, Runners
@@ -791,19 +791,5 @@ class Engine:
         if now - self._last_progress < 0.5 and not force:
             return
         self._last_progress = now
-        c = self.session_counts
-        settled = c[TaskState.DONE] + c[TaskState.FAILED] + c[TaskState.SKIPPED]  # this session
-        elapsed = now - t0
-        rate = settled / elapsed if elapsed > 0 else 0.0
-        old = {s: self.walker.replayed[s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED,
-                                              TaskState.CANCELED)}  # found finished by a resume
-        eta = None
-        total = self.walker.total
-        if total is not None:
-            left = max(0, total - settled - sum(old.values()))
-            eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
-        self.progress({"done": c[TaskState.DONE] + old[TaskState.DONE], "running": len(self.running),
-                       "failed": c[TaskState.FAILED] + old[TaskState.FAILED],
-                       "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
-                       "waiting": len(self.waiting), "total": total, "rate": rate, "eta": eta,
-                       "elapsed": elapsed, "final": force})
+        self.progress(progress_record(self.session_counts, self.walker.replayed, self.walker.total,
+                                      len(self.running), len(self.waiting), now - t0, force))

@@ -47,7 +47,7 @@ from .plan import (
     partition,
     reduction_tree,
 )
-from .program import Op, Program
+from .program import Guard, Program, ProgramRef, task_function
 from .schedules import OpKind, slots, step_graph
 
 
@@ -133,10 +133,11 @@ class Trainer:
         mb = max_micro_rows(batch_size, R, M)
         layout, sizes = self._layout(X, Y, shapes, stage_layers, mb)
         arena = Arena(layout)
+        guard = Guard() if self.pilot is not None else None
         try:
             self._fill(arena, X, Y, stage_layers, sizes)
-            program = self._program(arena, stage_layers)
-            ops = {(kind, s): Op(program, kind, s) for kind in OpKind for s in range(S)}
+            ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
+            ops = {(kind, s): task_function(ref, kind, s) for kind in OpKind for s in range(S)}
             graph = step_graph(R, S, M, plan.schedule, chunks=R)  # R workers share each update
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(start, epochs):
@@ -166,6 +167,8 @@ class Trainer:
                     callback(dict(record))
         finally:
             arena.close()
+            if guard is not None:
+                guard.close()
         return self.history
 
     def predict(self, X) -> np.ndarray:
@@ -183,8 +186,8 @@ class Trainer:
         try:
             arena.view(("X",))[:] = X
             self._push_params(arena, stage_layers, sizes, 0)
-            program = self._program(arena, stage_layers)
-            op = Op(program, "predict", 0)
+            program = self._program(arena, stage_layers, None)
+            op = task_function(ProgramRef(program, pickled=self.pilot is not None), "predict", 0)
             pilot = self.pilot if self.pilot is not None else _Inline()
             chunk = max(64, -(-len(X) // (4 * max(1, getattr(pilot, "workers", 1)))))
             futs = [self._submit(pilot, op, lo, min(lo + chunk, len(X)), 0)
@@ -223,7 +226,7 @@ class Trainer:
                     if node.after_update:
                         deps.extend(prev[node.stage])
                     if node.kind is OpKind.REDUCE:
-                        args = (node.index, *node.operands)
+                        args = (self.step, node.index, *node.operands)
                     elif node.kind is OpKind.UPDATE:
                         args = (self.step, node.operands, node.index, R)
                     else:
@@ -355,6 +358,10 @@ class Trainer:
                     layout.add(("acc", r, s, v), (size,), dtype)
             for k in range(len(tree)):
                 layout.add(("node", s, k), (size,), dtype)
+        rows = Program.task_count(R, plan.stages, plan.micro_batches, len(tree))
+        layout.add(("done",), (rows,), np.int64)  # the step + 1 each task last finished
+        layout.add(("result",), (rows, 3), np.float64)  # and its result (program.Program.run)
+        for s in range(plan.stages):
             out_shape = (mb,) + shapes[stage_layers[s][-1] + 1]
             for r in range(R):
                 for j in range(self._slots()[s]):
@@ -409,7 +416,7 @@ class Trainer:
         self._state = [self._unflatten(stage_layers, lambda s, j=j: arena.view(("state", s, j, v)))
                        for j in range(self.optimizer.slots)] or None
 
-    def _program(self, arena, stage_layers) -> Program:
+    def _program(self, arena, stage_layers, guard) -> Program:
         if self.pilot is None:
             blas = None
         else:
@@ -417,7 +424,8 @@ class Trainer:
             blas = max(1, (cpus or 1) // max(1, self.pilot.workers))
         engine = self.model.engine(stage_layers)
         return Program(engine, arena, self._stage_shapes(stage_layers), self.loss, self.optimizer,
-                       self.plan.stages, self.plan.micro_batches, self._slots(), blas, self.model.seed)
+                       self.plan.stages, self.plan.micro_batches, self._slots(), blas, self.model.seed,
+                       self.plan.replicas, len(reduction_tree(self.plan.replicas)[0]), guard)
 
     def _slots(self) -> list[int]:
         p = self.plan

@@ -163,23 +163,24 @@ def ddp(world, epochs):
             return 8192 / float(d["seconds"]), [d[f"arr_{i}"] for i in range(len(d.files) - 1)]
 
 
-def bubble(trace_path, stages):
+def bubble(trace_path, stages, per_step):
     """Median over steps of 1 - busy / (stages x span) of the forward/backward spans.
 
-    A step's spans are those that start before its stage-0 update does (every forward
-    and backward of the step precedes that update; the next step's start after it)."""
+    A step ends with its ``per_step``-th stage-0 backward (R x M of them; the last one
+    also applies the update: the fused update of R <= 2 replicas)."""
     with open(trace_path) as f:
         spans = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     ops = sorted((e for e in spans if e["name"].startswith(("dl.forward", "dl.backward"))),
                  key=lambda e: e["ts"])
-    ends = sorted(e["ts"] for e in spans if e["name"] == "dl.update[s0]")
-    fractions, lo = [], 0.0
-    for end in ends:
-        phase = [e for e in ops if lo <= e["ts"] < end]
-        lo = end
-        if phase:
-            span = max(e["ts"] + e["dur"] for e in phase) - min(e["ts"] for e in phase)
-            fractions.append(1 - sum(e["dur"] for e in phase) / (stages * span))
+    fractions, phase, backs = [], [], 0
+    for e in ops:
+        phase.append(e)
+        if e["name"] == "dl.backward[s0]":
+            backs += 1
+            if backs == per_step:
+                span = max(x["ts"] + x["dur"] for x in phase) - min(x["ts"] for x in phase)
+                fractions.append(1 - sum(x["dur"] for x in phase) / (stages * span))
+                phase, backs = [], 0
     fractions = fractions[1:] or fractions  # the first step pays start-up
     return float(np.median(fractions))
 
@@ -259,7 +260,7 @@ def main():
         with shoal.Pilot(workers=2, trace=path) as p2:
             for _ in range(args.repeat):
                 best(rate_of, "pipe", rate(pipeline_model(), plan, p2, Xp, yp, 1, batch=512)[0])
-        measured = bubble(path, 2)
+        measured = bubble(path, 2, 8)
     ideal = dl.ideal_bubble(2, 8)
     loads.append(f"after pipeline {load()}")
     print(loads[-1], flush=True)

@@ -123,11 +123,31 @@ class Program:
         self.replicas = replicas
         self.tree_nodes = tree_nodes  # reduction tree nodes per stage
         self.guard = guard  # None: in this process, where no task runs twice
+        self.fused = replicas <= 2  # the update rides on each stage's last backward (_arrive)
 
     @staticmethod
     def task_count(replicas: int, stages: int, micro: int, tree_nodes: int) -> int:
         """Rows of the done table: one per task of a step (``_identity``)."""
         return 3 * stages * replicas * micro + stages * tree_nodes + stages * replicas
+
+    def _arrive(self, step: int, r: int, s: int) -> None:
+        """Replica ``r`` finished its gradient of stage ``s`` (fused updates): the last
+        replica to get here applies the update, once per step.
+
+        Under the stage's lock (arrivals are read-modify-write; a copy of a killed task
+        may arrive again): mark the arrival; if every replica has arrived and the step's
+        update is not applied yet, apply it (reads version v, writes 1 - v: a re-run
+        after a kill recomputes the same bytes from intact inputs) and record it.  The
+        next step's ops depend on every replica's last op, so they start after it."""
+        arrived, updated = self.arena.view(("arrived", s)), self.arena.view(("updated", s))
+        rows = self.task_count(self.replicas, self.stages, self.micro, self.tree_nodes)
+        with (self.guard.hold(rows + s) if self.guard is not None else _NoLock()):
+            arrived[r] = max(arrived[r], step + 1)
+            if updated[0] > step or (arrived <= step).any():
+                return
+            roots = tuple(("leaf", i) for i in range(self.replicas))
+            self._update(s, (step, roots, 0, 1))
+            updated[0] = step + 1
 
     def _identity(self, kind: OpKind, s: int, args: tuple) -> tuple[int, int]:
         """(row of the done table, step) of a task: which task of which step it is."""
@@ -241,18 +261,30 @@ class Program:
             np.add(self._operand(s, a), self._operand(s, b), out=self.arena.view(("node", s, k)))
             return None
         if kind is OpKind.UPDATE:
-            step, operands, chunk, chunks = args[:4]
-            a, b = splits(0, self.arena.view(("param", s, 0)).size, chunks)[chunk]
-            g = self._operand(s, operands[0])[a:b]
-            if len(operands) == 2:
-                g = g + self._operand(s, operands[1])[a:b]
-            v = step % 2
-            opt = self.optimizer
-            state = [self.arena.view(("state", s, j, v))[a:b] for j in range(opt.slots)]
-            state_out = [self.arena.view(("state", s, j, 1 - v))[a:b] for j in range(opt.slots)]
-            opt.update(self.arena.view(("param", s, v))[a:b], g, state,
-                       self.arena.view(("param", s, 1 - v))[a:b], state_out, step + 1)
+            self._update(s, args)
             return None
+        out = self._step(kind, s, args)
+        step, r, m = args[:3]
+        if self.fused and m == self.micro - 1 and kind is not OpKind.FORWARD:
+            self._arrive(step, r, s)
+        return out
+
+    def _update(self, s: int, args: tuple) -> None:
+        """The optimizer on one slice of stage ``s``'s parameters: version v -> 1 - v."""
+        step, operands, chunk, chunks = args[:4]
+        a, b = splits(0, self.arena.view(("param", s, 0)).size, chunks)[chunk]
+        g = self._operand(s, operands[0])[a:b]
+        if len(operands) == 2:
+            g = g + self._operand(s, operands[1])[a:b]
+        v = step % 2
+        opt = self.optimizer
+        state = [self.arena.view(("state", s, j, v))[a:b] for j in range(opt.slots)]
+        state_out = [self.arena.view(("state", s, j, 1 - v))[a:b] for j in range(opt.slots)]
+        opt.update(self.arena.view(("param", s, v))[a:b], g, state,
+                   self.arena.view(("param", s, 1 - v))[a:b], state_out, step + 1)
+
+    def _step(self, kind: OpKind, s: int, args: tuple):
+        """A forward, backward or fused forward-backward of one micro-batch."""
         step, r, m, lo, hi, b0, bn = args[:7]
         n = hi - lo
         params = self.params(s, step % 2)
@@ -304,6 +336,14 @@ class Program:
         for s in range(self.stages):
             x, _ = self.engine.forward(s, self.params(s, v), x, ctx, False)
         self.arena.view(("out",))[lo:hi] = np.asarray(x)
+        return None
+
+
+class _NoLock:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
         return None
 
 

@@ -138,7 +138,9 @@ class Trainer:
             self._fill(arena, X, Y, stage_layers, sizes)
             ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
             ops = {(kind, s): task_function(ref, kind, s) for kind in OpKind for s in range(S)}
-            graph = step_graph(R, S, M, plan.schedule, chunks=R)  # R workers share each update
+            # R <= 2: the update rides on the last backward of each stage (one hop a step);
+            # more replicas: a reduction tree and R update tasks per stage share the work
+            graph = step_graph(R, S, M, plan.schedule, chunks=R, fuse_update=R <= 2)
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(start, epochs):
                 t0 = time.perf_counter()
@@ -237,9 +239,14 @@ class Trainer:
                     if node.stage == S - 1 and node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
                         loss_futs.append(fut)
                 prev = [[] for _ in range(S)]
-                for node, fut in zip(graph, futs, strict=True):
-                    if node.kind is OpKind.UPDATE:
-                        prev[node.stage].append(fut)
+                if R <= 2:  # fused updates: each (replica, stage)'s last op
+                    last = {(node.replica, node.stage): fut for node, fut in zip(graph, futs, strict=True)}
+                    for (_, s), fut in last.items():
+                        prev[s].append(fut)
+                else:
+                    for node, fut in zip(graph, futs, strict=True):
+                        if node.kind is OpKind.UPDATE:
+                            prev[node.stage].append(fut)
                 all_futs.extend(futs)
                 steps.append(futs)
                 self.step += 1
@@ -361,6 +368,9 @@ class Trainer:
         rows = Program.task_count(R, plan.stages, plan.micro_batches, len(tree))
         layout.add(("done",), (rows,), np.int64)  # the step + 1 each task last finished
         layout.add(("result",), (rows, 3), np.float64)  # and its result (program.Program.run)
+        for s in range(plan.stages):  # fused updates (R <= 2): who arrived, which step is applied
+            layout.add(("arrived", s), (R,), np.int64)
+            layout.add(("updated", s), (1,), np.int64)
         for s in range(plan.stages):
             out_shape = (mb,) + shapes[stage_layers[s][-1] + 1]
             for r in range(R):

@@ -41,6 +41,7 @@ import fcntl
 import math
 import os
 import pickle
+import socket
 import uuid
 from collections import OrderedDict
 
@@ -418,22 +419,28 @@ class ProgramRef:
 
     def __init__(self, program: Program, pickled: bool):
         self.run = uuid.uuid4().hex
+        self.host = socket.gethostname()
         self.program = program
         self.blob = _dumps(program) if pickled else None
 
     def __getstate__(self):
         if self.blob is None:
             self.blob = _dumps(self.program)
-        return {"run": self.run, "blob": self.blob}
+        return {"run": self.run, "host": self.host, "blob": self.blob}
 
     def __setstate__(self, state):
-        self.run, self.blob, self.program = state["run"], state["blob"], None
+        self.run, self.host, self.blob, self.program = state["run"], state["host"], state["blob"], None
 
     def get(self) -> Program:
         if self.program is not None:
             return self.program
         program = _LIVE.get(self.run)
         if program is None:
+            if socket.gethostname() != self.host:
+                raise RuntimeError(
+                    f"a dl.Trainer task reached a worker on host {socket.gethostname()!r}, but the "
+                    f"training run's memory (its arena) is on the driver's host {self.host!r}: dl "
+                    "tasks run only on workers of the driver's machine (docs/dl.md, 'On dask')")
             program = pickle.loads(self.blob)
             _LIVE[self.run] = program
             while len(_LIVE) > LIVE:

@@ -353,7 +353,9 @@ class Guard:
 
     Workers open it as ``/proc/<driver pid>/fd/<fd>`` (the way ``shoal.SharedArray``
     maps its memory), so it works where the arena does: on the driver's machine.  The
-    kernel drops a dead process's locks, so a SIGKILLed holder never blocks a re-run."""
+    kernel drops a dead process's locks, so a SIGKILLed holder never blocks a re-run.
+    POSIX locks belong to a process, not a thread: this relies on a shoal worker running
+    one task at a time (dl tasks never wait inside a task, so none nests another)."""
 
     def __init__(self):
         self.name = f"shoal-dl-{uuid.uuid4().hex}"

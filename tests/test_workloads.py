@@ -72,6 +72,10 @@ class InlineSpawner:
         self.spawned += 1
         return _InlineFuture(self, fn, args, kw)
 
+    def current_worker(self):
+        """What ``shoal.current_worker()`` says about nesting: the root task is at 1."""
+        return types.SimpleNamespace(nesting=self.depth + 1, max_nesting=256)
+
 
 class InlinePilot:
     """Stands in for a Pilot: ``submit`` runs the task right away."""

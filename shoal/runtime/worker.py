@@ -48,6 +48,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import CancelledError
+from enum import IntEnum
 
 from ..queues import RingMatrix
 from . import context, policy, wire
@@ -60,7 +61,7 @@ from .wire import Flag, Kind
 _PENDING = "PENDING"
 # Status cell words (shared memory, written by the worker only, read by the driver and thieves)
 STATUS_PID = 0  # the worker's pid, for SIGURG pokes
-STATUS_HUNGRY = 1  # 1 while the worker has asked every victim in vain and waits for a WAKE
+STATUS_HUNGRY = 1  # a Hunger value: is this worker idle, looking for work?
 STATUS_DEPTH = 2  # how many driver tasks are running here (nested by help-first joins)
 STATUS_RUNNING = 3  # their ids, innermost last, up to STATUS_SLOTS
 STATUS_LOADING = RingMatrix.STATUS_WORDS - 1  # fn id of the DEFINE being unpickled (0: none)
@@ -69,6 +70,40 @@ POKE = signal.SIGURG  # ignored by default, so a stale pid can never be killed b
 _POLL_EVERY = 32  # spawns between two inbox polls inside a busy task
 _WAKE_MSG = bytes((Kind.WAKE,))
 _SPIN = 1000  # readable() checks (~50 ns each) before parking: saves two syscalls a message
+
+
+class Hunger(IntEnum):
+    """The ``STATUS_HUNGRY`` word of a worker's status cell (written by that worker only).
+
+    BUSY: it has work (a task runs, or its deque is not empty).  LOOKING: its deque is
+    empty and it is asking victims for work (from its loop or from a help-first join).
+    HUNGRY: it asked every victim in vain and parks until a peer's ``WAKE`` (peers that
+    spawn wake only these).  Readers that test the word for truth see "idle": LOOKING
+    or HUNGRY.
+    """
+
+    BUSY = 0
+    HUNGRY = 1
+    LOOKING = 2
+
+
+_BUSY, _HUNGRY, _LOOKING = int(Hunger.BUSY), int(Hunger.HUNGRY), int(Hunger.LOOKING)
+
+# Nesting cap (see max_nesting): a help-first join costs ~5 Python frames of the runtime
+# (Future.result -> help_until -> run_task -> run_local -> the task) plus the task's own;
+# 20 frames per level leaves ~15 to the user's code.
+FRAMES_PER_NESTING = 20
+NESTING_CEILING = 256  # more nested joins than this is a runaway chain, whatever the stack
+NESTING_FLOOR = 4
+
+
+def max_nesting() -> int:
+    """Tasks a worker can nest in help-first joins with this process's recursion limit.
+
+    A worker raises its limit (``_room_for_deep_joins``) so this is NESTING_CEILING there;
+    under the interpreter's default limit of 1000 it is 50.
+    """
+    return max(NESTING_FLOOR, min(NESTING_CEILING, sys.getrecursionlimit() // FRAMES_PER_NESTING))
 
 
 class Scope:
@@ -131,6 +166,8 @@ class Worker:
         self.out = {dst: Outbox(matrix.ring(self.ep, dst), matrix.doorbell(dst)) for dst in range(n) if dst != self.ep}
         self.doorbell = matrix.doorbell(self.ep)
         self.status = matrix.status(self.ep)
+        # the status cells of this runtime's other workers (hungry_peers reads them)
+        self.peer_status = [matrix.status(ep) for ep in range(1, n) if ep != self.ep]
         self.deque: deque = deque()
         self.fns: dict[int, object] = {}  # fn id -> function (from the driver's DEFINE)
         self.fn_ids: dict[int, int] = {}  # id(function) -> fn id
@@ -197,9 +234,24 @@ class Worker:
         """Tell one hungry peer (it asked everybody in vain) that there is work here to steal."""
         status = self.matrix.status
         for dst in self.victims:
-            if status(dst)[STATUS_HUNGRY]:
+            if status(dst)[STATUS_HUNGRY] == _HUNGRY:
                 self.send(dst, _WAKE_MSG)
                 return
+
+    def hungry_peers(self) -> int:
+        """How many other workers of this runtime are idle right now (LOOKING or HUNGRY)."""
+        n = 0
+        for cell in self.peer_status:
+            if cell[STATUS_HUNGRY]:
+                n += 1
+        return n
+
+    max_nesting = staticmethod(max_nesting)  # for shoal.current_worker(), which imports no worker
+
+    def fed(self) -> None:
+        """Work arrived here without a steal answer (a re-run, a definition): not idle."""
+        if self.status[STATUS_HUNGRY]:
+            self.status[STATUS_HUNGRY] = _BUSY
 
     def cancel_local(self, fut: Future) -> None:
         """A spawned future was cancelled: so are the children of its task."""
@@ -244,6 +296,8 @@ class Worker:
                         self.park()
         finally:
             self.in_user = in_user
+            if self.status[STATUS_HUNGRY]:
+                self.status[STATUS_HUNGRY] = _BUSY  # the task goes on: busy, not idle
 
     def on_signal(self, signum, frame) -> None:
         """A thief poked us (SIGURG) while a task runs: answer it now, not after the task.
@@ -325,7 +379,7 @@ class Worker:
         if kind == Kind.TASK:
             _, _, tid = wire.decode_task_header(msg)
             self.deque.appendleft(WireTask(msg, tid))
-            self.status[STATUS_HUNGRY] = 0
+            self.status[STATUS_HUNGRY] = _BUSY
         elif kind == Kind.RESULT:
             self.on_result(msg)
         elif kind == Kind.DEFINE:
@@ -338,6 +392,7 @@ class Worker:
             if self.undefined:
                 waiting, self.undefined = self.undefined, []
                 self.deque.extend(waiting)
+                self.fed()
         elif kind == Kind.STEAL:
             thief, gen = wire.decode_control(msg)
             self.answer_steal(thief, gen)
@@ -364,7 +419,8 @@ class Worker:
             self.send(0, wire.encode_control(Kind.STATS, self.stats()))
         elif kind == Kind.WAKE:
             self.victim_cursor = 0  # a peer has work: start a new round of steal requests
-            self.status[STATUS_HUNGRY] = 0
+            if self.status[STATUS_HUNGRY]:
+                self.status[STATUS_HUNGRY] = _LOOKING
         elif kind == Kind.SHUTDOWN:
             self.stop = True
         elif kind == Kind.INIT:
@@ -438,6 +494,7 @@ class Worker:
         task = self.lent.pop(tid)[0]
         if task.future._state == _PENDING:
             self.deque.append(task)
+            self.fed()
 
     # -- stealing ----------------------------------------------------------------------
 
@@ -446,15 +503,17 @@ class Worker:
         if self.steal_pending is not None:
             return False  # an answer is on its way; park until it arrives
         if self.victim_cursor >= len(self.victims):
-            if not self.status[STATUS_HUNGRY]:
+            if self.status[STATUS_HUNGRY] != _HUNGRY:
                 # Announce hunger (peers wake us; the dask balancer sees an idle node),
                 # then one more round: a peer that spawned work just before it could
                 # see the flag is asked once more.
-                self.status[STATUS_HUNGRY] = 1
+                self.status[STATUS_HUNGRY] = _HUNGRY
                 if self.victims:
                     self.victim_cursor = 0
                     return self.steal()
             return False
+        if not self.status[STATUS_HUNGRY]:
+            self.status[STATUS_HUNGRY] = _LOOKING
         victim = self.victims[self.victim_cursor]
         self.victim_cursor += 1
         self.steal_pending = victim
@@ -550,7 +609,7 @@ class Worker:
             self.c["steal_requests_failed"] += 1
             return
         self.c["steal_requests_answered"] += 1
-        self.status[STATUS_HUNGRY] = 0
+        self.status[STATUS_HUNGRY] = _BUSY
         local = self.node_of[victim - 1] == self.node
         self.c["stolen_local" if local else "stolen_remote"] += len(msgs)
         self.victim_cursor = 0

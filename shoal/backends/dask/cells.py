@@ -52,7 +52,7 @@ import time
 import uuid
 from collections import OrderedDict
 
-from ..runtime.shared import BestCell, Channel, Sense, SharedArray
+from ...runtime.shared import BestCell, Channel, Sense, SharedArray
 
 SYNC_S = 0.002  # how often a node's sync thread looks at its replicas
 SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica

@@ -7,14 +7,14 @@ Two levels::
         │ client.submit(run_task, ...) ───dask───►   │ node runtime = a LocalBackend:
         │                                            │ shoal worker processes, rings,
       shoal.Future ◄── settle ◄── gather ◄───dask──  │ work stealing, shoal.spawn
-                                                     ▼ (see _dask_node.py)
+                                                     ▼ (see node.py)
 
 * ``submit`` sends one dask task that runs the function on the node runtime of
   whichever dask worker dask picks.  ``shoal.spawn`` inside it pushes to that
   node's deques; idle shoal workers of the node steal; when a whole machine
   runs dry, the driver's balancer lends it spawned tasks of the busiest one
-  (``_dask_balance``).  Cells, per-node arrays and channels that span the
-  machines are in ``_dask_cells``.
+  (``balance``).  Cells, per-node arrays and channels that span the
+  machines are in ``cells``.
 * Futures among the arguments (also inside lists, tuples, dicts) become the
   dask futures behind them, so dask resolves them **on the workers**: a result
   that only feeds another task never crosses the driver (the local backend
@@ -34,7 +34,7 @@ Two levels::
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
 * ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
-  (``_dask_provider``); on SLURM a ``JobWatch`` (``_dask_jobs``) reports queue
+  (``provider``); on SLURM a ``JobWatch`` (``jobs``) reports queue
   state, replaces jobs that end, and fails the pending tasks with SLURM's
   reason when a job can never start (docs/hpc.md).
 
@@ -61,22 +61,22 @@ import threading
 import traceback
 import uuid
 
-from .._errors import (
+from ..._errors import (
     BackendUnavailable,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
     WorkerLost,
 )
-from ..runtime import graph, wire
-from ..runtime.future import Future
-from ..runtime.mapping import map_iter
-from ._dask_balance import Balancer
-from ._dask_cells import CellHub, ClusterCell, NodeArray
-from ._dask_jobs import JobPolicy, JobWatch
-from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
-from ._dask_provider import Provider, make_cluster
-from .local import _check_options, _settle
+from ...runtime import graph, wire
+from ...runtime.future import Future
+from ...runtime.mapping import map_iter
+from ..local import _check_options, _settle
+from .balance import Balancer
+from .cells import CellHub, ClusterCell, NodeArray
+from .jobs import JobPolicy, JobWatch
+from .node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
+from .provider import Provider, make_cluster
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 
@@ -388,7 +388,7 @@ class DaskBackend:
 
     def stats(self, timeout: float = 2.0) -> dict:
         """Per node (each dask worker's runtime, its shoal workers) and driver counters."""
-        from ._dask_node import node_stats
+        from .node import node_stats
 
         nodes = {}
         if self.client.status == "running":

@@ -41,7 +41,7 @@ import queue
 import threading
 import time
 
-from ._dask_node import deliver_result, export_spawned, node_load, run_lent
+from .node import deliver_result, export_spawned, node_load, run_lent
 
 BALANCE_S = 0.02  # the balancer's period while tasks are in flight
 MAX_BACKOFF_S = 1.0  # the longest a node that gave nothing is left alone

@@ -50,13 +50,13 @@ from dataclasses import dataclass
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._errors import SerializationError
-from ..runtime import graph, wire
-from ..runtime.mapping import TARGET_S, map_iter
-from ..runtime.shared import portable_dumps
-from ..runtime.topology import topology as get_topology
-from ._dask_cells import drop_pilot, publish, register_worker
-from .local import LocalBackend
+from ..._errors import SerializationError
+from ...runtime import graph, wire
+from ...runtime.mapping import TARGET_S, map_iter
+from ...runtime.shared import portable_dumps
+from ...runtime.topology import topology as get_topology
+from ..local import LocalBackend
+from .cells import drop_pilot, publish, register_worker
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
 _FN_CACHE = 256
@@ -259,7 +259,7 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
         _leave(node)
 
 
-# -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask.py) --
+# -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask/balance.py) --
 
 
 def export_spawned(token: str) -> list[tuple]:

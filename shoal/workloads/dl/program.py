@@ -275,14 +275,22 @@ class Program:
         step, operands, chunk, chunks = args[:4]
         a, b = splits(0, self.arena.view(("param", s, 0)).size, chunks)[chunk]
         g = self._operand(s, operands[0])[a:b]
-        if len(operands) == 2:
-            g = g + self._operand(s, operands[1])[a:b]
+        if len(operands) == 2:  # into this process's scratch: a fresh 5 MB array page-faults
+            g = np.add(g, self._operand(s, operands[1])[a:b], out=self._scratch(b - a, g.dtype))
         v = step % 2
         opt = self.optimizer
         state = [self.arena.view(("state", s, j, v))[a:b] for j in range(opt.slots)]
         state_out = [self.arena.view(("state", s, j, 1 - v))[a:b] for j in range(opt.slots)]
         opt.update(self.arena.view(("param", s, v))[a:b], g, state,
                    self.arena.view(("param", s, 1 - v))[a:b], state_out, step + 1)
+
+    def _scratch(self, n: int, dtype) -> np.ndarray:
+        """A private array of this process (not shared: a re-run elsewhere has its own)."""
+        cache = self.__dict__.setdefault("_scratch_arrays", {})
+        key = (n, np.dtype(dtype).str)
+        if key not in cache:
+            cache[key] = np.empty(n, dtype)
+        return cache[key]
 
     def _step(self, kind: OpKind, s: int, args: tuple):
         """A forward, backward or fused forward-backward of one micro-batch."""

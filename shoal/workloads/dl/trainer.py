@@ -134,6 +134,7 @@ class Trainer:
         layout, sizes = self._layout(X, Y, shapes, stage_layers, mb)
         arena = Arena(layout)
         guard = Guard() if self.pilot is not None else None
+        ref = None
         try:
             self._fill(arena, X, Y, stage_layers, sizes)
             ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
@@ -171,6 +172,8 @@ class Trainer:
             arena.close()
             if guard is not None:
                 guard.close()
+            if ref is not None:  # the pilot keeps the task functions: let them not keep the model
+                ref.program = None
         return self.history
 
     def predict(self, X) -> np.ndarray:
@@ -189,13 +192,16 @@ class Trainer:
             arena.view(("X",))[:] = X
             self._push_params(arena, stage_layers, sizes, 0)
             program = self._program(arena, stage_layers, None)
-            op = task_function(ProgramRef(program, pickled=self.pilot is not None), "predict", 0)
+            ref = ProgramRef(program, pickled=self.pilot is not None)
+            op = task_function(ref, "predict", 0)
             pilot = self.pilot if self.pilot is not None else _Inline()
             chunk = max(64, -(-len(X) // (4 * max(1, getattr(pilot, "workers", 1)))))
             futs = [self._submit(pilot, op, lo, min(lo + chunk, len(X)), 0)
                     for lo in range(0, len(X), chunk)]
             self._wait(futs)
-            return arena.view(("out",)).copy()
+            out = arena.view(("out",)).copy()
+            ref.program = None  # (as in fit)
+            return out
         finally:
             arena.close()
 

@@ -8,6 +8,7 @@ default suite light, the 15-epoch digits runs are in test_dl_digits.py (marker d
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import signal
 import subprocess
@@ -262,9 +263,9 @@ class LateDuplicates:
             self.later.append((self.count + self.lag, fn, args, fut))
         for item in [i for i in self.later if i[0] <= self.count and i[3].done()]:
             self.later.remove(item)
-            _, fn2, args2, _ = item
+            _, fn2, args2, first = item
             values = tuple(a.result() if isinstance(a, shoal.Future) else a for a in args2)
-            self.copies.append(self.pilot.submit(fn2, *values))
+            self.copies.append((first, self.pilot.submit(fn2, *values)))
         return fut
 
 
@@ -272,9 +273,12 @@ def test_a_late_second_copy_of_a_task_changes_no_bit(pilot2):
     undisturbed = fit(HYBRID, None, opt=dl.Adam(lr=0.01), epochs=2)
     late = LateDuplicates(pilot2)
     disturbed = fit(HYBRID, late, opt=dl.Adam(lr=0.01), epochs=2)
-    for f in late.copies:
-        f.result(timeout=60)
+    cf.wait([copy for _, copy in late.copies], timeout=60)
     assert len(late.copies) >= 20
+    # a copy returns the first copy's (stored) result, or None when a later step has run the
+    # same task since; one that ran after the fit may fail (the run's lock table is gone)
+    answered = [(first, copy) for first, copy in late.copies if copy.done() and not copy.exception()]
+    assert answered and all(copy.result() in (first.result(), None) for first, copy in answered)
     assert same(undisturbed.parameters(), disturbed.parameters()), maxdiff(
         undisturbed.parameters(), disturbed.parameters())
     assert [r["loss"] for r in undisturbed.history] == [r["loss"] for r in disturbed.history]

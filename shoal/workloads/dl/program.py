@@ -241,14 +241,18 @@ class Program:
         writes, so it must not touch them.  Copies of one task run one at a time under
         a lock of their own (``Guard``; a killed holder's lock is released by the
         kernel): the one that finds the task done returns the stored result; the one
-        that does not knows no dependent has started, so its inputs are intact."""
+        that does not knows no dependent has started, so its inputs are intact.  A copy of a
+        step that a later step has already re-run returns None: the runtime delivered its
+        first copy's result long before (the next step waited for it)."""
         limit_blas(self.blas_threads)
         if self.guard is None:
             return self._run(kind, s, args)
         row, step = self._identity(kind, s, args)
         done, results = self.arena.view(("done",)), self.arena.view(("result",))
         with self.guard.hold(row):
-            if done[row] > step:
+            if done[row] > step + 1:  # stale: its first copy's result was delivered long ago
+                return None
+            if done[row] == step + 1:  # (a lost result's retry gets here: the stored one is its)
                 r = results[row]
                 return None if r[2] < 0 else (float(r[0]), int(r[1]), int(r[2]))
             out = self._run(kind, s, args)

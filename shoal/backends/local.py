@@ -54,11 +54,15 @@ from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import context, graph, wire
 from ..runtime import trace as tracing
+from ..runtime.api import check_options as _check_options
+from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
 from ..runtime.future import Future
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
+from ..runtime.mapping import map_iter
 from ..runtime.policy import Placement
+from ..runtime.shared import LocalShared
 from ..runtime.topology import topology as get_topology
 from ..runtime.wire import Flag, Kind
 from ..runtime.worker import (
@@ -76,6 +80,9 @@ _LOG = logging.getLogger("concurrent.futures")  # where executors report failed 
 _CANCELLED = "CANCELLED"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
 _LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
+_NO_RESOURCES = ("resources={!r}: the local backend has no worker resources to reserve (they are "
+                 "dask worker resources: backend='dask'); on one machine, give the task its CPUs "
+                 "with workers= and its devices through the environment (CUDA_VISIBLE_DEVICES)")
 _log = logging.getLogger("shoal.runtime")
 _live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
 
@@ -164,6 +171,7 @@ class LocalBackend:
         self.loot_wait: set[int] = set()  # ... and the workers yet to answer
         self.loot_cond = threading.Condition()
         self.export_lock = threading.Lock()
+        self.shared = LocalShared(workers + 1)  # SharedFactory: one memfd per object
         self.closing = False
         self.closed = False
         self.close_lock = threading.Lock()
@@ -191,6 +199,25 @@ class LocalBackend:
     @property
     def endpoints(self) -> range:
         return range(1, self.n + 1)
+
+    @property
+    def nodes(self) -> int:
+        """One machine."""
+        return 1
+
+    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
+            timeout: float | None = None, window_bytes: int | None = None, retries: int = 0,
+            task_timeout: float | None = None, resources=None):
+        """``Pilot.map``: ``mapping.map_iter`` over ``submit`` (each batch one task)."""
+        if resources is not None:
+            raise ValueError(_NO_RESOURCES.format(resources))
+        submit = None
+        if retries or task_timeout is not None:
+            def submit(runner, args, kwargs):
+                return self.submit(runner, args, kwargs, retries=retries, timeout=task_timeout)
+
+        return map_iter(self, fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
+                        window_bytes=window_bytes, submit=submit, catch=not retries)
 
     # -- workers -----------------------------------------------------------------------
 
@@ -356,14 +383,17 @@ class LocalBackend:
 
     # -- submitting --------------------------------------------------------------------
 
-    def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
+    def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None,
+               resources=None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
             if self.broken is not None:
                 raise BrokenPilot(self.broken)
             raise PilotClosed(self._closed_reason())
-        if type(retries) is not int or retries or timeout is not None:
+        if type(retries) is not int or retries or timeout is not None or resources is not None:
             _check_options(retries, timeout)
+            if resources is not None:
+                raise ValueError(_NO_RESOURCES.format(resources))
         fut = Future()
         fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
@@ -1026,14 +1056,6 @@ class LocalBackend:
         self.matrix.close()
 
 
-def _check_options(retries, timeout) -> None:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an int >= 0, got retries={retries!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not timeout > 0):
-        raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")
-
-
 def _force_cancelled(fut: Future) -> None:
     """Move a RUNNING future to CANCELLED (``Future.cancel`` refuses RUNNING ones)."""
     with fut._condition:
@@ -1043,18 +1065,6 @@ def _force_cancelled(fut: Future) -> None:
         fut._condition.notify_all()
     fut._invoke_callbacks()
     fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, tells wait()
-
-
-def _settle(fut: Future, ok: bool, value) -> None:
-    try:
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-    except cf.InvalidStateError:
-        pass  # cancelled meanwhile
-    except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
-        _log.exception("shoal: a done-callback of %r raised", fut)
 
 
 def _after_fork_in_child() -> None:

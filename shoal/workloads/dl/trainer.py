@@ -6,8 +6,10 @@ Data flow of one ``fit``::
             (data, parameters, optimizer state, accumulators, activation slabs)
       per epoch: write the epoch's permutation; per step submit the nodes of
                  ``schedules.step_graph`` (forward/backward per replica, stage and
-                 micro-batch; the reduction tree; one update per stage), each a task
-                 whose arguments are the futures it depends on; wait for the epoch;
+                 micro-batch; with R > 2 replicas the reduction tree and R update
+                 tasks per stage, with R <= 2 the update rides on each stage's last
+                 backward), each a task whose arguments are the futures it depends on
+                 (at most WINDOW steps ahead); wait for the epoch;
                  write the checkpoint; append a history record; call ``callback``
     end:    copy parameters and optimizer state out of the arena, close it
 

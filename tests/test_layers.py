@@ -293,6 +293,8 @@ PRIVATE_ALLOWED = {
         "RUNNING future, which Future.cancel refuses)",
     ("shoal.runtime.worker", "_canceller"): "Future's hook, worker-local futures",
     ("shoal.runtime.worker", "_state"): "the stdlib Future's state, worker-local futures",
+    ("shoal.runtime.loans", "_state"): "the same worker-local futures, read by the loan book "
+        "when it decides whether a lost loan must run again",
     ("shoal.backends.local", "_ring_offsets"): "the ring layout the local backend hands its "
         "workers; queues/matrix.py to expose it (s-submit's files)",
     ("shoal.patterns", "_limits"): "the search checkpoint reads the engine's limits "

@@ -120,3 +120,29 @@ def test_spawned_work_of_a_gpu_task_stays_on_its_machine(pilot, gpu_cluster):
     params = uts.UTSParams.preset("T3S")  # the same pilot, no resources: work is lent
     assert uts.count_parallel(pilot, params) == uts.DERIVED["T3S"].nodes
     assert pilot.stats()["driver"]["moved"] >= 1
+
+
+def test_gpu_worker_gone_fails_the_waiting_task_clearly():
+    """The only GPU worker is SIGKILLed under a GPU task: dask would keep the task in its
+    no-worker state for good; the pilot fails it after ``resource_wait_s`` with the reason,
+    and goes on with the other worker."""
+    import signal
+
+    cluster = CliCluster(2, worker_args=("--resources", lambda i: "GPU=1" if i == 0 else "CPU=1"))
+    try:
+        with shoal.Pilot(backend="dask", address=cluster.address, workers=1,
+                         resource_wait_s=1.0) as pilot:
+            gpu = pilot.options(resources={"GPU": 1})
+            assert gpu.submit(dask_worker_pid).result(60) > 0  # the GPU worker serves
+            futs = [gpu.submit(time.sleep, 60) for _ in range(2)]  # one runs, one waits for it
+            os.killpg(cluster.workers[0].pid, signal.SIGKILL)
+            for fut in futs:
+                exc = fut.exception(60)
+                assert isinstance(exc, shoal.BackendUnavailable), exc
+                assert "needs resources={'GPU': 1}" in str(exc) and "workers offer" in str(exc)
+            assert pilot.submit(abs, -5).result(60) == 5
+            with pytest.raises(ValueError, match="no dask worker of this cluster offers"):
+                gpu.submit(abs, 1)  # and new GPU work is refused at once
+    finally:
+        cluster.close()
+    wait_until(lambda: not shoal_workers(), 20, "the pilot's shoal workers to exit")

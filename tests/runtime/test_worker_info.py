@@ -15,6 +15,8 @@ import time
 import pytest
 
 import shoal
+from shoal.runtime import context
+from shoal.runtime.worker import STATUS_HUNGRY
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,11 +40,11 @@ def _limits():
     return w.max_nesting, sys.getrecursionlimit()
 
 
-def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+def _wait_for(predicate, what, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
         time.sleep(0.001)
 
 
@@ -96,3 +98,42 @@ def test_hungry_is_a_live_read_of_the_peers(tmp_path):
         info = p.submit(_info).result(30)
     with pytest.raises(RuntimeError, match="call it in a task running on that worker"):
         info.hungry()  # a snapshot sent to the driver has no live peers to read
+
+
+def _mark(flag: str) -> int:
+    with open(flag, "w"):
+        pass
+    return shoal.current_worker().id
+
+
+def _turned_away_thief_gets_the_next_child(flag: str) -> tuple:
+    """On 2 workers: the peer asks while this task holds only a pinned child (it cannot
+    travel), so it is turned away and sleeps.  The next child spawned here goes to it
+    at once (``LoanBook.spawned``); it used to wait for a WAKE that came only when a
+    deque went from empty to one task, or every 32 spawns."""
+    w = shoal.current_worker()
+    me = context.worker
+    peer = next(ep for ep in (1, 2) if ep != w.id)
+    _wait_for(lambda: w.hungry() == 1, "the idle peer to look for work")
+    base = me.c["steal_answers_given"]
+    blocker = shoal.Future()
+    pinned = shoal.spawn(abs, blocker)  # an unfinished future argument: never lent out
+    _wait_for(lambda: me.c["steal_answers_given"] > base
+              and me.peer_status[0][STATUS_HUNGRY] == 1
+              and me.out[peer].doorbell.sleeping,
+              lambda: f"the peer to be turned away and sleep {me.c} {list(me.peer_status[0])} {me.out[peer].doorbell.sleeping} {base}")
+    child = shoal.spawn(_mark, flag)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    elsewhere = os.path.exists(flag)
+    blocker.set_result(-3)
+    return w.id, child.result(), elsewhere, pinned.result()
+
+
+def test_a_thief_turned_away_gets_the_next_child_at_once(tmp_path):
+    with shoal.Pilot(workers=2) as p:
+        me, ran_on, elsewhere, pinned = p.submit(
+            _turned_away_thief_gets_the_next_child, str(tmp_path / "ran")).result(60)
+    assert pinned == 3
+    assert elsewhere and ran_on != me, "the sleeping thief never got the child"

@@ -33,6 +33,12 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* ``resources={"GPU": 1}`` (``Pilot.options``) goes to ``client.submit``: dask
+  runs the task only where a worker declared that much.  A request no
+  connected worker meets is refused at submit (``ValueError``); one whose
+  capable worker left later fails after ``resource_wait_s``
+  (``watch_resources``, on the balancer's thread) instead of waiting for good.
+  While such a task runs on a node, the node lends none of its spawned work.
 * ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
   (``provider``); on SLURM a ``JobWatch`` (``jobs``) reports queue
   state, replaces jobs that end, and fails the pending tasks with SLURM's
@@ -120,7 +126,7 @@ class DaskBackend:
     def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
                  cluster=None, provider: str | Provider | None = None, seed: int = 0,
                  connect_timeout: float = 10.0, idle_timeout: float = 600.0, jobs: int = 1,
-                 **provider_options):
+                 resource_wait_s: float = 60.0, **provider_options):
         given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
                                 ("provider", provider)) if v is not None]
         if len(given) != 1:
@@ -182,6 +188,10 @@ class DaskBackend:
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future, object]] = {}
         self._satisfiable: dict[tuple, float] = {}  # resources= -> checked until (monotonic)
+        self._needs: dict[str, dict] = {}  # key of a pending task -> its resources=
+        self._unmet: dict[str, float] = {}  # key -> since when no connected worker offers them
+        self._watched = 0.0
+        self.resource_wait_s = resource_wait_s
         self._dask_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Future -> dask's
         self._done: list[str] = []
         self._flushing = False
@@ -288,6 +298,8 @@ class DaskBackend:
         self._dask_of[fut] = dfut
         with self._lock:
             self._pending[key] = (fut, dfut)
+            if resources:
+                self._needs[key] = resources
             self.counters["submitted"] += 1
         dfut.add_done_callback(self._on_done)
         self.balancer.kick()
@@ -363,6 +375,51 @@ class DaskBackend:
         if offered:
             self._satisfiable[key] = now + RESOURCE_CHECK_S
         return resources
+
+    def watch_resources(self) -> None:
+        """The balancer's thread, about once a second while tasks are out: a task whose
+        ``resources=`` no connected dask worker has offered for ``resource_wait_s`` (its
+        capable worker left after the submit) fails with ``BackendUnavailable`` instead
+        of waiting in dask's ``no-worker`` state for good.  With no worker connected at
+        all (a provider's jobs starting or replaced) nothing is failed."""
+        now = time.monotonic()
+        if now - self._watched < 1.0:
+            return
+        self._watched = now
+        with self._lock:
+            for key in [k for k in self._needs if k not in self._pending]:
+                del self._needs[key]
+                self._unmet.pop(key, None)
+            needs = dict(self._needs)
+        if not needs:
+            return
+        offered = self._offered()
+        if not offered:
+            return
+        for key, res in needs.items():
+            if any(all(have.get(k, 0) >= v for k, v in res.items()) for have in offered.values()):
+                self._unmet.pop(key, None)
+                continue
+            self._satisfiable.pop(tuple(sorted(res.items())), None)  # new submits check afresh
+            since = self._unmet.setdefault(key, now)
+            if now - since < self.resource_wait_s:
+                continue
+            with self._lock:
+                entry = self._pending.pop(key, None)
+                self._needs.pop(key, None)
+                self._unmet.pop(key, None)
+                if entry is not None:
+                    self.counters["failed"] += 1
+            if entry is None:
+                continue
+            fut, dfut = entry
+            listing = "; ".join(f"{a}: {h or 'none'}" for a, h in sorted(offered.items()))
+            settle(fut, False, BackendUnavailable(
+                f"task {key} needs resources={res}, and no connected dask worker has offered "
+                f"that much for {self.resource_wait_s:g} s (the worker that had them left?); "
+                f"workers offer: {listing}"))
+            if self.client.status == "running":
+                self.client.loop.add_callback(self._cancel_async, dfut)
 
     def _offered(self) -> dict[str, dict] | None:
         """Each connected dask worker's resources (None from the client's event loop,

@@ -121,6 +121,10 @@ class Balancer:
                 if self._stop:
                     return
             try:
+                self.backend.watch_resources()  # resources= no worker offers any more
+            except Exception:  # pragma: no cover - the cluster is going away
+                pass
+            try:
                 self._settle()
                 self._balance()
             except Exception:  # the cluster is going away; the pilot reports that itself

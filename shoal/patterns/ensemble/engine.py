@@ -32,8 +32,8 @@ pilot task (remote.py: ``run_executable`` on a node, reaped like a function
 task through its future) and the Scheduler's "cores" are slots, one per shoal
 worker of the cluster (``pilot.workers``): the driver cannot see or pin the
 nodes' CPUs; a task's ``gpus=k`` becomes the dask worker resource ``GPU=k``
-(``remote.dask_resources``), which dask accounts on the nodes.  Everything else — journal, stages, retries,
-reports — is the same code on both.
+(``remote.dask_resources``), which dask accounts on the nodes.  Everything
+else — journal, stages, retries, reports — is the same code on both.
 
 Resume replays the workflow definition: tasks whose journal row is terminal
 are counted, not run; a stage whose tasks are all terminal runs its

@@ -92,7 +92,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
 
     On a dask pilot (``pilot.backend is BackendKind.DASK``) executables run on
     the cluster's nodes as pilot tasks, ``cores`` is a number of slots
-    (default ``pilot.workers``), ``gpus`` is refused, ``memory`` is tracked only
+    (default ``pilot.workers``), ``gpus`` is refused (a task's ``gpus=k`` becomes
+    the dask worker resource ``GPU=k``), ``memory`` is tracked only
     when given, and sandboxes and inputs must be on a filesystem the nodes
     share with the driver; the journal stays here (docs/ensemble.md).
 

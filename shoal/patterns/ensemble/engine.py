@@ -31,9 +31,9 @@ the Scheduler granted, reaped through a pidfd); on a dask pilot it becomes a
 pilot task (remote.py: ``run_executable`` on a node, reaped like a function
 task through its future) and the Scheduler's "cores" are slots, one per shoal
 worker of the cluster (``pilot.workers``): the driver cannot see or pin the
-nodes' CPUs, and refuses ``gpus=`` there rather than hand out GPU ids of a
-machine it does not know.  Everything else — journal, stages, retries,
-reports — is the same code on both.
+nodes' CPUs; a task's ``gpus=k`` becomes the dask worker resource ``GPU=k``
+(``remote.dask_resources``), which dask accounts on the nodes.  Everything
+else — journal, stages, retries, reports — is the same code on both.
 
 Resume replays the workflow definition: tasks whose journal row is terminal
 are counted, not run; a stage whose tasks are all terminal runs its
@@ -91,7 +91,7 @@ from .model import (
     parse_ref,
 )
 from .progress import progress_callback
-from .remote import Ended, ExecSpec, dask_slots, run_executable
+from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
 from .values import Values
@@ -309,16 +309,13 @@ class Engine:
         self.walker.settled(item, state)
 
     def _request(self, task: Task, key) -> Request:
-        return Request(key, task.cores, task.gpus, task.memory_bytes)
+        # on dask, GPUs are dask worker resources (remote.dask_resources), not the driver's
+        return Request(key, task.cores, 0 if self.remote else task.gpus, task.memory_bytes)
 
     def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
         why = self.sched.impossible(self._request(task, 0))
         if why and self.remote:
-            if task.gpus:
-                return (f"asks for {task.gpus} GPUs, but an ensemble on a dask pilot places no "
-                        "GPUs (the driver cannot see the nodes'); run GPU tasks with a local pilot "
-                        "on the GPU machine")
             if task.cores > len(self.sched.cpus):
                 return (f"asks for {task.cores} cores but the dask pilot has "
                         f"{len(self.sched.cpus)} slots (pilot.workers)")
@@ -503,7 +500,9 @@ class Engine:
             inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
             stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at)
         try:
-            fut = self.pilot.submit(run_executable, spec)
+            gpus = dask_resources(t)  # {"GPU": k}: a dask worker resource
+            submit = self.pilot.options(resources=gpus).submit if gpus else self.pilot.submit
+            fut = submit(run_executable, spec)
         except Exception as exc:
             self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.SPAWN, f"cannot submit to the dask pilot: {exc!r}",
@@ -535,7 +534,8 @@ class Engine:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.options(timeout=t.timeout).submit(fn, *args, **dict(t.kwargs))
+            fut = self.pilot.options(timeout=t.timeout, resources=dask_resources(t) if self.remote
+                                     else None).submit(fn, *args, **dict(t.kwargs))
         except Exception as exc:
             self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

@@ -32,9 +32,9 @@ import threading
 import time
 
 import dask
-import dask_tasks as t
 import psutil
 import pytest
+import rt_tasks as t
 from dask_cluster import ROOT, CliCluster, local_cluster, shoal_workers, wait_until
 
 import shoal

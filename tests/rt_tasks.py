@@ -160,8 +160,11 @@ def child_fails():
     return f.result()
 
 
-def spawn_many_and_sleep(n, s):
+def spawn_many_and_sleep(n, s, spawned=None):
+    """n children sleeping s each; ``spawned``: a file created once all are spawned."""
     futs = [shoal.spawn(sleep, s) for _ in range(n)]
+    if spawned is not None:
+        release(spawned)
     return sum(f.result() for f in futs)
 
 

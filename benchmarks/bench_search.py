@@ -435,20 +435,22 @@ def _engine(root, children, goal, **kw):
     """One task's depth-first search in this process (no pilot, no splits): the value."""
     import numpy as np
 
-    from shoal.patterns import _search as S
+    from shoal.patterns.search.control import CONTROL_COLUMNS
+    from shoal.patterns.search.engine import Explorer
+    from shoal.patterns.search.model import Coordination, Goal, SearchSpec
 
-    spec = S.Spec(root=root, children=children, goal=goal, control=None,
-                  coordination=S.Coordination.SEQUENTIAL, **kw)
-    ex = S.Explorer(spec, (), np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
+    spec = SearchSpec(root=root, children=children, goal=goal, control=None,
+                      coordination=Coordination.SEQUENTIAL, **kw)
+    ex = Explorer(spec, (), np.zeros((2, CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
     ex.dfs(root)
-    return ex.tally.count if goal is S.Goal.COUNT else ex.tally.best
+    return ex.tally.count if goal is Goal.COUNT else ex.tally.best
 
 
 def cpu_overhead(apps, repeat: int) -> None:
     """The 1-worker overhead as CPU time (``time.process_time``) of the engine's loop run
     in this process against the reference: on a shared machine wall-clock ratios swing
     with other people's load, CPU time much less (no pilot, no polls of other workers)."""
-    from shoal.patterns import _search as S
+    from shoal.patterns.search.model import Goal
 
     def cpu(fn):
         best, out = float("inf"), None
@@ -462,23 +464,23 @@ def cpu_overhead(apps, repeat: int) -> None:
     for app in apps:
         if isinstance(app, QueensKernel):
             kids = functools.partial(nq.children, app.n)
-            run = functools.partial(_engine, nq.ROOT, kids, S.Goal.COUNT,
+            run = functools.partial(_engine, nq.ROOT, kids, Goal.COUNT,
                                     accept=functools.partial(nq.is_solution, app.n),
                                     kernel=functools.partial(nq.count_from, app.n),
                                     kernel_depth=KERNEL_DEPTH)
         elif isinstance(app, Queens):
             run = functools.partial(_engine, nq.ROOT, functools.partial(nq.children, app.n),
-                                    S.Goal.COUNT, accept=functools.partial(nq.is_solution, app.n))
+                                    Goal.COUNT, accept=functools.partial(nq.is_solution, app.n))
         elif isinstance(app, UTS):
             run = functools.partial(_engine, uts.root(app.params),
-                                    functools.partial(uts.children, app.params), S.Goal.COUNT)
+                                    functools.partial(uts.children, app.params), Goal.COUNT)
         elif isinstance(app, Clique):
             run = functools.partial(_engine, mc.root(app.g), functools.partial(mc.children, app.g),
-                                    S.Goal.OPTIMISE, objective=mc.size, bound=mc.bound,
+                                    Goal.OPTIMISE, objective=mc.size, bound=mc.bound,
                                     cell=_Cell(), prune_level=True)
         else:
             run = functools.partial(_engine, ks.root(app.pr), functools.partial(ks.children, app.pr),
-                                    S.Goal.OPTIMISE, objective=ks.value, bound=ks.bound,
+                                    Goal.OPTIMISE, objective=ks.value, bound=ks.bound,
                                     cell=_Cell(), prune_level=True)
         t_ref, (want, _) = cpu(app.reference)
         t_eng, got = cpu(run)

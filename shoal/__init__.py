@@ -13,6 +13,7 @@ Public surface (a test checks it)::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ._errors import (
@@ -54,13 +55,39 @@ def __getattr__(name: str):
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """Where the calling task runs."""
+    """Where the calling task runs, and how deep: a snapshot taken by ``current_worker()``.
+
+    ``nesting``: tasks on this worker's stack at the call, the calling one included.
+    A task the worker took from its deque or a thief's loot is at 1; a task it runs
+    while another task waits in a help-first join (``result()`` of a spawned child
+    inside a task) is one more than that task.  ``max_nesting``: how many nested
+    tasks this worker's (raised) recursion limit affords, 256 in a shoal worker.  A
+    task that splits work should stop splitting at ``nesting >= max_nesting`` and
+    finish sequentially: its children would otherwise nest joins deeper still.
+    ``hungry()`` is a live read, not part of the snapshot.
+    """
 
     id: int  # endpoint number, 1..N
     cpu: int
     node: int  # NUMA node
     pid: int
     workers: int  # N: the workers of this runtime (on dask: of this worker's machine)
+    nesting: int = 1
+    max_nesting: int = 256
+
+    def hungry(self) -> int:
+        """How many of the other ``workers`` are idle right now: looking for work or asleep
+        after asking every victim in vain (a read of their status words, ~0.1 us each).
+
+        Only in the worker this describes (a task running there): elsewhere it is a
+        RuntimeError, since the answer would be about another process's peers.
+        """
+        worker = _context.worker
+        if worker is None or worker.ep != self.id or os.getpid() != self.pid:
+            raise RuntimeError(
+                f"WorkerInfo.hungry() reads the status of worker {self.id} (pid {self.pid})'s "
+                "peers live; call it in a task running on that worker")
+        return worker.hungry_peers()
 
 
 def spawn(fn, /, *args, **kwargs) -> Future:
@@ -83,9 +110,8 @@ def current_worker() -> WorkerInfo | None:
     worker = _context.worker
     if worker is None:
         return None
-    import os
-
-    return WorkerInfo(worker.ep, worker.cpu, worker.node, os.getpid(), len(worker.node_of))
+    return WorkerInfo(worker.ep, worker.cpu, worker.node, os.getpid(), len(worker.node_of),
+                      worker.depth, worker.max_nesting())
 
 
 __all__ = [

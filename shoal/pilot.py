@@ -33,9 +33,8 @@ import threading
 
 from ._errors import BrokenPilot, PilotClosed
 from .runtime import context
-from .runtime.api import BackendKind
+from .runtime.api import BackendKind, SharedFactory, check_options
 from .runtime.future import Future
-from .runtime.mapping import map_iter
 
 
 class Pilot(cf.Executor):
@@ -78,7 +77,7 @@ class Pilot(cf.Executor):
                 from .dashboard import Dashboard
 
                 self._dashboard = Dashboard(backend=self._backend, address=dashboard)
-            context.push_pilot(self)
+            context.push_pilot(self, self._backend)
         except BaseException:
             self._closed = True
             self._backend.close(cancel_pending=True)
@@ -96,18 +95,20 @@ class Pilot(cf.Executor):
         """
         return self._backend.submit(fn, args, kwargs)
 
-    def options(self, *, retries: int = 0, timeout: float | None = None) -> TaskOptions:
+    def options(self, *, retries: int = 0, timeout: float | None = None,
+                resources: dict[str, float] | None = None) -> TaskOptions:
         """A view of this pilot whose ``submit``/``map`` run tasks with these options.
 
         ``retries``: re-run up to this many times after an exception, a lost
         worker or a timeout.  ``timeout``: seconds a task may run once started;
         past it the worker is killed and replaced and the future gets
         ``shoal.TaskTimeout``.  ``pilot.options(retries=2).submit(fn, x)``.
+        ``resources``: abstract resources each task holds while it runs, e.g.
+        ``{"GPU": 1}``: dask worker resources (a task runs only on a dask worker
+        started with enough of them, docs/dask.md); the local backend refuses them.
         """
-        from .backends.local import _check_options
-
-        _check_options(retries, timeout)
-        return TaskOptions(self, retries, timeout)
+        check_options(retries, timeout, resources)
+        return TaskOptions(self, retries, timeout, None if resources is None else dict(resources))
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             ordered: bool = True, window_bytes: int | None = None):
@@ -122,28 +123,19 @@ class Pilot(cf.Executor):
         past it.  An item's exception is raised by ``next()`` after the results
         before it.
         """
-        return self._map(fn, iterables, timeout, chunksize, ordered, window_bytes, 0, None)
+        return self._map(fn, iterables, timeout, chunksize, ordered, window_bytes, 0, None, None)
 
-    def _map(self, fn, iterables, timeout, chunksize, ordered, window_bytes, retries, task_timeout):
+    def _map(self, fn, iterables, timeout, chunksize, ordered, window_bytes, retries, task_timeout,
+             resources):
         if self._backend.closing:
-            broken = getattr(self._backend, "broken", None)
+            broken = self._backend.broken
             if broken:
                 raise BrokenPilot(broken)
             raise PilotClosed("cannot schedule new futures after shutdown: map() on a closed pilot; "
                               "open a new shoal.Pilot")
-        own_map = getattr(self._backend, "map", None)  # a backend may batch at its own level
-        if own_map is not None and not retries and task_timeout is None:
-            return own_map(fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
-                           window_bytes=window_bytes)
-        submit = None
-        if retries or task_timeout is not None:
-            backend = self._backend
-
-            def submit(runner, args, kwargs):
-                return backend.submit(runner, args, kwargs, retries=retries, timeout=task_timeout)
-
-        return map_iter(self._backend, fn, iterables, ordered=ordered, chunksize=chunksize,
-                        timeout=timeout, window_bytes=window_bytes, submit=submit, catch=not retries)
+        return self._backend.map(fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
+                                 window_bytes=window_bytes, retries=retries, task_timeout=task_timeout,
+                                 resources=resources)
 
     def get(self, dsk, keys, **kwargs):
         """dask's scheduler protocol: ``dask.compute(x, scheduler=pilot.get)`` submits the whole
@@ -168,15 +160,10 @@ class Pilot(cf.Executor):
         if not force:
             if future.cancel():
                 return True
-            children = getattr(self._backend, "cancel_children", None)
-            if children is not None and not future.done():
-                children(future)
+            if not future.done():
+                self._backend.cancel_children(future)
             return False
-        forcer = getattr(self._backend, "force_cancel", None)
-        if forcer is None:
-            raise NotImplementedError(f"cancel(force=True) is not supported by the {self.backend.value} "
-                                      "backend")
-        return forcer(future)
+        return self._backend.force_cancel(future)
 
     def stats(self) -> dict:
         """Counters per worker (tasks run, steals by locality, idle time, messages) and driver totals."""
@@ -194,17 +181,23 @@ class Pilot(cf.Executor):
     @property
     def nodes(self) -> int:
         """Machines (node runtimes) the pilot spans now: 1 locally; dask workers on dask."""
-        return getattr(self._backend, "nodes", 1)
+        return self._backend.nodes
 
     @property
     def topology(self):
         return self._backend.topology
 
     @property
+    def shared(self) -> SharedFactory:
+        """The factory of this pilot's shared objects (``runtime.api.SharedFactory``), what
+        ``SharedArray.per_node``, ``BestCell.for_pilot`` and ``Channel.for_pilot`` call."""
+        return self._backend.shared
+
+    @property
     def _broken(self):
         """Why the pilot cannot run tasks (a worker's initializer failed), or False
         (the attribute ``ProcessPoolExecutor`` has, under the same name)."""
-        return getattr(self._backend, "broken", None) or False
+        return self._backend.broken or False
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -217,9 +210,7 @@ class Pilot(cf.Executor):
         """
         if cancel_futures:
             self._backend.closing = True  # no new work while cancelling
-            cancel = getattr(self._backend, "cancel_pending", None)
-            if cancel is not None:
-                cancel()
+            self._backend.cancel_pending()
         if wait:
             self.close()
             return
@@ -265,7 +256,7 @@ class Pilot(cf.Executor):
                                      daemon=True).start()
                 except RuntimeError:
                     pass
-            if context.exiting or sys.is_finalizing() or getattr(self._backend, "closed", False):
+            if context.exiting or sys.is_finalizing() or self._backend.closed:
                 return  # the exit handler closes it (a thread started now would never run)
             try:
                 threading.Thread(target=context.close_quietly, args=(self._backend,),
@@ -281,24 +272,27 @@ class Pilot(cf.Executor):
 class TaskOptions:
     """``pilot.options(retries=..., timeout=...)``: ``submit``/``map`` with per-task options."""
 
-    __slots__ = ("pilot", "retries", "timeout")
+    __slots__ = ("pilot", "retries", "timeout", "resources")
 
-    def __init__(self, pilot: Pilot, retries: int, timeout: float | None):
-        self.pilot, self.retries, self.timeout = pilot, retries, timeout
+    def __init__(self, pilot: Pilot, retries: int, timeout: float | None,
+                 resources: dict[str, float] | None = None):
+        self.pilot, self.retries, self.timeout, self.resources = pilot, retries, timeout, resources
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         """``pilot.submit`` with these options; every keyword goes to ``fn``."""
-        return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout)
+        return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout,
+                                          resources=self.resources)
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             ordered: bool = True, window_bytes: int | None = None):
         """``pilot.map`` whose batches run with these options (``timeout`` here is the
         map's, as in ``Pilot.map``; the per-batch one is the option)."""
         return self.pilot._map(fn, iterables, timeout, chunksize, ordered, window_bytes,
-                               self.retries, self.timeout)
+                               self.retries, self.timeout, self.resources)
 
     def __repr__(self) -> str:
-        return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}>"
+        res = "" if self.resources is None else f" resources={self.resources}"
+        return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}{res}>"
 
 
 def _worker_count(workers, max_workers):

@@ -199,3 +199,148 @@ def test_resolver(module, is_package, source, expected):
 )
 def test_rules(module, imported, ok):
     assert (violations(module, imported) == []) is ok
+
+
+# -- no reaching into another module's private attributes --------------------------------
+#
+# ``x._name`` (or ``getattr(x, "_name")``) where ``x`` is not ``self``/``cls`` is allowed only
+# in a module that defines ``_name`` itself (a ``def``/``class``, a ``self._name = ...``, a
+# class attribute or ``__slots__`` entry, a module global): the owner.  Private names that
+# no shoal module defines (a third-party object's) are not judged here.  ``from M import
+# _name`` is allowed only between modules of the same package.  An AST heuristic: it goes
+# by names, not types, so two modules defining the same private name own it both.
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_definitions(source: str) -> set[str]:
+    """The private names a module defines (and so owns)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+                            and sub.value.id in ("self", "cls")):
+                        found.add(sub.attr)
+                    elif isinstance(sub, ast.Name):
+                        found.add(sub.id)
+            if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets) and isinstance(
+                    node.value, (ast.Tuple, ast.List)):
+                found.update(e.value for e in node.value.elts if isinstance(e, ast.Constant))
+        elif isinstance(node, ast.alias) and node.asname:
+            found.add(node.asname)  # ``import x as _x``: a private alias of this module
+    return {n for n in found if isinstance(n, str) and _private(n)}
+
+
+def _package_of(module: str, is_package: bool) -> str:
+    return module if is_package else module.rpartition(".")[0]
+
+
+def private_reaches(source: str, module: str, is_package: bool,
+                    owners: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(private name, where)`` for each access to a private name another module owns."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = obj = None
+        if isinstance(node, ast.Attribute):
+            name, obj = node.attr, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            name, obj = node.args[1].value, node.args[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = next(iter(imports_of(ast.unparse(node), module, is_package) or {""}))
+            if not _within(base, "shoal"):
+                continue
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if not _private(alias.name) or (_is_module(target) and not _private(alias.name)):
+                    continue
+                home = _package_of(target, False) if _is_module(target) else _package_of(
+                    base, ROOT.joinpath(*base.split(".")).is_dir())
+                if home != _package_of(module, is_package):
+                    found.append((alias.name, f"line {node.lineno}: from {base} import {alias.name}"))
+            continue
+        if name is None or not _private(name):
+            continue
+        if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+            continue
+        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "super":
+            continue
+        owned_by = owners.get(name, set())
+        if owned_by and module not in owned_by:
+            found.append((name, f"line {node.lineno}: {ast.unparse(node)[:70]} "
+                                f"(owner: {', '.join(sorted(owned_by))})"))
+    return found
+
+
+# Known reaches, each with its reason; remove an entry when its access goes.  Keyed by
+# (module or package prefix, private name).
+PRIVATE_ALLOWED = {
+    ("shoal.backends", "_canceller"): "Future's backend hooks (runtime/future.py): the executor "
+        "side of a concurrent.futures.Future, set per future on the submit hot path",
+    ("shoal.backends", "_prober"): "the same Future hook (RUNNING on demand)",
+    ("shoal.backends", "_state"): "the stdlib Future's state, read by the executor side as "
+        "CPython's own executors do; in backends/dask/backend.py also distributed.Future's "
+        "state, the only place its cancel reason is kept",
+    ("shoal.backends", "_condition"): "the stdlib Future's condition (force-cancel of a "
+        "RUNNING future, which Future.cancel refuses)",
+    ("shoal.runtime.worker", "_canceller"): "Future's hook, worker-local futures",
+    ("shoal.runtime.worker", "_state"): "the stdlib Future's state, worker-local futures",
+    ("shoal.runtime.loans", "_state"): "the same worker-local futures, read by the loan book "
+        "when it decides whether a lost loan must run again",
+    ("shoal.backends.local", "_ring_offsets"): "the ring layout the local backend hands its "
+        "workers; queues/matrix.py to expose it (s-submit's files)",
+    ("shoal.patterns", "_limits"): "the search checkpoint reads the engine's limits "
+        "(patterns/search, s-search's files)",
+    ("shoal.integrations", "_context"): "the joblib backend finds the innermost pilot through "
+        "shoal's private context alias (s-submit's files)",
+}
+
+
+def _allowed(module: str, name: str) -> bool:
+    return any(_within(module, prefix) and name == n for prefix, n in PRIVATE_ALLOWED)
+
+
+def _owners() -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    for path in _modules():
+        for name in private_definitions(path.read_text()):
+            owners.setdefault(name, set()).add(module_name(path))
+    return owners
+
+
+_OWNERS = _owners()
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_reach_through(path):
+    module = module_name(path)
+    found = private_reaches(path.read_text(), module, path.name == "__init__.py", _OWNERS)
+    assert [where for name, where in found if not _allowed(module, name)] == []
+
+
+@pytest.mark.parametrize(
+    "module, source, bad",
+    [
+        ("shoal.runtime.shared", "getattr(pilot, '_backend', None)", ["_backend"]),
+        ("shoal.runtime.context", "def f(pilot):\n    return pilot._backend", ["_backend"]),
+        ("shoal.pilot", "def f(o):\n    return o._backend", []),  # the owner
+        ("shoal.runtime.shared", "def f(self):\n    return self._backend", []),
+        ("shoal.runtime.shared", "def f(x):\n    return x._not_a_shoal_name", []),
+        ("shoal.backends.dask.backend", "from ..local import _check_options", ["_check_options"]),
+        ("shoal.backends.dask.backend", "from .node import _enter", []),  # same package
+        ("shoal.backends.dask.backend", "from ...runtime.api import check_options", []),
+        ("shoal.patterns.x", "from shoal import _context", ["_context"]),
+    ],
+)
+def test_private_rule(module, source, bad):
+    owners = {"_backend": {"shoal.pilot"}, "_check_options": {"shoal.backends.local"},
+              "_enter": {"shoal.backends.dask.node"}, "_context": {"shoal"}}
+    assert [name for name, _ in private_reaches(source, module, False, owners)] == bad

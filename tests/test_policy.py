@@ -149,21 +149,24 @@ def test_finished_without_load_is_an_error():
 
 @settings(max_examples=200)
 @given(
-    st.lists(st.tuples(st.sampled_from("sfrac"), st.integers(0, 5), st.integers(0, 2))),
+    st.lists(st.tuples(st.sampled_from("sfrac"), st.integers(0, 5), st.integers(0, 2),
+                       st.sampled_from([1, 1, 2, 7]))),
     st.integers(0, 2**32),
+    st.sampled_from([[0, 0, 1, 1, 2, 2], [0] * 6]),
 )
-def test_placement_model(ops, seed):
-    """Random event sequences against a plain-dict model of the loads."""
-    node_of = [0, 0, 1, 1, 2, 2]
+def test_placement_model(ops, seed, node_of):
+    """Random event sequences (single and bulk load changes: a batch of tasks pushed or
+    settled at once) against a plain-dict model of the loads."""
     p = Placement(node_of, random.Random(seed))
     loads: dict[int, int] = dict.fromkeys(range(6), 0)
-    for op, w, node in ops:
+    for op, w, node, n in ops:
         if op == "s" and w in loads:
-            p.submitted(w)
-            loads[w] += 1
+            p.submitted(w, n)
+            loads[w] += n
         elif op == "f" and loads.get(w):
-            p.finished(w)
-            loads[w] -= 1
+            n = min(n, loads[w])
+            p.finished(w, n)
+            loads[w] -= n
         elif op == "r" and w in loads:
             p.remove(w)
             del loads[w]
@@ -171,6 +174,7 @@ def test_placement_model(ops, seed):
             p.add(w)
             loads[w] = 0
         elif op == "c" and loads:
+            node %= max(node_of) + 1
             chosen = p.choose(node)
             live = [x for x in loads if node_of[x] == node]
             gmin = min(loads.values())
@@ -181,6 +185,7 @@ def test_placement_model(ops, seed):
                 assert loads[chosen] == gmin
         for x, load in loads.items():
             assert p.load(x) == load
+        assert p.min_load() == (min(loads.values()) if loads else 0)
 
 
 def test_placement_single_node_fast_path_survives_a_second_node():

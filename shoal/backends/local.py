@@ -49,18 +49,29 @@ import time
 import types
 import weakref
 
-from .._errors import BrokenPilot, PilotClosed, SerializationError, TaskTimeout, WorkerLost
+from .._errors import (
+    BrokenPilot,
+    PilotClosed,
+    RemoteTraceback,
+    SerializationError,
+    TaskTimeout,
+    WorkerLost,
+)
 from ..queues import RingMatrix
 from ..queues.ring import Ring
 from ..runtime import context, graph, wire
 from ..runtime import trace as tracing
+from ..runtime.api import check_options as _check_options
+from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
-from ..runtime.future import Future
+from ..runtime.future import Future, settle_many
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
+from ..runtime.mapping import map_iter
 from ..runtime.policy import Placement
+from ..runtime.shared import LocalShared
 from ..runtime.topology import topology as get_topology
-from ..runtime.wire import Flag, Kind
+from ..runtime.wire import Kind
 from ..runtime.worker import (
     POKE,
     STATUS_DEPTH,
@@ -72,10 +83,27 @@ from ..runtime.worker import (
 )
 
 _CACHEABLE = (types.FunctionType, types.BuiltinFunctionType)
+_ATOMIC = graph.ATOMIC
 _LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
 _CANCELLED = "CANCELLED"
+_PENDING = "PENDING"
 _SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
 _LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
+_NO_RESOURCES = ("resources={!r}: the local backend has no worker resources to reserve (they are "
+                 "dask worker resources: backend='dask'); on one machine, give the task its CPUs "
+                 "with workers= and its devices through the environment (CUDA_VISIBLE_DEVICES)")
+# Submit batching: once every worker has _STAGE_LOAD tasks outstanding, new tasks wait in
+# ``staged`` and go out _BATCH at a time (one placement decision, one doorbell); below
+# that load each task is pushed at once, so a lone submit never waits.
+_BATCH = 32
+_STAGE_LOAD = 64
+_RESULT = wire.RESULT
+_OK_STATUS = int(wire.Status.OK)
+_unpack_result = wire.RESULT_HDR.unpack_from
+_pack_task = wire.TASK_HDR.pack
+_TASK = wire.TASK
+_dumps = wire.pickle.dumps
+_loads = wire.pickle.loads
 _log = logging.getLogger("shoal.runtime")
 _live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
 
@@ -150,6 +178,7 @@ class LocalBackend:
         self._cancel_cb = self._cancel
         self._probe_cb = self._probe
         self.tasks: dict[int, _Task] = {}
+        self.staged: list[_Task] = []  # submitted, not yet pushed (see _BATCH); lock held
         self.waiting: dict[int, Future] = {}  # submitted, waiting for their dependencies
         self.ids = itertools.count(1)
         self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
@@ -164,6 +193,7 @@ class LocalBackend:
         self.loot_wait: set[int] = set()  # ... and the workers yet to answer
         self.loot_cond = threading.Condition()
         self.export_lock = threading.Lock()
+        self.shared = LocalShared(workers + 1)  # SharedFactory: one memfd per object
         self.closing = False
         self.closed = False
         self.close_lock = threading.Lock()
@@ -191,6 +221,25 @@ class LocalBackend:
     @property
     def endpoints(self) -> range:
         return range(1, self.n + 1)
+
+    @property
+    def nodes(self) -> int:
+        """One machine."""
+        return 1
+
+    def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
+            timeout: float | None = None, window_bytes: int | None = None, retries: int = 0,
+            task_timeout: float | None = None, resources=None):
+        """``Pilot.map``: ``mapping.map_iter`` over ``submit`` (each batch one task)."""
+        if resources is not None:
+            raise ValueError(_NO_RESOURCES.format(resources))
+        submit = None
+        if retries or task_timeout is not None:
+            def submit(runner, args, kwargs):
+                return self.submit(runner, args, kwargs, retries=retries, timeout=task_timeout)
+
+        return map_iter(self, fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
+                        window_bytes=window_bytes, submit=submit, catch=not retries)
 
     # -- workers -----------------------------------------------------------------------
 
@@ -356,18 +405,38 @@ class LocalBackend:
 
     # -- submitting --------------------------------------------------------------------
 
-    def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None) -> Future:
+    def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None,
+               resources=None) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
             if self.broken is not None:
                 raise BrokenPilot(self.broken)
             raise PilotClosed(self._closed_reason())
-        if type(retries) is not int or retries or timeout is not None:
+        if type(retries) is not int or retries or timeout is not None or resources is not None:
             _check_options(retries, timeout)
+            if resources is not None:
+                raise ValueError(_NO_RESOURCES.format(resources))
         fut = Future()
-        fut.task_id = next(self.ids)
+        tid = fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
         fut._prober = self._probe_cb
+        entry = self.fn_ids.get(id(fn))
+        if entry is not None and not kwargs and not retries and timeout is None:
+            # The fast path: a function the workers know, plain positional arguments (no
+            # futures among them, nothing pickle could refuse or send by reference).
+            for v in args:
+                if type(v) not in _ATOMIC:
+                    break
+            else:
+                task = _Task(fut, _pack_task(_TASK, 0, entry[0], tid) + _dumps((args, kwargs), 5),
+                             0, None, fn)
+                with self.lock:
+                    self.tasks[tid] = task
+                    staged = self.staged
+                    staged.append(task)
+                    if len(staged) >= _BATCH or self.placement.min_load() < _STAGE_LOAD or self.down:
+                        self._flush_staged()
+                return fut
         if (args and graph.any_future(args)) or (kwargs and graph.any_future(kwargs.values())):
             if not callable(fn):
                 raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
@@ -380,26 +449,59 @@ class LocalBackend:
         return fut
 
     def _submit_now(self, fut, fn, args, kwargs, retries, timeout) -> None:
-        flags = Flag.TIMED if timeout is not None else 0
+        flags = wire.TIMED if timeout is not None else 0
         entry = self.fn_ids.get(id(fn))
         if entry is not None:
             fn_id = entry[0]
-            payload = wire.dump_args(args, kwargs, fn)
+            try:  # wire.dump_args inlined (the hot path); anything unusual goes through it
+                payload = _dumps((args, kwargs), 5)
+                if b"main__" in payload:
+                    payload = wire.dump_args(args, kwargs, fn)
+            except Exception:
+                payload = wire.dump_args(args, kwargs, fn)
         elif type(fn) in _CACHEABLE and self._fn_id(fn):
             fn_id = self._fn_id(fn)
             payload = wire.dump_args(args, kwargs, fn)
         elif callable(fn):  # bound methods, partials, callable objects: their state may change
             fn_id = 0
-            flags |= Flag.INLINE_FN
+            flags |= wire.INLINE_FN
             payload = wire.dump_inline(fn, args, kwargs)
         else:
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
-        task = _Task(fut, wire.encode_task(fut.task_id, fn_id, flags, payload), retries, timeout, fn)
+        tid = fut.task_id
+        task = _Task(fut, _pack_task(_TASK, flags, fn_id, tid) + payload, retries, timeout, fn)
         with self.lock:
             if fut._state == _CANCELLED:
                 return
-            self.tasks[fut.task_id] = task
-            self._dispatch(task)
+            self.tasks[tid] = task
+            staged = self.staged
+            staged.append(task)
+            if len(staged) >= _BATCH or self.placement.min_load() < _STAGE_LOAD or self.down:
+                self._flush_staged()
+
+    def _flush_staged(self) -> None:
+        """Push the staged tasks (lock held): one placement decision and one doorbell for
+        the batch.  Who stages makes sure someone flushes: a task is staged only while
+        every worker has ``_STAGE_LOAD`` tasks outstanding, so results are on their way
+        and the pump, which flushes every round (and never parks with tasks staged),
+        is awake soon; ``cancel()`` takes a staged task out first (``_probe``)."""
+        staged, self.staged = self.staged, []
+        live = [t for t in staged if t.future._state == _PENDING]  # cancelled ones stay here
+        if not live:
+            return
+        if self.down:  # a worker has no process now: _dispatch finds live ones
+            for task in live:
+                self._dispatch(task)
+            return
+        w = self.placement.choose()
+        self.placement.submitted(w, len(live))
+        ep = w + 1
+        for task in live:
+            task.placed = task.where = ep
+        box = self.out[ep]
+        box.send_many([t.msg for t in live])
+        if box.pending:
+            self.doorbell.ring()
 
     def _submit_later(self, fut, fn, args, kwargs, retries, timeout) -> None:
         """Hold a task until the futures among its arguments are done, then send it.
@@ -538,6 +640,14 @@ class LocalBackend:
         task = self.tasks.get(tid)
         if self.closed or task is None:
             return False
+        if cancel and not task.where:
+            with self.lock:
+                if not task.where:  # staged, not pushed: take it out, so it never is
+                    try:
+                        self.staged.remove(task)
+                    except ValueError:
+                        pass
+                    return False
         if cancel and task.where:
             # To every worker: a thief may hold the task before the driver hears of the steal.
             # (With retries left, only to its holder: a re-run after a refused cancel must not
@@ -661,6 +771,10 @@ class LocalBackend:
         idle = 0
         while True:
             got = self._drain_inboxes()
+            if self.staged:
+                with self.lock:
+                    if self.staged:
+                        self._flush_staged()
             if self.deadlines:
                 self._check_deadlines()
             if self.down:
@@ -711,6 +825,8 @@ class LocalBackend:
     def _readable(self) -> bool:
         if self.closed:
             return True
+        if self.staged:
+            return True
         for _, box in self.inboxes:
             if box.ring.readable():
                 return True
@@ -733,8 +849,19 @@ class LocalBackend:
                 results = []
                 for m in msgs:
                     try:
-                        if m[0] == Kind.RESULT:
-                            results.append(wire.decode_result(m))
+                        if m[0] == _RESULT:
+                            _, status, tid = _unpack_result(m)
+                            try:
+                                value = _loads(m[16:] if len(m) < 4096 else memoryview(m)[16:])
+                            except BaseException as exc:  # noqa: BLE001 - even SystemExit
+                                results.append((tid, False, wire.result_unpickling_error(tid, status, exc)))
+                                continue
+                            if status == _OK_STATUS:
+                                results.append((tid, True, value))
+                            else:
+                                exc, tb, hops = value
+                                exc.__cause__ = RemoteTraceback(tb, hops)
+                                results.append((tid, False, exc))
                         else:
                             self._handle(ep, m)
                     except BaseException:  # noqa: BLE001 - one bad message, not the batch
@@ -745,9 +872,11 @@ class LocalBackend:
         return got
 
     def _on_results(self, results: list) -> None:
-        """Finish the futures of a batch of results: one lock round for the batch."""
+        """Finish the futures of a batch of results: one lock round and one load update per
+        worker for the batch, then the futures in bulk (``settle_many``)."""
         settle, retry = [], []
-        tasks, finished = self.tasks, self.placement.finished
+        tasks = self.tasks
+        done_on: dict[int, int] = {}
         with self.lock:
             for tid, ok, value in results:
                 task = tasks.get(tid)
@@ -757,11 +886,14 @@ class LocalBackend:
                     retry.append((tid, task, value))
                     continue
                 del tasks[tid]
-                if task.placed:
-                    finished(task.placed - 1)
+                placed = task.placed
+                if placed:
+                    done_on[placed] = done_on.get(placed, 0) + 1
                 settle.append((task.future, ok, value))
-        for fut, ok, value in settle:
-            _settle(fut, ok, value)
+            finished = self.placement.finished
+            for ep, n in done_on.items():
+                finished(ep - 1, n)
+        settle_many(settle, _log)
         for tid, task, value in retry:
             self._fail_or_retry(tid, task, value)
 
@@ -967,7 +1099,7 @@ class LocalBackend:
             except OSError:
                 pass
         self.pidfds, self.procs = {}, {}
-        self.tasks, self.waiting = {}, {}
+        self.tasks, self.waiting, self.staged = {}, {}, []
         self.out, self.inboxes = {}, []
 
     def close(self, cancel_pending: bool = False) -> None:
@@ -1026,14 +1158,6 @@ class LocalBackend:
         self.matrix.close()
 
 
-def _check_options(retries, timeout) -> None:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an int >= 0, got retries={retries!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not timeout > 0):
-        raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")
-
-
 def _force_cancelled(fut: Future) -> None:
     """Move a RUNNING future to CANCELLED (``Future.cancel`` refuses RUNNING ones)."""
     with fut._condition:
@@ -1043,18 +1167,6 @@ def _force_cancelled(fut: Future) -> None:
         fut._condition.notify_all()
     fut._invoke_callbacks()
     fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, tells wait()
-
-
-def _settle(fut: Future, ok: bool, value) -> None:
-    try:
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-    except cf.InvalidStateError:
-        pass  # cancelled meanwhile
-    except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
-        _log.exception("shoal: a done-callback of %r raised", fut)
 
 
 def _after_fork_in_child() -> None:

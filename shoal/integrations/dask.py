@@ -18,13 +18,25 @@ Errors: the first failing node's exception (with the worker's traceback as
 ``__cause__``) is raised by ``get``; nodes that depend on it fail with the same
 exception and are not run; other in-flight nodes are cancelled.
 
-Limits (the local backend): a dependency's result travels worker -> driver ->
-worker (the local backend resolves futures among the arguments in the driver);
-the dask backend resolves them on the workers.
+Where results live: on the local backend the whole culled graph travels as
+*one* task (``_run_graph``).  On a worker it spawns every node whose inputs are
+done as a child task (``shoal.spawn``; idle workers steal them), counts down
+the dependents as children finish, and returns only the requested keys'
+values.  So an intermediate result goes from the worker that made it to the one
+that needs it (a stolen child's result returns to the graph's worker over the
+peer rings) and never through the driver; it is dropped as soon as its last
+dependent has started.  On the dask backend each node is one shoal task with
+its dependencies' futures as arguments, which that backend resolves on its
+workers.
 
 Rejected: dask's ``get_async`` loop for ``pilot.get`` (one driver-side scheduling
 step per finished task); fusing the graph first (dask's optimisations already
-ran in ``dask.compute`` before ``get`` is called).
+ran in ``dask.compute`` before ``get`` is called); on the local backend, one
+driver task per node (a dependency's value then went worker -> driver ->
+worker, since that backend resolves futures among arguments in the driver);
+spawning every node at once with its dependencies' futures as arguments (a
+child with future arguments is pinned to the worker that spawned it, so every
+inner node of the graph would run on that one worker).
 """
 
 from __future__ import annotations
@@ -90,6 +102,18 @@ def get(pilot, dsk, keys, **kwargs):
         dsk = _unculled(dsk) or dsk.__dask_graph__()
     graph = convert_legacy_graph(dsk)
     wanted = list(_flatten(keys))
+    if _on_local_workers(pilot):
+        order = _order(graph, wanted)
+        values = {}
+        tasks = []
+        for key in order:
+            node = graph[key]
+            if isinstance(node, DataNode):
+                values[key] = node.value
+            else:
+                tasks.append((key, node))
+        results = dict(zip(wanted, pilot.submit(_run_graph, tasks, values, wanted).result(), strict=True))
+        return _pack(keys, results)
     futures: dict = {}
     values: dict = {}
     submit = pilot.submit
@@ -118,6 +142,88 @@ def get(pilot, dsk, keys, **kwargs):
             fut.cancel()
         raise
     return _pack(keys, results)
+
+
+def _on_local_workers(pilot) -> bool:
+    """Whether ``pilot``'s tasks may spawn children that other workers steal (the local
+    backend); on dask each node goes as its own task (see the module docstring)."""
+    from shoal import BackendKind
+
+    return pilot.backend is BackendKind.LOCAL
+
+
+def _run_graph(tasks: list, values: dict, wanted: list) -> list:
+    """Run a culled dask graph inside a task: ``tasks`` is ``[(key, node)]`` in dependency
+    order, ``values`` the data nodes; returns the values of ``wanted``.
+
+    Every node whose inputs are done is spawned (``shoal.spawn``) with those inputs'
+    values; a done-callback counts down its dependents, and this task waits (running
+    or stealing other tasks meanwhile: a help-first join) until a new node is ready.
+    The first failing node's exception is raised; nodes not yet started are cancelled.
+    """
+    from collections import deque
+
+    from shoal import Future, spawn
+
+    nodes = dict(tasks)
+    pending: dict = {}  # key -> inputs not yet done
+    dependents: dict = {}  # key -> keys that need it
+    uses: dict = {}  # key -> dependents not yet started (its value is freed at 0)
+    ready: deque = deque()
+    for key, node in tasks:
+        deps = [d for d in node.dependencies if d in nodes]
+        pending[key] = len(deps)
+        for d in deps:
+            dependents.setdefault(d, []).append(key)
+            uses[d] = uses.get(d, 0) + 1
+        if not deps:
+            ready.append(key)
+    keep = set(wanted)
+    left = len(tasks)
+    failed: list = []
+    running: dict = {}
+    wake = None
+
+    def done(key, fut):
+        nonlocal left
+        left -= 1
+        running.pop(key, None)
+        exc = fut.exception() if not fut.cancelled() else None
+        if fut.cancelled():
+            return
+        if exc is not None:
+            failed.append(exc)
+        else:
+            values[key] = fut.result()
+            for k in dependents.get(key, ()):
+                pending[k] -= 1
+                if not pending[k]:
+                    ready.append(k)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    while left and not failed:
+        while ready and not failed:
+            key = ready.popleft()
+            node = nodes[key]
+            deps = {}
+            for d in node.dependencies:
+                deps[d] = values[d]
+                if d in uses:
+                    uses[d] -= 1
+                    if not uses[d] and d not in keep:
+                        del values[d]  # its last dependent has it now
+            fut = running[key] = spawn(node, deps)
+            fut.add_done_callback(lambda f, key=key: done(key, f))
+        if left and not failed and not ready:
+            wake = Future()
+            wake.result()  # help-first: runs and steals tasks until a callback wakes us
+            wake = None
+    if failed:
+        for fut in list(running.values()):
+            fut.cancel()
+        raise failed[0]
+    return [values[k] for k in wanted]
 
 
 def _unculled(expr):

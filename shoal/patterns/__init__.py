@@ -7,6 +7,6 @@
 """
 
 from . import all_pairs, backtracking, branch_and_bound
-from ._search import Coordination, SearchError, SearchStats
+from .search import Coordination, SearchError, SearchStats
 
 __all__ = ["Coordination", "SearchError", "SearchStats", "all_pairs", "backtracking", "branch_and_bound"]

@@ -36,7 +36,7 @@ STRIPS_PER_WORKER = 16  # strips per worker: enough to even out a slow or shared
 
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class StripJob:
     """What every strip task is given (small: the arrays travel as shared-memory handles)."""
 
     x: object  # SharedArray (n, ...)
@@ -71,7 +71,7 @@ def condensed_start(n: int, i: int) -> int:
     return n * i - i * (i + 1) // 2
 
 
-def strip_task(job: Job, i0: int, i1: int) -> int:
+def strip_task(job: StripJob, i0: int, i1: int) -> int:
     """Compute rows [i0, i1) against their columns and write them into ``out``; pairs done.
 
     In a worker, the task unmaps the arrays when it is done: a worker keeps the arrays
@@ -85,7 +85,7 @@ def strip_task(job: Job, i0: int, i1: int) -> int:
                     sa.close()
 
 
-def _strip(job: Job, i0: int, i1: int) -> int:
+def _strip(job: StripJob, i0: int, i1: int) -> int:
     from ._pair_tasks import PairError
 
     x = job.x.array
@@ -138,7 +138,7 @@ def run(pilot, x, y, block, condensed: bool):
         shape = (n * (n - 1) // 2,) if condensed else (n, m)
         out = shoal.SharedArray(shape, "float64")
         owned.append(out)
-        job = Job(xs, ys, out, block, condensed)
+        job = StripJob(xs, ys, out, block, condensed)
         parts = strips(n, STRIPS_PER_WORKER * max(1, pilot.workers), y is None)
         t0 = time.perf_counter()
         futs = [pilot.submit(strip_task, job, i0, i1) for i0, i1 in parts]

@@ -2,7 +2,7 @@
 
 Data flow (one ``all_pairs.compute`` call = one *run*)::
 
-    driver: Spec (items, load, compare, output handles) ─cloudpickle once─► blob
+    driver: PairSpec (items, load, compare, output handles) ─cloudpickle once─► blob
             pilot.submit(tile_task, Run(run_id, blob), root region, tile, origin)
     worker: Run unpickles ─► RunState for run_id (once per process, then looked up)
             tile_task(region): big? ─► spawn the children in reverse Z order, run the
@@ -31,7 +31,7 @@ Invariants:
   abort flag; every task checks it before work, parents cancel their children.
 
 Rejected: shipping items with every task (a stolen task would carry the data
-set; instead the Spec is pickled once into a SharedArray that each process
+set; instead the PairSpec is pickled once into a SharedArray that each process
 maps and unpickles once, and tasks carry only a handle to it); returning tiles to the driver in the default mode (the result matrix is
 shared memory written in place); a cache per run (a worker would hold two
 runs' items at once, with two budgets).
@@ -66,7 +66,7 @@ class Counter(enum.IntEnum):
     STOLEN_REMOTE = 8
 
 
-class Flag(enum.IntEnum):
+class RunFlag(enum.IntEnum):
     ABORT = 0
     DONE = 1
 
@@ -93,7 +93,7 @@ class LoadError(Exception):
         return self.args[0]
 
 
-class Spec:
+class PairSpec:
     """What every task of a run needs; pickled once by the driver (cloudpickle)."""
 
     def __init__(self, **fields):
@@ -103,7 +103,7 @@ class Spec:
 class Run:
     """A run's handle, passed to every task: pickles to ``(run_id, blob handle, length)``.
 
-    The Spec's pickle lives in a ``shoal.SharedArray`` (bytes), so a task message
+    The PairSpec's pickle lives in a ``shoal.SharedArray`` (bytes), so a task message
     carries only the handle (a few dozen bytes) however big the items are.  The
     handle is that SharedArray pickled once *by the driver*: a worker passing a
     stolen task on re-sends those bytes, never re-pickles its own attached copy
@@ -119,7 +119,7 @@ class Run:
         return (_attach, (self.run_id, self.handle, self.size))
 
     def blob(self):
-        """The mapped SharedArray holding the Spec (mapped on first use in this process)."""
+        """The mapped SharedArray holding the PairSpec (mapped on first use in this process)."""
         if self._blob is None:
             import pickle
 
@@ -327,7 +327,7 @@ def state(run: Run) -> RunState:
     """This process's state for ``run`` (made on first use; finished runs are dropped then)."""
     st = _RUNS.get(run.run_id)
     if st is None:
-        for rid in [r for r, s in _RUNS.items() if s.flags[Flag.DONE]]:
+        for rid in [r for r, s in _RUNS.items() if s.flags[RunFlag.DONE]]:
             _RUNS.pop(rid).close()
         st = _RUNS[run.run_id] = RunState(run)
     return st
@@ -342,7 +342,7 @@ def probe_task(run: Run) -> int:
 def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
     """Compute ``region``: split and spawn while big, compute in place when a leaf."""
     st = state(run)
-    if st.flags[Flag.ABORT]:
+    if st.flags[RunFlag.ABORT]:
         return None
     if origin[0] > 0 and origin[0] != st.worker:
         st.ctr[Counter.STOLEN] += 1
@@ -358,7 +358,7 @@ def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
         try:
             return st.leaf(region)
         except BaseException:
-            st.flags[Flag.ABORT] = 1
+            st.flags[RunFlag.ABORT] = 1
             raise
     here = (st.worker, st.node)
     futs = [shoal.spawn(tile_task, run, c, tile, here) for c in reversed(children[1:])]
@@ -366,7 +366,7 @@ def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
         parts = [tile_task(run, children[0], tile, here)]
         parts.extend(f.result() for f in reversed(futs))
     except BaseException:
-        st.flags[Flag.ABORT] = 1
+        st.flags[RunFlag.ABORT] = 1
         for f in futs:
             f.cancel()
         raise

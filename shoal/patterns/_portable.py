@@ -2,8 +2,7 @@
 
 ``portable(fn)`` wraps a function defined in ``__main__`` so it travels by value
 (workers have another ``__main__``); ``unwrap`` takes the wrapper off once per
-task, so the search's hot loop calls the bare function.  Split out of
-``_search`` so the engine module stays about one concept.  (A ``Pinned``
+task, so the search's hot loop calls the bare function (all_pairs uses it too).  (A ``Pinned``
 wrapper for SharedArray/BestCell handles used to live here: handles now name
 their creator's fd wherever they are re-pickled, so it had nothing left to do.)
 """

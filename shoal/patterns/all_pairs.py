@@ -7,7 +7,7 @@ costlier than comparing two, so the design is about reusing loaded items.
 
 Data flow::
 
-    driver ── Spec (keys, load, compare, output handles) pickled once into a
+    driver ── PairSpec (keys, load, compare, output handles) pickled once into a
       │       SharedArray ─► Run handle (tiny: every task message carries it)
       │  probe (only with load= and no tile=): one task loads item 0 → its size
       │  tile = default_tile(n, m, workers, cache_bytes, item size)   [_tiles.py]
@@ -46,12 +46,12 @@ import shoal
 
 from ._pair_tasks import (
     Counter,
-    Flag,
     LoadError,
     Output,
     PairError,
+    PairSpec,
     Run,
-    Spec,
+    RunFlag,
     probe_task,
     tile_task,
 )
@@ -223,9 +223,9 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         rows = workers + 1  # row 0: the driver (unused), then one per worker
         counters = shoal.SharedArray((rows, len(Counter)), "int64", fill=0)
         loads = shoal.SharedArray((rows, max(1, n_items)), "int32", fill=0)
-        flags = shoal.SharedArray((len(Flag),), "int64", fill=0)
+        flags = shoal.SharedArray((len(RunFlag),), "int64", fill=0)
         shared += [counters, loads, flags]
-        spec = Spec(n=n, m=m, items=items, other=other, load=load, compare=compare, block=block,
+        spec = PairSpec(n=n, m=m, items=items, other=other, load=load, compare=compare, block=block,
                     symmetric=symmetric, mode=mode, result=result_sa, path=path, counters=counters,
                     loads=loads, flags=flags, cache_bytes=cache_bytes, top_k=top_k, largest=bool(largest))
         try:
@@ -250,7 +250,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
             topk = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker)
         seconds = time.perf_counter() - t0
         stats = _stats(counters.array, loads.array, n, m, symmetric, tile, workers, seconds, n_items)
-        flags.array[Flag.DONE] = 1
+        flags.array[RunFlag.DONE] = 1
 
         if mode is Output.ARRAY:
             result = result_sa.array.view(AllPairsResult)  # no copy: the pages live as long as it does
@@ -264,7 +264,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         return result
     finally:
         if flags is not None:
-            flags.array[Flag.DONE] = 1  # workers drop this run's state when they see their next run
+            flags.array[RunFlag.DONE] = 1  # workers drop this run's state when they see their next run
         for sa in shared:
             sa.close()
 

@@ -8,7 +8,7 @@ Nodes are named by their child-index path from the root, ``()`` for the root.
 Data flow (``count``/``find``): the driver submits one task for the root; the
 task searches depth-first with an explicit stack of child iterators and, as
 the ``coordination`` says, spawns unexplored siblings as new tasks, which idle
-workers steal (``shoal.patterns._search`` has the details and the invariants).
+workers steal (``shoal.patterns.search`` has the details and the invariants).
 Tallies merge up the join tree.  ``find`` sets a shared stop flag on the first
 hit; every task reads it every ~0.2 ms and unwinds (``stats.stop_latency_s``:
 hit to answer in the driver).
@@ -30,26 +30,24 @@ returns *some* goal node (which one may vary with timing, unless there is one).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import sys
 from dataclasses import dataclass
 
-import shoal
-
 from ._portable import portable
-from ._search import (
-    STOP,
+from .search.checkpoint import make as make_checkpoint
+from .search.checkpoint import next_units
+from .search.control import StopFlag, make_control, slot, stop_all, stopped
+from .search.driver import drive, validate
+from .search.engine import Explorer
+from .search.model import (
     Coordination,
-    Explorer,
     Goal,
     SearchError,
+    SearchSpec,
     SearchStats,
-    Spec,
     check_picklable,
-    stopped,
+    listing,
+    number,
 )
-from ._search_checkpoint import make as make_checkpoint
-from ._search_driver import STOP_WAIT_S, drive, validate
-from ._search_model import number, where
 
 __all__ = ["Coordination", "Count", "Found", "SearchError", "SearchStats", "count", "find",
            "solutions"]
@@ -193,9 +191,9 @@ def solutions(pilot, root, children, accept, *, window: int | None = None,
 def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, window: int):
     """solutions(): a generator of accepted nodes; see backtracking.solutions."""
     check_picklable(root, (), "the root is sent to a worker")
-    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 4), "int64", fill=0)
-    stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-    spec = Spec(root=root, children=portable(children), goal=Goal.COUNT, control=ctl,
+    ctl = make_control(pilot)
+    stop = StopFlag.for_pilot(pilot)
+    spec = SearchSpec(root=root, children=portable(children), goal=Goal.COUNT, control=ctl,
                 stop=stop, accept=portable(accept),
                 coordination=Coordination.STACK_STEALING, collect=True)
     frontier: list = [[(root, ())]]  # lists of units, LIFO: depth-first, so it stays small
@@ -203,13 +201,7 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
     try:
         while frontier or pending:
             while frontier and len(pending) < window:
-                units = frontier.pop()
-                free = window - len(pending) - len(frontier)
-                if len(units) > 1 and free > 1:  # cut it so idle workers get a piece
-                    step = -(-len(units) // min(free, len(units)))
-                    pieces = [units[i:i + step] for i in range(0, len(units), step)]
-                    units = pieces.pop(0)
-                    frontier.extend(reversed(pieces))
+                units = next_units(frontier, window, len(pending))
                 pending.add(pilot.submit(_chunk_task, spec, units, max_nodes, max_found))
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for f in done:
@@ -218,40 +210,27 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
                     frontier.append(left)
                 yield from found
     finally:
-        ctl.array[0, STOP] = 1  # running chunks return at their next node
-        stop.offer(1.0)
-        _, late = cf.wait(pending, timeout=STOP_WAIT_S)
-        for f in late:
-            f.cancel()
+        stop_all(ctl, stop, pending)  # running chunks return at their next node
         ctl.close()
         stop.close()
 
 
-def _chunk_task(spec: Spec, units: list, max_nodes: int, max_found: int):
+def _chunk_task(spec: SearchSpec, units: list, max_nodes: int, max_found: int):
     """solutions(): explore ``units`` [(node, path)] sequentially until ``max_nodes`` nodes
     or ``max_found`` accepted nodes; return (found nodes, units left, tally)."""
     ctl = spec.control.array
-    ex = Explorer(spec, (), ctl, 0 if shoal.current_worker() is None else shoal.current_worker().id % len(ctl), split=False)
+    ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     ex.tally.found_nodes = []
     t = ex.tally
     left: list = []
     stack = list(reversed(units))  # next unit last
     while stack:
-        if t.nodes >= max_nodes or len(t.found_nodes) >= max_found or stopped(spec, ctl):
+        if t.nodes >= max_nodes or len(t.found_nodes) >= max_found or stopped(spec.stop, ctl):
             left.extend(reversed(stack))
             break
         node, path = stack.pop()
         if not ex.visit(node, len(path), path):
             continue
-        it = ex.kids(node, path)
-        kids = []
-        for i in range(sys.maxsize):
-            try:
-                child = next(it)
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
-            kids.append((child, path + (i,)))
+        kids = [(child, path + (i,)) for i, child in enumerate(listing(ex.children, node, path))]
         stack.extend(reversed(kids))
     return t.found_nodes, left, t

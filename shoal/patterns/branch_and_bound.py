@@ -48,9 +48,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._search import Coordination, Goal, SearchError, SearchStats, number
-from ._search_checkpoint import make as make_checkpoint
-from ._search_driver import drive, validate
+from .search.checkpoint import make as make_checkpoint
+from .search.driver import drive, validate
+from .search.model import Coordination, Goal, SearchError, SearchStats, number
 
 __all__ = ["Coordination", "Result", "SearchError", "SearchStats", "maximise", "minimise"]
 

@@ -26,11 +26,12 @@ backends: weakref.WeakSet = weakref.WeakSet()  # backends of open (or closing) p
 exiting = False  # the interpreter is shutting down: no new work
 
 
-def push_pilot(pilot) -> None:
+def push_pilot(pilot, backend) -> None:
+    """``pilot`` opened, running on ``backend`` (closed at interpreter exit if still open)."""
     if exiting:
         raise RuntimeError("cannot start a shoal.Pilot after interpreter shutdown")
     pilots.append(weakref.ref(pilot))
-    backends.add(pilot._backend)
+    backends.add(backend)
 
 
 def drop_pilot(pilot) -> None:

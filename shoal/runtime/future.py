@@ -20,9 +20,10 @@ other's children deadlock a 2-worker pilot).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
-from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
 
 from . import context
 
@@ -49,39 +50,45 @@ _NOLOCK = _NoLock()
 
 
 class _Condition:
-    """``threading.Condition`` cut to what futures use, in one small object.
+    """``threading.Condition`` over a Future's lock, cut to what futures use.
 
     The stdlib Condition allocates a dozen garbage-collected objects (bound
     methods, a deque, a dict); with tens of thousands of futures in flight the
-    cyclic collector spends more time on them than the task takes.  Same
-    semantics: an RLock, and one waiter lock per waiting thread.
+    cyclic collector spends more time on them than the task takes.  Here a
+    future holds no lock of its own: every driver future of this process shares
+    one RLock (``Future._lock``: conditions may share a lock; nothing waits
+    while holding it except ``wait``, which releases it), and, once a thread
+    waits, the future keeps the list of its waiter locks (``_cw``).  This view
+    is made when the stdlib's code asks for ``future._condition`` (never on the
+    hot path).  Same semantics: an RLock, and one waiter lock per waiting thread.
     """
 
-    __slots__ = ("_lock", "_waiters")
+    __slots__ = ("_fut",)
 
-    def __init__(self):
-        self._lock = _RLock()
-        self._waiters = None
+    def __init__(self, fut):
+        self._fut = fut
 
     def __enter__(self):
-        return self._lock.__enter__()
+        return self._fut._lock.__enter__()
 
     def __exit__(self, *exc):
-        return self._lock.__exit__(*exc)
+        return self._fut._lock.__exit__(*exc)
 
     def acquire(self, *args):
-        return self._lock.acquire(*args)
+        return self._fut._lock.acquire(*args)
 
     def release(self):
-        self._lock.release()
+        self._fut._lock.release()
 
     def wait(self, timeout=None):
+        fut = self._fut
+        lock = fut._lock
         waiter = _allocate_lock()
         waiter.acquire()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
-        saved = self._lock._release_save()
+        if fut._cw is None:
+            fut._cw = []
+        fut._cw.append(waiter)
+        saved = lock._release_save()
         got = False
         try:
             if timeout is None:
@@ -92,24 +99,29 @@ class _Condition:
                 got = waiter.acquire(False)
             return got
         finally:
-            self._lock._acquire_restore(saved)
+            lock._acquire_restore(saved)
             if not got:
                 try:
-                    self._waiters.remove(waiter)
+                    fut._cw.remove(waiter)
                 except ValueError:
                     pass
 
     def notify_all(self):
-        waiters = self._waiters
-        if waiters:
-            for waiter in waiters:
-                try:
-                    waiter.release()
-                except RuntimeError:  # pragma: no cover - timed out meanwhile
-                    pass
-            waiters.clear()
+        _wake_all(self._fut)
 
     notify = notify_all  # spurious wake-ups are allowed by the Condition contract
+
+
+def _wake_all(fut) -> None:
+    """Release every thread waiting on ``fut``'s condition (its lock held)."""
+    waiters = fut._cw
+    if waiters:
+        for waiter in waiters:
+            try:
+                waiter.release()
+            except RuntimeError:  # pragma: no cover - timed out meanwhile
+                pass
+        waiters.clear()
 
 
 class Future(cf.Future):
@@ -119,25 +131,47 @@ class Future(cf.Future):
     task_id: int = 0
     _canceller = None
     _prober = None  # driver futures: asks the workers whether the task runs now (-> RUNNING)
+    # Defaults until set: a future costs one object and its condition, not five objects.
+    # Each garbage-collected object per task is paid again by every collection that walks
+    # the futures in flight (20,000 of them in a burst of tiny tasks: ~1.5 us per task).
+    _state = PENDING
+    _result = None
+    _exception = None
+
+    _w = None  # the stdlib's ``_waiters`` list, once someone waits (wait/as_completed)
+    _cb = None  # its ``_done_callbacks`` list, once someone adds one
+    _lock = _RLock()  # shared by the driver futures of this process (see _Condition)
+    _cw = None  # threads blocked in result()/exception(): their waiter locks
 
     def __init__(self):
-        self._condition = _Condition()
-        self._state = PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+        pass  # everything is a class default until set: no garbage-collected parts
+
+    @property
+    def _condition(self):
+        """What the stdlib's code locks and waits on (see ``_Condition``)."""
+        return _NOLOCK if self._lock is None else _Condition(self)
+
+    # concurrent.futures reaches both lists only with the condition's lock held (adding a
+    # waiter or a callback, settling), so making them on first use cannot race.
+    @property
+    def _waiters(self) -> list:
+        w = self._w
+        if w is None:
+            w = self._w = []
+        return w
+
+    @property
+    def _done_callbacks(self) -> list:
+        cb = self._cb
+        if cb is None:
+            cb = self._cb = []
+        return cb
 
     @classmethod
     def local(cls, task_id: int) -> Future:
         """A lock-free future for a task spawned inside a worker: worker thread only."""
         f = cls.__new__(cls)
-        f._condition = _NOLOCK
-        f._state = PENDING
-        f._result = None
-        f._exception = None
-        f._waiters = []
-        f._done_callbacks = []
+        f._lock = None  # no lock: its _condition is _NOLOCK
         f.task_id = task_id
         return f
 
@@ -146,6 +180,10 @@ class Future(cf.Future):
             worker = context.worker
             if worker is not None:
                 worker.help_until(self, timeout)
+        elif self._exception is None:
+            # Done: no lock needed (a finished future never changes; _result was written
+            # before _state).  The common case of collecting thousands of results.
+            return self._result
         return super().result(timeout)
 
     def exception(self, timeout=None):
@@ -186,12 +224,73 @@ class Future(cf.Future):
         return f"<shoal.Future {self.task_id:#x} {self._state.lower()}>"
 
 
+_SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
+
+
+def _new_lock_after_fork() -> None:
+    # A fork while another thread held the shared lock would leave it held forever in
+    # the child: the child's futures get a fresh one.
+    Future._lock = _RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def settle_many(items, log) -> None:
+    """Finish driver futures in bulk: ``items`` of ``(future, ok, value)``.
+
+    What ``set_result``/``set_exception`` do, with the Condition's lock taken
+    directly and no exception for a future settled meanwhile (a cancelled one is
+    skipped): the result pump finishes hundreds of futures per round, and the
+    stdlib's two calls, the set literal and the ``InvalidStateError`` path cost
+    more than the rest of a tiny task's round trip.  The shared lock is taken once
+    for the batch; done-callbacks run after it is released, in order; one that
+    raises (even ``BaseException``) is reported on ``log``.
+    """
+    called, held = [], None
+    try:
+        for fut, ok, value in items:
+            lock = fut._lock
+            if lock is not held:  # in practice one lock for the whole batch
+                if held is not None:
+                    held.release()
+                    held = None
+                lock.acquire()
+                held = lock
+            if fut._state in _SETTLED:
+                continue
+            if ok:
+                fut._result = value
+            else:
+                fut._exception = value
+            fut._state = FINISHED
+            waiters = fut._w
+            if waiters:  # concurrent.futures.wait / as_completed
+                for waiter in waiters:
+                    if ok:
+                        waiter.add_result(fut)
+                    else:
+                        waiter.add_exception(fut)
+            if fut._cw:
+                _wake_all(fut)
+            if fut._cb:
+                called.append(fut)
+    finally:
+        if held is not None:
+            held.release()
+    for fut in called:
+        try:
+            fut._invoke_callbacks()
+        except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
+            log.exception("shoal: a done-callback of %r raised", fut)
+
+
 def set_local_result(fut: Future, value) -> None:
     """Finish a worker-local future (worker thread only; skips the lock dance)."""
     if fut._state == PENDING:
         fut._result = value
         fut._state = FINISHED
-        if fut._done_callbacks:
+        if fut._cb:
             fut._invoke_callbacks()
 
 
@@ -199,5 +298,5 @@ def set_local_exception(fut: Future, exc: BaseException) -> None:
     if fut._state == PENDING:
         fut._exception = exc
         fut._state = FINISHED
-        if fut._done_callbacks:
+        if fut._cb:
             fut._invoke_callbacks()

@@ -6,7 +6,8 @@ The worker loop and the backends feed events in (``submitted``, ``finished``,
 ``remove``, ``add``) and carry the returned decisions out.
 
 Three pieces
-------------
+-----------
+* :func:`steal_share` — how much of its deque a victim hands a thief.
 * :func:`victim_order` — the order in which a thief asks other workers for work:
   every worker on its own NUMA node (shuffled), then the other nodes by distance
   ``|node - mine|`` (then id), workers shuffled within each node.
@@ -37,7 +38,19 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["Placement", "victim_order"]
+__all__ = ["Placement", "steal_share", "victim_order"]
+
+
+def steal_share(queued: int, busy: bool, exporting: bool) -> int:
+    """How many of its ``queued`` tasks a victim gives a thief: half, rounded up only
+    when it answers from inside a running task (``busy``: a lone child is worth giving,
+    the victim has work anyway), rounded down from its loop or a help-first join (it
+    keeps one to run next).  Rounding up in a join too made two joining workers pass a
+    lone stolen task back and forth forever (a livelock of a deep stolen chain: each
+    took it, then gave it away before running it).  ``exporting``: the driver takes
+    work for another machine while a task runs here; it never steals back, so it gets
+    the rounded-up half."""
+    return (queued + 1) // 2 if busy or exporting else queued // 2
 
 
 def victim_order(me: int, node_of: Sequence[int], rng: random.Random) -> list[int]:
@@ -87,10 +100,13 @@ class _Buckets:
             self.min = min(key for key, workers in self.by_load.items() if workers)
 
     def move(self, worker: int, load: int, delta: int) -> None:
-        """Move ``worker`` from ``load`` to ``load + delta`` (delta = +-1): O(1).
+        """Move ``worker`` from ``load`` to ``load + delta``: O(1) for delta = +-1.
 
         Emptied buckets stay in ``by_load`` for reuse (a worker flipping between
         loads 0 and 1 allocates nothing); ``min`` always names a non-empty bucket.
+        A bulk move (delta > 1: a batch of tasks pushed at once) that empties the
+        minimum's bucket finds the new minimum among loads ``load+1 .. load+delta``
+        (every other worker's load is at least the old minimum): O(delta).
         """
         by_load = self.by_load
         bucket = by_load[load]
@@ -101,8 +117,14 @@ class _Buckets:
             target = by_load[new] = OrderedDict()
         target[worker] = None
         self.total += delta
-        if new < self.min or (load == self.min and not bucket):
+        if new < self.min:
             self.min = new
+        elif load == self.min and not bucket:
+            if delta == 1:
+                self.min = new
+            else:
+                get = by_load.get
+                self.min = next(k for k in range(load + 1, new + 1) if get(k))
 
     def pick(self) -> int:
         """A least-loaded worker; rotates it to the back of its bucket (round-robin)."""
@@ -146,26 +168,31 @@ class Placement:
         self._single = len(self._nodes) == 1
 
     # -- events in ----------------------------------------------------------
-    def submitted(self, worker: int) -> None:
-        """A task was pushed to ``worker``."""
+    def submitted(self, worker: int, n: int = 1) -> None:
+        """``n`` tasks were pushed to ``worker``."""
         load = self._load[worker] if 0 <= worker < len(self._load) else None
         if load is None:
             self._live_load(worker)  # raises
-        self._load[worker] = load + 1
-        self._global.move(worker, load, 1)
+        self._load[worker] = load + n
+        self._global.move(worker, load, n)
         if not self._single:
-            self._nodes[self._node_of[worker]].move(worker, load, 1)
+            self._nodes[self._node_of[worker]].move(worker, load, n)
 
-    def finished(self, worker: int) -> None:
-        """A task of ``worker`` finished (or was stolen away from it)."""
+    def finished(self, worker: int, n: int = 1) -> None:
+        """``n`` tasks of ``worker`` finished (or were stolen away from it)."""
         load = self._load[worker] if 0 <= worker < len(self._load) else None
-        if not load:
+        if not load or load < n:
             self._live_load(worker)  # raises if not live
-            raise ValueError(f"finished() for worker {worker} with no outstanding tasks")
-        self._load[worker] = load - 1
-        self._global.move(worker, load, -1)
+            raise ValueError(f"finished({worker}, n={n}) with only {load} outstanding tasks")
+        self._load[worker] = load - n
+        self._global.move(worker, load, -n)
         if not self._single:
-            self._nodes[self._node_of[worker]].move(worker, load, -1)
+            self._nodes[self._node_of[worker]].move(worker, load, -n)
+
+    def min_load(self) -> int:
+        """The outstanding load of the least-loaded live worker (0 when none is live)."""
+        glob = self._global
+        return glob.min if glob.size else 0
 
     def remove(self, worker: int) -> None:
         """Worker lost: never chosen again; its outstanding load is forgotten."""

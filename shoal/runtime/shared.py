@@ -110,10 +110,8 @@ class SharedArray:
         first time a task carrying the handle reaches it; the nodes' copies are
         independent (for per-node bookkeeping, such as who is idle there).
         """
-        make = getattr(getattr(pilot, "_backend", None), "node_array", None)
-        if make is not None:
-            return make(tuple(shape) if not isinstance(shape, int) else (shape,), dtype, fill)
-        return cls(shape, dtype, fill=fill)
+        return pilot.shared.node_array(tuple(shape) if not isinstance(shape, int) else (shape,),
+                                       dtype, fill)
 
     @classmethod
     def _attach(cls, token: str, pid: int, fd: int, shape, dtype) -> SharedArray:
@@ -202,10 +200,13 @@ class BestCell:
         one replica per node, kept in step through the driver (an improvement
         reaches the other nodes within milliseconds; docs/dask.md).
         """
-        make = getattr(getattr(pilot, "_backend", None), "best_cell", None)
-        if make is not None:
-            return make(sense, initial)
-        return cls(pilot.workers + 1, sense, initial=initial)
+        return pilot.shared.best_cell(sense, initial)
+
+    @property
+    def slots(self):
+        """The per-process slots (numpy float64; slot i written only by process i).  For a
+        backend that keeps replicas of a cell in step (backends/dask/cells.py)."""
+        return self._slots.array
 
     def _me(self) -> int:
         worker = context.worker
@@ -259,10 +260,9 @@ class Channel:
 
     @classmethod
     def for_pilot(cls, pilot, size: int = 1 << 15) -> Channel:
-        make = getattr(getattr(pilot, "_backend", None), "channel", None)
-        if make is not None:
-            return make(size)
-        return cls(pilot.workers + 1, size)
+        """A channel from the tasks of ``pilot`` to its driver (each node forwards its
+        slots on a dask pilot)."""
+        return pilot.shared.channel(size)
 
     def _words(self, row: int):
         return self._board.array[row, :8 * _HEADER].view("int64")
@@ -294,3 +294,20 @@ class Channel:
 
     def close(self) -> None:
         self._board.close()
+
+
+class LocalShared:
+    """The ``SharedFactory`` (runtime/api.py) of a one-machine pilot: every object is one
+    memfd that the driver and all workers map; ``slots`` = driver + workers."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+
+    def node_array(self, shape, dtype, fill) -> SharedArray:
+        return SharedArray(shape, dtype, fill=fill)
+
+    def best_cell(self, sense, initial) -> BestCell:
+        return BestCell(self.slots, sense, initial=initial)
+
+    def channel(self, size: int) -> Channel:
+        return Channel(self.slots, size)

@@ -74,6 +74,17 @@ class Status(enum.IntEnum):
 
 TASK_HDR = struct.Struct("<BBxxIQ")  # kind, flags, fn id, task id
 RESULT_HDR = struct.Struct("<BBxxxxxxQ")  # kind, status, task id
+
+# Plain-int twins of the enums for the per-task paths: ``flags & Flag.TIMED`` runs
+# IntFlag's Python-level ``__rand__`` (~1 us), ``int & TIMED`` is one C operation.
+TASK = int(Kind.TASK)
+RESULT = int(Kind.RESULT)
+INLINE_FN = int(Flag.INLINE_FN)
+TIMED = int(Flag.TIMED)
+_OK = int(Status.OK)
+_ERROR = int(Status.ERROR)
+_pack_task = TASK_HDR.pack
+_pack_result = RESULT_HDR.pack
 OWNER_SHIFT = 48
 SEQ_MASK = (1 << OWNER_SHIFT) - 1
 
@@ -95,7 +106,7 @@ def owner_of(task_id: int) -> int:
 
 
 def encode_task(task_id: int, fn_id: int, flags: int, payload: bytes) -> bytes:
-    return TASK_HDR.pack(Kind.TASK, flags, fn_id, task_id) + payload
+    return _pack_task(TASK, flags, fn_id, task_id) + payload
 
 
 def decode_task_header(msg: bytes) -> tuple[int, int, int]:
@@ -244,12 +255,14 @@ _TB_FRAMES = 1000  # frames of a remote traceback formatted at most (the innermo
 def encode_result(task_id: int, value) -> bytes:
     try:
         data = _dumps(value, _PROTO)
-        if b"main__" in data:  # classes rebuilt by value in this worker (see dump_args)
+        # classes rebuilt by value in this worker (see dump_args); a reference to one needs
+        # more than 15 bytes (the module name alone is 8), so small results skip the scan
+        if len(data) > 15 and b"main__" in data:
             data = cloud_dumps(value)
-        return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + data
+        return _pack_result(RESULT, _OK, task_id) + data
     except BaseException:  # noqa: BLE001 - a __reduce__ raising SystemExit must not kill the worker
         try:
-            return RESULT_HDR.pack(Kind.RESULT, Status.OK, task_id) + cloud_dumps(value)
+            return _pack_result(RESULT, _OK, task_id) + cloud_dumps(value)
         except Exception as exc:  # noqa: BLE001
             err = PicklingError(f"cannot pickle the result ({type(value).__name__}): {exc!r}")
             err.__cause__ = exc
@@ -310,7 +323,7 @@ class _ExcByState:
 
 def encode_error(task_id: int, exc: BaseException) -> bytes:
     tb, hops = remote_text(exc)
-    hdr = RESULT_HDR.pack(Kind.RESULT, Status.ERROR, task_id)
+    hdr = _pack_result(RESULT, _ERROR, task_id)
     try:
         body = cloud_dumps((exc, tb, hops))
         _loads(body)  # an exception whose __init__ takes other arguments fails only here
@@ -336,15 +349,19 @@ def decode_result(msg: bytes):
     try:
         obj = _loads(body)
     except BaseException as exc:  # noqa: BLE001 - SystemExit too: it must not end the receiving thread
-        what = "result" if status == Status.OK else "exception"
-        err = UnpicklingError(f"cannot unpickle the {what} of task {task_id:#x}: {exc!r}")
-        err.__cause__ = exc
-        return task_id, False, err
-    if status == Status.OK:
+        return task_id, False, result_unpickling_error(task_id, status, exc)
+    if status == _OK:
         return task_id, True, obj
     exc, tb, hops = obj
     exc.__cause__ = RemoteTraceback(tb, hops)
     return task_id, False, exc
+
+
+def result_unpickling_error(task_id: int, status: int, exc: BaseException) -> UnpicklingError:
+    what = "result" if status == Status.OK else "exception"
+    err = UnpicklingError(f"cannot unpickle the {what} of task {task_id:#x}: {exc!r}")
+    err.__cause__ = exc
+    return err
 
 
 def unpickling_error(task_id: int, exc: BaseException) -> UnpicklingError:

@@ -46,11 +46,12 @@ one worker, T1 would nest thousands of levels).  So a task gives away the bottom
 half only while few search tasks are nested on this worker's stack
 (``_BOTTOM_NESTING``); deeper it gives away the top half, which holds little
 work, so chains stay short; at ``max_nesting`` it stops splitting and finishes
-its frontier sequentially.  Measured on one worker, T1, T2, T4 and T5 nest at
+its frontier sequentially.  Both numbers come from the runtime:
+``shoal.current_worker().nesting`` (tasks nested in joins on this worker's
+stack) and ``.max_nesting``.  Measured on one worker, T1, T2, T4 and T5 nest at
 most ~25 levels at any cutoff; T3, where either half holds half the work, ~34
-at cutoff 8192 and ~60 at 2048.  The default cap follows the worker's
-recursion limit (``default_max_nesting``: 256 in a shoal worker, which raises
-its limit; 50 under the interpreter's default of 1000; a join costs ~5 frames).
+at cutoff 8192 and ~60 at 2048.  The default cap is the
+worker's ``max_nesting`` (what its raised recursion limit affords: 256).
 In a binomial tree (T3) every stack entry has the same expected subtree size
 (the process is near-critical, ``q*m = 0.999``), so either half is half the
 work in expectation.
@@ -81,7 +82,6 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
-import sys
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
@@ -116,7 +116,6 @@ __all__ = [
     "children",
     "count_parallel",
     "count_sequential",
-    "default_max_nesting",
     "num_children",
     "rng_init",
     "rng_rand",
@@ -254,6 +253,28 @@ class UTSParams:
 
     def __str__(self) -> str:
         return f"{self.name or 'UTS'}({self.to_args()})"
+
+    def __reduce__(self):
+        """Unpickled parameters are interned: every task a worker runs on one tree shares
+        one object.  ``children``/``num_children`` look up the tree's child counter in an
+        lru_cache per node, and an equal copy per task (each spawned or stolen task
+        unpickles its own) made that lookup compare field by field: ~25% of the per-node
+        time of a user's own loop over ``children``."""
+        return (_interned, (self.tree_type, self.b0, self.seed, self.depth, self.shape,
+                            self.q, self.m, self.shift_depth, self.name))
+
+
+_INTERNED: dict[tuple, UTSParams] = {}
+
+
+def _interned(*fields) -> UTSParams:
+    """The one UTSParams of this process with these fields (name included)."""
+    params = _INTERNED.get(fields)
+    if params is None:
+        if len(_INTERNED) > 1024:
+            _INTERNED.clear()  # many distinct trees: a bound, not a cache policy
+        params = _INTERNED[fields] = UTSParams(*fields)
+    return params
 
 
 class Node(NamedTuple):
@@ -526,48 +547,34 @@ def count_sequential(params: UTSParams) -> int:
 
 DEFAULT_CUTOFF = 4096  # nodes a task expands between two spawns (~2 ms of SHA-1)
 _BOTTOM_NESTING = 16  # below this nesting give away the bottom half, above it the top
-_FRAMES_PER_NESTING = 20  # budget per nested join: a shoal join costs ~5 Python frames
-_MAX_NESTING_CEILING = 256
-
-
-def default_max_nesting() -> int:
-    """The nesting cap for this process: what its recursion limit affords, at most 256.
-
-    A shoal worker raises its recursion limit, so there this is 256; under the
-    interpreter's default limit (1000) it is 50.
-    """
-    return max(4, min(_MAX_NESTING_CEILING, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
-
-_nesting = 0  # _search_task frames active in this process (a worker runs one thread)
 
 
 def _search_task(params: UTSParams, frontier: list, cutoff: int,
                  max_nesting: int | None) -> TreeStats:
     """One task: explore ``frontier``, spawning half of its stack every ``cutoff`` nodes."""
-    global _nesting
-    # None: what the recursion limit of the process running this task affords
-    limit = default_max_nesting() if max_nesting is None else max_nesting
-    _nesting += 1
-    try:
-        stack = list(frontier)
-        total = TreeStats()
-        spawned = []
-        while stack:
-            total += _expand(params, stack, cutoff)
-            if len(stack) > 1 and _nesting < limit:
-                half = len(stack) // 2
-                if _nesting < min(_BOTTOM_NESTING, limit // 2):
-                    piece = stack[:half]  # the oldest, shallowest nodes: for a thief
-                    del stack[:half]
-                else:
-                    piece = stack[half:]  # deep in a join chain: keep the heavy part
-                    del stack[half:]
-                spawned.append(shoal.spawn(_search_task, params, piece, cutoff, max_nesting))
-        for fut in reversed(spawned):  # newest first: the top of our own deque
-            total += fut.result()
-        return total
-    finally:
-        _nesting -= 1
+    w = shoal.current_worker()
+    if w is None:  # run in the driver: spawn is submit there, so nothing nests
+        nesting, limit = 1, 2 if max_nesting is None else max_nesting
+    else:
+        nesting, limit = w.nesting, w.max_nesting if max_nesting is None else max_nesting
+    bottom = min(_BOTTOM_NESTING, limit // 2)
+    stack = list(frontier)
+    total = TreeStats()
+    spawned = []
+    while stack:
+        total += _expand(params, stack, cutoff)
+        if len(stack) > 1 and nesting < limit:
+            half = len(stack) // 2
+            if nesting < bottom:
+                piece = stack[:half]  # the oldest, shallowest nodes: for a thief
+                del stack[:half]
+            else:
+                piece = stack[half:]  # deep in a join chain: keep the heavy part
+                del stack[half:]
+            spawned.append(shoal.spawn(_search_task, params, piece, cutoff, max_nesting))
+    for fut in reversed(spawned):  # newest first: the top of our own deque
+        total += fut.result()
+    return total
 
 
 def search_parallel(pilot, params: UTSParams, *, cutoff: int = DEFAULT_CUTOFF,
@@ -576,8 +583,8 @@ def search_parallel(pilot, params: UTSParams, *, cutoff: int = DEFAULT_CUTOFF,
 
     ``cutoff``: nodes a task expands between two spawns (the task granularity).
     ``max_nesting``: how many search tasks a worker may run nested in joins before
-    it stops splitting (bounds the Python stack); by default what the worker's
-    recursion limit affords (``default_max_nesting``).
+    it stops splitting (bounds the Python stack); by default the worker's own
+    ``shoal.current_worker().max_nesting``.
     """
     if cutoff < 1 or (max_nesting is not None and max_nesting < 1):
         raise ValueError("cutoff and max_nesting must be >= 1")

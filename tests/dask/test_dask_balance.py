@@ -15,7 +15,7 @@ from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
 )
 
 import shoal
-from shoal.backends._dask_balance import plan
+from shoal.backends.dask.balance import plan
 from shoal.workloads import uts
 
 pytestmark = pytest.mark.fd_slack(8)

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 import shoal
-from shoal.backends._dask_provider import Provider, jobqueue_kwargs, walltime_seconds
+from shoal.backends.dask.provider import Provider, jobqueue_kwargs, walltime_seconds
 
 
 def test_walltime_seconds():
@@ -61,7 +61,7 @@ def test_missing_dask_jobqueue_is_a_clear_error(provider):
 
 
 def test_cpu_slices_split_each_host():
-    from shoal.backends._dask_node import cpu_slices
+    from shoal.backends.dask.node import cpu_slices
 
     probes = {"tcp://a:2": ("tcp://a", (0, 1, 2, 3)), "tcp://a:1": ("tcp://a", (0, 1, 2, 3)),
               "tcp://b:1": ("tcp://b", (0, 1))}

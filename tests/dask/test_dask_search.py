@@ -24,7 +24,7 @@ from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
 )
 
 import shoal
-from shoal.backends import _dask_cells
+from shoal.backends.dask import cells as dask_cells
 from shoal.patterns import backtracking as bt
 from shoal.patterns import branch_and_bound as bb
 
@@ -150,7 +150,7 @@ def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
         client.run(st.write_worker_slot, cell, 7.0, workers=[b])  # worse: changes nothing
         assert cell.value == 9.0
         cell.close()
-        assert _dask_cells.topic(pilot._backend.token).startswith("shoal-cells-")
+        assert dask_cells.topic(pilot._backend.token).startswith("shoal-cells-")
 
 
 def test_sigkill_dask_worker_mid_search():

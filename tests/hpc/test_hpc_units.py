@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import shoal
-from shoal.backends._dask_jobs import (
+from shoal.backends.dask.jobs import (
     Fail,
     JobPolicy,
     JobState,
@@ -20,7 +20,7 @@ from shoal.backends._dask_jobs import (
     Warn,
     fold_state,
 )
-from shoal.backends._dask_provider import batch_time, walltime_seconds
+from shoal.backends.dask.provider import batch_time, walltime_seconds
 from shoal.ensemble import EnsembleError, parse_walltime
 from shoal.patterns.ensemble.resource import Resource, ResourceKind, merge, time_left
 from shoal.runtime import allocation as al
@@ -94,7 +94,7 @@ def test_policy_replaces_an_ended_job_and_gives_up_on_a_crash_loop():
 def test_policy_replaces_a_job_the_cluster_dropped_once():
     """dask-jobqueue closes a job whose worker was lost for 15 s (a requeued job waiting
     in the queue) and leaves its name without a job: replaced, once, with a readable why."""
-    from shoal.backends._dask_jobs import DROPPED
+    from shoal.backends.dask.jobs import DROPPED
 
     pol = JobPolicy()
     pol.step(0, {"w0": "5"}, {"5": Seen("PENDING", "BeginTime")}, set())
@@ -318,7 +318,7 @@ def test_a_silent_squeue_changes_nothing_and_is_said_once():
 
     from slurm_helpers import LogLines
 
-    from shoal.backends._dask_jobs import JobWatch
+    from shoal.backends.dask.jobs import JobWatch
 
     job = types.SimpleNamespace(job_id="3")
     cluster = types.SimpleNamespace(workers={"w0": job}, worker_spec={"w0": {}})

@@ -61,3 +61,22 @@ def test_raw_graph_and_nested_keys(pilot):
     assert pilot.get(dsk, ["z", ["x", "y"]]) == (3, (1, 2))
     with pytest.raises(KeyError, match="nope"):
         pilot.get(dsk, "nope")
+
+
+def test_intermediate_results_stay_on_the_workers(pilot):
+    """``pilot.get`` on the local backend: a result that only other nodes need never
+    crosses the driver.  The intermediates here refuse to be unpickled in the driver's
+    process, and the driver receives a handful of messages for a 511-node graph."""
+    import os
+
+    me = os.getpid()
+    level = [delayed(it.make_refusing)(i, me) for i in range(256)]
+    while len(level) > 1:  # a tree of reductions: inner nodes need each other's results
+        level = [delayed(it.combine_refusing)(a, b) for a, b in zip(level[::2], level[1::2], strict=True)]
+    total = delayed(it.unwrap)(level[0])
+    before = pilot.stats()["driver"]["messages_in"]
+    assert dask.compute(total, scheduler=pilot.get) == (sum(range(256)),)
+    received = pilot.stats()["driver"]["messages_in"] - before
+    assert received < 20, f"the driver received {received} messages for a 511-node graph"
+    with pytest.raises(shoal.UnpicklingError, match="reached the driver"):  # the check works
+        dask.compute(level[0], scheduler=pilot.get)

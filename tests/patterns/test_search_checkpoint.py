@@ -22,7 +22,7 @@ from checkpoint_kill import kill_and_resume
 
 import shoal
 from shoal.patterns import SearchError, backtracking, branch_and_bound
-from shoal.patterns import _search_checkpoint as C
+from shoal.patterns.search import checkpoint as C
 from shoal.workloads.nqueens import OEIS_A000170
 
 mc = apps.search_maxclique
@@ -70,16 +70,16 @@ def test_interrupted_and_resumed_in_process(pilot2, tmp_path, monkeypatch):
     """A chunk fails mid-search (an exception in the driver's loop): the checkpoint written
     on the way out resumes to the exact count; the file is gone at the end."""
     ck = tmp_path / "q.ckpt"
-    real = C.Checkpoint.save
+    real = C.SearchCheckpoint.save
 
     def save_then_fail(self, tally, units):
         real(self, tally, units)
         if tally.nodes and units:  # mid-search: part done, part open
             raise KeyboardInterrupt  # as a Ctrl-C in the driver would
-    monkeypatch.setattr(C.Checkpoint, "save", save_then_fail)
+    monkeypatch.setattr(C.SearchCheckpoint, "save", save_then_fail)
     with pytest.raises(KeyboardInterrupt):
         nq.count_queens(pilot2, 10, checkpoint=ck, checkpoint_interval=0.001)
-    monkeypatch.setattr(C.Checkpoint, "save", real)
+    monkeypatch.setattr(C.SearchCheckpoint, "save", real)
     tally, units = pickle.loads(ck.read_bytes())["tally"], pickle.loads(ck.read_bytes())["units"]
     assert units and 0 < tally.nodes  # a real frontier, part of the work done
     assert [u[1] for u in units] == sorted(u[1] for u in units)
@@ -114,7 +114,7 @@ def test_checkpointed_bnb_and_find_match_the_engine(pilot2, tmp_path, ordered):
 
 def test_checkpoint_of_another_search_is_refused(pilot2, tmp_path):
     ck = tmp_path / "x.ckpt"
-    C.Checkpoint(ck, 1.0, "backtracking.count", "0" * 64).save(C.Tally(), [])
+    C.SearchCheckpoint(ck, 1.0, "backtracking.count", "0" * 64).save(C.Tally(), [])
     with pytest.raises(SearchError, match="belongs to another search"):
         nq.count_queens(pilot2, 6, checkpoint=ck)
     ck.write_bytes(b"not a pickle")
@@ -128,7 +128,7 @@ def test_checkpoint_of_another_search_is_refused(pilot2, tmp_path):
 
 def test_atomic_write_leaves_old_or_new(tmp_path, monkeypatch):
     """A failure in the middle of a save (the disk full, say) keeps the previous file."""
-    ck = C.Checkpoint(tmp_path / "a", 1.0, "k", "d")
+    ck = C.SearchCheckpoint(tmp_path / "a", 1.0, "k", "d")
     ck.save(C.Tally(count=1), [((), ())])
 
     def broken_fsync(fd):

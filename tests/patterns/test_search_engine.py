@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoal.patterns import _search as S
+from shoal.patterns.search import control as C
+from shoal.patterns.search import engine as E
+from shoal.patterns.search import loops as L
+from shoal.patterns.search import model as M
 
 
 def tree(node):  # an irregular tree: node = its path
@@ -24,26 +27,26 @@ class _Cell:  # an incumbent that never improves: every node is explored
 
 
 def _optimise_kw(goal) -> dict:
-    if goal is not S.Goal.OPTIMISE:
+    if goal is not M.Goal.OPTIMISE:
         return {}
     return dict(objective=lambda n: -1, bound=lambda n: 0, cell=_Cell(), prune_level=False)
 
 
-@pytest.mark.parametrize("goal", [S.Goal.COUNT, S.Goal.OPTIMISE])
+@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
 def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
-    monkeypatch.setattr(S, "POLL_S", 0.0)  # poll at every tick
-    monkeypatch.setattr(S, "TICK", 1)
+    monkeypatch.setattr(E, "POLL_S", 0.0)  # poll at every tick
+    monkeypatch.setattr(L, "TICK", 1)
     shipped = []
-    monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
-    ctl = np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
-    spec = S.Spec(root=(), children=tree, goal=goal, control=None, **_optimise_kw(goal))
+    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+    ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
+    spec = M.SearchSpec(root=(), children=tree, goal=goal, control=None, **_optimise_kw(goal))
     total = tasks = 0
     todo = [((), ())]
     while todo:
         node, path = todo.pop()
         assert node == path  # a node is its own path in this tree
-        assert S.replay(spec, path) == node
-        ex = S.Explorer(spec, path, ctl, 0, split=True)
+        assert M.replay(spec, path) == node
+        ex = E.Explorer(spec, path, ctl, 0, split=True)
         ex.dfs(node)
         total += ex.tally.nodes
         tasks += 1
@@ -54,9 +57,9 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal):
 
 
 def test_count_per_depth_in_process():
-    spec = S.Spec(root=(), children=tree, goal=S.Goal.COUNT, control=None, per_depth=True,
-                  coordination=S.Coordination.SEQUENTIAL)
-    ex = S.Explorer(spec, (), np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
+    spec = M.SearchSpec(root=(), children=tree, goal=M.Goal.COUNT, control=None, per_depth=True,
+                  coordination=M.Coordination.SEQUENTIAL)
+    ex = E.Explorer(spec, (), np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
     ex.dfs(())
     want: dict = {}
     stack = [()]
@@ -70,22 +73,22 @@ def test_count_per_depth_in_process():
 
 
 
-@pytest.mark.parametrize("goal", [S.Goal.COUNT, S.Goal.OPTIMISE])
+@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
 @pytest.mark.parametrize("budget", [1, 3])
 def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, budget):
     """BUDGET splits the shallowest open level after ``budget`` backtracks, also at a leaf
     (which the count loop does not push): every shipped subtree is named by its true path
     and the counts add up."""
     shipped = []
-    monkeypatch.setattr(S.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
-    spec = S.Spec(root=(), children=tree, goal=goal, control=None,
-                  coordination=S.Coordination.BUDGET, budget=budget, **_optimise_kw(goal))
-    ctl = np.zeros((2, S.CONTROL_COLUMNS), dtype=np.int64)
+    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+    spec = M.SearchSpec(root=(), children=tree, goal=goal, control=None,
+                  coordination=M.Coordination.BUDGET, budget=budget, **_optimise_kw(goal))
+    ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)
     total, todo = 0, [((), ())]
     while todo:
         node, path = todo.pop()
         assert node == path  # a node is its own path in this tree
-        ex = S.Explorer(spec, path, ctl, 0, split=True)
+        ex = E.Explorer(spec, path, ctl, 0, split=True)
         ex.dfs(node)
         total += ex.tally.nodes
         todo.extend(shipped)

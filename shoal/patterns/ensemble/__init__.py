@@ -8,9 +8,9 @@ the driver lock), ``status`` (RunStatus: a run's honest status from its
 journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 (executables as pilot tasks on the nodes of a dask pilot), ``functions``
 (function tasks on N CPUs; local code travelling to dask), ``report``
-(Results/StageContext/Report), ``walker`` (pipelines, stages, the stage
-barrier), ``progress`` (the progress line), ``engine`` (the driver loop:
-place, launch, reap), ``entk`` (EnTK's AppManager), and ``commands``
+(Results/StageContext/Report), ``walker`` (the Walker: pipelines, stages,
+the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
+the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager), and ``commands``
 (``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
@@ -33,7 +33,7 @@ from .model import (
     TaskState,
 )
 from .report import Report, Results, StageContext
-from .scheduler import Placement, Request, Scheduler
+from .scheduler import Grant, Request, Scheduler
 from .status import Driver, DriverState, PipelineStatus, RunStatus, StageStatus, TaskFailure
 from .values import Values
 
@@ -92,7 +92,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
 
     On a dask pilot (``pilot.backend is BackendKind.DASK``) executables run on
     the cluster's nodes as pilot tasks, ``cores`` is a number of slots
-    (default ``pilot.workers``), ``gpus`` is refused, ``memory`` is tracked only
+    (default ``pilot.workers``), ``gpus`` is refused (a task's ``gpus=k`` becomes
+    the dask worker resource ``GPU=k``), ``memory`` is tracked only
     when given, and sandboxes and inputs must be on a filesystem the nodes
     share with the driver; the journal stays here (docs/ensemble.md).
 
@@ -126,6 +127,6 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
 __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
-    "Request", "Placement", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
+    "Request", "Grant", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
     "TaskFailure", "Driver", "DriverState", "Values",
 ]

@@ -19,8 +19,11 @@ Invariants:
     FAILED task; other pipelines go on.
 
 The pipeline/stage half (pulling pipelines and tasks, the stage barrier,
-``after=``/``when=`` of stages, callbacks) lives in walker.py, mixed in as
-``Walker``; this module places, launches, reaps and journals.
+``after=``/``when=`` of stages, callbacks) is a separate object, ``Walker``
+(walker.py), which hands tasks over through the ``Intake`` protocol that this
+``Engine`` implements (``has_room``/``admit``/``impossible``) and is told when
+each one is settled; walker.py's docstring has the whole interface and who
+owns what.  This module places, launches, reaps and journals the tasks.
 
 Two ways to launch an executable, chosen once per run from the pilot: on the
 local backend the driver spawns it (launcher.py: Popen, pinned to the cores
@@ -28,9 +31,9 @@ the Scheduler granted, reaped through a pidfd); on a dask pilot it becomes a
 pilot task (remote.py: ``run_executable`` on a node, reaped like a function
 task through its future) and the Scheduler's "cores" are slots, one per shoal
 worker of the cluster (``pilot.workers``): the driver cannot see or pin the
-nodes' CPUs, and refuses ``gpus=`` there rather than hand out GPU ids of a
-machine it does not know.  Everything else — journal, stages, retries,
-reports — is the same code on both.
+nodes' CPUs; a task's ``gpus=k`` becomes the dask worker resource ``GPU=k``
+(``remote.dask_resources``), which dask accounts on the nodes.  Everything
+else — journal, stages, retries, reports — is the same code on both.
 
 Resume replays the workflow definition: tasks whose journal row is terminal
 are counted, not run; a stage whose tasks are all terminal runs its
@@ -81,7 +84,6 @@ from .model import (
     EnsembleError,
     Failure,
     FailureKind,
-    Pipeline,
     Task,
     TaskKind,
     TaskState,
@@ -89,15 +91,17 @@ from .model import (
     parse_ref,
 )
 from .progress import progress_callback
-from .remote import Ended, ExecSpec, dask_slots, run_executable
+from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .scheduler import Request, Scheduler
 from .values import Values
-from .walker import Walker, _Item, _PipeRun
+from .walker import Item, Walker
 
 
-class Engine(Walker):
-    """One run of a workflow.  Use ``shoal.ensemble.run``; owner only (one thread)."""
+class Engine:
+    """One run of a workflow.  Use ``shoal.ensemble.run``; owner only (one thread).
+
+    The ``Intake`` of its ``Walker`` (``has_room``, ``admit``, ``impossible``)."""
 
     def __init__(self, workflow, *, pilot=None, journal: str = "run.db", resume: bool = False,
                  workers: int | None = None, cores=None, gpus: int = 0, memory=None,
@@ -112,11 +116,8 @@ class Engine(Walker):
             raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
                                 "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
-        self.total = count_tasks(pipelines)  # None when lazy: the progress line then has no ETA
         self.plan, self.identity = plan_of(pipelines)
         self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
-        self.plan_pipes = list(self.workflow_list)  # + pipelines added at run time (the status plan)
-        self.workflow = iter(pipelines)
         self.user_pilot = pilot
         self.pilot = pilot
         self.workers = workers
@@ -146,7 +147,6 @@ class Engine(Walker):
             memory_total = parse_size(memory, "run(memory=)")
         self.sched = Scheduler(cpus, gpus=gpus, memory=memory_total, patience=patience)
         self.window = window or max(64, 8 * len(self.sched.cpus))
-        self.max_pipelines = max_pipelines
         self.walltime = walltime
         self.journal_path = journal
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
@@ -154,7 +154,7 @@ class Engine(Walker):
         self.launcher = Launcher(root, gpus=gpus)
         self.spawners = None if self.remote or len(self.sched.cpus) < 2 else \
             cf.ThreadPoolExecutor(min(8, len(self.sched.cpus)), thread_name_prefix="shoal-spawn")
-        self.spawning: dict[int, tuple[_Item, cf.Future]] = {}  # id(item) -> attempt being spawned
+        self.spawning: dict[int, tuple[Item, cf.Future]] = {}  # id(item) -> attempt being spawned
         self.progress = progress_callback(progress)
         self.resume = resume
         self.retry_failed = retry_failed
@@ -165,15 +165,13 @@ class Engine(Walker):
         except BaseException:
             self.journal.close(ended=False)
             raise
-        self.replay = resume  # look each task up in the journal
         self.results = Results(self.journal, self.launcher)
-        self.pipes: list[_PipeRun] = []
-        self.pipe_names: set[str] = set()
-        self.pipe_count = 0
-        self.workflow_done = False
-        self.waiting: collections.OrderedDict[int, _Item] = collections.OrderedDict()
-        self.running: dict[int, _Item] = {}  # pid or id(future) -> item
-        self.by_pidfd: dict[int, _Item] = {}
+        self.waiting: collections.OrderedDict[int, Item] = collections.OrderedDict()
+        self.running: dict[int, Item] = {}  # pid or id(future) -> item
+        self.by_pidfd: dict[int, Item] = {}
+        self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
+                             results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
+                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume)
         self.finished_futures: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
@@ -232,16 +230,16 @@ class Engine(Walker):
                 for _uid, pid, start in self.journal.take_over(self.retry_failed):
                     kill_leftover(pid, start)
             while True:
-                before = self.moves
+                before = self._moves()
                 if self.interrupted and not self.draining:
                     self.drain_reason = f"interrupted by {self.interrupted}"
                     self._stop_for_walltime()
-                self._fill()
+                self.walker.fill()
                 self._schedule()
                 if not self.running and not self.finished_futures and not self.spawning:
                     if self._finished() or self.draining:
                         break
-                    if self.moves == before:
+                    if self._moves() == before:
                         raise EnsembleError(self._stuck_message())
                     continue
                 self._wait()
@@ -286,28 +284,38 @@ class Engine(Walker):
         return restore
 
     def _finished(self) -> bool:
-        return (self.workflow_done and not self.pipes and not self.waiting and not self.running
-                and not self.spawning)
+        return self.walker.finished and not self.waiting and not self.running and not self.spawning
+
+    def _moves(self) -> int:
+        """Progress counter: a loop pass that moves nothing with nothing running is stuck."""
+        return self.moves + self.walker.moves
 
     def _stuck_message(self) -> str:
         blocked = [f"{it.uid} (after {', '.join(it.deps)})" for it in list(self.waiting.values())[:5]]
-        stages = [p.stage.uid for p in self.pipes if p.stage is not None][:5]
+        stages = self.walker.active_stages()[:5]
         return ("the workflow cannot progress: nothing runs and the waiting tasks' dependencies "
                 f"never complete: {blocked or stages}. after= must name tasks, stages or pipelines "
                 "that come earlier in the workflow")
 
-    # -- pulling work -----------------------------------------------------------------
-    def _request(self, task: Task, key) -> Request:
-        return Request(key, task.cores, task.gpus, task.memory_bytes)
+    # -- the Intake the walker feeds ---------------------------------------------------
+    def has_room(self) -> bool:
+        return len(self.waiting) < self.window
 
-    def _impossible(self, task: Task) -> str | None:
+    def admit(self, item: Item) -> None:
+        self.waiting[id(item)] = item
+
+    def _settle(self, item: Item, state: TaskState) -> None:
+        self.session_counts[state] += 1
+        self.walker.settled(item, state)
+
+    def _request(self, task: Task, key) -> Request:
+        # on dask, GPUs are dask worker resources (remote.dask_resources), not the driver's
+        return Request(key, task.cores, 0 if self.remote else task.gpus, task.memory_bytes)
+
+    def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
         why = self.sched.impossible(self._request(task, 0))
         if why and self.remote:
-            if task.gpus:
-                return (f"asks for {task.gpus} GPUs, but an ensemble on a dask pilot places no "
-                        "GPUs (the driver cannot see the nodes'); run GPU tasks with a local pilot "
-                        "on the GPU machine")
             if task.cores > len(self.sched.cpus):
                 return (f"asks for {task.cores} cores but the dask pilot has "
                         f"{len(self.sched.cpus)} slots (pilot.workers)")
@@ -323,7 +331,7 @@ class Engine(Walker):
             if item.deps:
                 blocked = False
                 for dep in item.deps:
-                    state = self._dep_state(dep)
+                    state = self.walker.dep_state(dep)
                     if state is None or not state.terminal:
                         blocked = True
                         break
@@ -344,20 +352,20 @@ class Engine(Walker):
             candidates.append(self._request(item.task, key))
         if self.draining and not candidates:
             return 0
-        placements = self.sched.place(candidates)
-        if not placements:
+        grants = self.sched.place(candidates)
+        if not grants:
             self.journal.commit()
             return 0
         items = []
         rows = []
         wall = time.time()
-        for p in placements:
+        for p in grants:
             item = self.waiting.pop(p.key)
-            item.placement = p
+            item.grant = p
             item.attempt += 1
             t = item.task
             item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
-            rows.append((item.uid, item.srun.pipe.uid, item.srun.uid, t.kind.value, item.attempt,
+            rows.append((item.uid, item.pipe_uid, item.stage_uid, t.kind.value, item.attempt,
                          item.sandbox, wall, item.spec))
             items.append(item)
         self.journal.running_many(rows)
@@ -379,7 +387,7 @@ class Engine(Walker):
         self.moves += 1
         return len(items)
 
-    def _when(self, item: _Item) -> bool:
+    def _when(self, item: Item) -> bool:
         """Evaluate the task's ``when=``; False (and settled: SKIPPED or FAILED) if it must not run."""
         try:
             if item.task.when(self.results):
@@ -387,7 +395,7 @@ class Engine(Walker):
         except Exception as exc:
             self.waiting.pop(id(item), None)
             self.sched.forget(id(item))
-            self.journal.running(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
+            self.journal.running(item.uid, item.pipe_uid, item.stage_uid, item.task.kind.value,
                                  1, None, time.time(), item.spec)
             item.attempt = item.task.retries + 1  # no retry: the condition, not the task, failed
             self._ended(item, Failure(FailureKind.EXCEPTION, f"when= raised {exc!r} (add the tasks "
@@ -405,7 +413,7 @@ class Engine(Walker):
         mean = total / n if n else 0.0
         return min(mean, task.timeout) if task.timeout else mean
 
-    def _spawn_all(self, items: list[_Item]) -> None:
+    def _spawn_all(self, items: list[Item]) -> None:
         """Start local executables.  With spawner threads the spawns are asynchronous: fork/exec
         waits until the child has been scheduled and exec'd, and on a busy machine that wait,
         not the work, dominates (xargs' fork does not wait); the loop goes on reaping and
@@ -441,17 +449,17 @@ class Engine(Walker):
         if error is not None:
             raise error
 
-    def _spawned(self, item: _Item, outcome) -> None:
+    def _spawned(self, item: Item, outcome) -> None:
         if isinstance(outcome, tuple):
             self._register(item, *outcome)
             return
-        self.sched.release(item.placement)
+        self.sched.release(item.grant)
         if isinstance(outcome, LaunchError):
             self._ended(item, Failure(outcome.kind, outcome.message, attempt=item.attempt))
             return
         raise outcome
 
-    def _launch(self, item: _Item):
+    def _launch(self, item: Item):
         """Sandbox, staging, spawn: (pid, pidfd), a LaunchError, or another exception (returned,
         not raised).  Thread-safe: touches only this item and the launcher's spawn path."""
         t = item.task
@@ -464,12 +472,12 @@ class Engine(Walker):
             stdin = self._resolve(t.stdin) if t.stdin else None
             if stdin is not None and not os.path.isabs(stdin):
                 stdin = os.path.join(item.sandbox, stdin)
-            return self.launcher.spawn(t, item.uid, item.sandbox, item.placement.cpus,
-                                       item.placement.gpus, args, stdin)
+            return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.cpus,
+                                       item.grant.gpus, args, stdin)
         except Exception as exc:  # LaunchError or a bug: the caller decides, after registering
             return exc
 
-    def _register(self, item: _Item, pid: int, pidfd: int) -> None:
+    def _register(self, item: Item, pid: int, pidfd: int) -> None:
         item.pid, item.pidfd = pid, pidfd
         self.running[pid] = item
         if pidfd >= 0:
@@ -477,7 +485,7 @@ class Engine(Walker):
             self.poller.register(pidfd, select.POLLIN)
         self.journal.pid(item.uid, pid, time.time())
 
-    def _spawn_remote(self, item: _Item) -> bool:
+    def _spawn_remote(self, item: Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
         t = item.task
         stdin = self._resolve(t.stdin) if t.stdin else None
@@ -492,9 +500,11 @@ class Engine(Walker):
             inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
             stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at)
         try:
-            fut = self.pilot.submit(run_executable, spec)
+            gpus = dask_resources(t)  # {"GPU": k}: a dask worker resource
+            submit = self.pilot.options(resources=gpus).submit if gpus else self.pilot.submit
+            fut = submit(run_executable, spec)
         except Exception as exc:
-            self.sched.release(item.placement)
+            self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.SPAWN, f"cannot submit to the dask pilot: {exc!r}",
                                       attempt=item.attempt))
             return False
@@ -513,20 +523,21 @@ class Engine(Walker):
         return EMBEDDED_REF_RE.sub(
             lambda m: self.launcher.resolve("", (f"{m[1]}.{m[2]}.{m[3]}", m[4].lstrip("/"))), text)
 
-    def _submit(self, item: _Item) -> None:
+    def _submit(self, item: Item) -> None:
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
         fn = t.function
         if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
-            fn = functools.partial(with_cpus, t.function, item.placement.cpus, t.cores)
+            fn = functools.partial(with_cpus, t.function, item.grant.cpus, t.cores)
         if self.remote:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            fut = self.pilot.options(timeout=t.timeout).submit(fn, *args, **dict(t.kwargs))
+            fut = self.pilot.options(timeout=t.timeout, resources=dask_resources(t) if self.remote
+                                     else None).submit(fn, *args, **dict(t.kwargs))
         except Exception as exc:
-            self.sched.release(item.placement)
+            self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))
             return
         item.future = fut
@@ -566,7 +577,7 @@ class Engine(Walker):
             self._settle_spawns()
             self.journal.commit()  # the pids: a resume after a crash kills these processes
         now = time.monotonic()
-        ended: list[tuple[_Item, Failure | None, object]] = []
+        ended: list[tuple[Item, Failure | None, object]] = []
         ended_any = False
         for fd, _ev in getattr(self, "ready", ()):
             if fd == self.wake_r:
@@ -594,7 +605,7 @@ class Engine(Walker):
             outcome = self._remote_outcome(item, fut)
             if outcome is None:  # killed on its node at the walltime: PENDING for a resume
                 del self.running[id(fut)]
-                self.sched.release(item.placement)
+                self.sched.release(item.grant)
                 self.journal.unstart(item.uid)
                 self.draining = True
                 ended_any = True
@@ -609,14 +620,14 @@ class Engine(Walker):
             self._stop_for_walltime()
         for item, failure, value in ended:
             del self.running[item.pid if item.future in (None, False) else id(item.future)]
-            self.sched.release(item.placement)
+            self.sched.release(item.grant)
             self.durations[0] += now - item.t0
             self.durations[1] += 1
             self._ended(item, failure, value)
         if ended or ended_any:
             self.journal.commit()  # DONE/FAILED durable before successors start
 
-    def _exe_outcome(self, item: _Item, code: int):
+    def _exe_outcome(self, item: Item, code: int):
         timed_out = item.future is False
         sandbox = item.sandbox
         if timed_out or code != 0:
@@ -630,7 +641,7 @@ class Engine(Walker):
             return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, outputs)
 
-    def _remote_outcome(self, item: _Item, fut):
+    def _remote_outcome(self, item: Item, fut):
         """(item, failure, value) of an executable run on a node, classified exactly as
         ``_exe_outcome`` classifies a local one; None when its node killed it at the walltime."""
         if fut.exception() is not None:  # lost with its dask workers, the cluster gone, ...
@@ -653,7 +664,7 @@ class Engine(Walker):
                 return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, list(out.outputs) if out.outputs else None)
 
-    def _fn_outcome(self, item: _Item, fut):
+    def _fn_outcome(self, item: Item, fut):
         exc = fut.exception()
         if exc is None:
             return item, None, fut.result()
@@ -668,7 +679,7 @@ class Engine(Walker):
         return item, Failure(kind, f"{type(exc).__name__}: {exc}", None, tb[-2000:], item.attempt), None
 
     # -- ending -----------------------------------------------------------------------
-    def _ended(self, item: _Item, failure: Failure | None, value=None) -> None:
+    def _ended(self, item: Item, failure: Failure | None, value=None) -> None:
         """Journal the end of one attempt (caller commits) and move the stage on."""
         now = time.time()
         t = item.task
@@ -692,14 +703,14 @@ class Engine(Walker):
             new.uid = item.uid
             new.validate()
             item.task = new
-        item.placement = item.pid = item.pidfd = item.future = item.deadline = None
+        item.grant = item.pid = item.pidfd = item.future = item.deadline = None
         self.session_counts["retries"] += 1
         self.waiting[id(item)] = item
 
-    def _skip(self, item: _Item, reason: str) -> None:
+    def _skip(self, item: Item, reason: str) -> None:
         self.waiting.pop(id(item), None)
         self.sched.forget(id(item))
-        self.journal.settled(item.uid, item.srun.pipe.uid, item.srun.uid, item.task.kind.value,
+        self.journal.settled(item.uid, item.pipe_uid, item.stage_uid, item.task.kind.value,
                              TaskState.SKIPPED, reason, time.time(), item.spec)
         self._settle(item, TaskState.SKIPPED)
 
@@ -718,7 +729,7 @@ class Engine(Walker):
             else:
                 item.future.cancel()
             self.journal.unstart(item.uid)
-            self.sched.release(item.placement)
+            self.sched.release(item.grant)
             del self.running[key]
         self.journal.commit()
         if self.pilot is not None and self.pilot is not self.user_pilot:
@@ -762,19 +773,6 @@ class Engine(Walker):
             self.pilot.close(cancel_pending=True)
         self.pilot = None
 
-    def note_plan(self) -> None:
-        """Stages appended / pipelines added at run time: record the grown plan for ``shoal status``."""
-        if self.plan is not None:
-            self.plan = plan_of(self.plan_pipes)[0]
-            self.journal.set_plan(self.plan, None)
-
-    def grow_total(self, stages, sign: int = 1) -> None:
-        """Stages appended / pipelines added at run time (sign=1: the total grows, or becomes
-        unknown if they are lazy) or stages that will not run (sign=-1: skipped, pipeline stopped)."""
-        if self.total is not None and stages:
-            more = count_tasks([Pipeline(list(stages))])
-            self.total = None if more is None else max(0, self.total + sign * more)
-
     def _report_progress(self, t0: float, force: bool = False) -> None:
         if self.progress is None:
             return
@@ -786,14 +784,15 @@ class Engine(Walker):
         settled = c[TaskState.DONE] + c[TaskState.FAILED] + c[TaskState.SKIPPED]  # this session
         elapsed = now - t0
         rate = settled / elapsed if elapsed > 0 else 0.0
-        old = {s: c["replayed", s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED,
+        old = {s: self.walker.replayed[s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED,
                                               TaskState.CANCELED)}  # found finished by a resume
         eta = None
-        if self.total is not None:
-            left = max(0, self.total - settled - sum(old.values()))
+        total = self.walker.total
+        if total is not None:
+            left = max(0, total - settled - sum(old.values()))
             eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
         self.progress({"done": c[TaskState.DONE] + old[TaskState.DONE], "running": len(self.running),
                        "failed": c[TaskState.FAILED] + old[TaskState.FAILED],
                        "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
-                       "waiting": len(self.waiting), "total": self.total, "rate": rate, "eta": eta,
+                       "waiting": len(self.waiting), "total": total, "rate": rate, "eta": eta,
                        "elapsed": elapsed, "final": force})

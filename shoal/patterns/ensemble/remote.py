@@ -245,9 +245,10 @@ def _prctl():
 def dask_slots(pilot, cores, gpus: int) -> list[int]:
     """The Scheduler's "CPUs" on a dask pilot: one slot per shoal worker of the cluster."""
     if gpus:
-        raise EnsembleError(f"run(gpus={gpus}) is not supported on a dask pilot: the driver cannot "
-                            "see the nodes' GPUs to hand out CUDA_VISIBLE_DEVICES; run GPU tasks "
-                            "with a local pilot on the GPU machine")
+        raise EnsembleError(f"run(gpus={gpus}) is not supported on a dask pilot: the nodes' GPUs "
+                            "are dask worker resources there (start the GPU machines' workers "
+                            "with `dask worker --resources GPU=n`) and each task's gpus=k asks "
+                            "for k of them; run(gpus=) hands out this machine's GPUs")
     if cores is None:
         return list(range(pilot.workers))
     if isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1:
@@ -255,3 +256,18 @@ def dask_slots(pilot, cores, gpus: int) -> list[int]:
     raise EnsembleError(f"run(cores={cores!r}) on a dask pilot: give a number of slots (an int "
                         f">= 1; default pilot.workers = {pilot.workers}); CPU ids name the driver's "
                         "CPUs, which do not run the tasks")
+
+
+def dask_resources(task) -> dict[str, int] | None:
+    """The dask worker resources one attempt of ``task`` holds on a dask pilot.
+
+    ``gpus=k`` -> ``{"GPU": k}``: dask runs the attempt only on a dask worker
+    started with ``--resources GPU=n`` (n >= k) and never runs more of them there
+    at once than its GPUs allow; the pilot refuses at submit a request no
+    connected worker can meet (the attempt fails with that message, see
+    docs/ensemble.md).  ``cores`` stay slots of the driver's Scheduler (one per
+    shoal worker), as without GPUs.  dask counts GPUs, it does not pick one: run
+    one dask worker per GPU with its ``CUDA_VISIBLE_DEVICES`` (dask-cuda's way)
+    to give each attempt its own device.
+    """
+    return {"GPU": task.gpus} if task.gpus else None

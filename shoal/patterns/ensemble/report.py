@@ -63,12 +63,12 @@ class Results:
 class StageContext:
     """Given to a stage's ``post_exec(ctx)``: read results, grow or stop the workflow."""
 
-    def __init__(self, engine, prun, stage: Stage):
-        self._engine = engine
+    def __init__(self, walker, prun, stage: Stage):
+        self._walker = walker  # walker.Walker: it owns the pipelines, the plan and the total
         self._prun = prun
         self.stage = stage
         self.pipeline: Pipeline = prun.pipeline
-        self.results: Results = engine.results
+        self.results: Results = walker.results
         self.appended = False
 
     def append(self, *stages: Stage) -> None:
@@ -79,14 +79,14 @@ class StageContext:
         if self._prun.stopped:
             raise EnsembleError(f"pipeline {self._prun.uid} was stopped; it takes no more stages")
         self.pipeline.stages.extend(stages)
-        self._engine.grow_total(stages)
-        self._engine.note_plan()
+        self._walker.grow_total(stages)
+        self._walker.note_plan()
         self.appended = True
 
     def add_pipeline(self, pipeline: Pipeline) -> None:
         """Start a new pipeline now (alongside this one)."""
-        self._engine.add_pipeline(pipeline)
-        self._engine.note_plan()
+        self._walker.add_pipeline(pipeline)
+        self._walker.note_plan()
 
     def stop(self) -> None:
         """End this pipeline after the current stage: the remaining stages do not run."""

@@ -2,8 +2,8 @@
 
 Pure: no I/O, no clock, no processes.  The engine feeds it ``Request``s (a
 key plus ``cores``/``gpus``/``memory``) in arrival order and gets back
-``Placement``s (the concrete CPU ids, GPU ids and bytes granted); it hands
-``release(placement)`` back when a task ends.  That is all the state there
+``Grant``s (the concrete CPU ids, GPU ids and bytes granted); it hands
+``release(grant)`` back when a task ends.  That is all the state there
 is, so property tests drive it directly (tests/ensemble/test_ens_scheduler.py).
 
 Invariants:
@@ -40,7 +40,10 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class Grant:
+    """What ``place`` hands out for one request.  (Named ``Placement`` before; renamed so it
+    no longer shares a name with the runtime's task-placement policy, shoal/runtime/policy.py.)"""
+
     key: Hashable
     cpus: tuple[int, ...]
     gpus: tuple[int, ...]
@@ -89,9 +92,9 @@ class Scheduler:
         return len(self.free_cpus) == len(self.cpus) and len(self.free_gpus) == self.gpu_count
 
     # -- actions -----------------------------------------------------------------------
-    def place(self, waiting: Sequence[Request]) -> list[Placement]:
+    def place(self, waiting: Sequence[Request]) -> list[Grant]:
         """Place what fits from ``waiting`` (oldest first); the caller removes the placed keys."""
-        placed: list[Placement] = []
+        placed: list[Grant] = []
         head: Request | None = None  # oldest request that did not fit
         for req in waiting:
             if not self.free_cpus:
@@ -108,7 +111,7 @@ class Scheduler:
             self.overtaken.pop(req.key, None)
         return placed
 
-    def release(self, p: Placement) -> None:
+    def release(self, p: Grant) -> None:
         self.free_cpus.update(p.cpus)
         self.free_gpus.update(p.gpus)
         if self.memory_total:
@@ -118,7 +121,7 @@ class Scheduler:
         """``key`` left the waiting list without being placed (skipped, cancelled)."""
         self.overtaken.pop(key, None)
 
-    def _take(self, req: Request) -> Placement:
+    def _take(self, req: Request) -> Grant:
         by_node: dict[int, list[int]] = {}
         for c in self.free_cpus:
             by_node.setdefault(self.node_of[c], []).append(c)
@@ -132,4 +135,4 @@ class Scheduler:
         self.free_gpus.difference_update(gpus)
         if self.memory_total:
             self.free_memory -= req.memory
-        return Placement(req.key, tuple(cpus), tuple(gpus), req.memory)
+        return Grant(req.key, tuple(cpus), tuple(gpus), req.memory)

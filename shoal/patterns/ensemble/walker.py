@@ -1,27 +1,73 @@
 """Walking the workflow: pipelines, the stage barrier, after=/when=, replay on resume.
 
-Mixed into ``Engine`` (driver thread only).  The walker pulls pipelines from
-the (possibly lazy) workflow, starts each pipeline's stages in order, pulls a
-stage's tasks into ``engine.waiting`` up to the window, and, when a stage's
-last task is terminal, journals the stage and runs its ``post_exec``
-callback (which may append stages, add pipelines or stop the pipeline).
+The driver is two objects with one explicit interface between them:
+
+* ``Walker`` (this module) owns the *workflow*: the (possibly lazy) pipeline
+  iterator, the active pipelines and their current stage, task names and uids,
+  the replay of journaled rows on resume, the stage barrier, the stages'
+  ``post_exec`` callbacks (``StageContext``), the pipeline/stage rows of the
+  journal, and the plan/total the progress line and ``shoal status`` show.
+* ``Engine`` (engine.py) owns the *tasks once pulled*: the waiting list, the
+  Scheduler, the launcher/pilot, the running set, reaping, retries and every
+  task row of the journal.
+
+The interface, both directions, is all there is:
+
+* walker -> engine: the ``Intake`` protocol below — ``has_room()`` (is the
+  engine's waiting window full?), ``admit(item)`` (a pulled task, now the
+  engine's), ``impossible(task)`` (can it ever be placed on this run's
+  resources?).
+* engine -> walker: ``fill()`` (pull pipelines/tasks while there is room),
+  ``settled(item, state)`` (an admitted task is terminal: DONE/FAILED/SKIPPED
+  is journaled and committed), ``dep_state(uid)`` (a task/stage/pipeline
+  dependency's journaled state), ``finished`` and ``active_stages()``.
+
+``Item`` is the one object that crosses: the walker creates it (task, uid,
+stage and pipeline uids, dependencies, journaled attempt and spec) and hands
+it over; from then on only the engine writes it (grant, pid, retries),
+until it comes back through ``settled``.
 
 Invariants: a stage starts only after every task of the previous stage is
 terminal (DONE/FAILED/SKIPPED) *in the journal*; ``_StageRun.outstanding``
-counts tasks pulled and not yet terminal, so a stage ends exactly once (when
+counts tasks pulled and not yet settled, so a stage ends exactly once (when
 its iterator is exhausted and the count is 0).  On resume, tasks whose
-journal row is terminal are counted without running — the stage still ends,
-so its callback replays over the journaled results.
+journal row is terminal are counted without being admitted — the stage still
+ends, so its callback replays over the journaled results.
 
-Rejected alternative: materialising every stage's tasks up front (a
-million-task stage would live in driver memory).
+Rejected alternatives: materialising every stage's tasks up front (a
+million-task stage would live in driver memory); the earlier ``Engine(Walker)``
+mixin — both halves read and wrote one shared ``self`` (waiting, moves,
+session counters, the plan), so which half owned which state was a convention
+nobody could check, and the walker could not be driven without a whole
+engine; a dataclass of callbacks instead of a Protocol (the engine already
+is the object with those three methods; a Protocol states the contract and
+type-checks it without an adapter).
 """
 
 from __future__ import annotations
 
-from .identity import diff_specs, spec_text
+import collections
+from collections.abc import Iterator
+from typing import Protocol
+
+from .identity import count_tasks, diff_specs, plan_of, spec_text
+from .journal import Journal
 from .model import EnsembleError, Pipeline, Stage, Task, TaskState, parse_ref
-from .report import StageContext
+from .report import Results, StageContext
+
+
+class Intake(Protocol):
+    """The engine side of the interface: where pulled tasks go."""
+
+    def has_room(self) -> bool:
+        """True while the engine takes more waiting tasks (its window is not full)."""
+
+    def admit(self, item: Item) -> None:
+        """Take ``item``: from now on the engine schedules, runs, retries and journals it,
+        and calls ``Walker.settled(item, state)`` once it is terminal."""
+
+    def impossible(self, task: Task) -> str | None:
+        """Why ``task`` can never be placed on this run's resources (None if it can)."""
 
 
 class _StageRun:
@@ -47,29 +93,61 @@ class _PipeRun:
         self.stopped = False
         self.failed = False
 
-class _Item:
-    """A task pulled from its stage: waiting, then running."""
 
-    __slots__ = ("task", "uid", "srun", "attempt", "deps", "pid", "pidfd", "future", "placement",
-                 "deadline", "t0", "sandbox", "spec")
+class Item:
+    """A task pulled from its stage: created by the walker, then the engine's (waiting, running)
+    until it is settled.  ``srun`` is the walker's; the engine reads only the uids."""
+
+    __slots__ = ("task", "uid", "srun", "stage_uid", "pipe_uid", "attempt", "deps", "pid", "pidfd",
+                 "future", "grant", "deadline", "t0", "sandbox", "spec")
 
     def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int, spec: str | None = None):
         self.task, self.uid, self.srun, self.attempt = task, uid, srun, attempt
+        self.stage_uid, self.pipe_uid = srun.uid, srun.pipe.uid
         self.spec = spec
         self.deps = task.dependency_uids() + [
             r[0] for r in (parse_ref(i.source) for i in task.staged_inputs()) if r
         ]
         self.pid = self.pidfd = None
-        self.future = self.placement = self.deadline = self.sandbox = None
+        self.future = self.grant = self.deadline = self.sandbox = None
         self.t0 = 0.0
 
 
-
 class Walker:
-    """The pipeline/stage half of ``Engine``; see the module docstring."""
+    """Pulls pipelines, stages and tasks into an ``Intake``; see the module docstring.  Owner only."""
 
-    def _fill(self) -> None:
-        while not self.workflow_done and len(self.pipes) < self.max_pipelines and len(self.waiting) < self.window:
+    def __init__(self, workflow: Iterator[Pipeline], intake: Intake, *, journal: Journal, journal_path: str,
+                 results: Results, plan_pipes: list[Pipeline], plan, total: int | None,
+                 max_pipelines: int, replay: bool):
+        self.workflow = workflow
+        self.intake = intake
+        self.journal = journal
+        self.journal_path = journal_path  # as the user named it, for messages
+        self.results = results
+        self.plan_pipes = plan_pipes  # every pipeline so far, incl. added at run time (the status plan)
+        self.plan = plan
+        self.total = total  # None when lazy: the progress line then has no ETA
+        self.max_pipelines = max_pipelines
+        self.replay = replay  # look each task up in the journal (resume)
+        self.pipes: list[_PipeRun] = []
+        self.pipe_names: set[str] = set()
+        self.pipe_count = 0
+        self.workflow_done = False
+        self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
+        self.moves = 0  # progress counter (the engine's stuck check adds it to its own)
+
+    # -- the interface the engine calls -------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Every pipeline pulled and ended."""
+        return self.workflow_done and not self.pipes
+
+    def active_stages(self) -> list[str]:
+        return [p.stage.uid for p in self.pipes if p.stage is not None]
+
+    def fill(self) -> None:
+        """Pull pipelines and tasks into the intake while it has room."""
+        while not self.workflow_done and len(self.pipes) < self.max_pipelines and self.intake.has_room():
             try:
                 pipeline = next(self.workflow)
             except StopIteration:
@@ -77,10 +155,40 @@ class Walker:
                 break
             self._add_pipeline(pipeline)
         for prun in list(self.pipes):
-            if len(self.waiting) >= self.window:
+            if not self.intake.has_room():
                 break
             self._advance(prun)
 
+    def dep_state(self, uid: str) -> TaskState | None:
+        """The journaled state of an ``after=`` target: a task ``p.s.t``, a stage ``p.s`` or a pipeline."""
+        if uid.count(".") == 2:
+            return self.journal.state(uid)
+        return self.journal.stage_state(uid)
+
+    def settled(self, item: Item, state: TaskState) -> None:
+        """``item`` is terminal and journaled (committed or about to be, before anything acts on it)."""
+        self._settle_counts(item.srun, state)
+
+    def add_pipeline(self, pipeline: Pipeline) -> None:
+        """A pipeline added at run time (``StageContext.add_pipeline``)."""
+        self._add_pipeline(pipeline)
+        self.plan_pipes.append(pipeline)
+        self.grow_total(pipeline.stages)
+
+    def note_plan(self) -> None:
+        """Stages appended / pipelines added at run time: record the grown plan for ``shoal status``."""
+        if self.plan is not None:
+            self.plan = plan_of(self.plan_pipes)[0]
+            self.journal.set_plan(self.plan, None)
+
+    def grow_total(self, stages, sign: int = 1) -> None:
+        """Stages appended / pipelines added at run time (sign=1: the total grows, or becomes
+        unknown if they are lazy) or stages that will not run (sign=-1: skipped, pipeline stopped)."""
+        if self.total is not None and stages:
+            more = count_tasks([Pipeline(list(stages))])
+            self.total = None if more is None else max(0, self.total + sign * more)
+
+    # -- pulling ---------------------------------------------------------------------
     def _add_pipeline(self, pipeline: Pipeline) -> None:
         if not isinstance(pipeline, Pipeline):
             raise EnsembleError(f"workflow item {self.pipe_count} is {pipeline!r}, not a Pipeline")
@@ -107,7 +215,7 @@ class Walker:
                     self._end_stage(prun)
                     continue
                 return
-            while len(self.waiting) < self.window:
+            while self.intake.has_room():
                 try:
                     task = next(srun.tasks)
                 except StopIteration:
@@ -117,11 +225,6 @@ class Walker:
             if not srun.exhausted:
                 return
 
-    def _dep_state(self, uid: str) -> TaskState | None:
-        if uid.count(".") == 2:
-            return self.journal.state(uid)
-        return self.journal.stage_state(uid)
-
     def _start_next_stage(self, prun: _PipeRun) -> bool:
         pipeline = prun.pipeline
         if prun.stopped or prun.next_stage >= len(pipeline.stages):
@@ -129,7 +232,7 @@ class Walker:
             return False
         if prun.next_stage == 0:
             for dep in pipeline.dependency_uids():
-                state = self._dep_state(dep)
+                state = self.dep_state(dep)
                 if state is None or not state.terminal:
                     return False  # wait
                 if state is not TaskState.DONE:
@@ -143,7 +246,7 @@ class Walker:
         stage.uid = f"{prun.uid}.{name}"
         stage.validate()
         for dep in stage.dependency_uids():
-            state = self._dep_state(dep)
+            state = self.dep_state(dep)
             if state is None or not state.terminal:
                 return False
             if state is not TaskState.DONE:
@@ -171,7 +274,7 @@ class Walker:
         task.uid = f"{srun.uid}.{task.name or f't{srun.index}'}"
         srun.index += 1
         task.validate()
-        why = self._impossible(task)
+        why = self.intake.impossible(task)
         if why:
             raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
         srun.outstanding += 1
@@ -187,16 +290,11 @@ class Walker:
                         "Resume with the workflow that started it, or start afresh with new=True "
                         "(shoal run --new)")
                 if state.terminal:
-                    self.session_counts["replayed", state] += 1  # for the progress line
+                    self.replayed[state] += 1  # for the progress line
                     self._settle_counts(srun, state)
                     return
-        item = _Item(task, task.uid, srun, attempt, spec)
-        self.waiting[id(item)] = item
         self.moves += 1
-
-    def _settle(self, item: _Item, state: TaskState) -> None:
-        self.session_counts[state] += 1
-        self._settle_counts(item.srun, state)
+        self.intake.admit(Item(task, task.uid, srun, attempt, spec))
 
     def _settle_counts(self, srun: _StageRun, state: TaskState) -> None:
         srun.outstanding -= 1
@@ -243,8 +341,3 @@ class Walker:
             state = TaskState.FAILED if prun.failed else TaskState.DONE
         self.journal.stage(prun.uid, prun.uid, state)
         self.journal.commit()
-
-    def add_pipeline(self, pipeline: Pipeline) -> None:
-        self._add_pipeline(pipeline)
-        self.plan_pipes.append(pipeline)
-        self.grow_total(pipeline.stages)

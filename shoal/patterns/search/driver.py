@@ -1,54 +1,43 @@
 """Driving one search from the driver: validate, submit, wait, report.
 
-The engine (``_search``) runs inside workers; this module is the driver's
-side: it makes the Control array (per machine), the stop and incumbent cells,
-submits the root task — or, on a pilot of several machines, splits the top of
-the tree into groups and moves subtrees to machines that run dry
-(``_run_split``) — turns an interruption into the stop flag, and builds
-``SearchStats`` from the merged ``Tally``.
+The engine (engine.py) runs inside workers; this module is the driver's
+side: it makes the Control array (per machine), the stop flag and the incumbent
+cell, submits the root task — or, on a pilot of several machines, splits the top
+of the tree into groups and moves subtrees to machines that run dry
+(multinode.py), or runs checkpointed chunks (checkpoint.py) — turns an
+interruption into the stop flag, and builds ``SearchStats`` from the merged
+``Tally``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import math
-import pickle
 import sys
 import time
 
 import shoal
 
-from ._portable import portable
-from ._progress import Both, Ticker
-from ._search import (
-    CONTROL_COLUMNS,
-    NODES,
-    SPAWNED,
-    STARTED,
-    STOP,
+from .._portable import portable
+from .._progress import Both, Ticker
+from .checkpoint import resume_initial, run_checkpointed
+from .control import NODES, SPAWNED, STARTED, StopFlag, make_control, stop_all
+from .engine import task
+from .model import (
     Coordination,
-    Explorer,
     Goal,
+    SearchSpec,
     SearchStats,
-    Spec,
     Tally,
-    _Stopped,
     check_picklable,
     coordination_of,
-    task,
-    units_task,
 )
-from ._search_checkpoint import resume_initial, run_checkpointed
+from .multinode import RequestCounter, run_split
 
-STOP_WAIT_S = 10.0  # how long an interrupted search waits for its tasks to unwind
-UNITS_PER_NODE = 16  # a pilot of several machines: subtrees the driver opens per machine ...
-GROUPS_PER_NODE = 4  # ... dealt into this many tasks per machine (dask spreads the tasks)
-MAX_SPLIT_DEPTH = 8  # the driver expands at most this many levels
-EXPORT_POLL_S = 0.002  # the driver's loop over results and exports (several machines)
 PROGRESS_S = 1.0  # seconds between two progress lines
 
 
-class Progress:
+class ProgressLine:
     """``progress=``: a line every ``PROGRESS_S`` with the nodes visited, nodes/s and the
     incumbent, read from Control's NODES column and the incumbent cell (driver only).
 
@@ -70,11 +59,11 @@ class Progress:
         if progress is False or progress is None:
             return None
         if progress is True:
-            return Progress(sys.stderr, ctl, cell, negate) if sys.stderr.isatty() else None
+            return ProgressLine(sys.stderr, ctl, cell, negate) if sys.stderr.isatty() else None
         if progress == "always":
-            return Progress(sys.stderr, ctl, cell, negate)
+            return ProgressLine(sys.stderr, ctl, cell, negate)
         if callable(getattr(progress, "write", None)):
-            return Progress(progress, ctl, cell, negate)
+            return ProgressLine(progress, ctl, cell, negate)
         raise ValueError(f"progress must be True, False, 'always' or a file-like object, "
                          f"got {progress!r}")
 
@@ -135,15 +124,15 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     waits up to ``STOP_WAIT_S`` for that before re-raising.
     """
     progress = spec_kw.pop("progress", False)
-    ck = spec_kw.pop("checkpoint", None)  # a _search_checkpoint.Checkpoint
+    ck = spec_kw.pop("checkpoint", None)  # a checkpoint.SearchCheckpoint
     check_picklable(root, (), "the root is sent to a worker")
     resumed = ck.load() if ck is not None else None
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
-    ctl = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, CONTROL_COLUMNS), "int64", fill=0)
+    ctl = make_control(pilot)
     owned = [ctl]
     try:
-        stop = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+        stop = StopFlag.for_pilot(pilot)
         owned.append(stop)
         cell = chan = requests = None
         if goal is Goal.OPTIMISE:
@@ -152,14 +141,14 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
             owned.append(cell)
         split = (pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
                  and ck is None)
-        if split:  # subtrees move between machines on request (see _run_split)
+        if split:  # subtrees move between machines on request (multinode.py)
             chan = shoal.Channel.for_pilot(pilot)
-            requests = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+            requests = RequestCounter.for_pilot(pilot)
             owned += [chan, requests]
         for key in ("accept", "objective", "bound", "kernel"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
-        spec = Spec(root=root, children=portable(children), goal=goal, control=ctl,
+        spec = SearchSpec(root=root, children=portable(children), goal=goal, control=ctl,
                     cell=cell, stop=stop, channel=chan, requests=requests,
                     coordination=coordination, per_depth=stats, **spec_kw)
         before = _steals(pilot) if stats else (0, 0)
@@ -167,14 +156,14 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
                                            bool(spec_kw.get("negate"))),
                         rates=("nodes",), terminal=False)
-        prog = Both(Progress.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
+        prog = Both(ProgressLine.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
         t0 = time.monotonic()
         if ck is not None:
             tally = run_checkpointed(pilot, spec, ck, resumed,
-                                     lambda pending: _stop_all(ctl, stop, pending), prog)
+                                     lambda pending: stop_all(ctl, stop, pending), prog)
             exported = 0
         elif split:
-            tally, exported = _run_split(pilot, spec, ctl, stop, chan, requests, prog)
+            tally, exported = run_split(pilot, spec, ctl, stop, chan, requests, prog)
         else:
             tally, exported = _wait([pilot.submit(task, spec, root, ())], ctl, stop, prog), 0
         t_end = time.monotonic()
@@ -231,120 +220,5 @@ def _wait(futs: list, ctl, stop, prog=None) -> Tally:
                 prog.tick()
         return tally
     except BaseException:
-        _stop_all(ctl, stop, pending)
+        stop_all(ctl, stop, pending)
         raise
-
-
-def _stop_all(ctl, stop, pending) -> None:
-    ctl.array[0, STOP] = 1  # every task unwinds at its next poll
-    stop.offer(1.0)
-    # (no cancel() first: a cancelled driver future never counts as done for wait())
-    _, late = cf.wait(pending, timeout=STOP_WAIT_S)
-    for f in late:
-        f.cancel()
-
-
-def _run_split(pilot, spec: Spec, ctl, stop, chan, requests, prog=None) -> tuple[Tally, int]:
-    """A search over several machines: (merged Tally, subtrees exported).
-
-    The driver splits the top of the tree into groups (``top_split``), one task each;
-    dask hands them to machines as they free up.  When fewer tasks are left than the
-    pilot has workers, a machine is running dry: the driver raises ``requests``, and
-    every busy machine's next poll gives its shallowest open subtree away through
-    ``chan`` (``Explorer.export``); the driver submits each as a new task.
-
-    Counting stays exact when a machine dies: dask re-runs a lost task from scratch,
-    so the subtrees that attempt exported are explored again by the re-run.  A
-    task's Tally lists the ids it exported, and only exports listed by a counted
-    Tally are counted (orphans of a lost attempt are dropped); the search ends when
-    the groups are done and every listed export is in.
-    """
-    tally, groups = top_split(spec, ctl, UNITS_PER_NODE * pilot.nodes,
-                              GROUPS_PER_NODE * pilot.nodes)
-    if tally.found is not None:
-        return tally, 0
-    uid_of = {pilot.submit(units_task, spec, g): None for g in groups}  # None: a group
-    pending = set(uid_of)
-    held: dict[int, Tally] = {}  # finished exports not (yet) listed by a counted Tally
-    wanted: set[int] = set()  # listed by a counted Tally, not finished yet
-    asked = received = 0
-    stopping = False
-
-    def count(part: Tally) -> None:
-        tally.merge(part)
-        for uid in part.exports or ():
-            later = held.pop(uid, None)
-            if later is None:
-                wanted.add(uid)
-            else:
-                count(later)
-
-    try:
-        while pending or (wanted and not stopping):
-            done, pending = cf.wait(pending, timeout=EXPORT_POLL_S,
-                                    return_when=cf.FIRST_COMPLETED)
-            for f in done:
-                part, uid = f.result(), uid_of.pop(f)
-                if part.found is not None and not stopping:
-                    stopping = True  # a find() hit: stop the others
-                    stop.offer(1.0)
-                if uid is None:
-                    count(part)
-                elif uid in wanted:
-                    wanted.discard(uid)
-                    count(part)
-                else:
-                    held[uid] = part
-            for blob in chan.get():
-                uid, units = pickle.loads(blob)
-                received += 1
-                if not stopping:
-                    f = pilot.submit(units_task, spec, units)
-                    uid_of[f] = uid
-                    pending.add(f)
-            if prog is not None:
-                prog.tick()
-            if not stopping and len(pending) <= pilot.workers and asked <= received:
-                asked += 1
-                requests.offer(asked)
-        if stopping:  # found: what was held may hold nothing better than the hit
-            for part in held.values():
-                tally.merge(part)
-        return tally, received
-    except BaseException:
-        _stop_all(ctl, stop, pending)
-        raise
-
-
-def top_split(spec: Spec, ctl, want: int, groups: int) -> tuple[Tally, list]:
-    """Expand the tree breadth-first in the driver until ``want`` subtrees are open (or
-    ``MAX_SPLIT_DEPTH``); (the driver's Tally, the open subtrees dealt into ``groups``
-    lists of (node, path)).  Nodes expanded here are visited (counted, bounded) here.
-
-    Round-robin dealing gives every group early (promising, for branch and bound) and
-    late subtrees; each group keeps pre-order.  A hit of find() here is the answer.
-    """
-    ex = Explorer(spec, (), ctl.array, 0, split=False)
-    frontier = [(spec.root, ())]
-    depth = 0
-    try:
-        deepest = MAX_SPLIT_DEPTH if spec.kernel is None else min(MAX_SPLIT_DEPTH,
-                                                                  spec.kernel_depth)
-        while frontier and len(frontier) < want and depth < deepest:
-            nxt = []
-            for node, path in frontier:
-                if not ex.visit(node, len(path), path):
-                    continue
-                for i, child in enumerate(ex.kids(node, path)):
-                    nxt.append((child, path + (i,)))
-            frontier, depth = nxt, depth + 1
-    except _Stopped:  # the goal is among the nodes visited here
-        return ex.tally, []
-    ex.tally.tasks = 0
-    if spec.coordination is Coordination.INDEXED:
-        frontier = [(None, p) for _, p in frontier]
-    else:
-        for node, path in frontier:
-            check_picklable(node, path, "a subtree is sent to a worker")
-    k = max(1, min(groups, len(frontier)))
-    return ex.tally, [frontier[i::k] for i in range(k) if frontier[i::k]]

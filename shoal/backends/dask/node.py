@@ -50,13 +50,13 @@ from dataclasses import dataclass
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._errors import SerializationError
-from ..runtime import graph, wire
-from ..runtime.mapping import TARGET_S, map_iter
-from ..runtime.shared import portable_dumps
-from ..runtime.topology import topology as get_topology
-from ._dask_cells import drop_pilot, publish, register_worker
-from .local import LocalBackend
+from ..._errors import SerializationError
+from ...runtime import graph, wire
+from ...runtime.mapping import TARGET_S, map_iter
+from ...runtime.shared import portable_dumps
+from ...runtime.topology import topology as get_topology
+from ..local import LocalBackend
+from .cells import drop_pilot, publish, register_worker
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
 _FN_CACHE = 256
@@ -81,6 +81,7 @@ class _Node:
         self.backend = LocalBackend(workers, seed=cfg.seed)
         self.cfg = cfg
         self.inflight = 0
+        self.pinned = 0  # tasks in flight that hold dask worker resources (resources=)
         self.tasks = 0
         self.seceded = 0
         self.last_used = time.monotonic()
@@ -154,7 +155,7 @@ def node_runtime(cfg: NodeConfig) -> _Node:
     return node
 
 
-def _enter(node: _Node) -> bool:
+def _enter(node: _Node, pinned: bool = False) -> bool:
     """Count a task in; True when it should leave dask's thread pool.
 
     The last ``threads`` tasks a node can run keep their dask slots: once every
@@ -164,6 +165,7 @@ def _enter(node: _Node) -> bool:
     threads = _dask_threads()
     with _lock:
         node.inflight += 1
+        node.pinned += pinned
         node.tasks += 1
         node.last_used = time.monotonic()
         room = node.inflight <= node.backend.n - threads
@@ -181,9 +183,10 @@ def _dask_threads() -> int:
         return 1
 
 
-def _leave(node: _Node) -> None:
+def _leave(node: _Node, pinned: bool = False) -> None:
     with _lock:
         node.inflight -= 1
+        node.pinned -= pinned
         node.last_used = time.monotonic()
 
 
@@ -208,18 +211,20 @@ def _tag(exc: BaseException) -> None:
 
 
 def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: float | None,
-             unpack: bool = False):
+             unpack: bool = False, pinned: bool = False):
     """A dask task: run ``fn(*args, **kwargs)`` on this node's shoal runtime (dask worker).
     ``unpack``: the arguments held dependencies, and sets among them travelled as tagged
-    dicts (``graph.substitute(..., sets_as_dicts=True)``; dask walks no sets)."""
+    dicts (``graph.substitute(..., sets_as_dicts=True)``; dask walks no sets).
+    ``pinned``: the task holds dask worker resources here (``resources=``): while it
+    runs, this node lends none of its spawned work to other machines."""
     node = node_runtime(cfg)
     if unpack:
         args, kwargs = graph.unpack_sets(args), graph.unpack_sets(kwargs)
-    return _run(node, node.function(blob), args, kwargs, timeout)
+    return _run(node, node.function(blob), args, kwargs, timeout, pinned)
 
 
-def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None):
-    if _enter(node):
+def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None, pinned: bool = False):
+    if _enter(node, pinned):
         _secede()
     try:
         return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
@@ -227,17 +232,17 @@ def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None):
         _tag(exc)
         raise
     finally:
-        _leave(node)
+        _leave(node, pinned)
 
 
-def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
+def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list, pinned: bool = False):
     """A dask task: one coarse map batch, spread over this node's shoal workers by the
     node's own adaptive map.  Returns ``(results, scaled seconds, error or None)``: the seconds are
     scaled so that the driver's ``map_iter`` (which aims at ``TARGET_S`` per batch)
     sizes dask batches to about ``DASK_TARGET_S`` of node time."""
     node = node_runtime(cfg)
     fn = node.function(blob)
-    if _enter(node):
+    if _enter(node, pinned):
         _secede()
     try:
         t0 = time.perf_counter()
@@ -256,10 +261,10 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list):
         _tag(exc)
         raise
     finally:
-        _leave(node)
+        _leave(node, pinned)
 
 
-# -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask.py) --
+# -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask/balance.py) --
 
 
 def export_spawned(token: str) -> list[tuple]:
@@ -270,11 +275,14 @@ def export_spawned(token: str) -> list[tuple]:
     BestCell, ... of this node in them: ``portable_dumps``) is returned as
     ``(task id, function blob or None, payload, inline)``, the rest run here after
     all.  A returned task is owed a ``deliver_result``: its owner waits for it.
+    Nothing is lent while a task holding dask worker resources runs here (its
+    spawned children may need the GPU it holds; they are not told apart from the
+    others' in the workers' deques).
     """
     with _lock:
         node = _nodes.get(token)
-    if node is None:
-        return []
+        if node is None or node.pinned:
+            return []
     out, back = [], []
     for msg in node.backend.export():
         item = _portable(node, msg)

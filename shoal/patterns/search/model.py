@@ -1,8 +1,7 @@
-"""The search skeletons' data model: options, what a task is given (``Spec``), what it
+"""The search skeletons' data model: options, what a task is given (``SearchSpec``), what it
 returns (``Tally``) and what the user gets (``SearchStats``); plus the checks of user
 values and the path helpers (``kids_of``, ``replay``) shared by the engine and the
-drivers.  Split from ``_search`` (the engine) so that module stays about the
-depth-first loop and its splitting.
+drivers.
 """
 
 from __future__ import annotations
@@ -109,22 +108,22 @@ def check_picklable(node, path, why: str) -> None:
 
 
 @dataclass(frozen=True)
-class Spec:
+class SearchSpec:
     """Everything a search task needs (pickled with every stolen task)."""
 
     root: object
     children: object
     goal: Goal
-    control: object  # SharedArray.per_node: Control (the module docstring of _search)
+    control: object  # SharedArray.per_node: Control (control.py)
     coordination: Coordination = Coordination.STACK_STEALING
     accept: object = None  # COUNT: which nodes count; FIND: the goal
     objective: object = None
     bound: object = None
     negate: bool = False  # minimise: values are negated inside
     cell: object = None  # BestCell.for_pilot (always "max" of the possibly negated values)
-    stop: object = None  # BestCell.for_pilot: > 0 once the search must stop, on every node
+    stop: object = None  # control.StopFlag: set once the search must stop, on every machine
     channel: object = None  # Channel.for_pilot: subtrees given away to other nodes (exports)
-    requests: object = None  # BestCell.for_pilot: exports the driver has asked each node for
+    requests: object = None  # multinode.RequestCounter: exports the driver asked for
     initial: float = -math.inf
     target: float | None = None  # FIND: a goal is objective >= target; bound < target prunes
     kernel: object = None  # COUNT: node -> the count of its subtree, for nodes at ...
@@ -234,7 +233,23 @@ def kids_of(children, node, path):
                           f"at {where(path, node)}; return a list, tuple or generator") from None
 
 
-def replay(spec: Spec, path: tuple):
+def listing(children, node, path):
+    """The children of ``node`` one by one, with errors (also raised inside a generator)
+    that name its path."""
+    it = kids_of(children, node, path)
+    while True:
+        try:
+            child = next(it)
+        except StopIteration:
+            return
+        except _Stopped:
+            raise
+        except Exception as exc:
+            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
+        yield child
+
+
+def replay(spec: SearchSpec, path: tuple):
     """The node at ``path``, re-derived by replaying ``children`` from the root (indexed)."""
     node = spec.root
     for depth, i in enumerate(path):

@@ -49,8 +49,9 @@ import os
 import pickle
 import time
 
-from ._search import Explorer, _slot, stopped
-from ._search_model import Goal, SearchError, Spec, Tally, _Stopped, where
+from .control import slot, stopped
+from .engine import Explorer
+from .model import Goal, SearchError, SearchSpec, Tally, _Stopped, listing
 
 FORMAT = 1
 CHUNK_S = 0.25  # seconds a chunk explores before it returns what it left
@@ -73,13 +74,13 @@ def fingerprint(kind: str, root, *options) -> str:
 
 
 def make(path, interval, kind: str, root, *options):
-    """The Checkpoint of a skeleton call, or None without ``checkpoint=``."""
+    """The SearchCheckpoint of a skeleton call, or None without ``checkpoint=``."""
     if path is None:
         return None
-    return Checkpoint(path, interval, kind, fingerprint(kind, root, *options))
+    return SearchCheckpoint(path, interval, kind, fingerprint(kind, root, *options))
 
 
-class Checkpoint:
+class SearchCheckpoint:
     """One search's checkpoint file: load once, save atomically, remove at the end.
 
     Driver only.  ``interval``: seconds between two saves while the search runs.
@@ -158,7 +159,21 @@ class Checkpoint:
             pass
 
 
-def run_checkpointed(pilot, spec: Spec, ck: Checkpoint, resumed, stop_all, prog=None) -> Tally:
+def next_units(frontier: list, window: int, in_flight: int) -> list:
+    """The next units to submit from a driver's ``frontier`` (a LIFO of lists of units,
+    depth-first so it stays small), cut so that every free slot of the ``window`` of
+    chunk tasks gets a piece (the rest go back on the frontier)."""
+    units = frontier.pop()
+    free = window - in_flight - len(frontier)
+    if len(units) > 1 and free > 1:
+        step = -(-len(units) // min(free, len(units)))
+        pieces = [units[i:i + step] for i in range(0, len(units), step)]
+        units = pieces.pop(0)
+        frontier.extend(reversed(pieces))
+    return units
+
+
+def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, stop_all, prog=None) -> Tally:
     """The driver's loop of a checkpointed search; the merged Tally (with the resumed one)."""
     if resumed is None:
         tally, frontier, first = Tally(tasks=0), [[(spec.root, ())]], True
@@ -171,13 +186,7 @@ def run_checkpointed(pilot, spec: Spec, ck: Checkpoint, resumed, stop_all, prog=
     try:
         while frontier or pending:
             while frontier and len(pending) < window:
-                units = frontier.pop()
-                free = window - len(pending) - len(frontier)
-                if len(units) > 1 and free > 1:  # cut it so idle workers get a piece
-                    step = -(-len(units) // min(free, len(units)))
-                    pieces = [units[i:i + step] for i in range(0, len(units), step)]
-                    units = pieces.pop(0)
-                    frontier.extend(reversed(pieces))
+                units = next_units(frontier, window, len(pending))
                 units.sort(key=lambda u: u[1])  # path order (ordered=True relies on it)
                 f = pilot.submit(chunk_task, spec, units, FIRST_CHUNK_S if first else CHUNK_S)
                 first = False
@@ -223,11 +232,11 @@ def _open_units(frontier: list, pending: dict) -> list:
                                                        for u in units]
 
 
-def chunk_task(spec: Spec, units: list, max_s: float):
+def chunk_task(spec: SearchSpec, units: list, max_s: float):
     """Explore ``units`` [(node, path)] depth-first, in order, for about ``max_s`` seconds;
     (Tally of the nodes visited, the units left unexplored, in path order)."""
     ctl = spec.control.array
-    ex = Explorer(spec, (), ctl, _slot(ctl), split=False)
+    ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     t = ex.tally
     if spec.collect:
         t.found_nodes = []
@@ -243,7 +252,7 @@ def chunk_task(spec: Spec, units: list, max_s: float):
             n += 1
             if n >= CLOCK_EVERY:
                 n = 0
-                if clock() >= deadline or stopped(spec, ctl):
+                if clock() >= deadline or stopped(spec.stop, ctl):
                     break
                 if cell is not None and cell.value > ex.glob:
                     ex.glob = cell.value
@@ -255,26 +264,12 @@ def chunk_task(spec: Spec, units: list, max_s: float):
                     while stack and len(stack[-1][1]) == k and stack[-1][1][:-1] == parent:
                         stack.pop()
                 continue
-            kids = [(child, path + (i,)) for i, child in enumerate(_listing(ex, node, path))]
+            kids = [(child, path + (i,)) for i, child in enumerate(listing(ex.children, node, path))]
             stack.extend(reversed(kids))
     except _Stopped:  # find(): a hit (the tally has it); the driver stops the rest
         stack = []
     ex.report()
     return t, stack[::-1]
-
-
-def _listing(ex: Explorer, node, path):
-    it = ex.kids(node, path)
-    while True:
-        try:
-            child = next(it)
-        except StopIteration:
-            return
-        except _Stopped:
-            raise
-        except Exception as exc:
-            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
-        yield child
 
 
 def resume_initial(initial: float, resumed) -> float:

@@ -1,10 +1,9 @@
-"""The branch-and-bound hot loop, ``Explorer.dfs_bnb`` (a mixin of ``_search.Explorer``).
+"""The branch-and-bound hot loop, ``Explorer.dfs_bnb`` (a mixin of ``engine.Explorer``).
 
-Split out of ``_search`` (the engine) so that module stays under 800 lines; the loop
-has the same shape as ``Explorer.dfs_count`` there (see its docstring): a ``for`` over
-the level being listed, a preallocated stack of iterators and child indices, a poll
-every ``TICK`` nodes once ``POLL_S`` has passed, and each user call wrapped in its own
-``try`` so errors name the node.  Per child: ``bound`` (pruned when it cannot strictly
+The loop has the shape of ``dfs_count`` and uses the helpers of loops.py (its module
+docstring): a ``for`` over the level being listed, a preallocated stack of iterators
+and child indices, a poll every ``TICK`` nodes once ``POLL_S`` has passed, and each
+user call wrapped in its own ``try`` so errors name the node.  Per child: ``bound`` (pruned when it cannot strictly
 beat the incumbent; with ``prune_level`` the rest of the level too, after checking the
 bounds come best first), then ``objective`` (an improvement is offered at once), then
 ``children``.
@@ -15,7 +14,10 @@ from __future__ import annotations
 import math
 import time
 
-from ._search_model import Coordination, SearchError, _Stopped, number, where
+from . import loops
+from .model import SearchError, _Stopped, number, where
+
+_EMPTY = iter(())
 
 
 class BnBLoop:
@@ -23,8 +25,6 @@ class BnBLoop:
 
     def dfs_bnb(self, node) -> None:
         """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
-        from ._search import _EMPTY, TICK  # read at call time (tests patch TICK)
-
         base, t, spec = self.base, self.tally, self.spec
         d0 = len(base)
         if not self.visit(node, d0, base):
@@ -32,9 +32,9 @@ class BnBLoop:
         children, bound, objective = self.children, self.bound, self.objective
         negate, prune_level = spec.negate, spec.prune_level
         pd = [0] * 32 if spec.per_depth else None
-        budget = spec.budget if (spec.coordination is Coordination.BUDGET and self.split_ok) else 0
-        backtracks = nodes = pruned = 0
-        tick = TICK
+        budget = self.budget()
+        nodes = pruned = 0
+        TICK = tick = loops.TICK  # (read per call: tests patch it)
         lim, slim = self.lim, self.slim
         skips = self.skips
         clock = time.perf_counter
@@ -45,7 +45,7 @@ class BnBLoop:
         d = 0
         top = self.kids(node, base)
         i = -1
-        bad = None  # set while number() checks a value: its TypeError is the user's answer
+        bad = False  # set while number() checks a value
         try:
             while True:
                 for child in top:
@@ -53,13 +53,12 @@ class BnBLoop:
                     try:
                         b = bound(child)
                     except Exception as exc:
-                        raise SearchError(f"bound() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
+                        raise self.call_error("bound", exc, idx, d, i, child) from exc
                     tb = type(b)
                     if tb is not int and (tb is not float or b != b):
-                        bad = "bound()"
-                        b = number(b, bad, base + tuple(idx[:d]) + (i,), child)
-                        bad = None
+                        bad = True  # number()'s TypeError is the user's answer
+                        b = number(b, "bound()", base + tuple(idx[:d]) + (i,), child)
+                        bad = False
                     if negate:
                         b = -b
                     if prune_level:  # the promise it rests on, checked where it is cheap
@@ -75,30 +74,25 @@ class BnBLoop:
                     try:
                         v = objective(child)
                     except Exception as exc:
-                        raise SearchError(f"objective() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
-                    tv = type(v)
-                    if tv is not int and (tv is not float or v != v):
-                        bad = "objective()"
-                        v = number(v, bad, base + tuple(idx[:d]) + (i,), child)
-                        bad = None
+                        raise self.call_error("objective", exc, idx, d, i, child) from exc
+                    if v.__class__ is not int and (v.__class__ is not float or v != v):
+                        bad = True
+                        v = number(v, "objective()", base + tuple(idx[:d]) + (i,), child)
+                        bad = False
                     if negate:
                         v = -v
                     if v > lim and v >= slim:
                         self.improve(child, v, base + tuple(idx[:d]) + (i,))
                         lim, slim = self.lim, self.slim
                     nodes += 1
-                    if pd is not None:  # a local list indexed by depth below the base - 1
-                        try:
-                            pd[d] += 1
-                        except IndexError:
-                            pd.extend([0] * (d + 1 - len(pd)))
-                            pd[d] += 1
+                    if pd is not None:  # stats=True: nodes per depth below the base - 1
+                        if d >= len(pd):
+                            pd.extend([0] * (d + 1))
+                        pd[d] += 1
                     try:
                         kids = children(child)
                     except Exception as exc:
-                        raise SearchError(f"children() raised {exc!r} at "
-                                          f"{where(base + tuple(idx[:d]) + (i,), child)}") from exc
+                        raise self.call_error("children", exc, idx, d, i, child) from exc
                     tick -= 1
                     if not tick:
                         tick = TICK
@@ -118,10 +112,7 @@ class BnBLoop:
                     try:
                         top = iter(kids)
                     except TypeError:
-                        raise SearchError(f"children() returned a non-iterable "
-                                          f"{type(kids).__name__} at "
-                                          f"{where(base + tuple(idx[:d]), child)}; return a "
-                                          "list, tuple or generator") from None
+                        raise self.not_iterable(kids, idx, d, child) from None
                     i = -1
                     prev = inf
                     break
@@ -135,18 +126,14 @@ class BnBLoop:
                     if skips and d in skips:
                         i += skips.pop(d)
                     if budget:
-                        backtracks += 1
-                        if backtracks >= budget:
-                            backtracks = 0
-                            top, i = self._poll_split(iters, idx, d, top, i)
-                            lim, slim = self.lim, self.slim
+                        top, i = self.backtrack(budget, iters, idx, d, top, i)
+                        lim, slim = self.lim, self.slim
         except (_Stopped, SearchError):
             raise
         except Exception as exc:
-            if bad is not None:  # number() rejected a bound or objective value
+            if bad:  # number() rejected a bound or objective value
                 raise
-            raise SearchError(f"children() raised {exc!r} at "
-                              f"{where(base + tuple(idx[:d]), spec=self.spec)}") from exc
+            raise self.listing_error(exc, idx, d) from exc
         finally:
             t.nodes += nodes
             self.seen = 0

@@ -6,7 +6,7 @@ scaled to ``jobs`` batch jobs.  Parsl's split: the *provider* acquires resources
 dask-jobqueue submits the jobs); the mapping from shoal's options to the provider's is a
 pure function (``jobqueue_kwargs``), testable without a batch system; watching the jobs
 once they are submitted (queue progress, replacing a job that ended, failing fast on a job
-that can never start) is ``_dask_jobs.JobWatch``.
+that can never start) is ``jobs.JobWatch``.
 
 Mapping rules (the invariants a test pins):
 
@@ -43,7 +43,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .._errors import BackendUnavailable
+from ..._errors import BackendUnavailable
 
 
 class Provider(enum.Enum):

@@ -52,7 +52,7 @@ import time
 import uuid
 from collections import OrderedDict
 
-from ..runtime.shared import BestCell, Channel, Sense, SharedArray
+from ...runtime.shared import BestCell, Channel, Sense, SharedArray
 
 SYNC_S = 0.002  # how often a node's sync thread looks at its replicas
 SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica
@@ -187,13 +187,16 @@ class CellHub:
             self._cells[obj.token] = obj
         return obj
 
-    def cell(self, sense, initial) -> ClusterCell:
+    def best_cell(self, sense, initial) -> ClusterCell:
+        """``BestCell.for_pilot``: one replica per node, improvements broadcast."""
         return self._register(ClusterCell(self, sense, initial))
 
     def channel(self, size: int) -> DriverChannel:
+        """``Channel.for_pilot``: each node's slots forwarded to the driver."""
         return self._register(DriverChannel(self, size))
 
-    def array(self, shape, dtype, fill) -> NodeArray:
+    def node_array(self, shape, dtype, fill) -> NodeArray:
+        """``SharedArray.per_node``: each node makes its own copy."""
         return NodeArray(self, shape, dtype, fill)
 
     def _on_event(self, event) -> None:
@@ -351,7 +354,7 @@ async def cell_offer(token: str, value: float) -> None:
         rep = _replicas.get(token)
         if rep is None or rep.cell is None:
             return
-        a = rep.cell._slots.array
+        a = rep.cell.slots
         if a is not None and _better(rep.cell.sense, value, a[REMOTE]):
             a[REMOTE] = value
 
@@ -404,7 +407,7 @@ def _sync_loop() -> None:
                 if rep.channel is not None:
                     news += [(rep.pilot, {"cell": token, "blob": b}) for b in rep.channel.get()]
                     continue
-                a = rep.cell._slots.array
+                a = rep.cell.slots
                 mine = float(a[1:].max() if rep.cell.sense is Sense.MAX else a[1:].min())
                 if _better(rep.cell.sense, mine, rep.last) and _better(rep.cell.sense, mine,
                                                                        float(a[REMOTE])):

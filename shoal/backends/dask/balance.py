@@ -41,7 +41,7 @@ import queue
 import threading
 import time
 
-from ._dask_node import deliver_result, export_spawned, node_load, run_lent
+from .node import deliver_result, export_spawned, node_load, run_lent
 
 BALANCE_S = 0.02  # the balancer's period while tasks are in flight
 MAX_BACKOFF_S = 1.0  # the longest a node that gave nothing is left alone
@@ -111,7 +111,7 @@ class Balancer:
             self._cond.notify()
 
     def _busy(self) -> bool:
-        return bool(self.backend._pending or self.lent)
+        return bool(self.backend.outstanding or self.lent)
 
     def _loop(self) -> None:
         while True:
@@ -120,6 +120,10 @@ class Balancer:
                     self._cond.wait(1.0)
                 if self._stop:
                     return
+            try:
+                self.backend.watch_resources()  # resources= no worker offers any more
+            except Exception:  # pragma: no cover - the cluster is going away
+                pass
             try:
                 self._settle()
                 self._balance()
@@ -131,7 +135,7 @@ class Balancer:
         client, b = self.backend.client, self.backend
         if len(client.scheduler_info().get("workers", {})) < 2:
             return  # one machine: nothing to move (one small round trip, not three)
-        waiting = max(0, len(b._pending) - sum(len(k) for k in client.processing().values()))
+        waiting = max(0, b.outstanding - sum(len(k) for k in client.processing().values()))
         if waiting:
             return
         load = {a: tuple(v) for a, v in client.run(node_load, b.token, on_error="return").items()

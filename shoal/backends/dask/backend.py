@@ -7,14 +7,14 @@ Two levels::
         │ client.submit(run_task, ...) ───dask───►   │ node runtime = a LocalBackend:
         │                                            │ shoal worker processes, rings,
       shoal.Future ◄── settle ◄── gather ◄───dask──  │ work stealing, shoal.spawn
-                                                     ▼ (see _dask_node.py)
+                                                     ▼ (see node.py)
 
 * ``submit`` sends one dask task that runs the function on the node runtime of
   whichever dask worker dask picks.  ``shoal.spawn`` inside it pushes to that
   node's deques; idle shoal workers of the node steal; when a whole machine
   runs dry, the driver's balancer lends it spawned tasks of the busiest one
-  (``_dask_balance``).  Cells, per-node arrays and channels that span the
-  machines are in ``_dask_cells``.
+  (``balance``).  Cells, per-node arrays and channels that span the
+  machines are in ``cells``.
 * Futures among the arguments (also inside lists, tuples, dicts) become the
   dask futures behind them, so dask resolves them **on the workers**: a result
   that only feeds another task never crosses the driver (the local backend
@@ -33,8 +33,14 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* ``resources={"GPU": 1}`` (``Pilot.options``) goes to ``client.submit``: dask
+  runs the task only where a worker declared that much.  A request no
+  connected worker meets is refused at submit (``ValueError``); one whose
+  capable worker left later fails after ``resource_wait_s``
+  (``watch_resources``, on the balancer's thread) instead of waiting for good.
+  While such a task runs on a node, the node lends none of its spawned work.
 * ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
-  (``_dask_provider``); on SLURM a ``JobWatch`` (``_dask_jobs``) reports queue
+  (``provider``); on SLURM a ``JobWatch`` (``jobs``) reports queue
   state, replaces jobs that end, and fails the pending tasks with SLURM's
   reason when a job can never start (docs/hpc.md).
 
@@ -52,33 +58,37 @@ dask-jobqueue); running user tasks in dask's thread pool (no stealing, no
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import enum
 import io
 import itertools
 import socket
 import threading
+import time
 import traceback
 import uuid
+import weakref
 
-from .._errors import (
+from ..._errors import (
     BackendUnavailable,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
     WorkerLost,
 )
-from ..runtime import graph, wire
-from ..runtime.future import Future
-from ..runtime.mapping import map_iter
-from ._dask_balance import Balancer
-from ._dask_cells import CellHub, ClusterCell, NodeArray
-from ._dask_jobs import JobPolicy, JobWatch
-from ._dask_node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
-from ._dask_provider import Provider, make_cluster
-from .local import _check_options, _settle
+from ...runtime import graph, wire
+from ...runtime.api import check_options, check_resources, settle
+from ...runtime.future import Future
+from ...runtime.mapping import map_iter
+from .balance import Balancer
+from .cells import CellHub
+from .jobs import JobPolicy, JobWatch
+from .node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
+from .provider import Provider, make_cluster
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
+RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
 
 
 class Owned(enum.Enum):
@@ -93,17 +103,19 @@ class _Coarse:
     """``map_iter``'s view of the cluster: ``n`` node workers, and a ``submit`` that turns
     each batch into one dask task for ``run_batch`` (the per-batch runner is replaced)."""
 
-    def __init__(self, backend: DaskBackend, fn, star: bool):
+    def __init__(self, backend: DaskBackend, fn, star: bool, resources: dict | None = None):
         self.backend = backend
         self.n = backend.n
         self.blob = backend._blob(fn)
         self.name = f"map-{_name(fn)}"
         self.star = star
+        self.resources = resources
 
     def submit(self, _runner, args: tuple, kwargs: dict) -> Future:
         (batch,) = args
         be = self.backend
-        return be._send(run_batch, (be.cfg, self.blob, self.star, batch), self.name, 0)
+        return be._send(run_batch, (be.cfg, self.blob, self.star, batch, bool(self.resources)),
+                        self.name, 0, self.resources)
 
 
 class DaskBackend:
@@ -114,7 +126,7 @@ class DaskBackend:
     def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
                  cluster=None, provider: str | Provider | None = None, seed: int = 0,
                  connect_timeout: float = 10.0, idle_timeout: float = 600.0, jobs: int = 1,
-                 **provider_options):
+                 resource_wait_s: float = 60.0, **provider_options):
         given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
                                 ("provider", provider)) if v is not None]
         if len(given) != 1:
@@ -168,12 +180,19 @@ class DaskBackend:
             raise
         self.hub = CellHub(self.client, self.token)
         self.hub.subscribe()  # before any task: node events (cells, lent results) come on it
+        self.shared = self.hub  # SharedFactory: cluster cells, per-node arrays, channels
         self.balancer = Balancer(self)
         self.topology = None  # each host has its own; see stats()
         self.closing = False
         self.closed = False
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future, object]] = {}
+        self._satisfiable: dict[tuple, float] = {}  # resources= -> checked until (monotonic)
+        self._needs: dict[str, dict] = {}  # key of a pending task -> its resources=
+        self._unmet: dict[str, float] = {}  # key -> since when no connected worker offers them
+        self._watched = 0.0
+        self.resource_wait_s = resource_wait_s
+        self._dask_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Future -> dask's
         self._done: list[str] = []
         self._flushing = False
         self._ids = itertools.count(1)
@@ -204,18 +223,6 @@ class DaskBackend:
         except Exception:  # pragma: no cover - the cluster is going away
             return self.nodes_seen
 
-    def best_cell(self, sense, initial) -> ClusterCell:
-        """``BestCell.for_pilot``: one replica per node, improvements broadcast."""
-        return self.hub.cell(sense, initial)
-
-    def channel(self, size: int):
-        """``Channel.for_pilot``: each node's slots forwarded to the driver."""
-        return self.hub.channel(size)
-
-    def node_array(self, shape, dtype, fill) -> NodeArray:
-        """``SharedArray.per_node``: each node makes its own copy."""
-        return self.hub.array(shape, dtype, fill)
-
     @property
     def _plugin_name(self) -> str:
         return f"shoal-{self.token}"
@@ -223,9 +230,11 @@ class DaskBackend:
     # -- submitting --------------------------------------------------------------------
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0,
-               timeout: float | None = None) -> Future:
-        if type(retries) is not int or retries or timeout is not None:
-            _check_options(retries, timeout)
+               timeout: float | None = None, resources=None) -> Future:
+        if type(retries) is not int or retries or timeout is not None or resources is not None:
+            check_options(retries, timeout)
+            if resources is not None:
+                resources = self._resources(resources)
         if not callable(fn):
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
         for a in (*args, *kwargs.values()):
@@ -237,22 +246,38 @@ class DaskBackend:
             blob = self._blob(fn)
             deps = (bool(args) and graph.any_future(args)) or (bool(kwargs) and graph.any_future(kwargs.values()))
             if deps:
-                args, kwargs = _to_dask(args), _to_dask(kwargs)
+                args, kwargs = self._to_dask(args), self._to_dask(kwargs)
         except _ForeignFuture as exc:
             raise ValueError(str(exc)) from None
         except Exception as exc:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
-        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps), _name(fn), retries)
+        return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps, bool(resources)),
+                          _name(fn), retries, resources)
 
     def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
-            timeout: float | None = None, window_bytes: int | None = None):
-        """``Pilot.map``: batches of items become dask tasks, each spread over a node."""
+            timeout: float | None = None, window_bytes: int | None = None, retries: int = 0,
+            task_timeout: float | None = None, resources=None):
+        """``Pilot.map``: batches of items become dask tasks, each spread over a node.
+
+        With ``retries`` or ``task_timeout`` each batch is one shoal task (``submit``),
+        so the options apply per batch as on the local backend."""
         if not callable(fn):
             raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
-        return map_iter(_Coarse(self, fn, len(iterables) > 1), fn, iterables, ordered=ordered,
-                        chunksize=chunksize, timeout=timeout, window_bytes=window_bytes)
+        if retries or task_timeout is not None:
+            def submit(runner, args, kwargs):
+                return self.submit(runner, args, kwargs, retries=retries, timeout=task_timeout,
+                                   resources=resources)
 
-    def _send(self, runner, args: tuple, name: str, retries: int) -> Future:
+            return map_iter(self, fn, iterables, ordered=ordered, chunksize=chunksize,
+                            timeout=timeout, window_bytes=window_bytes, submit=submit,
+                            catch=not retries)
+        if resources is not None:
+            resources = self._resources(resources)
+        return map_iter(_Coarse(self, fn, len(iterables) > 1, resources), fn, iterables,
+                        ordered=ordered, chunksize=chunksize, timeout=timeout,
+                        window_bytes=window_bytes)
+
+    def _send(self, runner, args: tuple, name: str, retries: int, resources=None) -> Future:
         if self.closing:
             raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
         if self.broken is not None:
@@ -265,17 +290,32 @@ class DaskBackend:
         fut._canceller = self._cancel_cb
         key = f"{name}-{self.token}-{tid}"
         try:
-            dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None)
+            dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None,
+                                      resources=resources)
         except Exception as exc:  # arguments dask cannot serialise
             fut.set_exception(SerializationError(f"task {name}: {exc}"))
             return fut
-        fut._dask = dfut
+        self._dask_of[fut] = dfut
         with self._lock:
             self._pending[key] = (fut, dfut)
+            if resources:
+                self._needs[key] = resources
             self.counters["submitted"] += 1
         dfut.add_done_callback(self._on_done)
         self.balancer.kick()
         return fut
+
+    def _dask_future_of(self, fut: Future):
+        dfut = self._dask_of.get(fut)
+        if dfut is None:
+            raise _ForeignFuture("a shoal.Future of another pilot was passed to this dask pilot's "
+                                 "task; pass its .result() instead")
+        return dfut
+
+    def _to_dask(self, obj):
+        """``obj`` with this backend's shoal Futures replaced by their dask futures (the one
+        walk of ``shoal.runtime.graph``; dask then finds them at the same places)."""
+        return graph.substitute(obj, self._dask_future_of, sets_as_dicts=True)
 
     def _blob(self, fn) -> bytes:
         entry = self._blobs.get(id(fn))
@@ -284,7 +324,7 @@ class DaskBackend:
         return entry[0]
 
     def _cancel(self, fut: Future) -> None:
-        dfut = getattr(fut, "_dask", None)
+        dfut = self._dask_of.get(fut)
         with self._lock:
             self.counters["cancelled"] += 1
             if dfut is not None:
@@ -297,6 +337,103 @@ class DaskBackend:
             await self.client.cancel([dfut], asynchronous=True)
         except Exception:  # pragma: no cover - the cluster went away: nothing left to cancel
             pass
+
+    def cancel_pending(self) -> int:
+        """``shutdown(cancel_futures=True)``: nothing is cancelled here (returns 0).  dask
+        does not tell a client which of its tasks a worker has started, and the stdlib
+        promise is "running tasks finish"; ``close(cancel_pending=True)`` cancels them all."""
+        return 0
+
+    def cancel_children(self, fut: Future) -> None:
+        """No-op: a task's spawned children live in its node's runtime, which the driver
+        does not address by task id; they finish with their parent."""
+
+    def force_cancel(self, fut: Future) -> bool:
+        raise NotImplementedError("cancel(force=True) is not supported by the dask backend "
+                                  "(dask cannot kill one task; cancel() stops it if not started)")
+
+    # -- resources ---------------------------------------------------------------------
+
+    def _resources(self, resources) -> dict:
+        """``resources=`` checked: a plain dict, refused at once (ValueError) when dask
+        workers are connected and none of them offers that much (dask would keep the task
+        waiting for a worker that never comes).  With no worker connected yet (a provider
+        pilot whose jobs have not started) the task waits, as any task does."""
+        resources = check_resources(resources)
+        key = tuple(sorted(resources.items()))
+        now = time.monotonic()
+        if self._satisfiable.get(key, 0.0) > now:
+            return resources
+        offered = self._offered()
+        if offered and not any(all(have.get(k, 0) >= v for k, v in resources.items())
+                               for have in offered.values()):
+            listing = "; ".join(f"{addr}: {have or 'none'}" for addr, have in sorted(offered.items()))
+            raise ValueError(f"resources={resources}: no dask worker of this cluster offers that "
+                             f"much (start one with `dask worker --resources "
+                             f"\"{','.join(f'{k}={v}' for k, v in resources.items())}\"`); "
+                             f"workers offer: {listing}")
+        if offered:
+            self._satisfiable[key] = now + RESOURCE_CHECK_S
+        return resources
+
+    def watch_resources(self) -> None:
+        """The balancer's thread, about once a second while tasks are out: a task whose
+        ``resources=`` no connected dask worker has offered for ``resource_wait_s`` (its
+        capable worker left after the submit) fails with ``BackendUnavailable`` instead
+        of waiting in dask's ``no-worker`` state for good.  With no worker connected at
+        all (a provider's jobs starting or replaced) nothing is failed."""
+        now = time.monotonic()
+        if now - self._watched < 1.0:
+            return
+        self._watched = now
+        with self._lock:
+            for key in [k for k in self._needs if k not in self._pending]:
+                del self._needs[key]
+                self._unmet.pop(key, None)
+            needs = dict(self._needs)
+        if not needs:
+            return
+        offered = self._offered()
+        if not offered:
+            return
+        for key, res in needs.items():
+            if any(all(have.get(k, 0) >= v for k, v in res.items()) for have in offered.values()):
+                self._unmet.pop(key, None)
+                continue
+            self._satisfiable.pop(tuple(sorted(res.items())), None)  # new submits check afresh
+            since = self._unmet.setdefault(key, now)
+            if now - since < self.resource_wait_s:
+                continue
+            with self._lock:
+                entry = self._pending.pop(key, None)
+                self._needs.pop(key, None)
+                self._unmet.pop(key, None)
+                if entry is not None:
+                    self.counters["failed"] += 1
+            if entry is None:
+                continue
+            fut, dfut = entry
+            listing = "; ".join(f"{a}: {h or 'none'}" for a, h in sorted(offered.items()))
+            settle(fut, False, BackendUnavailable(
+                f"task {key} needs resources={res}, and no connected dask worker has offered "
+                f"that much for {self.resource_wait_s:g} s (the worker that had them left?); "
+                f"workers offer: {listing}"))
+            if self.client.status == "running":
+                self.client.loop.add_callback(self._cancel_async, dfut)
+
+    def _offered(self) -> dict[str, dict] | None:
+        """Each connected dask worker's resources (None from the client's event loop,
+        where a blocking call would deadlock, or when the scheduler cannot be asked)."""
+        try:
+            asyncio.get_running_loop()
+            return None
+        except RuntimeError:
+            pass
+        try:
+            workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        except Exception:  # pragma: no cover - the cluster is going away: submit says so
+            return None
+        return {addr: dict(info.get("resources") or {}) for addr, info in workers.items()}
 
     # -- results -----------------------------------------------------------------------
 
@@ -342,7 +479,7 @@ class DaskBackend:
                     self.counters["completed" if ok else "failed"] += 1
             for f, _, ok, value in settled:
                 if value is not _SKIP:
-                    _settle(f, ok, value)
+                    settle(f, ok, value)
 
     async def _outcome(self, dfut):
         """(ok, value or exception) of a dask future that did not gather cleanly."""
@@ -371,7 +508,7 @@ class DaskBackend:
             self._pending.clear()
             self.counters["failed"] += len(entries)
         for fut, dfut in entries:
-            _settle(fut, False, BackendUnavailable(message))
+            settle(fut, False, BackendUnavailable(message))
             if self.client.status == "running":
                 self.client.loop.add_callback(self._cancel_async, dfut)
 
@@ -382,13 +519,18 @@ class DaskBackend:
             self._done.clear()
             self._flushing = False
         for fut, dfut in entries:
-            _settle(fut, False, _gone(dfut.key, "the client's event loop stopped"))
+            settle(fut, False, _gone(dfut.key, "the client's event loop stopped"))
 
     # -- introspection and shutdown ----------------------------------------------------
 
+    @property
+    def outstanding(self) -> int:
+        """Tasks submitted and not settled yet (the balancer runs while there are any)."""
+        return len(self._pending)
+
     def stats(self, timeout: float = 2.0) -> dict:
         """Per node (each dask worker's runtime, its shoal workers) and driver counters."""
-        from ._dask_node import node_stats
+        from .node import node_stats
 
         nodes = {}
         if self.client.status == "running":
@@ -435,7 +577,7 @@ class DaskBackend:
             left = list(self._pending.values())
             self._pending.clear()
         for f, _ in left:
-            _settle(f, False, PilotClosed("the pilot closed before this task finished"))
+            settle(f, False, PilotClosed("the pilot closed before this task finished"))
         self._release()
 
     def _release(self) -> None:
@@ -468,20 +610,6 @@ def _failed(exc: BaseException) -> Future:
 
 class _ForeignFuture(Exception):
     pass
-
-
-def _dask_future_of(fut: Future):
-    dfut = getattr(fut, "_dask", None)
-    if dfut is None:
-        raise _ForeignFuture("a shoal.Future of another pilot was passed to a dask pilot's "
-                             "task; pass its .result() instead")
-    return dfut
-
-
-def _to_dask(obj):
-    """``obj`` with this backend's shoal Futures replaced by their dask futures (the one
-    walk of ``shoal.runtime.graph``; dask then finds them at the same places)."""
-    return graph.substitute(obj, _dask_future_of, sets_as_dicts=True)
 
 
 def _probe_tcp(address: str, timeout: float) -> None:

@@ -1,0 +1,22 @@
+"""The search engine behind ``backtracking`` and ``branch_and_bound`` (their public entry
+points are those two modules; this package is how they work).
+
+Layout, by role::
+
+    model.py       options, SearchSpec (what a task is given), Tally (what it returns),
+                   SearchStats (what the user gets); checks of user values; paths
+    control.py     what a running search shares: the Control array, the StopFlag
+    engine.py      Explorer (one task's search: visit, poll, split, join) and the task
+    loops.py       the depth-first hot loops (count, generic) and their shared helpers
+    bnb.py         the branch-and-bound hot loop
+    driver.py      the driver's side: validate, submit, wait, progress, SearchStats
+    multinode.py   several machines: the top split, subtree exports on request
+    checkpoint.py  checkpointed frontiers: driver-side chunks that survive a SIGKILL
+
+Imports go down this list's dependency order: model <- control <- loops/bnb <- engine
+<- multinode/checkpoint <- driver; only ``shoal``'s public API below that.
+"""
+
+from .model import Coordination, SearchError, SearchStats
+
+__all__ = ["Coordination", "SearchError", "SearchStats"]

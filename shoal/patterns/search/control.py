@@ -1,0 +1,87 @@
+"""What the tasks of one search share while it runs: the Control array and the stop flag.
+
+Control is a ``SharedArray.per_node(pilot, (workers + 1, CONTROL_COLUMNS), int64)``:
+one row per process, each written only by its owner (row 0: the driver), so no
+locks.  The columns:
+
+* ``SPAWNED`` / ``STARTED``: search tasks made / begun by this process;
+  ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer to thieves;
+* ``ACTIVE``: search tasks running here (not waiting in a join): a worker whose
+  ACTIVE is 0 is hungry;
+* ``STOP``: this machine's stop flag (a find() hit, an error, an interruption);
+* ``EXPORTED``: subtrees this process gave to other machines;
+* ``NODES``: nodes visited so far (written at every poll: what ``progress=`` and
+  the dashboard show).
+
+Across machines the search's stop is a ``StopFlag``: raised once by whoever stops
+the search (a task on any machine, the driver), read by every task every few polls.
+It is built on the public ``shoal.BestCell.for_pilot`` (a value that only rises,
+kept in step across machines), but a search names it by its role: nothing here is an
+incumbent.  Rejected: a Channel message to every task (tasks do not listen); the
+Control column alone (it is per machine).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import shoal
+
+SPAWNED, STARTED, ACTIVE, STOP, EXPORTED, NODES = range(6)
+CONTROL_COLUMNS = 6
+STOP_WAIT_S = 10.0  # how long a stopped search waits for its tasks to unwind
+
+
+def make_control(pilot):
+    """A fresh Control array for one search on ``pilot`` (one copy per machine)."""
+    return shoal.SharedArray.per_node(pilot, (pilot.workers + 1, CONTROL_COLUMNS), "int64", fill=0)
+
+
+def slot(array) -> int:
+    """The Control row of the calling process (0: the driver)."""
+    w = shoal.current_worker()
+    return 0 if w is None else w.id % len(array)
+
+
+class StopFlag:
+    """The search's stop flag on every machine: ``set()`` once, ``is_set()`` anywhere.
+
+    Picklable (it travels in the search's spec); ``close()`` by its maker (the driver).
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell):
+        self._cell = cell
+
+    @classmethod
+    def for_pilot(cls, pilot) -> StopFlag:
+        return cls(shoal.BestCell.for_pilot(pilot, "max", initial=0.0))
+
+    def set(self) -> None:
+        self._cell.offer(1.0)
+
+    def is_set(self) -> bool:
+        return self._cell.value > 0
+
+    def close(self) -> None:
+        self._cell.close()
+
+    def __reduce__(self):
+        return (StopFlag, (self._cell,))
+
+
+def stopped(stop: StopFlag | None, ctl) -> bool:
+    """Has the search been stopped (on this machine, or anywhere through ``stop``)?"""
+    return bool(ctl[:, STOP].any()) or (stop is not None and stop.is_set())
+
+
+def stop_all(ctl, stop: StopFlag, pending) -> None:
+    """Driver: stop the search everywhere and wait (up to ``STOP_WAIT_S``) for the
+    ``pending`` futures to unwind; cancel those that do not."""
+    ctl.array[0, STOP] = 1  # every task on this machine unwinds at its next poll
+    stop.set()
+    # (no cancel() first: a cancelled driver future never counts as done for wait())
+    _, late = cf.wait(pending, timeout=STOP_WAIT_S)
+    for f in late:
+        f.cancel()

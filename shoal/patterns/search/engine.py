@@ -1,0 +1,416 @@
+"""One search task: the Explorer (visits, polls, splits, joins) and the task functions.
+
+A search is a root node and a lazy node generator ``children(node)``.  Every
+node is named by its *path*: the tuple of child indices from the root (the
+root is ``()``); paths order nodes exactly as a sequential depth-first search
+meets them (lexicographic tuple order = pre-order).
+
+Data flow::
+
+    driver: make Control (control.py) [+ incumbent cell] --submit--> task(spec, root, ())
+    task:   visit the unit node, then depth-first from it (the hot loops: loops.py for
+            counting and finding, bnb.py for branch and bound); every ~0.2 ms poll:
+              stop flag set?        -> unwind (find hit, error, KeyboardInterrupt)
+              incumbent improved?   -> prune against it from now on
+              work wanted?          -> split: spawn the shallowest unexplored
+                                       sibling as a new task (coordination decides when)
+            then join the spawned tasks newest first and merge their Tallies
+    driver: Tally -> count / node / Result + SearchStats
+
+Invariants: every node of the tree is visited by exactly one task (a split
+takes a sibling *out* of its level's iterator before shipping it), so counts
+add up exactly whoever stole what; a level's index counter advances for every
+child taken, also by a split, so paths stay true.
+
+Coordinations (YewPar's names): SEQUENTIAL (one task), DEPTH_BOUNDED (one task
+per node above ``spawn_depth``), BUDGET (after ``budget`` backtracks, spawn all
+unexplored siblings of the shallowest level), STACK_STEALING (demand-driven:
+when some worker is hungry and nothing is on offer, spawn the shallowest
+unexplored sibling, so thieves get the biggest subtrees) and INDEXED (as
+stack-stealing but a task ships only a path; the thief replays ``children``
+from the root along it).
+
+Alternatives rejected: true stack stealing (a thief reaching into the victim's
+Python stack: the runtime steals whole tasks, and a spawned task is exactly a
+piece of the stack put where thieves look); spawning at every node (~5 us per
+spawn swamps small nodes); splitting by the runtime's hunger flags (internal,
+not public API); reading the incumbent at every node (a few us each).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import shoal
+
+from .._portable import unwrap
+from .bnb import BnBLoop
+from .control import ACTIVE, EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
+from .loops import CountLoops
+from .model import (
+    Coordination,
+    Goal,
+    SearchError,
+    SearchSpec,
+    Tally,
+    _p,
+    _Stopped,
+    check_picklable,
+    kids_of,
+    listing,
+    number,
+    replay,
+    where,
+)
+
+POLL_S = 0.0002  # seconds between two reads of Control by a running task
+STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
+STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
+_FRAMES_PER_NESTING = 20
+_EMPTY = iter(())
+_nesting = 0  # search tasks nested in joins on this worker's stack
+
+
+def max_nesting() -> int:
+    """Search tasks a worker may nest in joins before it stops splitting (bounds the stack)."""
+    return max(4, min(256, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
+
+
+# ---------------------------------------------------------------------------
+# the explorer: one task's depth-first search
+# ---------------------------------------------------------------------------
+
+
+class Explorer(CountLoops, BnBLoop):
+    """Depth-first search of one unit of work inside one task: worker thread only."""
+
+    def __init__(self, spec: SearchSpec, base: tuple, ctl, me: int, split: bool):
+        self.spec = spec
+        self.children = unwrap(spec.children)
+        self.accept = unwrap(spec.accept)
+        self.objective = unwrap(spec.objective)
+        self.bound = unwrap(spec.bound)
+        self.kernel = unwrap(spec.kernel)
+        self.base = base
+        self.ctl = ctl
+        self.me = me
+        self.tally = Tally()
+        self.futs: list = []
+        self.split_ok = split and _nesting < max_nesting()
+        self.demand = split and spec.coordination in (Coordination.STACK_STEALING,
+                                                     Coordination.INDEXED)
+        # a split counts leaf siblings in place instead of shipping them (count only:
+        # most UTS nodes are leaves, and 87% of its pieces used to be single leaves)
+        self.leaves_in_place = (spec.goal is Goal.COUNT and not spec.collect
+                                and spec.kernel is None)
+        self.next_poll = 0.0
+        self.skips: dict = {}  # level -> children split off while the level was on the path
+        self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
+        self.backtracks = 0  # BUDGET: backtracks since the last split
+        self.cell = spec.cell
+        self.stop = spec.stop  # StopFlag: the search's stop on every machine
+        self.channel = spec.channel
+        self.exporting: list | None = None  # collects what split() ships, while exporting
+        self.polls = 0
+        self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
+        self.reported = 0  # nodes of this task already added to Control's NODES
+        w = shoal.current_worker()
+        self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
+        g = spec.initial
+        if self.cell is not None:
+            g = max(g, self.cell.value)
+        self.glob = g  # best value anywhere (as of the last poll)
+        self.local = spec.initial  # best value this task found
+        self._limits()
+
+    def _limits(self) -> None:
+        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
+        if self.spec.ordered:
+            self.lim, self.slim = self.local, self.glob
+        else:
+            self.lim = self.slim = max(self.glob, self.local)
+
+    # -- user functions, with errors that name the node ---------------------------
+
+    def kids(self, node, path):
+        return kids_of(self.children, node, path)
+
+    def visit(self, node, depth: int, path) -> bool:
+        """Account for ``node``; True if its children are to be explored.  ``path``: tuple or callable."""
+        spec, t = self.spec, self.tally
+        if spec.goal is Goal.OPTIMISE:
+            if self.prunable(node, path):
+                return False
+            v = self.value_of(self.objective, "objective()", node, path)
+            if v > self.lim and v >= self.slim:
+                self.improve(node, v, _p(path))
+        elif spec.goal is Goal.FIND:
+            if self.bound is not None:  # the Decision skeleton: prune against the target
+                if self.value_of(self.bound, "bound()", node, path) < spec.target:
+                    t.pruned += 1
+                    return False
+            if self.accept is not None:
+                hit = self.call(self.accept, "goal()", node, path)
+            else:
+                hit = self.value_of(self.objective, "objective()", node, path) >= spec.target
+            if hit:
+                p = _p(path)
+                check_picklable(node, p, "a found node travels back to the driver")
+                t.found, t.t_hit = (p, node), time.monotonic()
+                self.halt()
+                t.nodes += 1
+                raise _Stopped
+        elif self.accept is not None:
+            if self.call(self.accept, "accept()", node, path):
+                t.count += 1
+                if spec.collect:
+                    check_picklable(node, _p(path), "a solution travels back to the driver")
+                    t.found_nodes.append(node)
+        else:
+            t.count += 1
+        t.nodes += 1
+        if spec.per_depth:
+            pd = t.per_depth
+            while len(pd) <= depth:
+                pd.append(0)
+            pd[depth] += 1
+        return True
+
+    def improve(self, node, v: float, path: tuple) -> None:
+        t = self.tally
+        check_picklable(node, path, "the incumbent travels back to the driver")
+        now = time.monotonic()
+        t.best, t.best_path, t.best_node, t.t_best = v, path, node, now
+        if t.t_first is None:
+            t.t_first = now
+        t.updates += 1
+        self.local = v
+        if v > self.glob:
+            self.glob = v
+        self.cell.offer(v)
+        self._limits()
+
+    # -- control -------------------------------------------------------------------
+
+    def halt(self) -> None:
+        """Stop the whole search: this node at once (Control), the others through the cell."""
+        self.ctl[self.me, STOP] = 1
+        if self.stop is not None:
+            self.stop.set()
+
+    def report(self) -> None:
+        """Add the nodes visited since the last report to Control's NODES (progress)."""
+        live = self.tally.nodes + self.seen
+        if live != self.reported:
+            self.ctl[self.me, NODES] += live - self.reported
+            self.reported = live
+
+    def poll(self, iters, idx) -> None:
+        """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+        self.report()
+        rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
+        for r in rows:
+            if r[STOP]:
+                raise _Stopped
+        if self.stop is not None:
+            self.polls += 1
+            if self.polls >= STOP_CELL_EVERY:
+                self.polls = 0
+                if self.stop.is_set():  # stopped elsewhere (another machine, the driver)
+                    self.ctl[self.me, STOP] = 1
+                    raise _Stopped
+                if (self.channel is not None and self.split_ok
+                        and self.spec.requests.asked > sum(r[EXPORTED] for r in rows)):
+                    from .multinode import export_level  # (a rare path: several machines)
+
+                    export_level(self, iters, idx)
+        cell = self.cell
+        if cell is not None:
+            g = cell.value
+            if g > self.glob:
+                self.glob = g
+                self._limits()
+        if self.demand and self.split_ok:
+            hungry = sum(1 for r in rows[1:self.peers + 1] if r[ACTIVE] == 0)
+            if not hungry:
+                self.stale = 0
+            else:
+                offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
+                if offered < hungry:
+                    # two at least: the runtime wakes a parked thief when a deque reaches 2
+                    self.split(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.stale = 0
+                else:
+                    self.stale += 1
+                    if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
+                        self.split(iters, idx, 1, whole_level=False)
+                        self.stale = 0
+        self.next_poll = time.perf_counter() + POLL_S
+
+    def split(self, iters, idx, want: int, whole_level: bool) -> None:
+        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
+        shipped = 0
+        for lvl in range(len(iters)):
+            it = iters[lvl]
+            if it is _EMPTY:
+                continue
+            while want > 0:
+                try:
+                    child = next(it)
+                except StopIteration:
+                    iters[lvl] = _EMPTY
+                    break
+                except Exception as exc:
+                    path = self.base + tuple(idx[:lvl])
+                    raise SearchError(f"children() raised {exc!r} at "
+                                      f"{where(path, spec=self.spec)}") from exc
+                if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
+                    idx[lvl] += 1
+                    path = self.base + tuple(idx)
+                else:  # idx[lvl] is on the current path: count the skip, apply it on return
+                    skips = self.skips
+                    skips[lvl] = skips.get(lvl, 0) + 1
+                    path = self.base + tuple(idx[:lvl]) + (idx[lvl] + skips[lvl],)
+                if self.spec.goal is Goal.OPTIMISE and self.prunable(child, path):
+                    if self.spec.prune_level:
+                        iters[lvl] = _EMPTY
+                        break
+                    continue
+                if self.leaves_in_place and self._leaf(child, path):
+                    continue  # counted here: a steal round trip for one leaf buys nothing
+                self.ship(child, path)
+                shipped += 1
+                if not whole_level:
+                    want -= 1
+            if want <= 0 or (whole_level and shipped):
+                return
+
+    def _leaf(self, node, path) -> bool:
+        """Count ``node`` here if it is a leaf (``children`` returns an empty list or
+        tuple; a generator cannot tell without being advanced, so it is shipped)."""
+        try:
+            kids = self.children(node)
+        except Exception as exc:
+            raise SearchError(f"children() raised {exc!r} at {where(path, node)}") from exc
+        if kids or not (kids.__class__ is list or kids.__class__ is tuple):
+            return False
+        self.visit(node, len(path), path)
+        return True
+
+    @staticmethod
+    def call(fn, what: str, node, path):
+        """``fn(node)`` for a user's function ``what``, with errors that name the node."""
+        try:
+            return fn(node)
+        except Exception as exc:
+            raise SearchError(f"{what} raised {exc!r} at {where(path, node)}") from exc
+
+    def value_of(self, fn, what: str, node, path) -> float:
+        """``fn(node)`` (the bound or the objective), checked, negated when minimising."""
+        v = number(self.call(fn, what, node, path), what, path, node)
+        return -v if self.spec.negate else v
+
+    def prunable(self, node, path) -> bool:
+        """Is ``node`` cut by its bound (counted as pruned)?"""
+        b = self.value_of(self.bound, "bound()", node, path)
+        if b <= self.lim or b < self.slim:
+            self.tally.pruned += 1
+            return True
+        return False
+
+    def ship(self, node, path) -> None:
+        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed);
+        while exporting, send it to the driver for another machine instead."""
+        if self.spec.coordination is Coordination.INDEXED:
+            node = None
+        else:
+            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+        if self.exporting is not None:
+            self.exporting.append((node, path))
+            return
+        self.spawn_unit(node, path)
+
+    def spawn_unit(self, node, path) -> None:
+        """Spawn a search task for the subtree at ``path`` (joined by ``join``)."""
+        a = self.ctl
+        a[self.me, SPAWNED] += 1
+        self.futs.append(shoal.spawn(task, self.spec, node, path))
+        self.tally.splits += 1
+
+    def join(self) -> None:
+        """Wait for the spawned tasks (newest first) and merge what they found."""
+        if not self.futs:
+            return
+        a = self.ctl
+        a[self.me, ACTIVE] -= 1  # waiting in a join: this worker may be hungry
+        try:
+            # No cancelling on STOP here: the sibling that raised (and set STOP) may
+            # still be on its way back from a thief, and a cancelled future would drop
+            # its error.  Siblings see STOP at their next poll and return at once.
+            for f in reversed(self.futs):
+                if f.cancelled():
+                    continue
+                self.tally.merge(f.result())
+        except BaseException:
+            self.halt()
+            for g in self.futs:
+                g.cancel()
+            raise
+        finally:
+            a[self.me, ACTIVE] += 1
+
+
+# ---------------------------------------------------------------------------
+# tasks
+# ---------------------------------------------------------------------------
+
+
+def task(spec: SearchSpec, node, path: tuple) -> Tally:
+    """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
+    global _nesting
+    ctl = spec.control.array
+    me = slot(ctl)
+    ctl[me, STARTED] += 1
+    ctl[me, ACTIVE] += 1
+    _nesting += 1
+    try:
+        coord = spec.coordination
+        ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+        if spec.collect:
+            ex.tally.found_nodes = []
+        try:
+            if stopped(spec.stop, ctl):
+                return ex.tally
+            if node is None:
+                node = replay(spec, path)
+            if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
+                _spawn_children(ex, node, path)
+            else:
+                ex.dfs(node)
+        except _Stopped:
+            pass
+        except BaseException:
+            ex.halt()
+            for f in ex.futs:
+                f.cancel()
+            raise
+        ex.report()  # (the spawned tasks report their own nodes)
+        ex.join()
+        return ex.tally
+    finally:
+        _nesting -= 1
+        ctl[me, ACTIVE] -= 1
+
+
+def _spawn_children(ex: Explorer, node, path: tuple) -> None:
+    """Depth-bounded: visit ``node`` and spawn one task per (unpruned) child."""
+    if not ex.visit(node, len(path), path):
+        return
+    for i, child in enumerate(listing(ex.children, node, path)):
+        cpath = path + (i,)
+        if ex.spec.goal is Goal.OPTIMISE and ex.prunable(child, cpath):
+            if ex.spec.prune_level:
+                return
+            continue
+        ex.ship(child, cpath)

@@ -1,0 +1,327 @@
+"""The stealing protocol's loan book (``shoal/runtime/loans.py``), driven by Hypothesis.
+
+A Hypothesis *stateful* test runs several workers' real ``LoanBook``s against each
+other through simulated rings (one FIFO per ordered pair of endpoints, as the
+ring matrix) under random interleavings of spawn, steal request, message
+delivery (steal answers, loot, results, MOVED, CANCEL, DIED), task done, cancel
+and worker death (the endpoint restarts with the next generation and the driver
+announces DIED, as ``LocalBackend._on_death`` does).  It checks the protocol's
+promise for spawned tasks: once everything has drained, every task whose owner
+is alive was settled exactly once, with its own value, or with CancelledError /
+cancelled when its scope was cancelled; no result ever reaches a future twice
+or a future it does not belong to.  Driver tasks (owner 0) are settled by the
+driver (WorkerLost for one that was running on a dead worker): that is
+``tests/runtime/test_faults_*``'s territory, with real processes.
+
+Only the book is real here; the loop around it (what the worker does with each
+action) is the few lines of ``Sim.carry``, mirroring ``Worker.carry``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import CancelledError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from shoal.runtime import policy
+from shoal.runtime.future import Future
+from shoal.runtime.loans import (
+    Fail,
+    Hunger,
+    LoanBook,
+    LocalTask,
+    Run,
+    Scope,
+    Send,
+    SetHunger,
+    Settle,
+    Steal,
+    WireTask,
+    task_id_base,
+)
+from shoal.runtime.wire import OWNER_SHIFT, Kind
+
+N = 3  # workers 1..N; endpoint 0 is the driver
+
+
+class SimWorker:
+    """One incarnation (endpoint, generation) of a worker: its book, deque and tasks."""
+
+    def __init__(self, ep: int, gen: int):
+        self.ep, self.gen = ep, gen
+        self.book = LoanBook(ep, [v for v in range(1, N + 1) if v != ep])
+        self.deque: deque = deque()
+        self.seq = task_id_base(ep, gen)
+        self.scopes = [Scope(None) for _ in range(3)]  # "parents" whose children it spawns
+        self.hunger = Hunger.BUSY
+        self.any_cancel = False
+
+
+class LoansMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self):
+        self.workers = {ep: SimWorker(ep, 0) for ep in range(1, N + 1)}
+        self.rings: dict[tuple[int, int], deque] = {
+            (s, d): deque() for s in range(N + 1) for d in range(N + 1) if s != d}
+        self.tasks: dict[int, tuple] = {}  # serial -> (owner SimWorker, LocalTask)
+        self.deliveries: dict[int, int] = {}  # serial -> results that reached its future
+        self.serial = 0
+        self.deaths = 0
+
+    # -- carrying actions out (what Worker.carry does) -----------------------------
+
+    def send(self, src: int, dst: int, kind: Kind, body) -> None:
+        self.rings[(src, dst)].append((kind, body))
+
+    def carry(self, w: SimWorker, actions) -> None:
+        for act in actions:
+            if type(act) is Send:
+                self.send(w.ep, act.dst, act.kind, act.body)
+            elif type(act) is Steal:
+                self.send(w.ep, act.victim, Kind.STEAL, [w.ep, w.gen])
+            elif type(act) is Run:
+                w.deque.append(act.task)
+            elif type(act) is Settle:
+                self.settle(act.task.future, act.ok, act.value)
+            elif type(act) is Fail:
+                self.deliver(w, act.task_id, False, act.exc)
+            elif type(act) is SetHunger:
+                w.hunger = Hunger(act.value)
+            else:
+                raise AssertionError(f"unknown action {act!r}")
+
+    def settle(self, fut: Future, ok: bool, value) -> None:
+        serial = fut.serial
+        assert fut._state in (PENDING, CANCELLED, CANCELLED_AND_NOTIFIED), \
+            f"a second result reached task {fut.task_id:#x}"
+        if ok:
+            assert value == serial, f"task {fut.task_id:#x} got another task's result {value}"
+        else:
+            assert isinstance(value, CancelledError) and fut.scope_cancelled(), value
+        if fut._state == PENDING:
+            self.deliveries[serial] = self.deliveries.get(serial, 0) + 1
+            fut._state = FINISHED
+            fut._result, fut._exception = (value, None) if ok else (None, value)
+
+    def deliver(self, w: SimWorker, tid: int, ok: bool, value) -> None:
+        """A task's result goes to its owner (Worker.deliver)."""
+        owner = tid >> OWNER_SHIFT
+        if owner == w.ep:
+            self.carry(w, w.book.result(tid, ok, value))
+        else:
+            self.send(w.ep, owner, Kind.RESULT, (tid, ok, value))
+
+    def serialize(self, task, thief, gen):
+        if type(task) is WireTask:
+            return task.msg
+        return (task.future.task_id, task.future.serial)
+
+    # -- rules -----------------------------------------------------------------------
+
+    @rule(ep=st.integers(1, N), parent=st.integers(0, 2), pinned=st.booleans())
+    def spawn(self, ep, parent, pinned):
+        w = self.workers[ep]
+        w.seq += 1
+        self.serial += 1
+        fut = Future.local((ep << OWNER_SHIFT) | w.seq)
+        fut.serial = self.serial
+        scope = w.scopes[parent]
+        fut.scope_cancelled = scope.is_cancelled
+        task = LocalTask(None, (), {}, fut, scope, pinned and self.serial % 3 == 0)
+        w.deque.append(task)
+        self.tasks[self.serial] = (w, task)
+        if w.book.owed:  # a thief turned away earlier is answered now (Worker.spawn)
+            self.carry(w, w.book.spawned(w.deque, 1, self.serialize))
+
+    @rule(ep=st.integers(1, N))
+    def steal(self, ep):
+        w = self.workers[ep]
+        if not w.deque:  # the loop (or a join) steals only with an empty deque
+            self.carry(w, w.book.request())
+
+    @rule(ep=st.integers(1, N))
+    def join_ends(self, ep):
+        w = self.workers[ep]
+        self.carry(w, w.book.fed())
+
+    def _waiting(self) -> list:
+        return [pair for pair, ring in self.rings.items() if ring]
+
+    @precondition(lambda self: self._waiting())
+    @rule(data=st.data(), busy=st.booleans(), depth=st.integers(0, 2))
+    def receive(self, data, busy, depth):
+        src, dst = data.draw(st.sampled_from(self._waiting()))
+        self.handle(self.workers[dst], self.rings[(src, dst)].popleft(), busy, depth)
+
+    @rule(ep=st.integers(1, N))
+    def run_one(self, ep):
+        w = self.workers[ep]
+        if w.deque:
+            self.run(w, w.deque.pop())
+
+    @rule(ep=st.integers(1, N), parent=st.integers(0, 2))
+    def cancel_scope(self, ep, parent):
+        """The driver cancels a parent task: its children are dropped or forwarded."""
+        w = self.workers[ep]
+        w.scopes[parent].cancelled = True
+        w.any_cancel = True
+        self.carry(w, w.book.cancel([], {}))
+
+    @rule(data=st.data())
+    def cancel_future(self, data):
+        """A task cancels a spawned future of its own (Future.cancel)."""
+        live = [t for w, t in self.tasks.values() if self.workers[w.ep] is w]
+        if live:
+            data.draw(st.sampled_from(live)).future.cancel()
+
+    @precondition(lambda self: self.deaths < 4)
+    @rule(ep=st.integers(1, N))
+    def die(self, ep):
+        """The worker dies; the driver tells the others and starts a replacement."""
+        old = self.workers[ep]
+        self.deaths += 1
+        self.workers[ep] = SimWorker(ep, old.gen + 1)
+        self.rings[(0, ep)].clear()  # the driver resets its ring to the dead endpoint
+        for other in range(1, N + 1):
+            if other != ep:
+                self.send(0, other, Kind.DIED, [ep, old.gen])
+
+    # -- a worker's handling of one message and one task (Worker.handle / run_*) -------
+
+    def handle(self, w: SimWorker, msg, busy: bool, depth: int) -> None:
+        kind, body = msg
+        book = w.book
+        if kind == Kind.STEAL:
+            self.carry(w, book.answer(body[0], body[1], w.deque, busy, depth, self.serialize))
+        elif kind == Kind.LOOT:
+            victim, msgs = body
+            self.carry(w, book.loot(victim, len(msgs)))
+            for m in reversed(msgs):
+                w.deque.append(WireTask(m, m[0]))
+        elif kind == Kind.RESULT:
+            self.carry(w, book.result(*body))
+        elif kind == Kind.MOVED:
+            self.carry(w, book.moved(*body))
+        elif kind == Kind.CANCEL:
+            w.any_cancel = True
+            self.carry(w, book.cancel(body, {}))
+        elif kind == Kind.DIED:
+            self.carry(w, book.died(*body))
+        else:
+            raise AssertionError(kind)
+
+    def run(self, w: SimWorker, task) -> None:
+        if type(task) is LocalTask:
+            fut = task.future
+            if fut._state != PENDING:
+                return
+            if w.any_cancel and task.scope.is_cancelled():
+                fut.cancel()
+                return
+            self.settle(fut, True, fut.serial)
+        else:
+            tid, serial = task.msg
+            if w.book.cancelled and tid in w.book.cancelled:
+                self.carry(w, w.book.drop(tid))
+                return
+            self.deliver(w, tid, True, serial)
+
+    # -- the promise -------------------------------------------------------------------
+
+    @invariant()
+    def nothing_twice(self):
+        assert all(n == 1 for n in self.deliveries.values())
+
+    @invariant()
+    def hunger_only_without_work(self):
+        for w in self.workers.values():
+            assert w.hunger == w.book.hunger
+
+    def teardown(self):
+        if not hasattr(self, "workers"):
+            return
+        # Drain: deliver every message and run every queued task until all is quiet.
+        for _ in range(10_000):
+            moved = False
+            for (_, dst), ring in self.rings.items():
+                while ring:
+                    moved = True
+                    self.handle(self.workers[dst], ring.popleft(), False, 0)
+            for w in list(self.workers.values()):
+                while w.deque:
+                    moved = True
+                    self.run(w, w.deque.pop())
+            if not moved:
+                break
+        else:
+            raise AssertionError("the protocol did not quiesce")
+        for serial, (owner, task) in self.tasks.items():
+            if self.workers[owner.ep] is not owner:
+                continue  # its owner died: nobody waits for it any more
+            fut = task.future
+            assert fut._state != PENDING, f"task {fut.task_id:#x} was lost"
+            if fut._state == FINISHED and fut._exception is None:
+                assert self.deliveries.get(serial) == 1
+            assert not owner.book.loans, owner.book.loans
+
+
+TestLoansMachine = LoansMachine.TestCase
+TestLoansMachine.settings = settings(
+    max_examples=100, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+class TestLoansMachineLong(LoansMachine.TestCase):
+    """The same, longer (``-m slow``, ~1 min idle): 1,500 interleavings of up to 80 steps."""
+
+    settings = settings(max_examples=1500, stateful_step_count=80, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("queued,busy,exporting,share", [
+    (0, False, False, 0), (1, False, False, 0), (1, True, False, 1), (1, False, True, 1),
+    (5, False, False, 2), (5, True, False, 3), (4, True, False, 2), (4, False, False, 2),
+])
+def test_steal_share_rounds_up_only_inside_a_running_task(queued, busy, exporting, share):
+    assert policy.steal_share(queued, busy, exporting) == share
+
+
+def test_a_joining_victim_keeps_its_lone_task():
+    """The livelock rule: asked from a help-first join (not busy), a victim with one
+    task keeps it; asked from inside a running task, it gives it."""
+    book = LoanBook(1, [2])
+    fut = Future.local((1 << OWNER_SHIFT) | 1)
+    dq = deque([LocalTask(abs, (1,), {}, fut, None, False)])
+    acts = book.answer(2, 0, dq, False, 1, lambda t, th, g: b"x")
+    assert acts == [Send(2, Kind.LOOT, [1, []])] and len(dq) == 1
+    acts = book.answer(2, 0, dq, True, 1, lambda t, th, g: b"x")
+    assert acts == [Send(2, Kind.LOOT, [1, [b"x"]])] and not dq
+    assert list(book.loans) == [fut.task_id]
+
+
+def test_a_late_result_for_a_dead_generation_settles_nothing():
+    """A thief's result for a task of a dead generation, read by the replacement after
+    it lent out a task of its own: it must not settle that task (the task ids used to
+    restart at 1 in every generation, so the replacement's first task took it)."""
+    m = LoansMachine()
+    m.start()
+    m.spawn(1, 0, False)
+    m.steal(2)  # w2 asks w1, w1 answers from inside a running task, w2 gets the loot
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), True, 1)
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)
+    m.run_one(2)  # its RESULT is in the ring to endpoint 1 ...
+    m.die(1)  # ... when w1 dies; the replacement spawns and lends a task to w3
+    m.spawn(1, 0, False)
+    m.steal(3)
+    m.handle(m.workers[1], m.rings[(3, 1)].popleft(), True, 1)
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), False, 0)  # the late RESULT
+    m.teardown()  # w3 runs the replacement's task: its own value, delivered once
+    assert task_id_base(1, 0) != task_id_base(1, 1)
+    assert (task_id_base(3, 7) + 1) >> OWNER_SHIFT == 3

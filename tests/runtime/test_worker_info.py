@@ -1,0 +1,139 @@
+"""``shoal.current_worker()``: the nesting and hunger signals a splitting task reads.
+
+Real worker processes: nesting grows by one per help-first join that runs a task
+inline, ``max_nesting`` is what the worker's raised recursion limit affords, and
+``hungry()`` sees an idle peer go busy when it steals a blocked child and idle
+again when that child ends.  No timing is assumed: every wait is for a condition.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+import shoal
+from shoal.runtime import context
+from shoal.runtime.worker import STATUS_HUNGRY
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _info():
+    return shoal.current_worker()
+
+
+def _nested(levels: int) -> list:
+    """The nesting seen at each level of a chain of joins run on this worker."""
+    here = shoal.current_worker().nesting
+    if levels == 1:
+        return [here]
+    # spawn + an immediate join: unstolen, the child runs inline one level deeper;
+    # stolen, it runs at the top of a thief's stack (nesting 1 there)
+    return [here] + shoal.spawn(_nested, levels - 1).result()
+
+
+def _limits():
+    w = shoal.current_worker()
+    return w.max_nesting, sys.getrecursionlimit()
+
+
+def _wait_for(predicate, what, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
+        time.sleep(0.001)
+
+
+def _hold(flag: str) -> int:
+    """Run until ``flag`` exists (the test's parent task creates it); where it ran."""
+    while not os.path.exists(flag):
+        time.sleep(0.001)
+    return shoal.current_worker().id
+
+
+def _hunger_seen(flag: str) -> tuple:
+    """On 2 workers: the peer idle (hungry 1), busy with a stolen child (0), idle again."""
+    w = shoal.current_worker()
+    _wait_for(lambda: w.hungry() == 1, "the idle peer to look for work")
+    child = shoal.spawn(_hold, flag)
+    _wait_for(lambda: w.hungry() == 0, "the peer to steal the blocked child")
+    with open(flag, "w"):
+        pass
+    _wait_for(child.done, "the stolen child to finish")
+    _wait_for(lambda: w.hungry() == 1, "the peer to be idle again")
+    return w.id, child.result()
+
+
+def test_nesting_counts_tasks_nested_in_joins():
+    with shoal.Pilot(workers=1) as p:  # one worker: no thief, every child runs inline
+        assert p.submit(_nested, 6).result(30) == [1, 2, 3, 4, 5, 6]
+        info = p.submit(_info).result(30)
+    assert info.nesting == 1 and info.workers == 1 and info.pid != os.getpid()
+
+
+def test_max_nesting_follows_the_raised_recursion_limit():
+    with shoal.Pilot(workers=1) as p:
+        cap, limit = p.submit(_limits).result(30)
+    assert limit >= 20 * 256 and cap == 256  # a worker raises its limit: the ceiling
+    from shoal.runtime.worker import max_nesting
+
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(1000)
+        assert max_nesting() == 50  # the interpreter's default limit: 20 frames a level
+        sys.setrecursionlimit(2000)
+        assert max_nesting() == 100
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def test_hungry_is_a_live_read_of_the_peers(tmp_path):
+    with shoal.Pilot(workers=2) as p:
+        me, holder = p.submit(_hunger_seen, str(tmp_path / "go")).result(60)
+        assert {me, holder} == {1, 2}  # the blocked child ran on the other worker
+        info = p.submit(_info).result(30)
+    with pytest.raises(RuntimeError, match="call it in a task running on that worker"):
+        info.hungry()  # a snapshot sent to the driver has no live peers to read
+
+
+def _mark(flag: str) -> int:
+    with open(flag, "w"):
+        pass
+    return shoal.current_worker().id
+
+
+def _turned_away_thief_gets_the_next_child(flag: str) -> tuple:
+    """On 2 workers: the peer asks while this task holds only a pinned child (it cannot
+    travel), so it is turned away and sleeps.  The next child spawned here goes to it
+    at once (``LoanBook.spawned``); it used to wait for a WAKE that came only when a
+    deque went from empty to one task, or every 32 spawns."""
+    w = shoal.current_worker()
+    me = context.worker
+    peer = next(ep for ep in (1, 2) if ep != w.id)
+    _wait_for(lambda: w.hungry() == 1, "the idle peer to look for work")
+    base = me.c["steal_answers_given"]
+    blocker = shoal.Future()
+    pinned = shoal.spawn(abs, blocker)  # an unfinished future argument: never lent out
+    _wait_for(lambda: me.c["steal_answers_given"] > base
+              and me.peer_status[0][STATUS_HUNGRY] == 1
+              and me.out[peer].doorbell.sleeping,
+              lambda: f"the peer to be turned away and sleep {me.c} {list(me.peer_status[0])} {me.out[peer].doorbell.sleeping} {base}")
+    child = shoal.spawn(_mark, flag)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    elsewhere = os.path.exists(flag)
+    blocker.set_result(-3)
+    return w.id, child.result(), elsewhere, pinned.result()
+
+
+def test_a_thief_turned_away_gets_the_next_child_at_once(tmp_path):
+    with shoal.Pilot(workers=2) as p:
+        me, ran_on, elsewhere, pinned = p.submit(
+            _turned_away_thief_gets_the_next_child, str(tmp_path / "ran")).result(60)
+    assert pinned == 3
+    assert elsewhere and ran_on != me, "the sleeping thief never got the child"

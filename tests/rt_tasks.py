@@ -235,15 +235,20 @@ def _fill_row(arr, i):
     return 1
 
 
-def lone_child():
-    """One child and long inline work: an idle worker should take the child."""
-    child = shoal.spawn(_where_after, 0.3)
-    mine = _where_after(0.3)
-    return mine, child.result()
+def lone_child(started, timeout=60.0):
+    """One child, and inline work that lasts until the child has started (``started`` is
+    the file it creates), at most ``timeout`` s: an idle worker should take the child, or
+    the parent runs it itself at the join.  (A fixed 0.3 s of inline work raced a thief
+    that a loaded machine held back.)  (parent's worker id, child's worker id)."""
+    child = shoal.spawn(_where_started, started)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return shoal.current_worker().id, child.result()
 
 
-def _where_after(s):
-    time.sleep(s)
+def _where_started(started):
+    release(started)
     return shoal.current_worker().id
 
 

@@ -146,13 +146,9 @@ def test_shared_array_handle_survives_stealing():
         assert np.array_equal(arr.array[:, 0], np.arange(64))
 
 
-def test_a_lone_child_is_stolen_by_an_idle_worker():
+def test_a_lone_child_is_stolen_by_an_idle_worker(tmp_path):
     with shoal.Pilot(workers=2) as pilot:
-        pilot.submit(t.inc, 1).result(30)
-        for _ in range(3):  # the other worker may still be starting the first time
-            mine, child = pilot.submit(t.lone_child).result(60)
-            if mine != child:
-                break
+        mine, child = pilot.submit(t.lone_child, str(tmp_path / "started")).result(90)
         assert mine != child, "the idle worker never took the only child"
 
 

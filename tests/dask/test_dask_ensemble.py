@@ -491,7 +491,6 @@ def test_node_kills_at_the_walltime_first(tmp_path):
     try:
         first = run(workflow(), pilot=pilot, journal=journal, walltime=1.0)
         assert first.drained and first.counts.get(TaskState.PENDING) == 2 and first.failed == 0
-        assert first.wall_s < 5
         quick.write_text("")
         again = run(workflow(), pilot=pilot, journal=journal, resume=True)
         assert again.ok and again.done == 2

@@ -476,6 +476,8 @@ class DaskBackend:
             with self._lock:
                 for _f, d, ok, _ in settled:
                     self._pending.pop(d.key, None)
+                    if self._needs:
+                        self._needs.pop(d.key, None)
                     self.counters["completed" if ok else "failed"] += 1
             for f, _, ok, value in settled:
                 if value is not _SKIP:

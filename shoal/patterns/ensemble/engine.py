@@ -4,7 +4,7 @@ Data flow (one loop, one thread; the pilot's result threads only poke a pipe)::
 
     workflow ──lazily──► active pipelines ──current stage's task iterator──► waiting (≤ window)
     waiting ──deps/when──► Scheduler.place ──► journal RUNNING + commit ──► spawn / pilot.submit
-    pidfds + wake pipe ──poll──► reap ──► journal DONE/FAILED/retry + commit ──► release cores,
+    runner events + wake pipe ──poll──► reap ──► journal DONE/FAILED/retry ──► release cores,
                                           stage barrier, post_exec(ctx), next stage
 
 Invariants:
@@ -26,8 +26,10 @@ each one is settled; walker.py's docstring has the whole interface and who
 owns what.  This module places, launches, reaps and journals the tasks.
 
 Two ways to launch an executable, chosen once per run from the pilot: on the
-local backend the driver spawns it (launcher.py: Popen, pinned to the cores
-the Scheduler granted, reaped through a pidfd); on a dask pilot it becomes a
+local backend a runner thread of the driver spawns it (runners.py: one thread
+per CPU, pinned, so the child is pinned to the cores the Scheduler granted;
+the thread reaps it with a blocking ``waitpid`` and posts SPAWNED/EXITED
+events that this loop journals); on a dask pilot it becomes a
 pilot task (remote.py: ``run_executable`` on a node, reaped like a function
 task through its future) and the Scheduler's "cores" are slots, one per shoal
 worker of the cluster (``pilot.workers``): the driver cannot see or pin the
@@ -40,22 +42,21 @@ are counted, not run; a stage whose tasks are all terminal runs its
 ``post_exec`` again (so callbacks must be functions of the results, which the
 journal stores).  Rows left RUNNING by a dead driver are re-run.
 
-Local executables are spawned on a few spawner threads, asynchronously: a
-``Popen`` returns only once the child has been scheduled and exec'd, and on
-a busy machine that wait dominated (2,000 x ``/bin/true`` at load ~11: 0.53x
-xargs asynchronous vs 0.19x waiting per batch); attempts in flight are in
-``spawning`` (their cores held) until the loop registers their pid.
+Journal writes are grouped per loop pass: the DONE/FAILED rows of what ended
+and the RUNNING rows of what starts next share one transaction, committed
+before anything starts (so DONE is durable before a successor runs, RUNNING
+before its process exists); the pids the runners report are written in the
+next pass's transaction.
 
 Rejected alternatives: a thread per running task (thousands of threads for
-``/bin/true`` ensembles); ``waitpid(-1)`` / SIGCHLD (would reap the pilot's own
-workers); submitting every function task to the pilot at once (unbounded
+long-running ensembles; runners are one per CPU); ``waitpid(-1)`` / SIGCHLD
+(would reap the pilot's own workers); submitting every function task to the pilot at once (unbounded
 memory, and no core accounting against executables).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
 import contextlib
 import fcntl
 import functools
@@ -76,6 +77,7 @@ from .launcher import (
     check_root,
     exit_failure,
     kill_leftover,
+    process_start,
     stage_out,
     tail,
 )
@@ -90,9 +92,10 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
-from .progress import progress_callback
+from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
+from .runners import NOT_STARTED, Event, Runners
 from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
@@ -152,9 +155,8 @@ class Engine:
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
         self.launcher = Launcher(root, gpus=gpus)
-        self.spawners = None if self.remote or len(self.sched.cpus) < 2 else \
-            cf.ThreadPoolExecutor(min(8, len(self.sched.cpus)), thread_name_prefix="shoal-spawn")
-        self.spawning: dict[int, tuple[Item, cf.Future]] = {}  # id(item) -> attempt being spawned
+        self.runners: Runners | None = None  # started with the first local executable
+        self.starting: dict[int, Item] = {}  # id(item) -> handed to a runner, no SPAWNED yet
         self.progress = progress_callback(progress)
         self.resume = resume
         self.retry_failed = retry_failed
@@ -168,7 +170,6 @@ class Engine:
         self.results = Results(self.journal, self.launcher)
         self.waiting: collections.OrderedDict[int, Item] = collections.OrderedDict()
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
-        self.by_pidfd: dict[int, Item] = {}
         self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
                              results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
                              total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume)
@@ -236,7 +237,8 @@ class Engine:
                     self._stop_for_walltime()
                 self.walker.fill()
                 self._schedule()
-                if not self.running and not self.finished_futures and not self.spawning:
+                self.journal.commit()  # what _reap and _schedule wrote, if _schedule did not
+                if not self.running and not self.finished_futures and not self.starting and not self._events():
                     if self._finished() or self.draining:
                         break
                     if self._moves() == before:
@@ -284,7 +286,11 @@ class Engine:
         return restore
 
     def _finished(self) -> bool:
-        return self.walker.finished and not self.waiting and not self.running and not self.spawning
+        return (self.walker.finished and not self.waiting and not self.running and not self.starting
+                and not self._events())
+
+    def _events(self):
+        return self.runners.events if self.runners is not None else ()
 
     def _moves(self) -> int:
         """Progress counter: a loop pass that moves nothing with nothing running is stuck."""
@@ -312,6 +318,11 @@ class Engine:
         # on dask, GPUs are dask worker resources (remote.dask_resources), not the driver's
         return Request(key, task.cores, 0 if self.remote else task.gpus, task.memory_bytes)
 
+    def _item_request(self, item: Item) -> Request:
+        if item.request is None:
+            item.request = self._request(item.task, id(item))
+        return item.request
+
     def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
         why = self.sched.impossible(self._request(task, 0))
@@ -323,11 +334,49 @@ class Engine:
 
     # -- starting ---------------------------------------------------------------------
     def _schedule(self) -> int:
+        """Start what may start now; its RUNNING rows and what _reap wrote share one commit,
+        made before anything starts."""
         if self.draining or not self.waiting:
             return 0
-        now = time.monotonic()
-        candidates: list[Request] = []
-        for key, item in list(self.waiting.items()):
+        grants = self.sched.place(self._candidates(time.monotonic()))
+        if not grants:
+            return 0
+        items = []
+        rows = []
+        wall = time.time()
+        for p in grants:
+            item = self.waiting.pop(p.key)
+            item.grant = p
+            item.attempt += 1
+            t = item.task
+            item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
+            rows.append((item.uid, item.pipe_uid, item.stage_uid, t.kind.value, item.attempt,
+                         item.sandbox, wall, item.spec))
+            items.append(item)
+        self.journal.running_many(rows)
+        self.journal.commit()  # write-ahead: RUNNING (and the last pass's DONE) durable before anything starts
+        local_exes = []
+        for item in items:
+            item.t0 = time.monotonic()
+            if item.task.timeout:
+                item.deadline = item.t0 + item.task.timeout
+            if item.task.kind is TaskKind.FUNCTION:
+                self._submit(item)
+            elif self.remote:
+                self._spawn_remote(item)
+            else:
+                local_exes.append(item)
+        if local_exes:
+            self._spawn_local(local_exes)
+        self.moves += 1
+        return len(items)
+
+    def _candidates(self, now: float):
+        """The waiting requests that may start now, oldest first, made lazily: the Scheduler stops
+        pulling once no CPU is free, so a pass costs O(started), not O(window)."""
+        for item in list(self.waiting.values()):
+            if id(item) not in self.waiting:
+                continue  # settled by an earlier step of this pass
             if item.deps:
                 blocked = False
                 for dep in item.deps:
@@ -348,44 +397,8 @@ class Engine:
                 left = max(0.0, self.deadline - now)
                 self.drain_reason = (f"walltime: {item.uid} is expected to take "
                                      f"{self._estimate(item.task):.1f}s but {left:.1f}s are left")
-                break
-            candidates.append(self._request(item.task, key))
-        if self.draining and not candidates:
-            return 0
-        grants = self.sched.place(candidates)
-        if not grants:
-            self.journal.commit()
-            return 0
-        items = []
-        rows = []
-        wall = time.time()
-        for p in grants:
-            item = self.waiting.pop(p.key)
-            item.grant = p
-            item.attempt += 1
-            t = item.task
-            item.sandbox = self.launcher.sandbox_of(item.uid) if t.kind is TaskKind.EXECUTABLE else None
-            rows.append((item.uid, item.pipe_uid, item.stage_uid, t.kind.value, item.attempt,
-                         item.sandbox, wall, item.spec))
-            items.append(item)
-        self.journal.running_many(rows)
-        self.journal.commit()  # write-ahead: RUNNING is durable before anything starts
-        local_exes = []
-        for item in items:
-            item.t0 = time.monotonic()
-            if item.task.timeout:
-                item.deadline = item.t0 + item.task.timeout
-            if item.task.kind is TaskKind.FUNCTION:
-                self._submit(item)
-            elif self.remote:
-                self._spawn_remote(item)
-            else:
-                local_exes.append(item)
-        if local_exes:
-            self._spawn_all(local_exes)
-        self.journal.commit()  # pids (a resume kills orphans), failed spawns
-        self.moves += 1
-        return len(items)
+                return
+            yield self._item_request(item)
 
     def _when(self, item: Item) -> bool:
         """Evaluate the task's ``when=``; False (and settled: SKIPPED or FAILED) if it must not run."""
@@ -413,77 +426,108 @@ class Engine:
         mean = total / n if n else 0.0
         return min(mean, task.timeout) if task.timeout else mean
 
-    def _spawn_all(self, items: list[Item]) -> None:
-        """Start local executables.  With spawner threads the spawns are asynchronous: fork/exec
-        waits until the child has been scheduled and exec'd, and on a busy machine that wait,
-        not the work, dominates (xargs' fork does not wait); the loop goes on reaping and
-        scheduling while ``spawning`` holds the attempts in flight, and ``_settle_spawns``
-        registers each (pid, pidfd) — or its LaunchError — on the driver thread."""
-        if self.spawners is None:
-            for item in items:
-                self._spawned(item, self._launch(item))
-            return
+    def _spawn_local(self, items: list[Item]) -> None:
+        """Hand local executables to the runner threads (runners.py): the runner of the first
+        granted CPU spawns it (pinned) and reaps it; SPAWNED/EXITED come back as events."""
+        if self.runners is None:
+            self.runners = Runners(self.sched.cpus, wait=self.launcher.wait, wake=self._poke,
+                                   kill=self.launcher.kill, started=process_start)
         for item in items:
-            fut = self.spawners.submit(self._launch, item)
-            self.spawning[id(item)] = (item, fut)
-            fut.add_done_callback(self._on_spawned)
+            self.starting[id(item)] = item
+            self.runners.submit(item, item.grant.cpus, functools.partial(self._launch, item))
 
-    def _on_spawned(self, fut) -> None:
-        """A spawner thread: wake the loop (never blocks)."""
+    def _poke(self) -> None:
+        """Wake the loop's poll (any thread; never blocks)."""
         with self.wake_lock:
             if not self.wake_closed:
                 with contextlib.suppress(OSError):
-                    os.write(self.wake_w, b"s")
+                    os.write(self.wake_w, b"x")
 
-    def _settle_spawns(self, wait: bool = False) -> None:
-        """Register the spawns that finished (all of them, waiting, when ``wait``)."""
+    def _launch(self, item: Item) -> int:
+        """Sandbox, staging, spawn: the pid; raises LaunchError (or a bug).  Runs on a runner
+        thread: touches only this item, its files and the launcher's spawn path."""
+        t = item.task
+        self.launcher.make_sandbox(item.uid)
+        inputs = t.staged_inputs()
+        if inputs:
+            self.launcher.stage_in(inputs, item.sandbox, self._resolve)
+        args = [self._resolve_all(str(a)) for a in t.arguments]
+        stdin = self._resolve(t.stdin) if t.stdin else None
+        if stdin is not None and not os.path.isabs(stdin):
+            stdin = os.path.join(item.sandbox, stdin)
+        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin)
+
+    def _take_events(self, ended: list, *, stopping: bool = False) -> None:
+        """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when
+        ``stopping``), a launch failure (ended) or NOT_STARTED; EXITED -> ``ended``, or, when
+        ``stopping``, released and left PENDING."""
+        events = self._events()
+        batch = []
+        while events:
+            batch.append(events.popleft())
+        exited = {id(e[1]) for e in batch if e[0] is Event.EXITED}
         error = None
-        for key, (item, fut) in list(self.spawning.items()):
-            if not wait and not fut.done():
-                continue
-            del self.spawning[key]
-            try:
-                self._spawned(item, fut.result())
-            except BaseException as exc:  # noqa: BLE001 - raised after every spawn is registered
+        for kind, item, a, b in batch:
+            try:  # every event of the batch is handled even if one raises (on_retry, a bug):
+                self._take_event(kind, item, a, b, exited, ended, stopping)  # none is lost
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
                 error = error or exc
         if error is not None:
             raise error
 
-    def _spawned(self, item: Item, outcome) -> None:
-        if isinstance(outcome, tuple):
-            self._register(item, *outcome)
-            return
-        self.sched.release(item.grant)
-        if isinstance(outcome, LaunchError):
-            self._ended(item, Failure(outcome.kind, outcome.message, attempt=item.attempt))
-            return
-        raise outcome
+    def _take_event(self, kind, item: Item, a, b, exited, ended, stopping) -> None:
+        if kind is Event.SPAWNED:
+            self.starting.pop(id(item), None)
+            if isinstance(a, int):
+                item.pid = a
+                self.running[a] = item
+                if id(item) not in exited:
+                    self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
+                if stopping:
+                    self.runners.kill(a)
+                return
+            self.sched.release(item.grant)
+            if a is NOT_STARTED:
+                self.journal.unstart(item.uid)
+            elif isinstance(a, LaunchError):
+                self._ended(item, Failure(a.kind, a.message, attempt=item.attempt))
+            else:
+                raise a  # a bug in the launch path
+        elif stopping:
+            self.running.pop(item.pid, None)
+            self.sched.release(item.grant)
+            self.journal.unstart(item.uid)
+        else:
+            ended.append(self._exe_outcome(item, a))
 
-    def _launch(self, item: Item):
-        """Sandbox, staging, spawn: (pid, pidfd), a LaunchError, or another exception (returned,
-        not raised).  Thread-safe: touches only this item and the launcher's spawn path."""
-        t = item.task
-        try:
-            self.launcher.make_sandbox(item.uid)
-            inputs = t.staged_inputs()
-            if inputs:
-                self.launcher.stage_in(inputs, item.sandbox, self._resolve)
-            args = [self._resolve_all(str(a)) for a in t.arguments]
-            stdin = self._resolve(t.stdin) if t.stdin else None
-            if stdin is not None and not os.path.isabs(stdin):
-                stdin = os.path.join(item.sandbox, stdin)
-            return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.cpus,
-                                       item.grant.gpus, args, stdin)
-        except Exception as exc:  # LaunchError or a bug: the caller decides, after registering
-            return exc
+    def _stop_local(self) -> None:
+        """Kill every local executable, started or being started, and wait until the runners
+        have reaped each one (or answered NOT_STARTED); they are left PENDING for a resume."""
+        if self.runners is None:
+            return
+        self.runners.stop_new()
+        ended: list = []
+        self._take_events(ended)  # exits already reported: journaled normally
+        for item, failure, value in ended:
+            self._finish_attempt(item, failure, value, time.monotonic())
+        for item in list(self.running.values()):
+            if item.future is None or item.future is False:
+                self.runners.kill(item.pid)  # a no-op for a pid already seen exiting
+        while self.runners.busy or self.runners.events:  # the runners' count, not ours: nothing
+            self.poller.poll(100)  # the engine lost track of can make this wait forever
+            self._drain_wake()
+            self._take_events([], stopping=True)
+        for key, item in list(self.running.items()):  # reaped, their events consumed by a pass
+            if item.future is None or item.future is False:  # that raised: PENDING for a resume
+                del self.running[key]
+                self.sched.release(item.grant)
+                self.journal.unstart(item.uid)
+        self.starting.clear()
 
-    def _register(self, item: Item, pid: int, pidfd: int) -> None:
-        item.pid, item.pidfd = pid, pidfd
-        self.running[pid] = item
-        if pidfd >= 0:
-            self.by_pidfd[pidfd] = item
-            self.poller.register(pidfd, select.POLLIN)
-        self.journal.pid(item.uid, pid, time.time())
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 65536):
+                pass
 
     def _spawn_remote(self, item: Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
@@ -560,40 +604,22 @@ class Engine:
 
     # -- waiting and reaping ----------------------------------------------------------
     def _wait(self) -> None:
-        if self.finished_futures or any(f.done() for _, f in self.spawning.values()):
+        if self.finished_futures or self._events():
             return
-        timeout = 1.0 if self.running else 0.05
+        timeout = 1.0 if self.running or self.starting else 0.05
         if self.deadline is not None:
             timeout = min(timeout, max(0.0, self.deadline - time.monotonic()))
         for item in self.running.values():
             if item.deadline is not None and item.future is None:
                 timeout = min(timeout, max(0.0, item.deadline - time.monotonic()))
-            if item.pidfd == -1:
-                timeout = min(timeout, 0.01)
-        self.ready = self.poller.poll(int(timeout * 1000) + 1)
+        if self.poller.poll(int(timeout * 1000) + 1):
+            self._drain_wake()
 
     def _reap(self) -> None:
-        if self.spawning:
-            self._settle_spawns()
-            self.journal.commit()  # the pids: a resume after a crash kills these processes
+        """Journal what ended (the loop's next commit, before anything new starts, makes it durable)."""
         now = time.monotonic()
         ended: list[tuple[Item, Failure | None, object]] = []
-        ended_any = False
-        for fd, _ev in getattr(self, "ready", ()):
-            if fd == self.wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(self.wake_r, 65536):
-                        pass
-                continue
-            item = self.by_pidfd.pop(fd, None)
-            if item is not None:
-                self.poller.unregister(fd)
-                ended.append(self._exe_outcome(item, self.launcher.exit_code(item.pid, fd)))
-        self.ready = ()
-        for item in [i for i in self.running.values() if i.pidfd == -1]:
-            code = self.launcher.exit_code(item.pid, -1, block=False)
-            if code is not None:
-                ended.append(self._exe_outcome(item, code))
+        self._take_events(ended)
         while self.finished_futures:
             fut = self.finished_futures.popleft()
             item = self.running.get(id(fut))
@@ -608,24 +634,24 @@ class Engine:
                 self.sched.release(item.grant)
                 self.journal.unstart(item.uid)
                 self.draining = True
-                ended_any = True
             else:
                 ended.append(outcome)
+        for item, failure, value in ended:
+            self._finish_attempt(item, failure, value, now)
         for item in list(self.running.values()):
             if item.future is None and item.deadline is not None and now >= item.deadline:
-                self.launcher.kill(item.pid)  # reaped on a later pass, as a timeout
+                self.runners.kill(item.pid)  # its runner reaps it; ended as a timeout
                 item.future = False  # marks "killed for its timeout"
-        if self.deadline is not None and now >= self.deadline and self.running:
+        if self.deadline is not None and now >= self.deadline and (self.running or self.starting):
             self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
             self._stop_for_walltime()
-        for item, failure, value in ended:
-            del self.running[item.pid if item.future in (None, False) else id(item.future)]
-            self.sched.release(item.grant)
-            self.durations[0] += now - item.t0
-            self.durations[1] += 1
-            self._ended(item, failure, value)
-        if ended or ended_any:
-            self.journal.commit()  # DONE/FAILED durable before successors start
+
+    def _finish_attempt(self, item: Item, failure: Failure | None, value, now: float) -> None:
+        del self.running[item.pid if item.future in (None, False) else id(item.future)]
+        self.sched.release(item.grant)
+        self.durations[0] += now - item.t0
+        self.durations[1] += 1
+        self._ended(item, failure, value)
 
     def _exe_outcome(self, item: Item, code: int):
         timed_out = item.future is False
@@ -703,7 +729,7 @@ class Engine:
             new.uid = item.uid
             new.validate()
             item.task = new
-        item.grant = item.pid = item.pidfd = item.future = item.deadline = None
+        item.grant = item.pid = item.future = item.deadline = item.request = None
         self.session_counts["retries"] += 1
         self.waiting[id(item)] = item
 
@@ -716,18 +742,11 @@ class Engine:
 
     # -- walltime, abort, cleanup -----------------------------------------------------
     def _stop_for_walltime(self) -> None:
-        """Past the walltime: kill what still runs and leave it PENDING for a resume."""
+        """Past the walltime (or asked to stop): kill what still runs and leave it PENDING for a resume."""
         self.draining = True
-        self._settle_spawns(wait=True)
-        for key, item in list(self.running.items()):
-            if item.future is None or item.future is False:
-                self.launcher.kill(item.pid)
-                self.launcher.exit_code(item.pid, item.pidfd if item.pidfd is not None else -1)
-                if item.pidfd is not None and item.pidfd >= 0:
-                    self.by_pidfd.pop(item.pidfd, None)
-                    self.poller.unregister(item.pidfd)
-            else:
-                item.future.cancel()
+        self._stop_local()
+        for key, item in list(self.running.items()):  # function tasks and executables on dask
+            item.future.cancel()
             self.journal.unstart(item.uid)
             self.sched.release(item.grant)
             del self.running[key]
@@ -738,32 +757,24 @@ class Engine:
 
     def _abort(self) -> None:
         with contextlib.suppress(BaseException):
-            self._settle_spawns(wait=True)  # every started process registered, so killed below
+            self._stop_local()  # every started process killed and reaped
         for item in list(self.running.values()):
             if item.future is None or item.future is False:
-                self.launcher.kill(item.pid)
-                with contextlib.suppress(Exception):
-                    self.launcher.exit_code(item.pid, item.pidfd if item.pidfd is not None else -1)
-                item.pidfd = None
+                self.runners.kill(item.pid)
             elif self.remote:  # queued on the cluster: do not let it start after we are gone
                 item.future.cancel()
             with contextlib.suppress(Exception):
                 self.journal.unstart(item.uid)
         self.running.clear()
-        self.by_pidfd.clear()
         with contextlib.suppress(Exception):
             self.journal.commit()
             self.journal.close()
 
     def _close_resources(self) -> None:
-        if self.spawners is not None:
-            self.spawners.shutdown(wait=True)
-            self.spawners = None
+        if self.runners is not None:
+            self.runners.close()
+            self.runners = None
         self.launcher.close()
-        for fd in list(self.by_pidfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.by_pidfd.clear()
         with self.wake_lock:
             self.wake_closed = True
             for fd in (self.wake_r, self.wake_w):
@@ -780,19 +791,5 @@ class Engine:
         if now - self._last_progress < 0.5 and not force:
             return
         self._last_progress = now
-        c = self.session_counts
-        settled = c[TaskState.DONE] + c[TaskState.FAILED] + c[TaskState.SKIPPED]  # this session
-        elapsed = now - t0
-        rate = settled / elapsed if elapsed > 0 else 0.0
-        old = {s: self.walker.replayed[s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED,
-                                              TaskState.CANCELED)}  # found finished by a resume
-        eta = None
-        total = self.walker.total
-        if total is not None:
-            left = max(0, total - settled - sum(old.values()))
-            eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
-        self.progress({"done": c[TaskState.DONE] + old[TaskState.DONE], "running": len(self.running),
-                       "failed": c[TaskState.FAILED] + old[TaskState.FAILED],
-                       "skipped": c[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
-                       "waiting": len(self.waiting), "total": total, "rate": rate, "eta": eta,
-                       "elapsed": elapsed, "final": force})
+        self.progress(progress_record(self.session_counts, self.walker.replayed, self.walker.total,
+                                      len(self.running), len(self.waiting), now - t0, force))

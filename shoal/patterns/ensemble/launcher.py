@@ -1,42 +1,36 @@
 """Launching executable tasks: sandbox directories, input staging, fast spawn, reaping.
 
-Driver thread only.  Data flow per task::
+Called from the runner threads (runners.py) and the driver; the methods used
+there (``spawn``, ``wait``, ``make_sandbox``, ``stage_in``) touch only their
+task's files and the child they start.  Data flow per task::
 
     sandbox_of(uid) = <root>/<pipeline>/<stage>/<task>   (deterministic: resume finds it)
     stage_in(task)  -> copy / symlink / move each input into the sandbox
     spawn(...)      -> subprocess.Popen, no shell; stdin from a file or /dev/null,
                        stdout/stderr to <sandbox>/stdout, <sandbox>/stderr;
                        own process group (kill() reaches its children);
-                       pinned to the granted CPUs from its first instruction;
+                       pinned to the granted CPUs from its first instruction (it inherits
+                       the mask of the runner thread that spawns it: runners.py);
                        CUDA_VISIBLE_DEVICES = the granted GPUs (when GPUs are configured)
-    pidfd           -> the engine polls it; exit_code() reaps exactly that pid
+    wait(pid)       -> the runner blocks in waitpid(pid) and reaps exactly that pid
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
-Spawning: ``subprocess.Popen(cwd=..., start_new_session=True)`` (vfork+exec in
-CPython 3.10+), never pinning the driver.  Popen has no "set affinity"
-action, so a task that must be pinned (its CPUs are not all the driver's) is
-started as ``taskset -c <cpus> <program> <args>``: taskset (util-linux) sets
-the affinity and execs the program — same pid, same process group, same exit
-status — so the task is pinned from its first instruction and the cost of
-pinning is paid by the child on its own CPU, not by the driver.  Alternatives
-measured (issue 14, 2,000 x ``/bin/true``, load ~10 on 2 cores): pinning the
-*spawning thread* around each spawn (the earlier design) cost 2.3 ms of
-migration per task plus a 4.8 ms spawn squeezed onto the one busy CPU (ratio
-0.12-0.65x xargs); pinning the child by pid after Popen returns was racy — a
-fast task (``sh -c "grep ..."``) had already started a child on the wrong CPUs
-(``test_cores_pinned_and_gpus_assigned`` caught it).  Without taskset on the
-host, the spawning-thread pin is the fallback.  An exec failure of the program
-itself (a file with an x bit but no valid format) is then taskset's exit code
-126/127 with its message in the stderr tail, not a SPAWN failure.  stdin is
-one shared read-only ``/dev/null`` descriptor and stdout/stderr are opened
-with ``os.open`` (no Python file objects).  ``os.posix_spawn`` was tried: it
-has no "chdir" action, so it needed a process-wide ``chdir`` around each
-spawn (visible to other threads of an embedding program) and measured no
-faster.
+Spawning: glibc's ``posix_spawn`` through ctypes (spawn.py: the child opens
+its files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
+start_new_session=True)`` (vfork+exec in CPython 3.10+); never pinning the
+driver: the runner thread that calls it is pinned (runners.py), and the
+vfork-style child inherits the calling thread's mask.
+Alternatives measured (issue 14, 2,000 x ``/bin/true`` on 2 cores): pinning
+a spawner thread around each spawn cost 2.3 ms of migration per task;
+``taskset -c <cpus> <program>`` (the previous design) doubled the children's
+CPU, two execs per task; pinning the child by pid after Popen returns was
+racy — a fast task (``sh -c "grep ..."``) had already started a child on the
+wrong CPUs (``test_cores_pinned_and_gpus_assigned`` caught it).  stdin is one
+shared read-only ``/dev/null`` descriptor.
 
-Reaping uses pidfds and ``waitpid(pid)`` for our own pids only — never
-``waitpid(-1)``, which would steal the pilot's worker processes.
+Reaping is ``waitpid(pid)`` for our own pids only — never ``waitpid(-1)``,
+which would steal the pilot's worker processes.
 
 Rejected alternatives: ``shell=True`` for every task (a shell start per task,
 quoting bugs); a helper process per task that pins and chdirs (one more exec
@@ -52,16 +46,15 @@ Failure there, byte for byte.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-import threading
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
+from .spawn import Spawner, envp
 
 
 class LaunchError(Exception):
@@ -87,6 +80,16 @@ def tail(path: str, limit: int = 2000) -> str:
 
 def make_sandbox(path: str) -> str:
     """Create the task's sandbox directory (and its parents); LaunchError(SANDBOX) if impossible."""
+    try:
+        os.mkdir(path)  # the common case, one syscall: the stage's directory exists
+        return path
+    except FileExistsError:
+        if os.path.isdir(path):
+            return path
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise LaunchError(FailureKind.SANDBOX, f"cannot create sandbox {path}: {exc.strerror}") from None
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -226,7 +229,7 @@ def exit_failure(timeout, code: int, timed_out: bool, stderr_tail: str, attempt:
 
 
 class Launcher:
-    """Spawns and reaps executable tasks.  Owner only (the engine's thread)."""
+    """Sandboxes, spawns and reaps executable tasks (for the runner threads and the engine)."""
 
     def __init__(self, root: str, *, gpus: int = 0):
         self.root = os.path.abspath(root)
@@ -234,14 +237,10 @@ class Launcher:
         self.gpus = gpus
         self.base_env = dict(os.environ)
         self._which: dict[str, str | None] = {}
-        self._lock = threading.Lock()
-        self._procs: dict[int, subprocess.Popen] = {}
-        self._null: int | None = None  # /dev/null for stdin, opened once
-        self.taskset = shutil.which("taskset")  # pins a task from its first instruction
-        try:
-            self.affinity = os.sched_getaffinity(0)
-        except (AttributeError, OSError):  # pragma: no cover - not Linux
-            self.affinity = None
+        self._procs: dict[int, subprocess.Popen] = {}  # pid -> Popen, until reaped
+        self._null: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # stdin, shared
+        self._spawner = Spawner.load(self._null)  # glibc posix_spawn; None: subprocess.Popen
+        self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
@@ -265,8 +264,8 @@ class Launcher:
 
     # -- spawning ---------------------------------------------------------------------
     def _executable(self, exe: str) -> str:
-        if "/" in exe:
-            return find_executable(exe, self.cwd, None)
+        if "/" in exe:  # checked by the spawn itself; find_executable explains a failure
+            return os.path.join(self.cwd, exe)
         if exe not in self._which:
             self._which[exe] = shutil.which(exe, path=self.base_env.get("PATH"))
         found = self._which[exe]
@@ -274,39 +273,40 @@ class Launcher:
             raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} not found on PATH")
         return found
 
-    def spawn(self, task: Task, uid: str, sandbox: str, cpus, gpus, arguments: list[str],
-              stdin: str | None) -> tuple[int, int]:
-        """Start ``task``; returns (pid, pidfd).  Raises LaunchError (nothing left running)."""
+    def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
+              stdin: str | None) -> int:
+        """Start ``task``; returns its pid.  Raises LaunchError (nothing left running)."""
         exe = self._executable(task.executable)
         argv = command(exe, arguments, task.pre_exec, task.post_exec)
-        env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
-        pin = self._needs_pin(cpus)
-        if pin and self.taskset:
-            argv = [self.taskset, "-c", ",".join(map(str, sorted(cpus))), *argv]
-            pin = False
-        with self._lock if pin else contextlib.nullcontext():
-            pinned = self._pin(cpus) if pin else False
-            try:
-                pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
-            except OSError as exc:
-                raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
-            finally:
-                if pinned:
-                    os.sched_setaffinity(0, self.affinity)
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # pragma: no cover - kernels before 5.3: the engine polls instead
-            pidfd = -1
-        return pid, pidfd
+            if self._spawner is not None:
+                return self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus), sandbox,
+                                           stdin, out, err)
+            env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
+            if self.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            return self._spawn_popen(argv, env, sandbox, stdin, out, err)
+        except OSError as exc:
+            if "/" in task.executable:
+                find_executable(task.executable, self.cwd, None)  # LaunchError: missing, not executable
+            raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
+
+    def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:
+        """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once."""
+        over = {"OMP_NUM_THREADS": str(task.cores)}
+        over.update({k: str(v) for k, v in task.environment.items()})
+        over["SHOAL_SANDBOX"] = sandbox
+        over["SHOAL_TASK"] = uid
+        if self.gpus:
+            over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        return [e for k, e in self._base_envp.items() if k not in over] + envp(over)
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        i = os.open(stdin, os.O_RDONLY | os.O_CLOEXEC) if stdin else self._devnull()
+        i = os.open(stdin, os.O_RDONLY | os.O_CLOEXEC) if stdin else self._null
         try:
             o = os.open(out, flags, 0o644)
             try:
@@ -324,55 +324,42 @@ class Launcher:
         self._procs[proc.pid] = proc
         return proc.pid
 
-    def _devnull(self) -> int:
-        if self._null is None:
-            self._null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        return self._null
-
     def close(self) -> None:
         if self._null is not None:
             os.close(self._null)
             self._null = None
 
-    def _needs_pin(self, cpus) -> bool:
-        """Pin only to CPUs this process may use, and only when they are not all of them
-        (synthetic topologies name CPUs this host lacks: run unpinned then)."""
-        if self.affinity is None or not cpus:
-            return False
-        want = set(cpus)
-        return want != self.affinity and want <= self.affinity
-
-    def _pin(self, cpus) -> bool:
-        if self.affinity is None or not cpus:
-            return False
-        try:
-            os.sched_setaffinity(0, cpus)
-            return True
-        except OSError:  # synthetic topologies name CPUs this host lacks: run unpinned
-            return False
-
     # -- ending -----------------------------------------------------------------------
-    def exit_code(self, pid: int, pidfd: int, block: bool = True) -> int | None:
-        """Reap ``pid``: its exit status (negative: killed by that signal), None if still running."""
+    def wait(self, pid: int) -> int:
+        """Block until ``pid`` (a child this launcher spawned) exits and reap it: its exit status
+        (negative: killed by that signal).  Called by the runner thread that spawned it."""
         proc = self._procs.pop(pid, None)
         try:
-            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere (should not happen): report as lost
-            done, status = pid, 255 << 8
-        if done == 0:
-            if proc is not None:
-                self._procs[pid] = proc
-            return None
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere (an embedding program's waitpid(-1)): lost
+            code = 255
         if proc is not None:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-        if pidfd >= 0:
-            os.close(pidfd)
-        return os.waitstatus_to_exitcode(status)
+            proc.returncode = code  # no "still running" warning when the Popen is collected
+        return code
 
     @staticmethod
     def kill(pid: int) -> None:
         """SIGKILL the task's whole process group (it may have started children)."""
         kill_group(pid)
+
+
+def process_start(pid: int) -> float:
+    """``pid``'s start time as psutil reports it (what ``kill_leftover`` compares with: the
+    kernel's boot-relative start plus the boot time, which can be ~1 s off the wall clock)."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        import time
+
+        return time.time()
 
 
 def kill_leftover(pid: int, start: float | None) -> bool:

@@ -15,7 +15,24 @@ import time
 
 import shoal
 
-from .model import EnsembleError
+from .model import EnsembleError, TaskState
+
+
+def progress_record(counts, replayed, total: int | None, running: int, waiting: int, elapsed: float,
+                    final: bool) -> dict:
+    """The dict a progress callback gets, from this session's ``counts`` (TaskState -> n) and the
+    tasks a resume found finished (``replayed``)."""
+    settled = counts[TaskState.DONE] + counts[TaskState.FAILED] + counts[TaskState.SKIPPED]  # this session
+    rate = settled / elapsed if elapsed > 0 else 0.0
+    old = {s: replayed[s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.CANCELED)}
+    eta = None
+    if total is not None:
+        left = max(0, total - settled - sum(old.values()))
+        eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
+    return {"done": counts[TaskState.DONE] + old[TaskState.DONE], "running": running,
+            "failed": counts[TaskState.FAILED] + old[TaskState.FAILED],
+            "skipped": counts[TaskState.SKIPPED] + old[TaskState.SKIPPED] + old[TaskState.CANCELED],
+            "waiting": waiting, "total": total, "rate": rate, "eta": eta, "elapsed": elapsed, "final": final}
 
 
 def _clock(seconds: float | None) -> str:

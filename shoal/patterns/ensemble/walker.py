@@ -98,7 +98,7 @@ class Item:
     """A task pulled from its stage: created by the walker, then the engine's (waiting, running)
     until it is settled.  ``srun`` is the walker's; the engine reads only the uids."""
 
-    __slots__ = ("task", "uid", "srun", "stage_uid", "pipe_uid", "attempt", "deps", "pid", "pidfd",
+    __slots__ = ("task", "uid", "srun", "stage_uid", "pipe_uid", "attempt", "deps", "pid", "request",
                  "future", "grant", "deadline", "t0", "sandbox", "spec")
 
     def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int, spec: str | None = None):
@@ -108,7 +108,7 @@ class Item:
         self.deps = task.dependency_uids() + [
             r[0] for r in (parse_ref(i.source) for i in task.staged_inputs()) if r
         ]
-        self.pid = self.pidfd = None
+        self.pid = self.request = None
         self.future = self.grant = self.deadline = self.sandbox = None
         self.t0 = 0.0
 

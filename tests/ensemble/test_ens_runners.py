@@ -1,0 +1,155 @@
+"""The runner threads and the posix_spawn path (runners.py, spawn.py): real processes throughout.
+
+Each test names what it guards: the pid start time a resume compares, kills that never reach a
+reaped (reusable) pid, exec failures reported as SPAWN (taskset used to turn them into exit code
+126), the signal dispositions and the environment a child starts with on both spawn paths, and
+no thread left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+
+import psutil
+import pytest
+
+from shoal.ensemble import FailureKind, Pipeline, Stage, Task, TaskState, run
+from shoal.patterns.ensemble.runners import Event, Runners
+
+
+def _wait_for(cond, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _reap(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_journaled_pid_start_is_the_process_start(tmp_path):
+    """A resume kills a dead driver's orphan only if pid *and* start match psutil's create_time,
+    whose clock can be ~1 s off the wall clock: the start journaled must be the process's own."""
+    flag = tmp_path / "go"
+    task = Task(executable="/bin/sh", arguments=["-c", f"while [ ! -e {flag} ]; do sleep 0.02; done"],
+                name="w")
+    journal = tmp_path / "run.db"
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", run(Pipeline([Stage([task])], name="p"),
+                                                                  journal=str(journal))))
+    t.start()
+    try:
+        def pid_row():
+            with contextlib.suppress(sqlite3.Error), \
+                    contextlib.closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)) as db:
+                row = db.execute("SELECT pid, pid_start FROM tasks WHERE uid='p.s0.w'").fetchone()
+                return row if row and row[0] else None
+        pid, start = _wait_for(pid_row, "the task's pid in the journal")
+        assert abs(psutil.Process(pid).create_time() - start) < 0.05
+    finally:
+        flag.touch()
+        t.join(60)
+    assert out["r"].ok
+
+
+def test_kill_reaches_a_live_child_and_never_a_reaped_pid():
+    killed = []
+
+    def kill(pid):
+        killed.append(pid)
+        os.kill(pid, 9)
+
+    r = Runners([0], wait=_reap, wake=lambda: None, kill=kill)
+    try:
+        r.submit("short", [0], lambda: os.posix_spawn("/bin/true", ["/bin/true"], os.environ))
+        _wait_for(lambda: any(e[0] is Event.EXITED for e in r.events), "the short child's exit")
+        short = next(e[2] for e in r.events if e[0] is Event.SPAWNED)
+        r.kill(short)  # reaped: the number may be someone else's now
+        assert killed == []
+        r.events.clear()
+        r.submit("long", [0], lambda: os.posix_spawn("/bin/sleep", ["/bin/sleep", "60"], os.environ))
+        long = _wait_for(lambda: next((e[2] for e in r.events if e[0] is Event.SPAWNED), None),
+                         "the long child's SPAWNED")
+        r.kill(long)
+        code = _wait_for(lambda: next((e[2] for e in r.events if e[0] is Event.EXITED), None),
+                         "the long child's EXITED")
+        assert killed == [long] and code == -9
+    finally:
+        r.close()
+
+
+def test_stop_new_answers_queued_jobs_without_launching():
+    r = Runners([0], wait=_reap, wake=lambda: None, kill=lambda pid: None)
+    launched = []
+    try:
+        r.stop_new()
+        r.submit("queued", [0], lambda: launched.append(1) or 1)
+        kind, item, outcome, _ = _wait_for(lambda: r.events and r.events[0], "the answer")
+        assert (kind, item, outcome, launched) == (Event.SPAWNED, "queued", "not started", [])
+    finally:
+        r.close()
+
+
+def test_exec_format_error_is_a_spawn_failure(tmp_path):
+    """With taskset in front, an x-bit file with no valid format was taskset's exit code 126."""
+    bad = tmp_path / "notaprogram"
+    bad.write_bytes(b"\x00\x01garbage, no shebang\n")
+    bad.chmod(0o755)
+    report = run(Pipeline([Stage([Task(executable=str(bad), name="bad")])], name="p"),
+                 journal=str(tmp_path / "run.db"))
+    f = report.failures[0]
+    assert f["kind"] is FailureKind.SPAWN and "Exec format error" in f["reason"], f
+
+
+CHECK = ("echo cwd=$(pwd) task=$SHOAL_TASK omp=$OMP_NUM_THREADS mine=$MINE; read line; echo in=$line; "
+         "yes | head -n1 >/dev/null; ls /proc/self/fd | wc -l")
+
+
+@pytest.mark.parametrize("spawner", ["posix_spawn", "popen"])
+def test_child_environment_on_both_spawn_paths(tmp_path, monkeypatch, spawner):
+    """Same child on both paths: cwd = sandbox, task env, stdin file, SIGPIPE back to default
+    (Python ignores it and an ignored signal survives exec: ``yes`` would then print
+    'Broken pipe'), only fds 0-2 open (+ the one ls reads through)."""
+    if spawner == "popen":
+        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    (tmp_path / "input.txt").write_text("hello\n")
+    task = Task(executable="/bin/sh", arguments=["-c", CHECK], cores=2 if len(os.sched_getaffinity(0)) > 1 else 1,
+                environment={"MINE": "x y"}, stdin=str(tmp_path / "input.txt"), name="t")
+    report = run(Pipeline([Stage([task])], name="p"), journal=str(tmp_path / "run.db"))
+    assert report.counts == {TaskState.DONE: 1}, report.failures
+    sb = tmp_path / "run.sandbox" / "p" / "s0" / "t"
+    lines = (sb / "stdout").read_text().splitlines()
+    assert lines[0] == f"cwd={sb} task=p.s0.t omp={task.cores} mine=x y"
+    assert lines[1] == "in=hello"
+    assert lines[2].strip() == "4"  # 0, 1, 2 and ls' own directory fd
+    assert (sb / "stderr").read_text() == ""  # no 'Broken pipe': SIGPIPE is default again
+
+
+def test_no_runner_thread_outlives_the_run(tmp_path):
+    tasks = [Task(executable="/bin/true") for _ in range(20)]
+    report = run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    assert report.ok and report.done == 20
+    assert [t.name for t in threading.enumerate() if t.name.startswith("shoal-runner")] == []
+
+
+def _boom(task, failure):
+    raise RuntimeError("on_retry hook broke")
+
+
+def test_a_raising_hook_aborts_without_hanging_or_leaving_children(tmp_path):
+    """An exception while the loop handles a batch of runner events (here: a user's on_retry)
+    aborts the run; the abort kills and waits for every child the runners still hold."""
+    tasks = [Task(executable="/bin/false", retries=1, on_retry=_boom) for _ in range(6)]
+    tasks += [Task(executable="/bin/sleep", arguments=["30"], name="long")]
+    with pytest.raises(RuntimeError, match="on_retry hook broke"):
+        run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    assert [c for c in psutil.Process().children(recursive=True) if c.name() == "sleep"] == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith("shoal-runner")] == []

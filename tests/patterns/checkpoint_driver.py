@@ -17,7 +17,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [HERE, os.path.join(ROOT, "examples")]  # before any worker starts
+sys.path.insert(0, HERE)  # before any worker starts (workers inherit sys.path)
+if os.path.join(ROOT, "examples") not in sys.path:  # last: examples/dask_cluster.py
+    sys.path.append(os.path.join(ROOT, "examples"))  # must not shadow tests/ when imported
 
 import search_maxclique as mc  # noqa: E402
 import search_nqueens as nq  # noqa: E402

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))  # before any pilot starts: workers inherit sys.path
+if str(ROOT / "examples") not in sys.path:  # before any pilot starts: workers inherit sys.path
+    sys.path.append(str(ROOT / "examples"))  # (last: examples/dask_cluster.py must not shadow tests/)
 
 import search_flowshop  # noqa: E402, F401  (used by test_search_bnb)
 import search_maxclique  # noqa: E402

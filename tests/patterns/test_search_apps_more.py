@@ -10,7 +10,8 @@ import search_apps as apps
 
 import shoal
 
-sys.path.insert(0, str(apps.ROOT / "examples"))
+if str(apps.ROOT / "examples") not in sys.path:
+    sys.path.append(str(apps.ROOT / "examples"))
 import search_knapsack as ks  # noqa: E402
 import search_vertexcover as vc  # noqa: E402
 

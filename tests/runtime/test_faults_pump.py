@@ -197,3 +197,13 @@ def test_arguments_that_cannot_be_unpickled_in_the_worker(tmp_path, flavour):
             assert _deaths(p) == 0
     finally:
         del sys.modules["driver_only_cls"]
+
+
+@pytest.mark.parametrize("timeout", [1e10, float("inf")])
+def test_a_far_task_timeout_does_not_make_the_pump_fail(timeout):
+    """timeout=1e10 or inf passes check_options; the pump parked until that deadline and
+    poll() raised OverflowError every round (logged, then backed off up to 1 s a round)."""
+    with shoal.Pilot(1) as p:
+        assert p.options(timeout=timeout).submit(t.sleep, 0.3).result(timeout=30) == 0.3
+        assert p.submit(t.inc, 1).result(timeout=30) == 2
+        assert p.stats()["driver"]["pump_errors"] == 0

@@ -1099,6 +1099,14 @@ class LocalBackend:
             except OSError:
                 pass
         self.pidfds, self.procs = {}, {}
+        # The parent's outstanding futures can never settle here: fail them, so result()
+        # in the child raises instead of waiting forever.  No done-callbacks (user code in
+        # an at-fork hook); no thread waits on them in the child (only this one survived).
+        why = PilotClosed(self._closed_reason())
+        for fut in [*self.waiting.values(), *(t.future for t in self.tasks.values())]:
+            if fut._state in (_PENDING, "RUNNING"):
+                fut._exception = why
+                fut._state = "FINISHED"
         self.tasks, self.waiting, self.staged = {}, {}, []
         self.out, self.inboxes = {}, []
 

@@ -118,3 +118,26 @@ def test_futures_work_in_a_fork_while_the_parent_holds_their_shared_lock():
     finally:
         release.set()
         t.join()
+
+
+def test_a_forked_child_gets_pilotclosed_from_the_parents_outstanding_futures(pilot, tmp_path):
+    """The child of a fork cannot get results of its parent's pilot (the at-fork hook closes it
+    there); its outstanding futures, staged ones included, waited forever in the child
+    (result() without a timeout hung).  The parent's futures are unharmed."""
+    gate = str(tmp_path / "go")
+    blockers = [pilot.submit(wait_for, gate) for _ in range(2)]
+    futs = [pilot.submit(pow, i, 2) for i in range(2000)]
+    pending = [f for f in blockers + futs if not f.done()]  # the blockers at least
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 only if every outstanding future raises PilotClosed at once
+        code = 1
+        try:
+            errors = {type(f.exception(5)).__name__ for f in pending}
+            code = 0 if pending and errors == {"PilotClosed"} else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    touch(gate)
+    assert [f.result(60) for f in futs] == [i * i for i in range(2000)]
+    assert all(f.result(60) == gate for f in blockers)
+    assert os.waitstatus_to_exitcode(status) == 0

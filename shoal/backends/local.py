@@ -64,7 +64,7 @@ from ..runtime import trace as tracing
 from ..runtime.api import check_options as _check_options
 from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
-from ..runtime.future import Future, settle_many
+from ..runtime.future import Future, delivering_thread, settle_many
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.mapping import map_iter
@@ -754,6 +754,7 @@ class LocalBackend:
     def _pump(self) -> None:
         """The pump thread's body: it never dies before ``close``.  Anything a round
         raises (BaseException included) is reported and the loop goes on."""
+        delivering_thread(self._probe_cb)  # a done-callback here that waits on a pending future would hang
         errors = 0
         while True:
             try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import threading
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
@@ -180,6 +181,8 @@ class Future(cf.Future):
             worker = context.worker
             if worker is not None:
                 worker.help_until(self, timeout)
+            elif _delivering.prober is not None:
+                _refuse_wait(self)
         elif self._exception is None:
             # Done: no lock needed (a finished future never changes; _result was written
             # before _state).  The common case of collecting thousands of results.
@@ -191,6 +194,8 @@ class Future(cf.Future):
             worker = context.worker
             if worker is not None:
                 worker.help_until(self, timeout)
+            elif _delivering.prober is not None:
+                _refuse_wait(self)
         return super().exception(timeout)
 
     def running(self) -> bool:
@@ -222,6 +227,28 @@ class Future(cf.Future):
 
     def __repr__(self) -> str:
         return f"<shoal.Future {self.task_id:#x} {self._state.lower()}>"
+
+
+class _Delivering(threading.local):
+    prober = None  # set on a backend's result pump: the ``_prober`` of the futures it settles
+
+
+_delivering = _Delivering()
+
+
+def delivering_thread(prober) -> None:
+    """Mark the calling thread as the one that settles the driver futures whose ``_prober``
+    is ``prober``: a done-callback it runs must not wait on one of them still pending
+    (only this thread could settle it).  Futures of other backends may still be waited on."""
+    _delivering.prober = prober
+
+
+def _refuse_wait(fut) -> None:
+    if fut._state not in _SETTLED and fut._prober is _delivering.prober:
+        raise RuntimeError(
+            f"{fut!r}: result()/exception() of a pending future inside a done-callback would wait "
+            "forever: callbacks run on the thread that delivers results. Submit from the callback "
+            "and chain with add_done_callback, or wait in another thread")
 
 
 _SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from shoal.ensemble import FailureKind, Pipeline, Stage, Task, TaskState, run
+from shoal.ensemble import EnsembleError, FailureKind, Pipeline, Stage, Task, TaskState, run
 from shoal.patterns.ensemble.runners import Event, Runners
 
 
@@ -174,3 +174,12 @@ def test_nul_byte_in_an_argument_or_variable_is_a_spawn_failure_naming_it(tmp_pa
     assert "NUL" in reasons["p.s0.arg"][1]
     assert reasons["p.s0.env"][0] is FailureKind.SPAWN and "'V'" in reasons["p.s0.env"][1]
     assert "is a directory" in reasons["p.s0.dir"][1]
+
+
+@pytest.mark.parametrize("name", ["A=B", "", "X\x00Y", 5])
+def test_environment_variable_names_execve_cannot_carry_are_refused(tmp_path, name):
+    """{'A=B': 'c'} reached the child as A='B=c' on the posix_spawn path ('' as a nameless
+    '=c'), and Popen's ValueError escaped run(): refused up front, naming the task."""
+    task = Task(executable="/usr/bin/env", environment={name: "c"}, name="t")
+    with pytest.raises(EnsembleError, match=r"p\.s0\.t: environment variable names"):
+        run(Pipeline([Stage([task])], name="p"), journal=str(tmp_path / "run.db"))

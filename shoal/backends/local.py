@@ -64,7 +64,7 @@ from ..runtime import trace as tracing
 from ..runtime.api import check_options as _check_options
 from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
-from ..runtime.future import Future, delivering_thread, settle_many
+from ..runtime.future import Future, abandon, delivering_thread, settle_many
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.mapping import map_iter
@@ -1103,11 +1103,8 @@ class LocalBackend:
         # The parent's outstanding futures can never settle here: fail them, so result()
         # in the child raises instead of waiting forever.  No done-callbacks (user code in
         # an at-fork hook); no thread waits on them in the child (only this one survived).
-        why = PilotClosed(self._closed_reason())
-        for fut in [*self.waiting.values(), *(t.future for t in self.tasks.values())]:
-            if fut._state in (_PENDING, "RUNNING"):
-                fut._exception = why
-                fut._state = "FINISHED"
+        abandon([*self.waiting.values(), *(t.future for t in self.tasks.values())],
+                PilotClosed(self._closed_reason()))
         self.tasks, self.waiting, self.staged = {}, {}, []
         self.out, self.inboxes = {}, []
 

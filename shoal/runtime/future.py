@@ -312,6 +312,16 @@ def settle_many(items, log) -> None:
             log.exception("shoal: a done-callback of %r raised", fut)
 
 
+def abandon(futs, exc: BaseException) -> None:
+    """Fail the unsettled ``futs`` with ``exc`` without running their done-callbacks: the
+    child of a fork, whose inherited futures can never settle (called from an at-fork
+    hook, where user code must not run; no other thread survived the fork to wait)."""
+    for fut in futs:
+        if fut._state in (PENDING, RUNNING):
+            fut._exception = exc
+            fut._state = FINISHED
+
+
 def set_local_result(fut: Future, value) -> None:
     """Finish a worker-local future (worker thread only; skips the lock dance)."""
     if fut._state == PENDING:

@@ -64,7 +64,7 @@ from ..runtime import trace as tracing
 from ..runtime.api import check_options as _check_options
 from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
-from ..runtime.future import Future, abandon, delivering_thread, settle_many
+from ..runtime.future import Future, abandon, delivering_thread, run_callbacks, settle_many
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.mapping import map_iter
@@ -638,6 +638,9 @@ class LocalBackend:
         ``cancel``, first tell the holder to drop the task unless it started."""
         tid = fut.task_id
         task = self.tasks.get(tid)
+        if task is None and cancel:
+            with self.lock:  # a result being settled (_on_results) is FINISHED once we get it
+                task = self.tasks.get(tid)
         if self.closed or task is None:
             return False
         if cancel and not task.where:
@@ -894,7 +897,12 @@ class LocalBackend:
             finished = self.placement.finished
             for ep, n in done_on.items():
                 finished(ep - 1, n)
-        settle_many(settle, _log)
+            # Settled under the lock that popped them: a cancel() that finds its task gone
+            # (it looks under this lock) then finds the future FINISHED; settled after the
+            # release, such a cancel() said True for a task whose result was being set.
+            called: list = []
+            settle_many(settle, _log, called)
+        run_callbacks(called, _log)
         for tid, task, value in retry:
             self._fail_or_retry(tid, task, value)
 

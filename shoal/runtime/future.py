@@ -263,7 +263,7 @@ def _new_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
-def settle_many(items, log) -> None:
+def settle_many(items, log, later: list | None = None) -> None:
     """Finish driver futures in bulk: ``items`` of ``(future, ok, value)``.
 
     What ``set_result``/``set_exception`` do, with the Condition's lock taken
@@ -272,7 +272,9 @@ def settle_many(items, log) -> None:
     stdlib's two calls, the set literal and the ``InvalidStateError`` path cost
     more than the rest of a tiny task's round trip.  The shared lock is taken once
     for the batch; done-callbacks run after it is released, in order; one that
-    raises (even ``BaseException``) is reported on ``log``.
+    raises (even ``BaseException``) is reported on ``log``.  With ``later``, the
+    futures whose callbacks are due are appended to it instead (the caller holds a
+    lock of its own and runs them with ``run_callbacks`` after releasing it).
     """
     called, held = [], None
     try:
@@ -305,7 +307,15 @@ def settle_many(items, log) -> None:
     finally:
         if held is not None:
             held.release()
-    for fut in called:
+    if later is not None:  # the caller runs them (run_callbacks) once its own lock is released
+        later.extend(called)
+        return
+    run_callbacks(called, log)
+
+
+def run_callbacks(futs, log) -> None:
+    """The done-callbacks of settled ``futs``, in order; one that raises is logged."""
+    for fut in futs:
         try:
             fut._invoke_callbacks()
         except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say

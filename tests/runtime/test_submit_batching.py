@@ -141,3 +141,38 @@ def test_a_forked_child_gets_pilotclosed_from_the_parents_outstanding_futures(pi
     assert [f.result(60) for f in futs] == [i * i for i in range(2000)]
     assert all(f.result(60) == gate for f in blockers)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cancel_while_the_pump_settles_the_result_says_false(pilot, monkeypatch):
+    """The pump took a finished task out of ``tasks`` under the backend lock and set its
+    future after releasing it: a cancel() from another thread in between found no task,
+    cancelled the PENDING future and said True for a task that had run (its result was
+    dropped).  Here a thread cancels exactly in that window."""
+    import threading
+
+    from shoal.backends import local
+
+    said, threads = [], []
+    real = local.settle_many
+
+    def settle_with_a_cancel_in_between(items, log, *rest):
+        items = list(items)
+        mine = [fut for fut, _, _ in items if getattr(fut, "probe_me", False)]
+        if mine:
+            t = threading.Thread(target=lambda: said.append(mine[0].cancel()))
+            threads.append(t)
+            t.start()
+            t.join(0.5)  # with the fix it waits for the backend lock this thread holds
+            real(items, log, *rest)
+            return
+        real(items, log, *rest)
+
+    monkeypatch.setattr(local, "settle_many", settle_with_a_cancel_in_between)
+    fut = pilot.submit(pow, 3, 2)
+    fut.probe_me = True
+    assert fut.result(30) == 9
+    deadline = time.monotonic() + 30
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threads[0].join(30)
+    assert said == [False] and not fut.cancelled()

@@ -5,9 +5,10 @@
 1. Data parallelism: synthetic 8192 x 256 float32, MLP 256-1024-1024-10, batch 256,
    SGD.  Samples/s of the last epoch (the first also pays start-up: unpickling the
    program, mapping the arena) for: the in-process serial plan (no pilot, numpy with all
-   BLAS threads), 1 replica on a 1-worker pilot (the worker's BLAS gets both cores),
-   1 replica on a 2-worker pilot (one BLAS thread each, the other worker idle), and
-   2 replicas on the 2-worker pilot.  Target: 2 replicas >= 1.6x 1 replica.
+   BLAS threads), 1 replica on a 1-worker pilot (one BLAS thread: a shoal worker is
+   pinned to one CPU), 1 replica on a 2-worker pilot (one BLAS thread each, the other
+   worker idle), and 2 replicas on the 2-worker pilot.  Target: 2 replicas >= 1.6x
+   1 replica.
 2. torch: the engine's own cost (a ``dl.TorchModule`` serial plan in this process against a
    hand-written torch loop, both on one thread), then the same model as a
    ``dl.TorchModule`` with 2 replicas on 2 workers against
@@ -20,7 +21,12 @@
    per step, from the trace's forward/backward spans, against the ideal (S-1)/(M+S-1).
 
 Prints ``uptime``'s load before and after (the machine may be shared), the
-threadpoolctl report of a worker, and a markdown table of ratios.
+threadpoolctl report of a worker, a markdown table of rates, and the TARGETS table:
+each target ratio, measured in this run, and whether it is met.
+
+``--profile`` instead prints where a data-parallel step's time goes: per task kind the
+CPU time in this process against the bare matrix products, and from a trace of 1 and
+2 replicas on 2 workers the step = longest task + hop (the driver's turn-around).
 """
 
 from __future__ import annotations
@@ -163,25 +169,87 @@ def ddp(world, epochs):
             return 8192 / float(d["seconds"]), [d[f"arr_{i}"] for i in range(len(d.files) - 1)]
 
 
-def bubble(trace_path, stages):
+def bubble(trace_path, stages, per_step):
     """Median over steps of 1 - busy / (stages x span) of the forward/backward spans.
 
-    A step's spans are those that start before its stage-0 update does (every forward
-    and backward of the step precedes that update; the next step's start after it)."""
+    A step ends with its ``per_step``-th stage-0 backward (R x M of them; the last one
+    also applies the update: the fused update of R <= 2 replicas)."""
     with open(trace_path) as f:
         spans = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     ops = sorted((e for e in spans if e["name"].startswith(("dl.forward", "dl.backward"))),
                  key=lambda e: e["ts"])
-    ends = sorted(e["ts"] for e in spans if e["name"] == "dl.update[s0]")
-    fractions, lo = [], 0.0
-    for end in ends:
-        phase = [e for e in ops if lo <= e["ts"] < end]
-        lo = end
-        if phase:
-            span = max(e["ts"] + e["dur"] for e in phase) - min(e["ts"] for e in phase)
-            fractions.append(1 - sum(e["dur"] for e in phase) / (stages * span))
+    fractions, phase, backs = [], [], 0
+    for e in ops:
+        phase.append(e)
+        if e["name"] == "dl.backward[s0]":
+            backs += 1
+            if backs == per_step:
+                span = max(x["ts"] + x["dur"] for x in phase) - min(x["ts"] for x in phase)
+                fractions.append(1 - sum(x["dur"] for x in phase) / (stages * span))
+                phase, backs = [], 0
     fractions = fractions[1:] or fractions  # the first step pays start-up
     return float(np.median(fractions))
+
+
+def step_profile(trace_path, replicas):
+    """Where a data-parallel step's time goes, from a trace: per step (median), the wall
+    time, the longest forward-backward task, the hop (the next step's first task starts
+    this long after the last task of the step ended: result -> driver -> next task), and
+    per task kind the median duration."""
+    with open(trace_path) as f:
+        spans = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("dl.")]
+    spans.sort(key=lambda e: e["ts"])
+    steps = [spans[i:i + replicas] for i in range(0, len(spans) - replicas + 1, replicas)]
+    steps = steps[len(steps) // 4:]  # past start-up
+    walls, fbs, hops = [], [], []
+    for a, b in zip(steps, steps[1:], strict=False):
+        end = max(e["ts"] + e["dur"] for e in a)
+        walls.append(min(e["ts"] for e in b) - min(e["ts"] for e in a))
+        fbs.append(max(e["dur"] for e in a))
+        hops.append(min(e["ts"] for e in b) - end)
+    ms = lambda v: f"{np.median(v) / 1000:.2f} ms"  # noqa: E731
+    return f"step {ms(walls)} = longest task {ms(fbs)} + hop {ms(hops)} (medians over {len(walls)} steps)"
+
+
+def math_profile(X, y, replicas):
+    """CPU time per task kind of the serial plan in this process on one BLAS thread, and the
+    bare matrix products of one forward-backward: the math, without the pilot."""
+    from threadpoolctl import threadpool_limits
+
+    from shoal.workloads.dl import program
+
+    times: dict = {}
+    real = program.Program.run
+
+    def timed(self, kind, s, args):
+        t0 = time.thread_time()
+        try:
+            return real(self, kind, s, args)
+        finally:
+            times.setdefault(kind.value, []).append(time.thread_time() - t0)
+
+    program.Program.run = timed
+    try:
+        with threadpool_limits(1):
+            rate(mlp(), dl.Plan(replicas=replicas), None, X[:2048], y[:2048], 1)
+            rows = 256 // replicas
+            x = X[:rows]
+            W1, W2, W3 = (np.ones(s, np.float32) for s in ((256, 1024), (1024, 1024), (1024, 10)))
+            t0 = time.thread_time()
+            for _ in range(10):
+                h1 = x @ W1
+                h2 = h1 @ W2
+                z = h2 @ W3
+                _ = h2.T @ z
+                d2 = z @ W3.T
+                _ = h1.T @ d2
+                d1 = d2 @ W2.T
+                _ = x.T @ d1
+            bare = (time.thread_time() - t0) / 10
+    finally:
+        program.Program.run = real
+    parts = ", ".join(f"{k} {np.median(v) * 1000:.2f} ms" for k, v in times.items())
+    return f"R={replicas}: per task (CPU, in-process): {parts}; bare products of {rows} rows {bare * 1000:.2f} ms"
 
 
 def pipeline_model():
@@ -195,6 +263,19 @@ def pipeline_model():
     return model
 
 
+def profile(X, y, epochs):
+    print(f"load before: {load()}")
+    for R in (1, 2):
+        print(math_profile(X, y, R))
+    with tempfile.TemporaryDirectory() as tmp:
+        for R in (1, 2):
+            path = os.path.join(tmp, f"trace{R}.json")
+            with shoal.Pilot(workers=2, trace=path) as p2:
+                r = rate(mlp(), dl.Plan(replicas=R), p2, X, y, epochs)[0]
+            print(f"R={R} on 2 workers: {r:,.0f} samples/s; {step_profile(path, R)}")
+    print(f"load after: {load()}")
+
+
 def best(samples: dict, key, value) -> None:
     samples[key] = max(samples.get(key, 0.0), value)
 
@@ -205,11 +286,16 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--epochs", type=int, default=2, help="per run; the last epoch is timed")
     ap.add_argument("--repeat", type=int, default=2, help="rounds; each configuration keeps its best")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the data-parallel step profile (trace and in-process CPU times)")
     args = ap.parse_args()
     X, y = data()
     if args.quick:
         X, y = X[:2048], y[:2048]
     E = args.epochs
+    if args.profile:
+        profile(X, y, E)
+        return
     rate_of: dict = {}
     loads = [f"start {load()}"]
     print(f"load before: {load()}  (cpus {len(os.sched_getaffinity(0))})", flush=True)
@@ -259,7 +345,7 @@ def main():
         with shoal.Pilot(workers=2, trace=path) as p2:
             for _ in range(args.repeat):
                 best(rate_of, "pipe", rate(pipeline_model(), plan, p2, Xp, yp, 1, batch=512)[0])
-        measured = bubble(path, 2)
+        measured = bubble(path, 2, 8)
     ideal = dl.ideal_bubble(2, 8)
     loads.append(f"after pipeline {load()}")
     print(loads[-1], flush=True)
@@ -272,7 +358,7 @@ def main():
           f"load (1/5/15 min): {'; '.join(loads)}")
     print("\n| run | samples/s | ratio |\n|---|---:|---:|")
     for key, name in (("serial", "serial plan, in-process numpy (all BLAS threads)"),
-                      ("r1w1", "1 replica, 1-worker pilot (2 BLAS threads)"),
+                      ("r1w1", "1 replica, 1-worker pilot (1 BLAS thread: pinned to one CPU)"),
                       ("r1w2", "1 replica, 2-worker pilot (1 BLAS thread each)"),
                       ("r2w2", "2 replicas, 2-worker pilot")):
         print(f"| {name} | {rate_of[key]:,.0f} | {rate_of[key] / serial:.2f}x serial |")
@@ -285,6 +371,7 @@ def main():
         print(f"| dl.TorchModule, 2 replicas, 2 workers | {rate_of['torch_r2w2']:,.0f} | "
               f"{rate_of['torch_r2w2'] / rate_of['ddp2']:.2f}x DDP |")
     dp_ratio = rate_of["r2w2"] / rate_of["r1w2"]
+    print(f"\nTARGETS (issue 16; ratios of this run; load: {'; '.join(loads)})")
     print("\n| target | measured | met |\n|---|---:|---|")
     print(f"| 2 replicas / 1 replica (2-worker pilot) >= 1.6 | {dp_ratio:.2f} | {dp_ratio >= 1.6} |")
     if have_torch:
@@ -294,6 +381,9 @@ def main():
         print(f"| DDP bitwise on 1 and 2 processes | {bitwise_ddp} | (DDP does not promise it) |")
     print(f"| pipeline bubble S=2 M=8 within 0.1 of ideal {ideal:.3f} | {measured:.3f} | "
           f"{abs(measured - ideal) <= 0.1} |")
+    print(f"| (not a target) 2 replicas on the pilot / serial in-process, all BLAS threads | "
+          f"{rate_of['r2w2'] / serial:.2f} | - |")
+    print(f"| (not a target) 1-worker pilot / serial in-process | {rate_of['r1w1'] / serial:.2f} | - |")
     print(f"\n(pipeline run: {rate_of['pipe']:,.0f} samples/s, 1536 features, batch 512)")
 
 

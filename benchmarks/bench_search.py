@@ -2,6 +2,7 @@
 
     python benchmarks/bench_search.py [--quick] [--workers 2] [--uts T3] [--apps ...] [--no-dask]
     python benchmarks/bench_search.py --cpu-overhead [--apps ...]   # 1-worker overhead, CPU time
+    python benchmarks/bench_search.py --dask-machines [--repeat 2]  # 2 dask machines vs local
 
 For each app, in one run: the hand-written sequential search (the reference,
 no shoal; it inlines accept/objective/bound as attribute reads), the same
@@ -452,6 +453,10 @@ def cpu_overhead(apps, repeat: int) -> None:
     with other people's load, CPU time much less (no pilot, no polls of other workers)."""
     from shoal.patterns.search.model import Goal
 
+    # as a shoal worker does (runtime/worker.py sizes it to a raised stack): the engine's
+    # recursive count loop goes this deep before it hands a subtree to its iterative loop
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+
     def cpu(fn):
         best, out = float("inf"), None
         for _ in range(repeat):
@@ -489,6 +494,58 @@ def cpu_overhead(apps, repeat: int) -> None:
         print(f"| {app.name} | {t_ref:.2f} | {t_eng:.2f} | {t_eng / t_ref:.2f}x |", flush=True)
 
 
+# -- --dask-machines: the skeleton across two machines' runtimes (balancing between them) ---
+
+
+def lopsided(node):
+    """40 subtrees under the root: the first a complete binary tree 20 levels deep, the
+    others single nodes -- one machine gets nearly all the work unless work moves."""
+    if node == ():
+        return [(i,) for i in range(40)]
+    if node[0] != 0 or len(node) > 19:
+        return []
+    return [node + (0,), node + (1,)]
+
+
+def dask_machines(repeat: int) -> None:
+    """backtracking.count on a dask pilot of two machines (a LocalCluster of two dask
+    workers, one shoal worker each) next to a local pilot of 2 workers: what balancing
+    between machines costs or buys (``stats.exported``: tasks moved between machines)."""
+    from distributed import LocalCluster
+
+    warnings.filterwarnings("ignore", message="Port 8787 is already in use")
+    t3s = uts.UTSParams.preset("T3S")
+    cases = [("N-Queens 12", nq.ROOT, functools.partial(nq.children, 12),
+              dict(accept=functools.partial(nq.is_solution, 12)), 14_200),
+             ("UTS T3S", uts.root(t3s), functools.partial(uts.children, t3s), {},
+              {**uts.PUBLISHED, **uts.DERIVED}["T3S"].nodes),
+             ("lopsided (2^20 nodes in 1 of 40 subtrees)", (), lopsided, {}, 1 + 39 + 2 ** 20 - 1)]
+    print(f"# load average {os.getloadavg()[0]:.1f}")
+    print("| tree | local 2 workers | dask 2 machines x 1 worker | moved between machines |")
+    print("|---|---|---|---|")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster, \
+            shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dp, shoal.Pilot(2) as lp:
+        for p in (dp, lp):
+            backtracking.count(p, nq.ROOT, functools.partial(nq.children, 8))
+        for name, root, kids, kw, want in cases:
+            times, moved = {}, []
+            for which, p in (("local", lp), ("dask", dp)):
+                best = float("inf")
+                for _ in range(repeat):
+                    t = time.perf_counter()
+                    r = backtracking.count(p, root, kids, stats=True, **kw)
+                    best = min(best, time.perf_counter() - t)
+                    if int(r) != want:
+                        raise SystemExit(f"{name} on {which}: {int(r)}, want {want}")
+                    if which == "dask":
+                        moved.append(r.stats.exported)
+                times[which] = best
+            print(f"| {name} | {times['local']:.2f} s | {times['dask']:.2f} s | {moved} |",
+                  flush=True)
+    print(f"# load average {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -503,9 +560,13 @@ def main() -> None:
     ap.add_argument("--no-dask", action="store_true", help="skip the dask static column")
     ap.add_argument("--cpu-overhead", action="store_true",
                     help="only the 1-worker overhead, as CPU time of the engine in-process")
+    ap.add_argument("--dask-machines", action="store_true",
+                    help="only the skeleton on a 2-machine dask pilot vs a local one")
     args = ap.parse_args()
     if args.workers < 1 or args.repeat < 1:
         raise SystemExit("--workers and --repeat must be >= 1")
+    if args.dask_machines:
+        return dask_machines(args.repeat)
     apps = make_apps(args)
     if not apps:
         raise SystemExit("no apps to run")

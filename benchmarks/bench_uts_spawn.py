@@ -108,6 +108,25 @@ def _print_stats(w: int, wall: float, before: list, after: list) -> None:
               + " ".join(f"{k}={d[k]}" for k in _KEYS[:-1]))
 
 
+def _idle_report(path: str, t0: float, t1: float) -> None:
+    """Where the traced run's idle time went: per worker, its idle spans (parked or
+    spinning with nothing to run) and the steals around them."""
+    import json
+
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    lo, hi = t0 * 1e6, t1 * 1e6
+    print(f"\ntrace of one 2-worker run ({t1 - t0:.3f} s): {path} (chrome://tracing, Perfetto)")
+    for ep in (1, 2):
+        mine = [e for e in events if e.get("tid") == ep and lo <= e.get("ts", 0) <= hi]
+        idle = sorted((e["dur"] / 1e3 for e in mine if e.get("cat") == "idle"), reverse=True)
+        steals = [e["name"] for e in mine if e.get("ph") == "i"]
+        print(f"  w{ep}: idle {sum(idle) / 1e3:.3f} s ({sum(idle) / 10 / (t1 - t0):.1f}%) in "
+              f"{len(idle)} spans, largest {', '.join(f'{x:.1f}' for x in idle[:5])} ms; "
+              f"{sum(n.startswith('stole') for n in steals)} steals, "
+              f"{sum(n.startswith('gave') for n in steals)} answers with work")
+
+
 def _load() -> str:
     return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -161,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             p.close()
     if args.trace:
         with shoal.Pilot(workers=2, trace=args.trace) as p:
+            t0 = time.perf_counter()
             assert p.submit(explore, params, [uts.root(params)], args.chunk).result() == want
-        print(f"\ntrace files: {args.trace}.w1, {args.trace}.w2 (chrome://tracing)")
+            t1 = time.perf_counter()
+        _idle_report(args.trace, t0, t1)
     if 2 in best:
         ratio = best["seq"] / best[2]
         verdict = "met" if ratio >= TARGET else f"missed by {100 * (1 - ratio / TARGET):.0f}%"

@@ -57,6 +57,11 @@ def _shoal_threads() -> set[str]:
 
 @pytest.fixture(autouse=True)
 def leak_check(request):
+    yield from check_leaks(request)
+
+
+def check_leaks(request):
+    """The leak check's body, for modules that override ``leak_check`` for some tests only."""
     if request.node.get_closest_marker("no_leak_check"):
         yield
         return

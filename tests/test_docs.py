@@ -1,7 +1,8 @@
-"""The docs' code runs: every ```python block of docs/guide.md, docs/dashboard.md and README.md
-is a program.
+"""The docs' code runs: every ```python block of docs/guide.md, docs/dashboard.md, docs/dl.md
+and README.md is a program (the one runner for every doc: add a doc to ``DOCS``).
 
-A ``print(...)  # expected`` comment is checked against what the block prints.
+A ``print(...)  # expected`` comment is checked against what the block prints (the
+whole comment, e.g. ``# 3 True``).
 Blocks without ``if __name__ == "__main__"`` are skipped (fragments).
 """
 
@@ -15,7 +16,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", "docs/guide.md", "docs/dashboard.md"]
+DOCS = ["README.md", "docs/guide.md", "docs/dashboard.md", "docs/dl.md"]
 
 
 def _blocks():
@@ -34,8 +35,8 @@ def test_doc_block_runs(code, tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    for expected in re.findall(r"print\(.*\)\s+#\s*(\S+)", code):
-        assert expected in out.stdout, f"expected {expected!r} in output:\n{out.stdout}"
+    for expected in re.findall(r"print\(.*\)\s+#\s*(.+)", code):
+        assert expected.strip() in out.stdout, f"expected {expected.strip()!r} in output:\n{out.stdout}"
 
 
 def test_examples_demo_runs():

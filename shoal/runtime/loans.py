@@ -413,6 +413,15 @@ class LoanBook:
             scope = loan.task.scope
             if scope is not None and scope.is_cancelled():
                 by_holder.setdefault(loan.holder, []).append(tid)
+        # A loan can come home as a serialized task (a thief gave it back to me and told me
+        # so with MOVED): no CANCEL to myself (there is no ring to myself), drop it here.
+        home = by_holder.pop(self.me, ())
+        for tid in home:
+            scope = running.get(tid)
+            if scope is not None:
+                scope.cancelled = True
+            else:
+                self.cancelled.add(tid)
         return [Send(holder, Kind.CANCEL, tids) for holder, tids in by_holder.items()]
 
     def cancel_if_queued(self, ids, running: dict) -> None:

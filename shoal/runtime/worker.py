@@ -250,6 +250,7 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         deq = self.deque
         in_user, self.in_user = self.in_user, False
+        looked = False  # asked for work: the hunger word may say idle (only steal() sets it)
         try:
             while not fut.done():
                 if self.stop:
@@ -258,7 +259,9 @@ class Worker:
                     continue
                 if deq:
                     self.run_task(deq.pop())
-                elif not self.steal():
+                    continue
+                looked = True
+                if not self.steal():
                     if deadline is not None:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -268,7 +271,7 @@ class Worker:
                         self.park()
         finally:
             self.in_user = in_user
-            if self.book.hunger:
+            if looked and self.book.hunger:
                 self.carry(self.book.fed())  # the task goes on: busy, not idle
 
     def on_signal(self, signum, frame) -> None:

@@ -5,8 +5,8 @@ stay where they are."""
 
 from __future__ import annotations
 
-import dask_tasks as t
 import pytest
+import rt_tasks as t
 from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
     clusters,
     pilot,

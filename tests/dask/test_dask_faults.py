@@ -9,9 +9,9 @@ import os
 import signal
 
 import dask
-import dask_tasks as t
 import psutil
 import pytest
+import rt_tasks as t
 from dask_cluster import CliCluster, free_port, local_cluster, shoal_workers, wait_until
 
 import shoal

@@ -110,7 +110,7 @@ def test_ensemble_gpus_map_to_dask_resources(pilot, gpu_cluster, tmp_path):
 def test_spawned_work_of_a_gpu_task_stays_on_its_machine(pilot, gpu_cluster):
     """The balancer lends spawned work to idle machines (the UTS tree moves), but none of a
     node's while a task holding resources runs there."""
-    import dask_tasks as t
+    import rt_tasks as t
 
     from shoal.workloads import uts
 

@@ -61,6 +61,21 @@ def test_every_small_plan_makes_progress(schedule):
         assert kinds.count(OpKind.REDUCE) == S * len(reduction_tree(R)[0])
 
 
+@pytest.mark.parametrize("schedule", list(dl.Schedule))
+def test_fused_updates_leave_the_forward_backward_graph_as_it_is(schedule):
+    # R <= 2: no UPDATE/REDUCE nodes; the F/B nodes and their order are the unfused ones,
+    # and each (replica, stage)'s last node is its backward of the last micro-batch (the
+    # one that applies the update: program.Program._arrive)
+    for R, S, M in itertools.product((1, 2), range(1, 5), range(1, 7)):
+        fused = step_graph(R, S, M, schedule, chunks=R, fuse_update=True)
+        plain = [n for n in step_graph(R, S, M, schedule, chunks=R) if n.kind is not OpKind.UPDATE]
+        assert fused == plain
+        last = {(n.replica, n.stage): n for n in fused}
+        assert all(n.kind is not OpKind.FORWARD and n.index == M - 1 for n in last.values())
+    with pytest.raises(dl.PlanError, match="fuse_update needs at most 2 replicas"):
+        step_graph(3, 1, 1, schedule, fuse_update=True)
+
+
 def test_simulated_pipeline_length():
     # F and B one tick each: a GPipe pipeline of S stages and M micro-batches takes 2(M+S-1)
     # ticks (one less with M = 1: the last stage's F0 B0 become one task)

@@ -179,9 +179,9 @@ def test_close_waits_for_dependents():
         assert (b.result(0), c.result(0), d.result(0)) == (1.25, 2.25, 3.5)
 
 
-def test_cancel_pending_cancels_dependents():
+def test_cancel_pending_cancels_dependents(tmp_path):
     with pytest.raises(KeyError), shoal.Pilot(2) as p:
-        a = p.submit(t.sleep, 0.5)
+        a = p.submit(t.wait_for, str(tmp_path / "never"))  # (a 0.5 s sleep could end first)
         b = p.submit(t.inc, a)
         raise KeyError("leave the block by an error")
     assert b.cancelled()

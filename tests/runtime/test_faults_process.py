@@ -23,11 +23,11 @@ from conftest import ROOT, run_script
 
 import shoal
 
-TESTS_RUNTIME = os.path.join(ROOT, "tests", "runtime")
+TESTS = os.path.join(ROOT, "tests")  # rt_tasks.py
 
 
 def _script_env():
-    return {"PYTHONPATH": os.pathsep.join([ROOT, TESTS_RUNTIME])}
+    return {"PYTHONPATH": os.pathsep.join([ROOT, TESTS])}
 
 
 FORKED_DRIVER = """
@@ -161,7 +161,10 @@ cancelled = p.submit(t.sleep_then, 0.3, "cancelled")
 cancelled.cancel()
 
 def late():  # a non-daemon thread that submits while the interpreter exits
-    time.sleep(0.2)
+    from shoal.runtime import context  # (waits for the exit to begin: a fixed 0.2 s sleep
+    deadline = time.monotonic() + 30   # raced a main thread that a loaded machine held back)
+    while not context.exiting and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         p.submit(t.inc, 1)
         write("late accepted")

@@ -1,4 +1,7 @@
-"""Starting, closing and leaking: pilots must leave nothing behind, whatever happens."""
+"""Starting, closing and leaking: pilots must leave nothing behind, whatever happens.
+
+close() waiting for the work, close(cancel_pending=True) and an exception in the ``with``
+body are tested on every backend in tests/conformance/test_executor_conformance.py."""
 
 from __future__ import annotations
 
@@ -23,33 +26,6 @@ def test_bad_worker_counts():
         shoal.Pilot(workers="2")
     with pytest.raises(ValueError, match="backend"):
         shoal.Pilot(backend="nope")
-
-
-def test_close_waits_by_default():
-    pilot = shoal.Pilot(workers=2)
-    futs = [pilot.submit(t.sleep, 0.05) for _ in range(6)]
-    pilot.close()
-    assert all(f.done() and f.result() == 0.05 for f in futs)
-    with pytest.raises(shoal.PilotClosed):
-        pilot.submit(t.inc, 1)
-    with pytest.raises(shoal.PilotClosed):
-        pilot.map(t.inc, [1])
-    pilot.close()  # idempotent
-
-
-def test_close_cancel_pending():
-    pilot = shoal.Pilot(workers=1)
-    futs = [pilot.submit(t.sleep, 0.2) for _ in range(10)]
-    pilot.close(cancel_pending=True)
-    assert any(f.cancelled() for f in futs)
-
-
-def test_exception_in_with_body_cleans_up():
-    with pytest.raises(RuntimeError, match="user error"):
-        with shoal.Pilot(workers=2) as pilot:
-            pilot.submit(t.sleep, 5)
-            raise RuntimeError("user error")
-    # the leak check fixture verifies that no worker survived
 
 
 def test_default_workers_follow_usable_cpus():

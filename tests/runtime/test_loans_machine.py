@@ -325,3 +325,27 @@ def test_a_late_result_for_a_dead_generation_settles_nothing():
     m.teardown()  # w3 runs the replacement's task: its own value, delivered once
     assert task_id_base(1, 0) != task_id_base(1, 1)
     assert (task_id_base(3, 7) + 1) >> OWNER_SHIFT == 3
+
+
+def test_cancelling_a_loan_that_came_home_sends_nothing_to_myself():
+    """A thief gave my lent task back to me (MOVED names me as its holder); cancelling its
+    parent then sent CANCEL to myself, and there is no ring to myself (found by the
+    stateful test: KeyError in the worker loop).  Now it is dropped here, and the parent
+    waiting on it gets CancelledError."""
+    m = LoansMachine()
+    m.start()
+    m.spawn(1, 0, False)
+    m.steal(2)  # w2 takes the child ...
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), True, 1)
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)
+    m.steal(1)  # ... and gives it back to w1 before running it
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), True, 1)
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), False, 0)  # the LOOT
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), False, 0)  # MOVED: held by w1
+    assert [loan.holder for loan in m.workers[1].book.loans.values()] == [1]
+    m.cancel_scope(1, 0)
+    assert not any(m.rings.values())  # nothing sent, to myself or anyone
+    m.run_one(1)  # the serialized task comes up: dropped, CancelledError to its parent
+    (fut,) = [t.future for _, t in m.tasks.values()]
+    assert isinstance(fut._exception, CancelledError)
+    m.teardown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import rt_tasks as t  # noqa: F401  (puts tests/runtime on the workers' path)
+import rt_tasks as t  # noqa: F401  (the task module, as the other runtime tests)
 
 import shoal
 

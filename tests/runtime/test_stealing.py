@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
+import os
 import random
 
 import pytest
 import rt_tasks as t
+from dask_cluster import wait_until
 
 import shoal
 
@@ -58,17 +61,19 @@ def test_spawn_outside_a_task_submits(pilot):
     assert shoal.spawn(t.inc, 1).result(30) == 2
 
 
-def test_cancelling_parent_cancels_pending_children(pilot):
-    fut = pilot.submit(t.spawn_many_and_sleep, 400, 0.01)
-    import time
-
-    time.sleep(0.2)
-    # the parent runs: cancel() says False (stdlib), and its children not started are dropped
-    assert not pilot.cancel(fut)
+def test_cancelling_parent_cancels_pending_children(pilot, tmp_path):
+    """Once the parent has spawned its 400 children (it says so in a file; a fixed sleep
+    assumed it ran within 0.2 s, which a loaded machine broke), cancel() says False (stdlib:
+    it runs) and drops its children not started: the parent then fails on its first dropped
+    child, after far fewer than the 400 children (which would take 2-4 s) ran."""
+    spawned = str(tmp_path / "spawned")
+    fut = pilot.submit(t.spawn_many_and_sleep, 400, 0.01, spawned)
+    wait_until(lambda: os.path.exists(spawned), 60, "the parent to spawn its children")
     before = sum(w["tasks_run"] for w in pilot.stats()["workers"])
-    time.sleep(0.5)
+    assert not pilot.cancel(fut)
+    cf.wait([fut], timeout=60)
+    assert fut.done()
     after = sum(w["tasks_run"] for w in pilot.stats()["workers"])
-    # 400 children of 10 ms would need 2-4 s; cancelled ones are dropped, not run
     assert after - before < 100, f"{after - before} children ran after their parent was cancelled"
 
 
@@ -141,13 +146,9 @@ def test_shared_array_handle_survives_stealing():
         assert np.array_equal(arr.array[:, 0], np.arange(64))
 
 
-def test_a_lone_child_is_stolen_by_an_idle_worker():
+def test_a_lone_child_is_stolen_by_an_idle_worker(tmp_path):
     with shoal.Pilot(workers=2) as pilot:
-        pilot.submit(t.inc, 1).result(30)
-        for _ in range(3):  # the other worker may still be starting the first time
-            mine, child = pilot.submit(t.lone_child).result(60)
-            if mine != child:
-                break
+        mine, child = pilot.submit(t.lone_child, str(tmp_path / "started")).result(90)
         assert mine != child, "the idle worker never took the only child"
 
 

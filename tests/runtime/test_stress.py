@@ -59,7 +59,7 @@ def test_worker_killed_mid_steal(tmp_path, round_):
         while not os.path.exists(pidfile) or not open(pidfile).read():
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        root = int(open(pidfile).read())
+        root = int(open(pidfile).read().split()[0])
         thieves = [w["pid"] for w in pilot.stats()["workers"] if w["pid"] != root]
         time.sleep(0.15 + 0.1 * round_)  # let the thief take some of the tree
         os.kill(thieves[0], signal.SIGKILL)

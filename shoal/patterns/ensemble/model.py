@@ -232,6 +232,8 @@ class Task:
 
     @property
     def memory_bytes(self) -> int:
+        if self.memory is None:  # the common case, asked several times per task: no message built
+            return 0
         return parse_size(self.memory, f"task {self.label}: memory")
 
     @property

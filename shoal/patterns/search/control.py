@@ -2,12 +2,11 @@
 
 Control is a ``SharedArray.per_node(pilot, (workers + 1, CONTROL_COLUMNS), int64)``:
 one row per process, each written only by its owner (row 0: the driver), so no
-locks.  The columns:
+locks.  (Who is hungry is the runtime's to say: ``shoal.current_worker().hungry()``.)
+The columns:
 
 * ``SPAWNED`` / ``STARTED``: search tasks made / begun by this process;
   ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer to thieves;
-* ``ACTIVE``: search tasks running here (not waiting in a join): a worker whose
-  ACTIVE is 0 is hungry;
 * ``STOP``: this machine's stop flag (a find() hit, an error, an interruption);
 * ``EXPORTED``: subtrees this process gave to other machines;
 * ``NODES``: nodes visited so far (written at every poll: what ``progress=`` and
@@ -27,8 +26,8 @@ import concurrent.futures as cf
 
 import shoal
 
-SPAWNED, STARTED, ACTIVE, STOP, EXPORTED, NODES = range(6)
-CONTROL_COLUMNS = 6
+SPAWNED, STARTED, STOP, EXPORTED, NODES = range(5)
+CONTROL_COLUMNS = 5
 STOP_WAIT_S = 10.0  # how long a stopped search waits for its tasks to unwind
 
 

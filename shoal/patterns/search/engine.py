@@ -30,11 +30,17 @@ unexplored sibling, so thieves get the biggest subtrees) and INDEXED (as
 stack-stealing but a task ships only a path; the thief replays ``children``
 from the root along it).
 
+Hunger and nesting are the runtime's signals (``shoal.current_worker()``):
+``hungry()`` counts the idle peers of this worker live, ``nesting`` and
+``max_nesting`` say how deep joins nest on this worker's stack and how deep they
+may (a task at the cap explores its subtree without splitting).
+
 Alternatives rejected: true stack stealing (a thief reaching into the victim's
 Python stack: the runtime steals whole tasks, and a spawned task is exactly a
 piece of the stack put where thieves look); spawning at every node (~5 us per
-spawn swamps small nodes); splitting by the runtime's hunger flags (internal,
-not public API); reading the incumbent at every node (a few us each).
+spawn swamps small nodes); counting hungry workers in Control (a copy of what
+the runtime knows, and blind to workers busy with other work); reading the
+incumbent at every node (a few us each).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import shoal
 
 from .._portable import unwrap
 from .bnb import BnBLoop
-from .control import ACTIVE, EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
+from .control import EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
 from .loops import CountLoops
 from .model import (
     Coordination,
@@ -67,14 +73,7 @@ from .model import (
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
-_FRAMES_PER_NESTING = 20
 _EMPTY = iter(())
-_nesting = 0  # search tasks nested in joins on this worker's stack
-
-
-def max_nesting() -> int:
-    """Search tasks a worker may nest in joins before it stops splitting (bounds the stack)."""
-    return max(4, min(256, sys.getrecursionlimit() // _FRAMES_PER_NESTING))
 
 
 # ---------------------------------------------------------------------------
@@ -97,7 +96,12 @@ class Explorer(CountLoops, BnBLoop):
         self.me = me
         self.tally = Tally()
         self.futs: list = []
-        self.split_ok = split and _nesting < max_nesting()
+        # the runtime's signals (shoal.current_worker()): tasks nested in joins on this
+        # worker's stack, how many its recursion limit affords, and idle peers (live)
+        w = shoal.current_worker()
+        self.split_ok = split and (w is None or w.nesting < w.max_nesting)
+        self.nest_frames = 0 if w is None else w.nesting * (sys.getrecursionlimit()
+                                                            // max(1, w.max_nesting))
         self.demand = split and spec.coordination in (Coordination.STACK_STEALING,
                                                      Coordination.INDEXED)
         # a split counts leaf siblings in place instead of shipping them (count only:
@@ -108,6 +112,7 @@ class Explorer(CountLoops, BnBLoop):
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.backtracks = 0  # BUDGET: backtracks since the last split
+        self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         self.channel = spec.channel
@@ -115,14 +120,18 @@ class Explorer(CountLoops, BnBLoop):
         self.polls = 0
         self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
         self.reported = 0  # nodes of this task already added to Control's NODES
-        w = shoal.current_worker()
-        self.peers = len(ctl) - 1 if w is None else min(w.workers, len(ctl) - 1)  # rows 1..peers
+        # in the driver's process (tests, benchmarks): every other row counts as hungry
+        self.hungry = w.hungry if w is not None else (lambda: len(ctl) - 1)
         g = spec.initial
         if self.cell is not None:
             g = max(g, self.cell.value)
         self.glob = g  # best value anywhere (as of the last poll)
         self.local = spec.initial  # best value this task found
         self._limits()
+
+    def frames_in_use(self) -> int:
+        """Frames the tasks nested in joins on this worker's stack may hold."""
+        return self.nest_frames
 
     def _limits(self) -> None:
         # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
@@ -232,25 +241,51 @@ class Explorer(CountLoops, BnBLoop):
                 self.glob = g
                 self._limits()
         if self.demand and self.split_ok:
-            hungry = sum(1 for r in rows[1:self.peers + 1] if r[ACTIVE] == 0)
+            hungry = self.hungry()
             if not hungry:
                 self.stale = 0
             else:
                 offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
                 if offered < hungry:
                     # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.split_at(iters, idx, max(2, hungry - offered), whole_level=False)
                     self.stale = 0
                 else:
                     self.stale += 1
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split(iters, idx, 1, whole_level=False)
+                        self.split_at(iters, idx, 1, whole_level=False)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
 
-    def split(self, iters, idx, want: int, whole_level: bool) -> None:
-        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level)."""
+    def split_at(self, iters, idx, want: int, whole_level: bool) -> None:
+        """``split`` from a loop's state: ``iters``/``idx`` of an iterative loop, or None for
+        the recursive loop, whose levels are read from its frames only now (loops.py)."""
+        if iters is not None:
+            return self.split(iters, idx, want, whole_level)
+        its, idx = self.rec_levels()
+        keys, loops, rs = list(its), self._rec_loop_idx, self.rskips
+        # siblings already taken after the child each level is on (earlier splits)
+        pending = {lvl: sum(k for j, k in rs.get(it, ()) if j == loops[lvl])
+                   for lvl, it in enumerate(keys) if it in rs}
+        skips = dict(pending)
+        self.split(its, idx, want, whole_level, skips)
+        for lvl, k in skips.items():
+            k -= pending.get(lvl, 0)
+            if k:
+                rs.setdefault(keys[lvl], []).append((loops[lvl], k))
+
+    def split(self, iters, idx, want: int, whole_level: bool, skips: dict | None = None) -> None:
+        """Spawn unexplored siblings, shallowest level first (``whole_level``: all of one level).
+
+        ``iters``/``idx``: each level's iterator and the index of the child it is on;
+        without ``skips`` (the iterative loops) the deepest level's index moves past what
+        is taken and the others' takes go to ``self.skips``; with ``skips`` (the recursive
+        loop, whose indices are the true ones) every level's takes are counted there.
+        """
         shipped = 0
+        deepest = len(idx) - 1 if skips is None else -1
+        if skips is None:
+            skips = self.skips
         for lvl in range(len(iters)):
             it = iters[lvl]
             if it is _EMPTY:
@@ -265,11 +300,10 @@ class Explorer(CountLoops, BnBLoop):
                     path = self.base + tuple(idx[:lvl])
                     raise SearchError(f"children() raised {exc!r} at "
                                       f"{where(path, spec=self.spec)}") from exc
-                if lvl == len(idx) - 1:  # the deepest level: DFS takes its next child after this
+                if lvl == deepest:  # the deepest level: DFS takes its next child after this
                     idx[lvl] += 1
                     path = self.base + tuple(idx)
                 else:  # idx[lvl] is on the current path: count the skip, apply it on return
-                    skips = self.skips
                     skips[lvl] = skips.get(lvl, 0) + 1
                     path = self.base + tuple(idx[:lvl]) + (idx[lvl] + skips[lvl],)
                 if self.spec.goal is Goal.OPTIMISE and self.prunable(child, path):
@@ -342,9 +376,7 @@ class Explorer(CountLoops, BnBLoop):
         """Wait for the spawned tasks (newest first) and merge what they found."""
         if not self.futs:
             return
-        a = self.ctl
-        a[self.me, ACTIVE] -= 1  # waiting in a join: this worker may be hungry
-        try:
+        try:  # (waiting here, this worker runs or steals other tasks: the runtime's hunger)
             # No cancelling on STOP here: the sibling that raised (and set STOP) may
             # still be on its way back from a thief, and a cancelled future would drop
             # its error.  Siblings see STOP at their next poll and return at once.
@@ -357,8 +389,6 @@ class Explorer(CountLoops, BnBLoop):
             for g in self.futs:
                 g.cancel()
             raise
-        finally:
-            a[self.me, ACTIVE] += 1
 
 
 # ---------------------------------------------------------------------------
@@ -368,39 +398,32 @@ class Explorer(CountLoops, BnBLoop):
 
 def task(spec: SearchSpec, node, path: tuple) -> Tally:
     """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
-    global _nesting
     ctl = spec.control.array
     me = slot(ctl)
     ctl[me, STARTED] += 1
-    ctl[me, ACTIVE] += 1
-    _nesting += 1
+    coord = spec.coordination
+    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+    if spec.collect:
+        ex.tally.found_nodes = []
     try:
-        coord = spec.coordination
-        ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
-        if spec.collect:
-            ex.tally.found_nodes = []
-        try:
-            if stopped(spec.stop, ctl):
-                return ex.tally
-            if node is None:
-                node = replay(spec, path)
-            if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
-                _spawn_children(ex, node, path)
-            else:
-                ex.dfs(node)
-        except _Stopped:
-            pass
-        except BaseException:
-            ex.halt()
-            for f in ex.futs:
-                f.cancel()
-            raise
-        ex.report()  # (the spawned tasks report their own nodes)
-        ex.join()
-        return ex.tally
-    finally:
-        _nesting -= 1
-        ctl[me, ACTIVE] -= 1
+        if stopped(spec.stop, ctl):
+            return ex.tally
+        if node is None:
+            node = replay(spec, path)
+        if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
+            _spawn_children(ex, node, path)
+        else:
+            ex.dfs(node)
+    except _Stopped:
+        pass
+    except BaseException:
+        ex.halt()
+        for f in ex.futs:
+            f.cancel()
+        raise
+    ex.report()  # (the spawned tasks report their own nodes)
+    ex.join()
+    return ex.tally
 
 
 def _spawn_children(ex: Explorer, node, path: tuple) -> None:

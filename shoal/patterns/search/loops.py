@@ -23,7 +23,14 @@ import time
 from .model import Coordination, Goal, SearchError, _Stopped, where
 
 TICK = 16  # the hot loops look at the clock once per TICK nodes (tests patch it: read per call)
+REC_MARGIN = 200  # frames the recursive loop leaves free below the recursion limit
+REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow down on deep
+#                 stacks (UTS T3S, 1024 levels: a recursion 1.35x a loop); deeper subtrees
+#                 go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
+_GENERATOR = type(_ for _ in ())
+_REC_CODES: frozenset = frozenset()  # dfs_count_rec's inner functions (set below)
+_REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 
 
 class CountLoops:
@@ -31,7 +38,10 @@ class CountLoops:
 
     def dfs(self, node) -> None:
         """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
-        if self.spec.goal is Goal.COUNT and not self.spec.collect:
+        spec = self.spec
+        if spec.goal is Goal.COUNT and not spec.collect:
+            if spec.kernel is None and not spec.per_depth and not self.budget():
+                return self.dfs_count_rec(node)
             return self.dfs_count(node)
         if self.spec.goal is Goal.OPTIMISE:
             return self.dfs_bnb(node)
@@ -96,6 +106,168 @@ class CountLoops:
             self.skips[d] = self.skips.get(d, 0) + fidx[-1] - i
         iters[:d] = full[:-1]
         return full[-1]
+
+    def dfs_count_rec(self, node) -> None:
+        """``dfs`` for counting as a plain recursion: the hot loop of backtracking.count.
+
+        Lazy splitting: per node the loop does what a hand-written recursion does, plus
+        a child index and a node count; it keeps no stack of its own and wraps no call
+        in a ``try``.  The state a split or an error message needs -- each level's
+        iterator (``it``) and the index of the child it is on (``i``) -- is read from the
+        recursion's frames only then (``rec_levels``; an error's from its traceback,
+        ``rec_error``).  Children a split takes out of a level's iterator are counted in
+        ``self.rskips`` (keyed by the iterator), so indices stay true.
+
+        A child whose ``children`` is an empty list or tuple is a leaf: no call.  Below
+        ``cap`` levels (``REC_DEPTH``, or less where the recursion limit, less what joins
+        may nest, leaves less room) a subtree goes to the iterative ``dfs_count`` instead
+        (``_deep``).
+        """
+        base, t = self.base, self.tally
+        self.visit(node, len(base), base)
+        children, accept = self.children, self.accept
+        clock = time.perf_counter
+        tick = TICK
+        n = 0  # nodes visited below the base
+        lim = tick  # n at which to look at the clock next
+        cap = max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
+        self.rskips = {}
+
+        def rec_all(it, d):
+            """Visit the subtrees of the level ``it`` lists (``d``: its depth below the base)."""
+            nonlocal n
+            i = -1  # (a poll reads it: this level is on no child yet)
+            if n >= lim:  # (n counts the nodes of finished levels: a poll per ~TICK nodes)
+                poll_rec()
+            for child in it:
+                i += 1
+                kids = children(child)
+                if not kids and (kids.__class__ is list or kids.__class__ is tuple):
+                    continue  # a leaf: no level to list (most nodes of UTS trees)
+                if d >= cap:
+                    self._deep(child, True)
+                    continue
+                rec_all(kids if kids.__class__ is _GENERATOR else iter(kids), d + 1)
+            n += i + 1
+
+        def rec_acc(it, d):
+            """As rec_all, with ``accept``; the accepted nodes of the subtrees."""
+            nonlocal n
+            i = -1
+            if n >= lim:
+                poll_rec()
+            count = 0
+            for child in it:
+                i += 1
+                hit = accept(child)
+                if hit:
+                    count += 1
+                kids = children(child)
+                if not kids and (kids.__class__ is list or kids.__class__ is tuple):
+                    continue
+                if d >= cap:
+                    self._deep(child, bool(hit))
+                    continue
+                count += rec_acc(kids if kids.__class__ is _GENERATOR else iter(kids), d + 1)
+            n += i + 1
+            return count
+
+        def poll_rec():
+            nonlocal lim
+            lim = n + tick
+            if clock() >= self.next_poll:
+                self.seen = n
+                self.poll(None, None)
+
+        count = 0
+        try:
+            if accept is None:
+                rec_all(self.kids(node, base), 1)
+            else:
+                count = rec_acc(self.kids(node, base), 1)
+        except (_Stopped, SearchError):
+            raise
+        except Exception as exc:  # a user function raised (or returned a non-iterable)
+            raise self.rec_error(exc) from exc
+        finally:
+            t.nodes += n
+            self.seen = 0
+            t.count += n if accept is None else count
+            self.rskips = None
+
+    # -- the recursive loop's state, read from its frames -------------------------------
+
+    def rec_frames(self) -> list:
+        """The frames of ``dfs_count_rec``'s recursion on this stack, shallowest first."""
+        f = sys._getframe(1)
+        out = []
+        while f is not None:
+            if f.f_code in _REC_CODES:
+                out.append(f)
+            elif out:
+                break  # above the recursion
+            f = f.f_back
+        out.reverse()
+        return out
+
+    def rec_levels(self, frames=None) -> tuple[list, list]:
+        """(each level's iterator, the true index of the child it is on), shallowest first."""
+        rs = self.rskips
+        its, idx, loops = [], [], []
+        for f in self.rec_frames() if frames is None else frames:
+            loc = f.f_locals
+            it, i = loc["it"], loc["i"]
+            its.append(it)
+            loops.append(i)
+            # children split off after the loop's child j: later children moved up by k
+            idx.append(i + sum(k for j, k in rs.get(it, ()) if i > j))
+        self._rec_loop_idx = loops  # (split_at: the loop's own indices)
+        return its, idx
+
+    def rec_error(self, exc: BaseException) -> BaseException:
+        """The SearchError for ``exc`` raised inside the recursive loop, naming the node
+        (rare path).  The traceback holds the recursion's frames; the line of the
+        deepest one says which call raised: ``accept``, ``children``, ``iter`` (a
+        non-iterable) or the ``for`` (a generator raised, listing that level)."""
+        frames, last = [], None
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in _REC_CODES:
+                frames.append(tb.tb_frame)
+                last = tb
+            tb = tb.tb_next
+        if last is None:
+            return SearchError(f"children() raised {exc!r} at {where(self.base, spec=self.spec)}")
+        _, idx = self.rec_levels(frames)
+        loc = last.tb_frame.f_locals
+        what = _REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        if what is None:  # listing: the node is the level's parent, re-derived for the message
+            return SearchError(f"children() raised {exc!r} at "
+                               f"{where(self.base + tuple(idx[:-1]), spec=self.spec)}")
+        child, path = loc["child"], self.base + tuple(idx)
+        if what == "iter":
+            kids = loc["kids"]
+            if isinstance(exc, TypeError) and not hasattr(kids, "__iter__"):
+                return SearchError(f"children() returned a non-iterable {type(kids).__name__} "
+                                   f"at {where(path, child)}; return a list, tuple or generator")
+            what = "children"
+        return SearchError(f"{what}() raised {exc!r} at {where(path, child)}")
+
+    def _deep(self, node, counted: bool) -> None:
+        """A subtree below the recursive loop's ``cap``: the iterative ``dfs_count`` from
+        ``node`` (its path read from the frames), which adds to the tally itself; the
+        node, which the recursion has counted already (``counted``: in its count too),
+        is taken off again."""
+        _, idx = self.rec_levels()
+        base = self.base
+        self.base = base + tuple(idx)
+        try:
+            self.dfs_count(node)
+        finally:
+            self.base = base
+        self.tally.nodes -= 1
+        if counted:
+            self.tally.count -= 1
 
     def dfs_count(self, node) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.
@@ -275,3 +447,19 @@ class CountLoops:
         top = self._after_split(iters, full, fidx, d, i)
         return top, i + self.skips.pop(d, 0)
 
+
+def _rec_lines() -> tuple[frozenset, dict]:
+    """The code objects of ``dfs_count_rec``'s recursions, and which call each line makes."""
+    import dis
+
+    codes = frozenset(c for c in CountLoops.dfs_count_rec.__code__.co_consts
+                      if getattr(c, "co_name", None) in ("rec_all", "rec_acc"))
+    lines = {}
+    for code in codes:
+        for ins in dis.get_instructions(code):
+            if ins.argval in ("accept", "children", "iter") and ins.positions.lineno:
+                lines[(code, ins.positions.lineno)] = ins.argval
+    return codes, lines
+
+
+_REC_CODES, _REC_LINES = _rec_lines()

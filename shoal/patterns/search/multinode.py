@@ -94,7 +94,7 @@ def export_level(ex: Explorer, iters, idx) -> None:
     they are spawned here instead)."""
     ex.exporting = []
     try:
-        ex.split(iters, idx, 1, whole_level=True)
+        ex.split_at(iters, idx, 1, whole_level=True)
     finally:
         units, ex.exporting = ex.exporting, None
     if units and not _export(ex, units):

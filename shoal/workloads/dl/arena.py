@@ -2,7 +2,8 @@
 
 The driver lays out named regions (training data, the epoch's permutation, parameters
 and optimizer state per stage, gradient accumulators per replica and stage, reduction
-tree nodes, activation slabs per replica/stage/micro-batch) and maps them all in one
+tree nodes, activation slabs per replica/stage/micro-batch, the done table and the fused
+update's arrivals: program.py) and maps them all in one
 ``shoal.SharedArray``.  Tasks receive the arena's handle once (inside the per-run
 program, which a worker unpickles once) and exchange only small futures: activations and
 gradients never travel as pickled copies through the driver.  One memory segment instead

@@ -56,7 +56,8 @@ class SGD(Optimizer):
                 np.multiply(state[0], dt(self.momentum), out=v)
                 v += g
             g = v
-        np.subtract(p, dt(self.lr) * g, out=p_out)
+        np.multiply(g, dt(self.lr), out=p_out)  # p - lr*g with no temporary array: same bits
+        np.subtract(p, p_out, out=p_out)
 
     def __repr__(self):
         return f"SGD(lr={self.lr}, momentum={self.momentum}, weight_decay={self.weight_decay})"

@@ -98,11 +98,18 @@ def _device_ops(schedule, stages, micro, s):
 
 
 def step_graph(replicas: int, stages: int, micro: int, schedule: Schedule,
-               chunks: int = 1) -> list[Node]:
+               chunks: int = 1, fuse_update: bool = False) -> list[Node]:
     """All tasks of one step, in a topological (submission) order.
 
     The update of each stage is ``chunks`` tasks, each on one contiguous slice of the
-    stage's parameters (the optimizer is elementwise, so slicing changes no bit)."""
+    stage's parameters (the optimizer is elementwise, so slicing changes no bit).  With
+    ``fuse_update`` (at most 2 replicas: no reduction tree) there are no UPDATE nodes:
+    the last op of each (replica, stage) — its backward of the last micro-batch — also
+    updates the stage when it is the last of the stage's replicas to get there
+    (``program.Program._arrive``), and the next step waits for those ops instead: one
+    hop through the driver per step instead of two."""
+    if fuse_update and replicas > 2:
+        raise PlanError(f"fuse_update needs at most 2 replicas (no reduction tree), got {replicas}")
     schedule = Schedule(schedule)
     devices = {(r, s): _device_ops(schedule, stages, micro, s)
                for r in range(replicas) for s in range(stages)}
@@ -150,6 +157,8 @@ def step_graph(replicas: int, stages: int, micro: int, schedule: Schedule,
             pos[(r, s)] += 1
             remaining -= 1
         tick += 1
+    if fuse_update:
+        return nodes
     tree, root = reduction_tree(replicas)
     for s in range(stages):
         ref: dict = {("leaf", r): done[("last", r, s)] for r in range(replicas)}

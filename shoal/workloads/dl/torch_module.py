@@ -28,6 +28,8 @@ requirement pulls several GB of CUDA libraries on Linux.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from .layers import ShapeError
@@ -158,7 +160,19 @@ class TorchEngine:
         self.stage_layers = stage_layers
 
     def __getstate__(self):
-        return {"layers": self.layers, "seed": self.seed, "stage_layers": self.stage_layers}
+        # Without the parameters' values: every task binds them to arena views (``_bind``),
+        # so a worker's copy needs only the modules' structure (not the model's megabytes).
+        torch = _torch()
+        params = [p for mod in self.layers for p in mod.parameters()]
+        values = [p.data for p in params]
+        try:
+            for p in params:
+                p.data = torch.empty(0, dtype=p.dtype)
+            layers = copy.deepcopy(self.layers)
+        finally:
+            for p, v in zip(params, values, strict=True):
+                p.data = v
+        return {"layers": layers, "seed": self.seed, "stage_layers": self.stage_layers}
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -6,8 +6,10 @@ Data flow of one ``fit``::
             (data, parameters, optimizer state, accumulators, activation slabs)
       per epoch: write the epoch's permutation; per step submit the nodes of
                  ``schedules.step_graph`` (forward/backward per replica, stage and
-                 micro-batch; the reduction tree; one update per stage), each a task
-                 whose arguments are the futures it depends on; wait for the epoch;
+                 micro-batch; with R > 2 replicas the reduction tree and R update
+                 tasks per stage, with R <= 2 the update rides on each stage's last
+                 backward), each a task whose arguments are the futures it depends on
+                 (at most WINDOW steps ahead); wait for the epoch;
                  write the checkpoint; append a history record; call ``callback``
     end:    copy parameters and optimizer state out of the arena, close it
 
@@ -47,7 +49,7 @@ from .plan import (
     partition,
     reduction_tree,
 )
-from .program import Op, Program
+from .program import Guard, Program, ProgramRef, task_function
 from .schedules import OpKind, slots, step_graph
 
 
@@ -133,11 +135,15 @@ class Trainer:
         mb = max_micro_rows(batch_size, R, M)
         layout, sizes = self._layout(X, Y, shapes, stage_layers, mb)
         arena = Arena(layout)
+        guard = Guard() if self.pilot is not None else None
+        ref = None
         try:
             self._fill(arena, X, Y, stage_layers, sizes)
-            program = self._program(arena, stage_layers)
-            ops = {(kind, s): Op(program, kind, s) for kind in OpKind for s in range(S)}
-            graph = step_graph(R, S, M, plan.schedule, chunks=R)  # R workers share each update
+            ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
+            ops = {(kind, s): task_function(ref, kind, s) for kind in OpKind for s in range(S)}
+            # R <= 2: the update rides on the last backward of each stage (one hop a step);
+            # more replicas: a reduction tree and R update tasks per stage share the work
+            graph = step_graph(R, S, M, plan.schedule, chunks=R, fuse_update=R <= 2)
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(start, epochs):
                 t0 = time.perf_counter()
@@ -166,6 +172,10 @@ class Trainer:
                     callback(dict(record))
         finally:
             arena.close()
+            if guard is not None:
+                guard.close()
+            if ref is not None:  # the pilot keeps the task functions: let them not keep the model
+                ref.program = None
         return self.history
 
     def predict(self, X) -> np.ndarray:
@@ -183,14 +193,17 @@ class Trainer:
         try:
             arena.view(("X",))[:] = X
             self._push_params(arena, stage_layers, sizes, 0)
-            program = self._program(arena, stage_layers)
-            op = Op(program, "predict", 0)
+            program = self._program(arena, stage_layers, None)
+            ref = ProgramRef(program, pickled=self.pilot is not None)
+            op = task_function(ref, "predict", 0)
             pilot = self.pilot if self.pilot is not None else _Inline()
             chunk = max(64, -(-len(X) // (4 * max(1, getattr(pilot, "workers", 1)))))
             futs = [self._submit(pilot, op, lo, min(lo + chunk, len(X)), 0)
                     for lo in range(0, len(X), chunk)]
             self._wait(futs)
-            return arena.view(("out",)).copy()
+            out = arena.view(("out",)).copy()
+            ref.program = None  # (as in fit)
+            return out
         finally:
             arena.close()
 
@@ -223,7 +236,7 @@ class Trainer:
                     if node.after_update:
                         deps.extend(prev[node.stage])
                     if node.kind is OpKind.REDUCE:
-                        args = (node.index, *node.operands)
+                        args = (self.step, node.index, *node.operands)
                     elif node.kind is OpKind.UPDATE:
                         args = (self.step, node.operands, node.index, R)
                     else:
@@ -234,9 +247,14 @@ class Trainer:
                     if node.stage == S - 1 and node.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
                         loss_futs.append(fut)
                 prev = [[] for _ in range(S)]
-                for node, fut in zip(graph, futs, strict=True):
-                    if node.kind is OpKind.UPDATE:
-                        prev[node.stage].append(fut)
+                if R <= 2:  # fused updates: each (replica, stage)'s last op
+                    last = {(node.replica, node.stage): fut for node, fut in zip(graph, futs, strict=True)}
+                    for (_, s), fut in last.items():
+                        prev[s].append(fut)
+                else:
+                    for node, fut in zip(graph, futs, strict=True):
+                        if node.kind is OpKind.UPDATE:
+                            prev[node.stage].append(fut)
                 all_futs.extend(futs)
                 steps.append(futs)
                 self.step += 1
@@ -355,6 +373,13 @@ class Trainer:
                     layout.add(("acc", r, s, v), (size,), dtype)
             for k in range(len(tree)):
                 layout.add(("node", s, k), (size,), dtype)
+        rows = Program.task_count(R, plan.stages, plan.micro_batches, len(tree))
+        layout.add(("done",), (rows,), np.int64)  # the step + 1 each task last finished
+        layout.add(("result",), (rows, 3), np.float64)  # and its result (program.Program.run)
+        for s in range(plan.stages):  # fused updates (R <= 2): who arrived, which step is applied
+            layout.add(("arrived", s), (R,), np.int64)
+            layout.add(("updated", s), (1,), np.int64)
+        for s in range(plan.stages):
             out_shape = (mb,) + shapes[stage_layers[s][-1] + 1]
             for r in range(R):
                 for j in range(self._slots()[s]):
@@ -409,7 +434,7 @@ class Trainer:
         self._state = [self._unflatten(stage_layers, lambda s, j=j: arena.view(("state", s, j, v)))
                        for j in range(self.optimizer.slots)] or None
 
-    def _program(self, arena, stage_layers) -> Program:
+    def _program(self, arena, stage_layers, guard) -> Program:
         if self.pilot is None:
             blas = None
         else:
@@ -417,7 +442,8 @@ class Trainer:
             blas = max(1, (cpus or 1) // max(1, self.pilot.workers))
         engine = self.model.engine(stage_layers)
         return Program(engine, arena, self._stage_shapes(stage_layers), self.loss, self.optimizer,
-                       self.plan.stages, self.plan.micro_batches, self._slots(), blas, self.model.seed)
+                       self.plan.stages, self.plan.micro_batches, self._slots(), blas, self.model.seed,
+                       self.plan.replicas, len(reduction_tree(self.plan.replicas)[0]), guard)
 
     def _slots(self) -> list[int]:
         p = self.plan

@@ -1,4 +1,11 @@
-"""Task functions used by the runtime tests (module-level, so workers import them)."""
+"""The task functions of the executor tests, on every backend (module-level, so workers import
+them by name: local workers inherit the driver's sys.path, which holds tests/; the dask test
+clusters put tests/ on their PYTHONPATH, see tests/dask_cluster.py).
+
+One module for tests/runtime, tests/dask and tests/conformance: a behaviour's task is written
+once.  Tasks that must still be running when the test acts block on a file the test creates
+(``wait_for``), never on a sleep that is assumed to outlast the test's next step.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +44,28 @@ def sleep(s):
 
 def pid():
     return os.getpid()
+
+
+def wait_for(path, timeout=120.0, value=None, started=None):
+    """Block until ``path`` exists (the test creates it to release the task); ``value``, or
+    ``path``, as the result.  TimeoutError after ``timeout`` s, so a failed test cannot
+    leave the task running forever.  ``started``: a file created first, so the test knows
+    the task runs (on every backend; dask's futures do not report RUNNING)."""
+    if started is not None:
+        release(started)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nobody created {path}")
+        time.sleep(0.005)
+    return path if value is None else value
+
+
+def release(path):
+    """Create ``path`` (releases the ``wait_for`` tasks waiting on it); from a test."""
+    with open(path + ".tmp", "w"):
+        pass
+    os.replace(path + ".tmp", path)
 
 
 def die(how):
@@ -131,8 +160,11 @@ def child_fails():
     return f.result()
 
 
-def spawn_many_and_sleep(n, s):
+def spawn_many_and_sleep(n, s, spawned=None):
+    """n children sleeping s each; ``spawned``: a file created once all are spawned."""
     futs = [shoal.spawn(sleep, s) for _ in range(n)]
+    if spawned is not None:
+        release(spawned)
     return sum(f.result() for f in futs)
 
 
@@ -182,8 +214,12 @@ def slow_leaf_tree(depth, fanout, leaf_s):
 
 
 def slow_tree_reporting(depth, fanout, leaf_s, pidfile):
-    with open(pidfile, "w") as f:
-        f.write(str(os.getpid()))
+    """slow_leaf_tree; first writes 'shoal worker pid, its parent's pid' (on dask: the dask
+    worker hosting the node) to pidfile, once and atomically."""
+    if not os.path.exists(pidfile):
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(f"{os.getpid()} {os.getppid()}")
+        os.replace(pidfile + ".tmp", pidfile)
     return slow_leaf_tree(depth, fanout, leaf_s)
 
 
@@ -199,22 +235,50 @@ def _fill_row(arr, i):
     return 1
 
 
-def lone_child():
-    """One child and long inline work: an idle worker should take the child."""
-    child = shoal.spawn(_where_after, 0.3)
-    mine = _where_after(0.3)
-    return mine, child.result()
+def lone_child(started, timeout=60.0):
+    """One child, and inline work that lasts until the child has started (``started`` is
+    the file it creates), at most ``timeout`` s: an idle worker should take the child, or
+    the parent runs it itself at the join.  (A fixed 0.3 s of inline work raced a thief
+    that a loaded machine held back.)  (parent's worker id, child's worker id)."""
+    child = shoal.spawn(_where_started, started)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return shoal.current_worker().id, child.result()
 
 
-def _where_after(s):
-    time.sleep(s)
+def _where_started(started):
+    release(started)
     return shoal.current_worker().id
+
+
+def fill_slices(arr, parts):
+    """Spawn one child per slice of ``arr`` (a SharedArray: this machine's memory, so on dask
+    the children must stay on this node); each writes its slice after some work."""
+    n = arr.shape[0] // parts
+    futs = [shoal.spawn(fill_one, arr, i * n, (i + 1) * n) for i in range(parts)]
+    return sum(f.result() for f in futs)
+
+
+def fill_one(arr, lo, hi):
+    sfib(18)
+    arr.array[lo:hi] = range(lo, hi)
+    return hi - lo
 
 
 def big_children(n, size):
     """Children with big arguments, so stolen ones cross the (smaller) worker rings in fragments."""
     futs = [shoal.spawn(len, bytes(size)) for _ in range(n)]
     return sum(f.result() for f in futs)
+
+
+def offer_all(cell, values):
+    """Offer each value to the BestCell; the list of offer() answers."""
+    return [cell.offer(v) for v in values]
+
+
+def read_cell(cell):
+    return cell.value
 
 
 def channel_put(chan, blobs):
@@ -230,7 +294,24 @@ def ident_kw(*args, **kwargs):
     return args, kwargs
 
 
-# -- fault injection (tests/runtime/test_faults_*.py) -----------------------------------
+# -- fault injection (tests/runtime/test_faults_*.py, tests/dask/test_dask_faults.py) -------
+
+
+def die_node_worker():
+    """SIGKILL the shoal worker running this task (the node runtime reports WorkerLost)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_dask_worker():
+    """SIGKILL the dask worker process hosting this task's node runtime."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def slow_item(x, s=0.01):
+    time.sleep(s)
+    return x * x
+
 
 
 class ExitOnUnpickle:

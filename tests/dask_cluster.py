@@ -1,4 +1,4 @@
-"""Real dask clusters for the tests: LocalCluster, and a `dask scheduler` plus `dask worker`
+"""Real dask clusters for the tests (tests/dask, tests/conformance): LocalCluster, and a `dask scheduler` plus `dask worker`
 processes started from the command line (the way users run it), on free loopback ports.
 
 Everything a helper starts is torn down by it: command-line processes run in their own
@@ -19,8 +19,9 @@ import time
 import psutil
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+HERE = os.path.dirname(os.path.abspath(__file__))  # tests/: rt_tasks.py, this file
+ROOT = os.path.dirname(HERE)
+DASK_TESTS = os.path.join(HERE, "dask")  # search_tasks.py and the other dask test helpers
 
 
 def free_port() -> int:
@@ -31,7 +32,8 @@ def free_port() -> int:
 
 def _env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, HERE, env.get("PYTHONPATH")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, HERE, DASK_TESTS, env.get("PYTHONPATH")]
+                                        if p)
     return env
 
 

@@ -64,7 +64,7 @@ from ..runtime import trace as tracing
 from ..runtime.api import check_options as _check_options
 from ..runtime.api import settle as _settle
 from ..runtime.functions import FunctionTable
-from ..runtime.future import Future, settle_many
+from ..runtime.future import Future, abandon, delivering_thread, run_callbacks, settle_many
 from ..runtime.health import Change, Health, proc_state
 from ..runtime.mailbox import Inbox, Outbox
 from ..runtime.mapping import map_iter
@@ -638,6 +638,9 @@ class LocalBackend:
         ``cancel``, first tell the holder to drop the task unless it started."""
         tid = fut.task_id
         task = self.tasks.get(tid)
+        if task is None and cancel:
+            with self.lock:  # a result being settled (_on_results) is FINISHED once we get it
+                task = self.tasks.get(tid)
         if self.closed or task is None:
             return False
         if cancel and not task.where:
@@ -754,6 +757,7 @@ class LocalBackend:
     def _pump(self) -> None:
         """The pump thread's body: it never dies before ``close``.  Anything a round
         raises (BaseException included) is reported and the loop goes on."""
+        delivering_thread(self._probe_cb)  # a done-callback here that waits on a pending future would hang
         errors = 0
         while True:
             try:
@@ -893,7 +897,12 @@ class LocalBackend:
             finished = self.placement.finished
             for ep, n in done_on.items():
                 finished(ep - 1, n)
-        settle_many(settle, _log)
+            # Settled under the lock that popped them: a cancel() that finds its task gone
+            # (it looks under this lock) then finds the future FINISHED; settled after the
+            # release, such a cancel() said True for a task whose result was being set.
+            called: list = []
+            settle_many(settle, _log, called)
+        run_callbacks(called, _log)
         for tid, task, value in retry:
             self._fail_or_retry(tid, task, value)
 
@@ -1099,6 +1108,11 @@ class LocalBackend:
             except OSError:
                 pass
         self.pidfds, self.procs = {}, {}
+        # The parent's outstanding futures can never settle here: fail them, so result()
+        # in the child raises instead of waiting forever.  No done-callbacks (user code in
+        # an at-fork hook); no thread waits on them in the child (only this one survived).
+        abandon([*self.waiting.values(), *(t.future for t in self.tasks.values())],
+                PilotClosed(self._closed_reason()))
         self.tasks, self.waiting, self.staged = {}, {}, []
         self.out, self.inboxes = {}, []
 

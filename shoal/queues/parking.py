@@ -47,6 +47,7 @@ __all__ = ["Doorbell"]
 
 _WAKE = (1).to_bytes(8, "little")
 _POLL_READY = select.POLLIN | select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+_MAX_PARK_S = 86400.0  # the longest single park (a later deadline is re-checked on waking)
 
 
 def _make_fds() -> tuple[int, ...]:
@@ -160,7 +161,8 @@ class Doorbell:
             extra = list(extra_fds)
             for fd in extra:
                 poller.register(fd, select.POLLIN)
-            ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+            # poll() takes at most ~24 days in ms; a far deadline (timeout=1e10, inf) parks a day
+            ms = None if timeout is None else max(0, math.ceil(min(timeout, _MAX_PARK_S) * 1000))
             try:
                 events = poller.poll(ms)
             except InterruptedError:  # pragma: no cover - PEP 475 retries; be safe

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import threading
 from _thread import RLock as _RLock
 from _thread import allocate_lock as _allocate_lock
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
@@ -180,6 +181,8 @@ class Future(cf.Future):
             worker = context.worker
             if worker is not None:
                 worker.help_until(self, timeout)
+            elif _delivering.prober is not None:
+                _refuse_wait(self)
         elif self._exception is None:
             # Done: no lock needed (a finished future never changes; _result was written
             # before _state).  The common case of collecting thousands of results.
@@ -191,6 +194,8 @@ class Future(cf.Future):
             worker = context.worker
             if worker is not None:
                 worker.help_until(self, timeout)
+            elif _delivering.prober is not None:
+                _refuse_wait(self)
         return super().exception(timeout)
 
     def running(self) -> bool:
@@ -224,6 +229,28 @@ class Future(cf.Future):
         return f"<shoal.Future {self.task_id:#x} {self._state.lower()}>"
 
 
+class _Delivering(threading.local):
+    prober = None  # set on a backend's result pump: the ``_prober`` of the futures it settles
+
+
+_delivering = _Delivering()
+
+
+def delivering_thread(prober) -> None:
+    """Mark the calling thread as the one that settles the driver futures whose ``_prober``
+    is ``prober``: a done-callback it runs must not wait on one of them still pending
+    (only this thread could settle it).  Futures of other backends may still be waited on."""
+    _delivering.prober = prober
+
+
+def _refuse_wait(fut) -> None:
+    if fut._state not in _SETTLED and fut._prober is _delivering.prober:
+        raise RuntimeError(
+            f"{fut!r}: result()/exception() of a pending future inside a done-callback would wait "
+            "forever: callbacks run on the thread that delivers results. Submit from the callback "
+            "and chain with add_done_callback, or wait in another thread")
+
+
 _SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
 
 
@@ -236,7 +263,7 @@ def _new_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
-def settle_many(items, log) -> None:
+def settle_many(items, log, later: list | None = None) -> None:
     """Finish driver futures in bulk: ``items`` of ``(future, ok, value)``.
 
     What ``set_result``/``set_exception`` do, with the Condition's lock taken
@@ -245,7 +272,9 @@ def settle_many(items, log) -> None:
     stdlib's two calls, the set literal and the ``InvalidStateError`` path cost
     more than the rest of a tiny task's round trip.  The shared lock is taken once
     for the batch; done-callbacks run after it is released, in order; one that
-    raises (even ``BaseException``) is reported on ``log``.
+    raises (even ``BaseException``) is reported on ``log``.  With ``later``, the
+    futures whose callbacks are due are appended to it instead (the caller holds a
+    lock of its own and runs them with ``run_callbacks`` after releasing it).
     """
     called, held = [], None
     try:
@@ -278,11 +307,29 @@ def settle_many(items, log) -> None:
     finally:
         if held is not None:
             held.release()
-    for fut in called:
+    if later is not None:  # the caller runs them (run_callbacks) once its own lock is released
+        later.extend(called)
+        return
+    run_callbacks(called, log)
+
+
+def run_callbacks(futs, log) -> None:
+    """The done-callbacks of settled ``futs``, in order; one that raises is logged."""
+    for fut in futs:
         try:
             fut._invoke_callbacks()
         except BaseException:  # noqa: BLE001 - a done-callback raising SystemExit, say
             log.exception("shoal: a done-callback of %r raised", fut)
+
+
+def abandon(futs, exc: BaseException) -> None:
+    """Fail the unsettled ``futs`` with ``exc`` without running their done-callbacks: the
+    child of a fork, whose inherited futures can never settle (called from an at-fork
+    hook, where user code must not run; no other thread survived the fork to wait)."""
+    for fut in futs:
+        if fut._state in (PENDING, RUNNING):
+            fut._exception = exc
+            fut._state = FINISHED
 
 
 def set_local_result(fut: Future, value) -> None:

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from shoal.ensemble import FailureKind, Pipeline, Stage, Task, TaskState, run
+from shoal.ensemble import EnsembleError, FailureKind, Pipeline, Stage, Task, TaskState, run
 from shoal.patterns.ensemble.runners import Event, Runners
 
 
@@ -153,3 +153,33 @@ def test_a_raising_hook_aborts_without_hanging_or_leaving_children(tmp_path):
         run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
     assert [c for c in psutil.Process().children(recursive=True) if c.name() == "sleep"] == []
     assert [t.name for t in threading.enumerate() if t.name.startswith("shoal-runner")] == []
+
+
+@pytest.mark.parametrize("spawner", ["posix_spawn", "popen"])
+def test_nul_byte_in_an_argument_or_variable_is_a_spawn_failure_naming_it(tmp_path, monkeypatch, spawner):
+    """execve cuts a string at NUL: through ctypes' c_char_p the posix_spawn path ran
+    ``echo a`` for the argument 'a\\0b' (exit 0, silently another command), and the Popen
+    path's ValueError escaped run() altogether.  A directory as the executable was called
+    missing."""
+    if spawner == "popen":
+        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    tasks = [Task(executable="/bin/echo", arguments=["a\x00b"], name="arg"),
+             Task(executable="/bin/true", environment={"V": "x\x00y"}, name="env"),
+             Task(executable=str(tmp_path), name="dir"),
+             Task(executable="/bin/true", name="fine")]
+    report = run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    reasons = {f["uid"]: (f["kind"], f["reason"]) for f in report.failures}
+    assert report.counts.get(TaskState.DONE) == 1, report.failures
+    assert reasons["p.s0.arg"][0] is FailureKind.SPAWN and "argument 1" in reasons["p.s0.arg"][1]
+    assert "NUL" in reasons["p.s0.arg"][1]
+    assert reasons["p.s0.env"][0] is FailureKind.SPAWN and "'V'" in reasons["p.s0.env"][1]
+    assert "is a directory" in reasons["p.s0.dir"][1]
+
+
+@pytest.mark.parametrize("name", ["A=B", "", "X\x00Y", 5])
+def test_environment_variable_names_execve_cannot_carry_are_refused(tmp_path, name):
+    """{'A=B': 'c'} reached the child as A='B=c' on the posix_spawn path ('' as a nameless
+    '=c'), and Popen's ValueError escaped run(): refused up front, naming the task."""
+    task = Task(executable="/usr/bin/env", environment={name: "c"}, name="t")
+    with pytest.raises(EnsembleError, match=r"p\.s0\.t: environment variable names"):
+        run(Pipeline([Stage([task])], name="p"), journal=str(tmp_path / "run.db"))

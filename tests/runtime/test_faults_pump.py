@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import rt_tasks as t
@@ -197,3 +198,35 @@ def test_arguments_that_cannot_be_unpickled_in_the_worker(tmp_path, flavour):
             assert _deaths(p) == 0
     finally:
         del sys.modules["driver_only_cls"]
+
+
+@pytest.mark.parametrize("timeout", [1e10, float("inf")])
+def test_a_far_task_timeout_does_not_make_the_pump_fail(timeout):
+    """timeout=1e10 or inf passes check_options; the pump parked until that deadline and
+    poll() raised OverflowError every round (logged, then backed off up to 1 s a round)."""
+    with shoal.Pilot(1) as p:
+        assert p.options(timeout=timeout).submit(t.sleep, 0.3).result(timeout=30) == 0.3
+        assert p.submit(t.inc, 1).result(timeout=30) == 2
+        assert p.stats()["driver"]["pump_errors"] == 0
+
+
+def test_waiting_on_a_pending_future_inside_a_done_callback_raises_instead_of_hanging():
+    """Done-callbacks run on the pump thread, the only one that settles futures: a callback
+    calling result() on another pending future waited forever (until its timeout)."""
+    got = []
+    with shoal.Pilot(1) as p:
+
+        def callback(fut):
+            try:
+                got.append(p.submit(t.inc, fut.result()).result(timeout=30))
+            except RuntimeError as exc:
+                got.append(str(exc))
+
+        first = p.submit(t.inc, 1)
+        first.add_done_callback(callback)
+        assert first.result(timeout=30) == 2
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got and "inside a done-callback would wait forever" in got[0], got
+        assert p.submit(t.inc, 5).result(timeout=30) == 6  # the pump goes on

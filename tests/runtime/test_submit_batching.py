@@ -118,3 +118,61 @@ def test_futures_work_in_a_fork_while_the_parent_holds_their_shared_lock():
     finally:
         release.set()
         t.join()
+
+
+def test_a_forked_child_gets_pilotclosed_from_the_parents_outstanding_futures(pilot, tmp_path):
+    """The child of a fork cannot get results of its parent's pilot (the at-fork hook closes it
+    there); its outstanding futures, staged ones included, waited forever in the child
+    (result() without a timeout hung).  The parent's futures are unharmed."""
+    gate = str(tmp_path / "go")
+    blockers = [pilot.submit(wait_for, gate) for _ in range(2)]
+    futs = [pilot.submit(pow, i, 2) for i in range(2000)]
+    pending = [f for f in blockers + futs if not f.done()]  # the blockers at least
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 only if every outstanding future raises PilotClosed at once
+        code = 1
+        try:
+            errors = {type(f.exception(5)).__name__ for f in pending}
+            code = 0 if pending and errors == {"PilotClosed"} else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    touch(gate)
+    assert [f.result(60) for f in futs] == [i * i for i in range(2000)]
+    assert all(f.result(60) == gate for f in blockers)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cancel_while_the_pump_settles_the_result_says_false(pilot, monkeypatch):
+    """The pump took a finished task out of ``tasks`` under the backend lock and set its
+    future after releasing it: a cancel() from another thread in between found no task,
+    cancelled the PENDING future and said True for a task that had run (its result was
+    dropped).  Here a thread cancels exactly in that window."""
+    import threading
+
+    from shoal.backends import local
+
+    said, threads = [], []
+    real = local.settle_many
+
+    def settle_with_a_cancel_in_between(items, log, *rest):
+        items = list(items)
+        mine = [fut for fut, _, _ in items if getattr(fut, "probe_me", False)]
+        if mine:
+            t = threading.Thread(target=lambda: said.append(mine[0].cancel()))
+            threads.append(t)
+            t.start()
+            t.join(0.5)  # with the fix it waits for the backend lock this thread holds
+            real(items, log, *rest)
+            return
+        real(items, log, *rest)
+
+    monkeypatch.setattr(local, "settle_many", settle_with_a_cancel_in_between)
+    fut = pilot.submit(pow, 3, 2)
+    fut.probe_me = True
+    assert fut.result(30) == 9
+    deadline = time.monotonic() + 30
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threads[0].join(30)
+    assert said == [False] and not fut.cancelled()

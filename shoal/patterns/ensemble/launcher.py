@@ -178,10 +178,30 @@ def check_outputs(names, sandbox: str) -> list[str]:
     return paths
 
 
+def _flat(env: dict):
+    for k, v in env.items():
+        yield k
+        yield v
+
+
+def _nul_culprit(argv: list[str], env: dict) -> str:
+    """Which argument or variable holds a NUL byte (execve would cut it there: silently
+    another command; Popen refuses with a bare ValueError)."""
+    for i, a in enumerate(argv):
+        if "\0" in a:
+            return f"argument {i} of {argv[0]!r} contains a NUL byte: {a!r}"
+    for k, v in env.items():
+        if "\0" in str(k) or "\0" in str(v):
+            return f"environment variable {k!r} contains a NUL byte: {v!r}"
+    return "a NUL byte in the command"  # pragma: no cover
+
+
 def find_executable(exe: str, cwd: str, path: str | None) -> str:
     """``exe`` as an absolute path: relative to ``cwd`` if it has a '/', else found on ``path``."""
     if "/" in exe:
         full = os.path.join(cwd, exe)
+        if os.path.isdir(full):
+            raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} is a directory")
         if not os.path.isfile(full):
             raise LaunchError(FailureKind.SPAWN, f"executable {exe!r} does not exist")
         if not os.access(full, os.X_OK):
@@ -278,6 +298,8 @@ class Launcher:
         """Start ``task``; returns its pid.  Raises LaunchError (nothing left running)."""
         exe = self._executable(task.executable)
         argv = command(exe, arguments, task.pre_exec, task.post_exec)
+        if "\0" in "".join(argv) or (task.environment and "\0" in "".join(map(str, _flat(task.environment)))):
+            raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
         out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")

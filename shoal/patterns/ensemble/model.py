@@ -302,6 +302,10 @@ class Task:
                 raise EnsembleError(f"{who}: {field} must be callable, got {v!r}")
         if not isinstance(self.environment, Mapping):
             raise EnsembleError(f"{who}: environment must be a mapping, got {self.environment!r}")
+        for k in self.environment:  # execve would make 'A=B': 'c' the variable A, '' a nameless one
+            if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+                raise EnsembleError(f"{who}: environment variable names must be non-empty strings "
+                                    f"without '=' or NUL, got {k!r}")
         for inp in self.staged_inputs():
             if inp.source.startswith("$") and parse_ref(inp.source) is None:
                 raise EnsembleError(

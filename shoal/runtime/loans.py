@@ -401,11 +401,7 @@ class LoanBook:
         marked (its children see it), a queued one is dropped when it comes up; then
         every loan whose scope is now cancelled is forwarded to its holder."""
         for tid in ids:
-            scope = running.get(tid)
-            if scope is not None:
-                scope.cancelled = True
-            else:
-                self.cancelled.add(tid)
+            self._mark_cancelled(tid, running)
         if len(self.cancelled) > 100_000:
             self.cancelled.clear()  # ids of tasks long gone; bound the memory
         by_holder: dict[int, list] = {}
@@ -415,14 +411,18 @@ class LoanBook:
                 by_holder.setdefault(loan.holder, []).append(tid)
         # A loan can come home as a serialized task (a thief gave it back to me and told me
         # so with MOVED): no CANCEL to myself (there is no ring to myself), drop it here.
-        home = by_holder.pop(self.me, ())
-        for tid in home:
-            scope = running.get(tid)
-            if scope is not None:
-                scope.cancelled = True
-            else:
-                self.cancelled.add(tid)
+        for tid in by_holder.pop(self.me, ()):
+            self._mark_cancelled(tid, running)
         return [Send(holder, Kind.CANCEL, tids) for holder, tids in by_holder.items()]
+
+    def _mark_cancelled(self, tid: int, running: dict) -> None:
+        """A running task's scope is marked (its children see it); a queued one is
+        remembered and dropped when it comes up."""
+        scope = running.get(tid)
+        if scope is not None:
+            scope.cancelled = True
+        else:
+            self.cancelled.add(tid)
 
     def cancel_if_queued(self, ids, running: dict) -> None:
         """The driver's ``cancel()``: drop these unless they run (then it said False)."""

@@ -21,7 +21,9 @@ import numbers
 import sys
 import time
 
+from . import shapes
 from .model import Coordination, Goal, SearchError, _Stopped, where
+from .room import in_room
 
 TICK = 16  # the hot loops look at the clock once per TICK nodes (tests patch it: read per call)
 REC_MARGIN = 200  # frames the recursive loop leaves free below the recursion limit
@@ -38,12 +40,17 @@ class CountLoops:
     """Explorer's counting and generic loops, and the helpers of every loop: worker thread only."""
 
     def dfs(self, node) -> None:
-        """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
+        """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination
+        says; from the base of a frame-stack chunk of its own (room.py: no chunk boundary
+        for the loops to call across)."""
+        return in_room(self._dfs, node)
+
+    def _dfs(self, node) -> None:
         spec = self.spec
         if spec.goal is Goal.COUNT and not spec.collect:
             if (spec.kernel is None and not spec.per_depth and not self.budget()
                     and _yields(self.children)):
-                return self.dfs_count_rec(node)
+                return self.dfs_count_gen(node)
             return self.dfs_count(node)
         if spec.goal is Goal.OPTIMISE:
             if not spec.per_depth and not self.budget():
@@ -110,6 +117,44 @@ class CountLoops:
             self.skips[d] = self.skips.get(d, 0) + fidx[-1] - i
         iters[:d] = full[:-1]
         return full[-1]
+
+    def dfs_count_gen(self, node) -> None:
+        """``dfs`` for counting over generator children: the loop shapes.py generates for
+        this search's ``children``/``accept`` (the recursion of ``dfs_count_rec`` with
+        direct calls and a countdown poll)."""
+        base, t = self.base, self.tally
+        self.visit(node, len(base), base)
+        run = shapes.count_loop(self)
+        self.rskips = {}
+        self.rec_nodes = 0
+        count = 0
+        try:
+            count = run(self.kids(node, base))
+        except (_Stopped, SearchError):
+            raise
+        except Exception as exc:  # a user function raised (or returned a non-iterable)
+            raise self.rec_error(exc) from exc
+        finally:
+            t.nodes += self.rec_nodes
+            t.count += count
+            self.seen = 0
+            self.rskips = None
+
+    def rec_cap(self) -> int:
+        """How deep the recursive loops go: ``REC_DEPTH``, or less where the recursion
+        limit, less what joins may nest, leaves less room."""
+        return max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
+
+    def _deep_fresh(self, node) -> None:
+        """A child below the generated loop's ``cap``, not visited yet: the iterative
+        ``dfs_count`` from it (its path read from the frames) visits it and its subtree."""
+        _, idx = self.rec_levels()
+        base = self.base
+        self.base = base + tuple(idx)
+        try:
+            self.dfs_count(node)
+        finally:
+            self.base = base
 
     def dfs_count_rec(self, node) -> None:
         """``dfs`` for counting as a plain recursion: the hot loop of backtracking.count.

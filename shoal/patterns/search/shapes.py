@@ -1,0 +1,117 @@
+"""Hot loops generated per model shape: the recursive count loop over generator children.
+
+``count_loop(ex)`` returns ``run(it) -> count`` (and sets ``ex.rec_nodes``): the recursion of
+``loops.dfs_count_rec`` compiled for this search's shape, so that per node it does
+what a hand-written recursion does and little else:
+
+- **the user's calls are direct**: ``children=functools.partial(f, a)`` becomes
+  ``f(a, child)`` in the loop's source (a partial is a C call that starts a new
+  interpreter frame loop; a Python function called from Python is inlined by 3.11's
+  interpreter): about 10% of N-Queens' node;
+- **no class checks**: a generator function's children are a generator, so no
+  leaf/``iter()`` tests (the list-children loop keeps them);
+- **the poll check is a countdown** (``tick``) at level entry; every level entry
+  is one node (each child of a generator level is recursed into), so the node count
+  is the entries counted per ``TICK`` in ``poll_rec`` -- no per-level node sum.
+
+What stays per node: the child index ``i`` (a split or an error reads it from the
+frames, loops.py) and the depth ``d`` (below ``cap`` a child goes to the iterative
+loop, ``Explorer._deep``, which visits it: node, accept and subtree).  The inner
+functions are registered like the hand-written ones (``register_recursions``), so
+errors name the node and which call raised, and splits read ``it``/``i``.
+
+Alternatives rejected: ``enumerate`` for ``i`` (a tuple per node: slower); default
+arguments instead of closure cells (no faster in 3.11); a helper thread or signal
+setting a poll flag (process-wide, and a GIL hand-over per poll costs more than the
+countdown); inlining the user's code (only its call is ours to shape).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import types
+
+_CACHE: dict = {}
+
+_SOURCE = '''
+def build(ex, clock, TICK, cap, {params}):
+    tick = TICK
+    entries = 0  # level entries counted in whole TICK windows (poll_rec)
+
+    def rec_{name}(it, d):
+        nonlocal tick
+        i = -1  # (a poll reads it: this level is on no child yet)
+        if tick:
+            tick -= 1
+        else:
+            poll_rec()
+        {count0}
+        for child in it:
+            i += 1
+            if d >= cap:
+                ex._deep_fresh(child)
+                continue
+            {accept}
+            {recurse}
+        {ret}
+
+    def poll_rec():
+        nonlocal tick, entries
+        entries += TICK - tick + 1
+        tick = TICK
+        if clock() >= ex.next_poll:
+            ex.seen = entries
+            ex.poll(None, None)
+
+    def run(it):
+        try:
+            {run}
+        finally:  # (the first entry lists the base's children: no node)
+            ex.rec_nodes = entries + TICK - tick - 1
+        return count
+
+    return run
+'''
+
+
+def _call(fn, name: str) -> tuple[str, dict]:
+    """The source of the call ``fn(child)`` and the closure values it names."""
+    if (isinstance(fn, functools.partial) and not fn.keywords and len(fn.args) <= 4
+            and type(fn.func) is types.FunctionType):
+        args = [f"{name}_a{k}" for k in range(len(fn.args))]
+        return f"{name}({', '.join(args + ['child'])})", {name: fn.func, **dict(zip(args, fn.args, strict=True))}
+    return f"{name}(child)", {name: fn}
+
+
+def count_loop(ex):
+    """``run(it) -> count`` (nodes in ``ex.rec_nodes``) for ``ex`` (an Explorer counting over generator
+    children), generated for the shape of its ``children`` and ``accept``."""
+    from . import loops
+
+    kcall, values = _call(ex.children, "children")
+    if ex.accept is None:
+        name, acall = "all", None
+    else:
+        name = "acc"
+        acall, more = _call(ex.accept, "accept")
+        values.update(more)
+    key = (name, kcall, acall)
+    build = _CACHE.get(key)
+    if build is None:
+        params = ", ".join(values)
+        rec = f"rec_{name}(" + kcall + ", d + 1)"
+        src = _SOURCE.format(
+            params=params, name=name,
+            count0="count = 0" if acall else "",
+            accept=f"if {acall}:\n                count += 1" if acall else "",
+            recurse=f"count += {rec}" if acall else rec,
+            ret="return count" if acall else "",
+            run=(f"count = rec_{name}(it, 1)" if acall else
+                 f"rec_{name}(it, 1)\n            count = entries + TICK - tick - 1"))
+        ns: dict = {}
+        exec(compile(src, f"<shoal search loop {name}: {kcall}, {acall}>", "exec"), ns)
+        build = _CACHE[key] = ns["build"]
+        loops.register_recursions(build)
+    cap = ex.rec_cap()
+    return build(ex, time.perf_counter, loops.TICK, cap, **values)

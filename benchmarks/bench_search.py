@@ -444,6 +444,8 @@ def _engine(root, children, goal, **kw):
     from shoal.patterns.search.engine import Explorer
     from shoal.patterns.search.model import Coordination, Goal, SearchSpec
 
+    if goal is Goal.OPTIMISE:  # a fresh incumbent per run (a reused one would prune it all)
+        kw["cell"] = _Cell()
     spec = SearchSpec(root=root, children=children, goal=goal, control=None,
                       coordination=Coordination.SEQUENTIAL, **kw)
     ex = Explorer(spec, (), np.zeros((2, CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
@@ -486,11 +488,11 @@ def cpu_overhead(apps, repeat: int) -> None:
         elif isinstance(app, Clique):
             run = functools.partial(_engine, mc.root(app.g), functools.partial(mc.children, app.g),
                                     Goal.OPTIMISE, objective=mc.size, bound=mc.bound,
-                                    cell=_Cell(), prune_level=True)
+                                    prune_level=True)
         else:
             run = functools.partial(_engine, ks.root(app.pr), functools.partial(ks.children, app.pr),
                                     Goal.OPTIMISE, objective=ks.value, bound=ks.bound,
-                                    cell=_Cell(), prune_level=True)
+                                    prune_level=True)
         t_ref, (want, _) = cpu(app.reference)
         t_eng, got = cpu(run)
         if got != want:

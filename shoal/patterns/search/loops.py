@@ -145,14 +145,14 @@ class CountLoops:
         limit, less what joins may nest, leaves less room."""
         return max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
 
-    def _deep_fresh(self, node) -> None:
-        """A child below the generated loop's ``cap``, not visited yet: the iterative
-        ``dfs_count`` from it (its path read from the frames) visits it and its subtree."""
+    def _deep_level(self, it) -> None:
+        """A level below the generated loop's ``cap`` (its node visited, no child taken):
+        the iterative ``dfs_count`` lists it (the node's path read from the frames)."""
         _, idx = self.rec_levels()
         base = self.base
-        self.base = base + tuple(idx)
+        self.base = base + tuple(idx[:-1])  # (the deepest frame is this level's: i == -1)
         try:
-            self.dfs_count(node)
+            self.dfs_count(None, top=it)
         finally:
             self.base = base
 
@@ -318,7 +318,7 @@ class CountLoops:
         if counted:
             self.tally.count -= 1
 
-    def dfs_count(self, node) -> None:
+    def dfs_count(self, node, top=None) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.
 
         All state is in locals: ``top``/``i`` are the iterator being listed and the
@@ -326,7 +326,8 @@ class CountLoops:
         level is walked with a ``for`` loop (FOR_ITER, no ``next()`` call per
         node); descending breaks out of it.  Control is read at most every
         ``TICK`` descents, and only if ``POLL_S`` has passed.  try blocks cost
-        nothing in 3.11, so user calls are wrapped one by one.
+        nothing in 3.11, so user calls are wrapped one by one.  ``top``: the node's
+        children already listed (and the node visited: ``_deep_level``).
         """
         base, t = self.base, self.tally
         d0 = len(base)
@@ -337,7 +338,9 @@ class CountLoops:
                 t.count += self.run_kernel(node, base)
                 return
             kd = self.spec.kernel_depth - d0 - 1
-        self.visit(node, d0, base)
+        if top is None:
+            self.visit(node, d0, base)
+            top = self.kids(node, base)
         children, accept = self.children, self.accept
         pd = [0] * 32 if self.spec.per_depth else None
         budget = self.budget()
@@ -349,7 +352,6 @@ class CountLoops:
         iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
         idx: list = [0] * 32
         d = 0
-        top = self.kids(node, base)
         i = -1
         try:
             while True:

@@ -27,7 +27,7 @@ class BnBLoop:
 
     def dfs_bnb_rec(self, node) -> None:
         """``dfs`` for branch and bound as a plain recursion with lazy splitting (see
-        ``loops.dfs_count_rec``: the state a split, an improvement or an error needs is
+        ``loops.dfs_count_gen``: the state a split, an improvement or an error needs is
         read from the frames then), generated for the search's shape (shapes.py).  Per
         child: ``bound`` (a cut ends the level with ``prune_level``, after checking the
         order), ``objective``, ``children``."""

@@ -1,8 +1,11 @@
-"""Hot loops generated per model shape: the recursive count loop over generator children.
+"""Hot loops generated per model shape: the recursive loops of counting (over generator
+children) and of branch and bound.
 
-``count_loop(ex)`` returns ``run(it) -> count`` (and sets ``ex.rec_nodes``): the recursion of
-``loops.dfs_count_rec`` compiled for this search's shape, so that per node it does
-what a hand-written recursion does and little else:
+``count_loop(ex)`` returns ``run(it) -> count`` (and sets ``ex.rec_nodes``): the
+recursion of ``loops.dfs_count_gen`` compiled for this search's shape, so that per
+node it does what a hand-written recursion does and little else; ``bnb_loop`` does
+the same for ``bnb.dfs_bnb_rec`` (and decides the sense, ``prune_level`` and
+``ordered`` branches once):
 
 - **the user's calls are direct**: ``children=functools.partial(f, a)`` becomes
   ``f(a, child)`` in the loop's source (a partial is a C call that starts a new

@@ -471,7 +471,8 @@ def cpu_overhead(apps, repeat: int) -> None:
             best = min(best, time.process_time() - t)
         return best, out
 
-    print("| app | reference CPU s | engine CPU s | overhead |\n|---|---|---|---|")
+    print(f"| app | reference CPU s | reference calling the user functions CPU s | engine CPU s "
+          f"| overhead (target <= {OVERHEAD_TARGET}x) | vs calls | |\n|---|---|---|---|---|---|---|")
     for app in apps:
         if isinstance(app, QueensKernel):
             kids = functools.partial(nq.children, app.n)
@@ -494,10 +495,15 @@ def cpu_overhead(apps, repeat: int) -> None:
                                     Goal.OPTIMISE, objective=ks.value, bound=ks.bound,
                                     prune_level=True)
         t_ref, (want, _) = cpu(app.reference)
+        t_calls, vc = cpu(app.calls) if app.has_calls else (t_ref, want)
         t_eng, got = cpu(run)
-        if got != want:
-            raise SystemExit(f"{app.name}: the in-process engine found {got}, the reference {want}")
-        print(f"| {app.name} | {t_ref:.2f} | {t_eng:.2f} | {t_eng / t_ref:.2f}x |", flush=True)
+        if not got == vc == want:
+            raise SystemExit(f"{app.name}: the in-process engine found {got}, the reference {want}, "
+                             f"with calls {vc}")
+        over = t_eng / t_ref
+        print(f"| {app.name} | {t_ref:.2f} | {t_calls:.2f} | {t_eng:.2f} | {over:.2f}x | "
+              f"{t_eng / t_calls:.2f}x | {'met' if over <= OVERHEAD_TARGET else 'missed'} |",
+              flush=True)
 
 
 # -- --dask-machines: the skeleton across two machines' runtimes (balancing between them) ---

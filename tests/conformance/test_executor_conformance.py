@@ -64,9 +64,6 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
         ("test_cancel_running_with_force",
          "cancel(force=True) of a running task is local-only: on dask a running task runs to its "
          "end and its result is dropped; pilot.cancel(force=True) raises NotImplementedError"),
-        ("test_running_is_reported",
-         "a dask pilot's futures stay PENDING until done: the driver is not told when a node "
-         "starts a task (tests that need a running task wait for a file the task creates)"),
     ]},
 }
 

@@ -96,6 +96,7 @@ from .node import (
     probe,
     run_batch,
     run_task,
+    started_keys,
 )
 from .provider import Provider, make_cluster
 
@@ -364,13 +365,26 @@ class DaskBackend:
     def _probe(self, fut: Future, cancel: bool = False) -> bool:
         """``Future.cancel()``'s question: does the task run (or did it)?  Answered by a
         claim round on every dask worker (claims.py), which also makes sure a task it
-        reports not started never starts.  ``running()`` is not answered (False)."""
-        if not cancel:
-            return False
+        reports not started never starts.  ``running()``'s: one question to every dask
+        worker (a started task's future goes RUNNING; the hot path sends no message)."""
         dfut = self._dask_of.get(fut)
         if dfut is None or dfut.key in self._claimed:
             return False
-        return not self._claim([fut])
+        if cancel:
+            return not self._claim([fut])
+        if self.client.status != "running" or self._on_client_loop():
+            return False
+        try:
+            replies = self.client.run(started_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:  # no answer: not known to run
+            return False
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            return False
+        with fut._condition:
+            if fut._state == "PENDING":
+                fut._state = "RUNNING"
+        return True
 
     def _claim(self, futs) -> list[Future]:
         """One claim round for ``futs``: those taken back (they never run; the caller

@@ -115,6 +115,19 @@ class Claims:
                     out[key] = Verdict.TAKEN if entry.cancel() else Verdict.STARTED
         return out
 
+    def started(self, keys) -> list[str]:
+        """``Future.running()``'s question, changing nothing: which of ``keys`` a shoal
+        worker runs or ran here (a task queued in the node runtime has not started)."""
+        out = []
+        with self.lock:
+            for key in keys:
+                entry = self.entries.get(key)
+                if entry is Fate.STARTED or entry is Fate.DONE or (
+                        entry is not None and not isinstance(entry, Fate)
+                        and (entry.running() or entry.done() and not entry.cancelled())):
+                    out.append(key)
+        return out
+
     def forget(self, keys) -> None:
         """Lift tombstones of keys whose cancel was refused elsewhere (they run)."""
         with self.lock:

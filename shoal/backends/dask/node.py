@@ -309,6 +309,13 @@ def cancel_keys(token: str, keys: list[str], dask_worker=None) -> dict[str, str]
     return {k: v.value for k, v in out.items()}
 
 
+def started_keys(token: str, keys: list[str]) -> list[str]:
+    """``client.run``: the keys among ``keys`` a shoal worker here runs or ran."""
+    with _lock:
+        claims = _claims.get(token)
+    return [] if claims is None else claims.started(keys)
+
+
 def forget_keys(token: str, keys: list[str]) -> None:
     """``client.run``: lift the tombstones of keys whose cancel another worker refused."""
     with _lock:

@@ -58,14 +58,10 @@ DASK = ("dask-localcluster", "dask-cli")
 
 # (test, backend) -> ("skip" | "xfail" | "flaky", reason); "xfail" is strict, "flaky" (a
 # known intermittent bug) is not: the documented differences (docs/dask.md,
-# "Semantics, and where they differ from the local backend").
-DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
-    **{(name, kind): ("skip", why) for kind in DASK for name, why in [
-        ("test_cancel_running_with_force",
-         "cancel(force=True) of a running task is local-only: on dask a running task runs to its "
-         "end and its result is dropped; pilot.cancel(force=True) raises NotImplementedError"),
-    ]},
-}
+# "Semantics, and where they differ from the local backend").  Empty: every behaviour
+# here holds on every backend (the dask rows went with claims.py, running() and force
+# cancel on the nodes, and the closed pilot's runtime that no longer restarts).
+DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {}
 
 # The tests that run on the command-line cluster in the default run; the rest of its column
 # (the same code paths as on the LocalCluster) runs with -m conformance_full.

@@ -92,6 +92,7 @@ from .node import (
     NodePlugin,
     cancel_keys,
     cpu_slices,
+    force_keys,
     forget_keys,
     probe,
     run_batch,
@@ -443,8 +444,41 @@ class DaskBackend:
         does not address by task id; they finish with their parent."""
 
     def force_cancel(self, fut: Future) -> bool:
-        raise NotImplementedError("cancel(force=True) is not supported by the dask backend "
-                                  "(dask cannot kill one task; cancel() stops it if not started)")
+        """``pilot.cancel(fut, force=True)``: cancel ``fut`` even while a shoal worker runs
+        it, by killing and replacing that worker on its node (the local backend's force
+        cancel, there; other tasks that worker ran get ``WorkerLost`` or their retries).
+        False for a task that finished, or a map batch (no single task to stop)."""
+        if fut.cancel():
+            return True
+        dfut = self._dask_of.get(fut)
+        if (fut.done() or dfut is None or self.client.status != "running"
+                or self._on_client_loop()):
+            return False
+        with self._lock:
+            self._claimed.add(dfut.key)  # its run_task returns CANCELLED: _flush cancels it
+        try:
+            replies = self.client.run(force_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:
+            replies = {}
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            with self._lock:
+                self._claimed.discard(dfut.key)
+            return False
+        with fut._condition:  # Future.cancel refuses a RUNNING future
+            if fut._state == "RUNNING":
+                fut._state = "PENDING"
+        if not cf.Future.cancel(fut):  # finished meanwhile
+            return fut.cancelled()
+        try:
+            fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
+        except RuntimeError:  # _flush cancelled it meanwhile (run_task's CANCELLED came back)
+            pass
+        with self._lock:
+            ours = dfut.key in self._pending
+        if ours:
+            self._cancel(fut)
+        return True
 
     # -- resources ---------------------------------------------------------------------
 

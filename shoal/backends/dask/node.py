@@ -316,6 +316,20 @@ def started_keys(token: str, keys: list[str]) -> list[str]:
     return [] if claims is None else claims.started(keys)
 
 
+def force_keys(token: str, keys: list[str]) -> list[str]:
+    """``client.run`` (``pilot.cancel(fut, force=True)``): the keys among ``keys`` whose
+    task this node's runtime held and cancelled, killing (and replacing) the shoal worker
+    running it (``LocalBackend.force_cancel``); their ``run_task`` returns CANCELLED."""
+    with _lock:
+        claims, node = _claims.get(token), _nodes.get(token)
+    if claims is None or node is None:
+        return []
+    with claims.lock:
+        held = [(k, claims.entries.get(k)) for k in keys]
+    return [k for k, entry in held if entry is not None and not isinstance(entry, Fate)
+            and not entry.done() and node.backend.force_cancel(entry)]
+
+
 def forget_keys(token: str, keys: list[str]) -> None:
     """``client.run``: lift the tombstones of keys whose cancel another worker refused."""
     with _lock:

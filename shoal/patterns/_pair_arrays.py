@@ -104,6 +104,12 @@ def _strip(job: StripJob, i0: int, i1: int) -> int:
         raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
                         f"{c0 + len(cols)}) returned shape {shape}, expected "
                         f"{(i1 - i0, len(cols))}", i0, c0)
+    if d.dtype.kind not in "biuf":
+        # a complex block would lose its imaginary part in the float64 result without a word,
+        # an object one become NaN or a ValueError naming nothing (the tiled path's rule)
+        raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
+                        f"{c0 + len(cols)}) returned a {d.dtype} array; it must return a "
+                        "real-valued array", i0, c0)
     if job.y is not None:
         out[i0:i1] = d
         return d.size

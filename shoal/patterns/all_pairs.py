@@ -190,8 +190,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         raise ValueError("condensed=True is the upper triangle of a symmetric problem kept in "
                          "memory: not with other=, symmetric=False, out= or top_k=")
     if (block is not None and load is None and out is None and top_k is None
-            and isinstance(items, np.ndarray) and items.ndim >= 1
-            and (other is None or isinstance(other, np.ndarray))):
+            and _plain_array(items) and (other is None or _plain_array(other))):
         return _array_compute(pilot, items, other if other is not None else None, block,
                               symmetric or other is not None, bool(condensed))
     if condensed:
@@ -281,6 +280,14 @@ def _sampler(counters, total_pairs: int):
                 "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
                 "tiles_stolen": int(t[Counter.STOLEN])}
     return sample
+
+
+def _plain_array(x) -> bool:
+    """An array whose rows can go to the workers through shared memory: not object dtype
+    (Python objects cannot live in a shared buffer: they take the tiled path, as a list)."""
+    import numpy as np
+
+    return isinstance(x, np.ndarray) and x.ndim >= 1 and not x.dtype.hasobject
 
 
 def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):

@@ -92,3 +92,16 @@ def absdiff(a, b):
 
 def similarity(a, b):
     return -abs(a - b) / 7.0
+
+
+def block_complex(rows, cols):
+    """cdist plus an imaginary part: not a real-valued block (must be refused, not truncated)."""
+    return cdist(np.asarray(rows), np.asarray(cols)) + 1j
+
+
+def block_objects(rows, cols):
+    return np.full((len(rows), len(cols)), None, dtype=object)
+
+
+def block_len_sum(rows, cols):
+    return np.array([[float(len(a) + len(b)) for b in cols] for a in rows])

@@ -261,6 +261,10 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
             result = topk
         result.stats = stats
         return result
+    except BaseException:
+        if flags is not None:  # Ctrl-C or an error: tiles still queued or running return at
+            flags.array[RunFlag.ABORT] = 1  # once instead of finishing the abandoned matrix
+        raise
     finally:
         if flags is not None:
             flags.array[RunFlag.DONE] = 1  # workers drop this run's state when they see their next run
@@ -318,8 +322,12 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
     if mode in (Output.ARRAY, Output.MEMMAP):
         root = (TileKind.TRIANGLE, 0, n, 0, n) if symmetric else (TileKind.RECT, 0, n, 0, m)
         fut = pilot.submit(tile_task, run, root, tile, origin)
-        while not cf.wait([fut], timeout=ticker.timeout()).done:
-            ticker.tick()
+        try:
+            while not cf.wait([fut], timeout=ticker.timeout()).done:
+                ticker.tick()
+        except BaseException:  # Ctrl-C: compute() raises ABORT, so the spawned tiles stop
+            fut.cancel()
+            raise
         fut.result()
         return None
     size = tile

@@ -61,3 +61,38 @@ def test_nan_and_inf_hyperparameters_are_refused_up_front(make):
     # with "the loss is nan", blaming the learning rate or the inputs.
     with pytest.raises(ValueError, match="must be in"):
         make()
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed: pip install 'shoal[torch]' "
+                               "(the CPU wheel torch==2.13.0)")
+
+
+@pytest.mark.parametrize("norm", ["BatchNorm1d", "InstanceNorm1d-tracking"])
+def test_torch_batch_statistics_are_refused_naming_the_layer(norm):
+    # Before: accepted.  On a pilot the BatchNorm's running statistics stayed in the workers'
+    # copies (the driver's module still had running_mean 0 and num_batches_tracked 0 after
+    # fit, so predict() normalised wrongly), and a plan with R=2, M=2 moved the parameters
+    # 0.018 away from one process on the whole batch (each micro-batch its own statistics).
+    torch = _torch()
+    layer = (torch.nn.BatchNorm1d(8) if norm == "BatchNorm1d"
+             else torch.nn.Sequential(torch.nn.Unflatten(1, (1, 8)),
+                                      torch.nn.InstanceNorm1d(1, track_running_stats=True),
+                                      torch.nn.Flatten()))
+    module = torch.nn.Sequential(torch.nn.Linear(5, 8), layer, torch.nn.ReLU(),
+                                 torch.nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"layer 1 \((BatchNorm1d|InstanceNorm1d)\) normalises by "
+                                         "batch statistics"):
+        dl.TorchModule(module)
+    dl.TorchModule(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.LayerNorm(8),
+                                       torch.nn.Linear(8, 3)))  # per sample: fine
+
+
+def test_torch_tied_weights_are_refused():
+    # Before: each layer's copy of the shared weight was trained on its own and the last one
+    # written back won: not what torch does with a tied parameter.
+    torch = _torch()
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    b.weight = a.weight
+    with pytest.raises(ValueError, match="layers 0 and 2 share a parameter"):
+        dl.TorchModule(torch.nn.Sequential(a, torch.nn.ReLU(), b))

@@ -117,3 +117,26 @@ def test_a_stall_timeout_that_is_not_a_positive_number_is_refused(bad):
             ts.Engine(store, scheduler="serial", stall_timeout=bad)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", ["truncate state", "overwrite state", "delete segment"])
+def test_a_damaged_checkpoint_is_named(tmp_path, damage):
+    # Before: zipfile.BadZipFile "File is not a zip file", numpy's "This file contains pickled
+    # (object) data ... allow_pickle" (misleading: never load a checkpoint with pickle), or a
+    # bare FileNotFoundError for a lost segment; none named the checkpoint.
+    ckpt = str(tmp_path / "ckpt")
+    events = [ts.Event(tasks.touch, i) for i in range(10)]
+    with ts.Store({"t": np.zeros(2, np.int64)}) as store:
+        ts.Engine(store, scheduler="serial", punctuation=4, checkpoint=ckpt).run(events[:8])
+    state, seg = tmp_path / "ckpt" / "state.npz", tmp_path / "ckpt" / "out-00000000.npz"
+    if damage == "truncate state":
+        with open(state, "r+b") as f:
+            f.truncate(state.stat().st_size // 2)
+    elif damage == "overwrite state":
+        state.write_bytes(b"\x00not a checkpoint" * 8)
+    else:
+        seg.unlink()
+    name = "out-00000000.npz" if damage == "delete segment" else "state.npz"
+    with ts.Store({"t": np.zeros(2, np.int64)}) as store:
+        with pytest.raises(ValueError, match=f"txstream checkpoint .*{name} cannot be read"):
+            ts.Engine(store, scheduler="serial", punctuation=4, checkpoint=ckpt).run(events)

@@ -142,6 +142,10 @@ def run(pilot, x, y, block, condensed: bool):
             owned.append(ys)
             ys.array[...] = y
         shape = (n * (n - 1) // 2,) if condensed else (n, m)
+        from .all_pairs import check_fits
+
+        check_fits(shape[0] * (shape[1] if len(shape) > 1 else 1),
+                   f"the condensed result of {n} items" if condensed else f"the {n} x {m} result")
         out = shoal.SharedArray(shape, "float64")
         owned.append(out)
         job = StripJob(xs, ys, out, block, condensed)

@@ -126,6 +126,39 @@ def _default_cache_bytes(workers: int) -> int:
     return max(1 << 20, min(DEFAULT_CACHE_BYTES, total // (4 * max(1, workers))))
 
 
+def machine_memory() -> int:
+    """Bytes of RAM plus swap: what the kernel's heuristic overcommit refuses to exceed in
+    one allocation (numpy's ``np.empty`` of more raises MemoryError at once)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemTotal"] + info.get("SwapTotal", 0)
+    except (OSError, KeyError, ValueError, IndexError):  # not Linux: page counts
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(values: int, what: str, *, path: str | None = None) -> None:
+    """MemoryError (or OSError for a file) naming the size before a result is allocated.
+
+    Shared memory and memmapped files are sparse until written: without this check a
+    result larger than the machine was only found out by the workers, page by page
+    (OOM kills or SIGBUS), where ``squareform(pdist(X))`` fails at once."""
+    need = values * 8
+    if path is None:
+        have = machine_memory()
+        if need > have:
+            raise MemoryError(f"all_pairs: {what} needs {need / 2**30:.1f} GiB of float64, more "
+                              f"than this machine's {have / 2**30:.1f} GiB of memory; use "
+                              "out='d.npy' (a file), top_k=k, or condensed=True (half)")
+        return
+    import shutil
+
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if need > free:
+        raise OSError(28, f"all_pairs: out={path!r} needs {need / 2**30:.1f} GiB, but its "
+                          f"file system has {free / 2**30:.1f} GiB free")
+
+
 def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric):
     if compare is None and block is None:
         raise TypeError("compute() needs compare=(a, b) -> float or block=(rows, cols) -> 2-D array")
@@ -214,10 +247,12 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     try:
         result_sa, path = None, None
         if mode is Output.ARRAY:
+            check_fits(n * m, f"the {n} x {m} result")
             result_sa = shoal.SharedArray((n, m), "float64")
             shared.append(result_sa)
         elif mode is Output.MEMMAP:
             path = os.fspath(out)
+            check_fits(n * m, f"the {n} x {m} result", path=path)
             np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, m)).flush()
         rows = workers + 1  # row 0: the driver (unused), then one per worker
         counters = shoal.SharedArray((rows, len(Counter)), "int64", fill=0)

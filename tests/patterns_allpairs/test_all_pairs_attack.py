@@ -44,3 +44,20 @@ def test_ctrl_c_in_the_driver_stops_the_tiles_of_the_abandoned_matrix(tmp_path):
         assert calls < 200 * 201 // 4, f"{calls} of {200 * 201 // 2} pairs computed after Ctrl-C"
         again = all_pairs.compute(pilot, [v for _, v in items[:5]], t.euclidean)
         assert again.shape == (5, 5)
+
+
+def test_a_result_larger_than_the_machine_is_refused_before_anything_runs(tmp_path):
+    # Before: the result's shared memory (or .npy memmap) is sparse, so a 32 TB result was
+    # allocated without a word and the workers found out page by page (here only because
+    # a strip's temporary block raised MemoryError first; on a result a little larger than
+    # RAM the OOM killer or SIGBUS), where squareform(pdist(X)) raises MemoryError at once.
+    n = 2_000_000
+    with shoal.Pilot(1) as pilot:
+        with pytest.raises(MemoryError, match=r"the 2000000 x 2000000 result needs 29802.3 GiB"):
+            all_pairs.compute(pilot, list(range(n)), t.euclidean)
+        with pytest.raises(MemoryError, match="condensed result of 2000000 items needs"):
+            all_pairs.compute(pilot, np.zeros((n, 1)), block=t.block_euclidean, condensed=True)
+        with pytest.raises(OSError, match="needs 29802.3 GiB, but its file system has"):
+            all_pairs.compute(pilot, list(range(n)), t.euclidean, out=str(tmp_path / "d.npy"))
+        assert pilot.stats()["workers"][0].get("tasks_run", 0) == 0
+        assert not (tmp_path / "d.npy").exists()

@@ -692,6 +692,16 @@ class DaskBackend:
             driver.update(jobs=self.jobs.snapshot(), jobs_replaced=self.jobs.replaced)
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
+    def monitor(self) -> dict:
+        """``stats()`` with the dask dashboard's address (the shoal dashboard's sample)."""
+        if self.closing:
+            return {"backend": self.kind, "workers": [], "closing": True}
+        try:
+            link = self.client.dashboard_link
+        except Exception:  # noqa: BLE001 - no bokeh, no dask dashboard: no link
+            link = None
+        return {**self.stats(), "dashboard_link": link}
+
     def _scheduler_address(self) -> str | None:
         try:
             return self.client.scheduler.address

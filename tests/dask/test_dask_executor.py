@@ -5,9 +5,9 @@ a running task's ``cancel()`` is False; a task still in dask's queue cancels and
 runs; a closed pilot's tasks that dask hands out later start no runtime; ``stats()``
 counts a map whose item raised as failed; an unpicklable argument is named.
 
-Real clusters (a LocalCluster of one dask worker with two threads; the command-line
-cluster of tests/dask_cluster.py), tasks that block on files the test creates: no
-outcome depends on timing.
+Real clusters (a LocalCluster of one dask worker with two threads in the default run; the
+same on the command-line cluster of tests/dask_cluster.py with ``-m conformance_full``),
+tasks that block on files the test creates: no outcome depends on timing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _resource_tracker():
     resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
 
 
-@pytest.fixture(scope="module", params=["localcluster", "cli"])
+@pytest.fixture(scope="module", params=[
+    "localcluster", pytest.param("cli", marks=pytest.mark.conformance_full)])
 def cluster(request):
     """One dask worker with 2 threads: its node runtime (1 shoal worker) takes a second
     task from dask while the first runs, and queues it (what the cancel handshake is for)."""
@@ -154,3 +155,24 @@ def _all_shoal_workers(cluster):
     if isinstance(cluster, CliCluster):
         return [w for proc in cluster.workers for w in shoal_workers(proc.pid)]
     return shoal_workers()
+
+
+def _claim_entries(token: str) -> int:
+    from shoal.backends.dask import node as n
+
+    claims = n._claims.get(token)
+    return 0 if claims is None else len(claims.entries)
+
+
+def test_claims_do_not_grow_with_finished_tasks(cluster):
+    """The node's claim entries of finished tasks go once dask releases their results, so a
+    long-lived pilot does not accumulate one per task."""
+    with _pilot(cluster) as pilot, _client(cluster) as client:
+        token = pilot._backend.token
+
+        def round_then_entries():  # each round's futures are dropped: dask releases them
+            assert sum(f.result(60) for f in [pilot.submit(t.inc, i) for i in range(100)]) == 5050
+            return sum(client.run(_claim_entries, token).values())
+
+        wait_until(lambda: round_then_entries() < 200, 60,
+                   "the claims of released tasks to be pruned")

@@ -383,10 +383,11 @@ def export_spawned(token: str) -> list[tuple]:
     """``client.run`` on a busy node: lend spawned tasks for another machine.
 
     The node runtime steals as endpoint 0 (half of every worker's deque, oldest
-    first); each task whose arguments can leave this machine (no SharedArray,
-    BestCell, ... of this node in them: ``portable_dumps``) is returned as
-    ``(task id, function blob or None, payload, inline)``, the rest run here after
-    all.  A returned task is owed a ``deliver_result``: its owner waits for it.
+    first); each task whose arguments can leave this machine (``portable_dumps``:
+    this node's replicas of pilot-level objects go as those objects, cells.py;
+    other shared memory of this machine cannot go) is returned as ``(task id,
+    function blob or None, payload pickled for there, inline)``, the rest run here
+    after all.  A returned task is owed a ``deliver_result``: its owner waits for it.
     Nothing is lent while a task holding dask worker resources runs here (its
     spawned children may need the GPU it holds; they are not told apart from the
     others' in the workers' deques).

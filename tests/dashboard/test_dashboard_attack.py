@@ -82,3 +82,16 @@ def test_a_backend_without_monitor_is_a_clear_error_not_a_fallback():
 
     with pytest.raises(AttributeError, match="monitor"):
         Dashboard(backend=NotABackend())
+
+
+@pytest.mark.timeout(30)  # a regression blocks in open(): fail instead
+def test_a_fifo_as_journal_is_an_error_on_the_page_not_a_hung_server(tmp_path):
+    # Before: check_journal opened the path to read SQLite's magic: open() of a FIFO blocks
+    # until a writer comes, so `shoal dashboard fifo` hung at start and a JournalSource on one
+    # hung every page request (each in a thread of its own, under the source's lock).
+    from shoal.dashboard.journal import journal_state
+
+    fifo = str(tmp_path / "run.db")
+    os.mkfifo(fifo)
+    state = journal_state(fifo)
+    assert "not a regular file" in state["error"]

@@ -95,3 +95,32 @@ def test_a_fifo_as_journal_is_an_error_on_the_page_not_a_hung_server(tmp_path):
     os.mkfifo(fifo)
     state = journal_state(fifo)
     assert "not a regular file" in state["error"]
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_does_not_keep_the_closed_dashboards_port():
+    # Before: a child forked while the dashboard ran (multiprocessing's fork, a DataLoader
+    # worker) kept a copy of the listening socket; after the pilot's close() the port stayed
+    # bound, and a client connecting got no "refused" but a request that hung.
+    import faulthandler
+    import socket
+
+    read_end, write_end = os.pipe()
+    pilot = shoal.Pilot(1, dashboard=0)
+    try:
+        parts = urllib.parse.urlsplit(pilot.dashboard_url)
+        faulthandler.cancel_dump_traceback_later()  # its watchdog can hang a forked child
+        pid = os.fork()
+        if pid == 0:  # the child: wait until the parent has looked, then leave
+            os.close(write_end)
+            os.read(read_end, 1)
+            os._exit(0)
+        os.close(read_end)
+    finally:
+        pilot.close()
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)

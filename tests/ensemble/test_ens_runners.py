@@ -61,9 +61,14 @@ def test_journaled_pid_start_is_the_process_start(tmp_path):
 
 
 def test_kill_reaches_a_live_child_and_never_a_reaped_pid():
-    killed = []
+    killed, reaped = [], []
 
-    def kill(pid):
+    def kill(pid):  # the runner's kills: the engine's (Runners.kill) and the group's at each exit
+        try:  # still ours (running, or a zombie not yet reaped: the number cannot be reused)?
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            reaped.append(pid)  # reaped: the number may be someone else's now
+            return
         killed.append(pid)
         os.kill(pid, 9)
 
@@ -73,7 +78,7 @@ def test_kill_reaches_a_live_child_and_never_a_reaped_pid():
         _wait_for(lambda: any(e[0] is Event.EXITED for e in r.events), "the short child's exit")
         short = next(e[2] for e in r.events if e[0] is Event.SPAWNED)
         r.kill(short)  # reaped: the number may be someone else's now
-        assert killed == []
+        assert reaped == [] and killed == [short]  # its group was killed at its exit, before the reap
         r.events.clear()
         r.submit("long", [0], lambda: os.posix_spawn("/bin/sleep", ["/bin/sleep", "60"], os.environ))
         long = _wait_for(lambda: next((e[2] for e in r.events if e[0] is Event.SPAWNED), None),
@@ -81,7 +86,7 @@ def test_kill_reaches_a_live_child_and_never_a_reaped_pid():
         r.kill(long)
         code = _wait_for(lambda: next((e[2] for e in r.events if e[0] is Event.EXITED), None),
                          "the long child's EXITED")
-        assert killed == [long] and code == -9
+        assert reaped == [] and killed == [short, long, long] and code == -9
     finally:
         r.close()
 
@@ -183,3 +188,52 @@ def test_environment_variable_names_execve_cannot_carry_are_refused(tmp_path, na
     task = Task(executable="/usr/bin/env", environment={name: "c"}, name="t")
     with pytest.raises(EnsembleError, match=r"p\.s0\.t: environment variable names"):
         run(Pipeline([Stage([task])], name="p"), journal=str(tmp_path / "run.db"))
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie waiting for init counts: it runs no more)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# the shell writes the background job's pid, then ends (0, 3) or waits for its timeout
+ORPHAN = "sleep 300 & echo $! > bg.pid; {end}"
+
+
+@pytest.mark.parametrize("spawner", ["posix_spawn", "popen"])
+def test_background_children_do_not_outlive_their_task(tmp_path, monkeypatch, spawner):
+    """A task that leaves ``sleep 300 &`` behind and exits (0, non-zero, or killed at its timeout):
+    the sleep dies with it (it used to outlive the run, reparented to init), before the task is
+    journaled, on both spawn paths."""
+    if spawner == "popen":
+        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    ends = {"ok": "exit 0", "bad": "exit 3", "slow": "touch ready; exec sleep 300"}
+    tasks = [Task(executable="/bin/sh", arguments=["-c", ORPHAN.format(end=end)], name=name,
+                  timeout=3.0 if name == "slow" else None) for name, end in ends.items()]
+    report = run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    kinds = {f["uid"]: f["kind"] for f in report.failures}
+    assert report.done == 1 and kinds == {"p.s0.bad": FailureKind.EXIT_CODE, "p.s0.slow": FailureKind.TIMEOUT}
+    sb = tmp_path / "run.sandbox" / "p" / "s0"
+    for name in ends:
+        if name == "slow" and not (sb / name / "ready").exists():
+            continue  # the timeout came before the shell got that far (a very loaded machine)
+        pid = int((sb / name / "bg.pid").read_text())
+        _wait_for(lambda pid=pid: _gone(pid), f"the background sleep of {name} to die", timeout=10)
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_background_children_do_not_outlive_a_node_task(tmp_path, timeout):
+    """The same for ``run_executable``, which runs executables on the nodes of a dask pilot
+    (called here in-process: it is a plain function), with and without a timeout to watch."""
+    from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
+
+    sb = tmp_path / "sb"
+    spec = ExecSpec(uid="p.s.t", executable="/bin/sh", arguments=("-c", ORPHAN.format(end="exit 0")),
+                    sandbox=str(sb), cwd=str(tmp_path), cores=1, environment=(), pre_exec=(), post_exec=(),
+                    inputs=(), stdin=None, outputs=(), timeout=timeout, walltime_at=None)
+    out = run_executable(spec)
+    assert (out.ended, out.exit_code) == (Ended.EXITED, 0), out
+    pid = int((sb / "bg.pid").read_text())
+    _wait_for(lambda: _gone(pid), "the background sleep to die", timeout=10)

@@ -33,6 +33,17 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* Cancel (the stdlib's promise: True only if the call never runs): ``cancel()``
+  asks every dask worker in one round trip, and each takes the task back (from
+  its node runtime's queue, or a tombstone for one it has not seen) or reports it
+  started (claims.py, with the alternatives rejected).  ``running()`` asks the
+  same way; ``shutdown(cancel_futures=True)`` claims all pending tasks in one
+  round; ``pilot.cancel(fut, force=True)`` has the node runtime kill and replace
+  the shoal worker running the task.  Map batches (``_Coarse``) skip the round:
+  only ``map_iter`` cancels them, and nobody reads its answer.
+* Close: ``close`` unregisters the pilot's ``NodePlugin``; its teardown stops the
+  node runtime in each dask worker for good (a task dask hands out afterwards
+  returns ``claims.CANCELLED`` and starts no fresh runtime).
 * ``resources={"GPU": 1}`` (``Pilot.options``) goes to ``client.submit``: dask
   runs the task only where a worker declared that much.  A request no
   connected worker meets is refused at submit (``ValueError``); one whose
@@ -66,16 +77,13 @@ import itertools
 import socket
 import threading
 import time
-import traceback
 import uuid
 import weakref
 
 from ..._errors import (
     BackendUnavailable,
     PilotClosed,
-    RemoteTraceback,
     SerializationError,
-    WorkerLost,
 )
 from ...runtime import graph, wire
 from ...runtime.api import check_options, check_resources, settle
@@ -83,12 +91,26 @@ from ...runtime.future import Future
 from ...runtime.mapping import map_iter
 from .balance import Balancer
 from .cells import CellHub
+from .claims import CANCELLED, Verdict
+from .errors import gone, unpicklable, unwrap
 from .jobs import JobPolicy, JobWatch
-from .node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
+from .node import (
+    NodeConfig,
+    NodePlugin,
+    cancel_keys,
+    cpu_slices,
+    force_keys,
+    forget_keys,
+    probe,
+    run_batch,
+    run_task,
+    started_keys,
+)
 from .provider import Provider, make_cluster
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
+CLAIM_TIMEOUT_S = 30.0  # a cancel's claim round (claims.py) gives up after this long: not cancelled
 
 
 class Owned(enum.Enum):
@@ -115,7 +137,7 @@ class _Coarse:
         (batch,) = args
         be = self.backend
         return be._send(run_batch, (be.cfg, self.blob, self.star, batch, bool(self.resources)),
-                        self.name, 0, self.resources)
+                        self.name, 0, self.resources, claim=False)
 
 
 class DaskBackend:
@@ -198,6 +220,9 @@ class DaskBackend:
         self._ids = itertools.count(1)
         self._blobs: dict[int, tuple[bytes, object]] = {}
         self._cancel_cb = self._cancel
+        self._probe_cb = self._probe
+        self._claimed: set[str] = set()  # keys a claim round took back: they never run
+        self._batches: set[str] = set()  # keys of pending map batches (run_batch)
         self.counters = {"submitted": 0, "completed": 0, "failed": 0, "cancelled": 0}
 
     def _size(self, workers, seed, idle_timeout, wait_s) -> None:
@@ -277,7 +302,8 @@ class DaskBackend:
                         ordered=ordered, chunksize=chunksize, timeout=timeout,
                         window_bytes=window_bytes)
 
-    def _send(self, runner, args: tuple, name: str, retries: int, resources=None) -> Future:
+    def _send(self, runner, args: tuple, name: str, retries: int, resources=None,
+              claim: bool = True) -> Future:
         if self.closing:
             raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
         if self.broken is not None:
@@ -288,18 +314,22 @@ class DaskBackend:
         fut = Future()
         fut.task_id = tid = next(self._ids)
         fut._canceller = self._cancel_cb
+        if claim:  # cancel() asks the nodes first (claims.py); map batches are map_iter's own
+            fut._prober = self._probe_cb
         key = f"{name}-{self.token}-{tid}"
         try:
             dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None,
                                       resources=resources)
         except Exception as exc:  # arguments dask cannot serialise
-            fut.set_exception(SerializationError(f"task {name}: {exc}"))
+            fut.set_exception(unpicklable(name, runner is run_batch, args, exc))
             return fut
         self._dask_of[fut] = dfut
         with self._lock:
             self._pending[key] = (fut, dfut)
             if resources:
                 self._needs[key] = resources
+            if runner is run_batch:
+                self._batches.add(key)
             self.counters["submitted"] += 1
         dfut.add_done_callback(self._on_done)
         self.balancer.kick()
@@ -329,6 +359,8 @@ class DaskBackend:
             self.counters["cancelled"] += 1
             if dfut is not None:
                 self._pending.pop(dfut.key, None)  # close() must not wait for it
+                self._batches.discard(dfut.key)
+                self._claimed.discard(dfut.key)
         if dfut is not None and self.client.status == "running":
             self.client.loop.add_callback(self._cancel_async, dfut)
 
@@ -338,19 +370,112 @@ class DaskBackend:
         except Exception:  # pragma: no cover - the cluster went away: nothing left to cancel
             pass
 
+    def _probe(self, fut: Future, cancel: bool = False) -> bool:
+        """``Future.cancel()``'s question: does the task run (or did it)?  Answered by a
+        claim round on every dask worker (claims.py), which also makes sure a task it
+        reports not started never starts.  ``running()``'s: one question to every dask
+        worker (a started task's future goes RUNNING; the hot path sends no message)."""
+        dfut = self._dask_of.get(fut)
+        if dfut is None or dfut.key in self._claimed:
+            return False
+        if cancel:
+            return not self._claim([fut])
+        if self.client.status != "running" or self._on_client_loop():
+            return False
+        try:
+            replies = self.client.run(started_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:  # no answer: not known to run
+            return False
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            return False
+        with fut._condition:
+            if fut._state == "PENDING":
+                fut._state = "RUNNING"
+        return True
+
+    def _claim(self, futs) -> list[Future]:
+        """One claim round for ``futs``: those taken back (they never run; the caller
+        cancels them).  The others run or ran somewhere: their tombstones are lifted."""
+        keys = {}
+        for f in futs:
+            d = self._dask_of.get(f)
+            if d is not None and not f.done():
+                keys[d.key] = f
+        if not keys:
+            return []
+        if self.client.status != "running":
+            taken = list(keys)  # no cluster: nothing of ours runs any more
+        elif self._on_client_loop():
+            return []  # a round trip from the loop that answers it would deadlock: say started
+        else:
+            try:
+                replies = self.client.run(cancel_keys, self.token, list(keys), on_error="return",
+                                          callback_timeout=CLAIM_TIMEOUT_S)
+            except Exception:  # no answer in time: maybe started; lift what was planted
+                replies, taken = None, []
+            if replies is not None:
+                started = {k for rep in replies.values() if isinstance(rep, dict)
+                           for k, v in rep.items() if v == Verdict.STARTED.value}
+                taken = [k for k in keys if k not in started]
+            refused = [k for k in keys if k not in set(taken)]
+            if refused:
+                self.client.loop.add_callback(self._forget_async, refused)
+        with self._lock:
+            self._claimed.update(taken)
+        return [keys[k] for k in taken]
+
+    async def _forget_async(self, keys: list[str]) -> None:
+        try:
+            await self.client.run(forget_keys, self.token, keys, on_error="ignore",
+                                  asynchronous=True)
+        except Exception:  # pragma: no cover - the cluster went away
+            pass
+
+    def _on_client_loop(self) -> bool:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return running is getattr(self.client.loop, "asyncio_loop", running)
+
     def cancel_pending(self) -> int:
-        """``shutdown(cancel_futures=True)``: nothing is cancelled here (returns 0).  dask
-        does not tell a client which of its tasks a worker has started, and the stdlib
-        promise is "running tasks finish"; ``close(cancel_pending=True)`` cancels them all."""
-        return 0
+        """``shutdown(cancel_futures=True)``: cancel every task no shoal worker started, in
+        one claim round (claims.py); running tasks finish.  Returns how many."""
+        with self._lock:
+            futs = [f for f, _ in self._pending.values()]
+        return sum(f.cancel() for f in self._claim(futs))
 
     def cancel_children(self, fut: Future) -> None:
         """No-op: a task's spawned children live in its node's runtime, which the driver
         does not address by task id; they finish with their parent."""
 
     def force_cancel(self, fut: Future) -> bool:
-        raise NotImplementedError("cancel(force=True) is not supported by the dask backend "
-                                  "(dask cannot kill one task; cancel() stops it if not started)")
+        """``pilot.cancel(fut, force=True)``: cancel ``fut`` even while a shoal worker runs
+        it, by killing and replacing that worker on its node (the local backend's force
+        cancel, there; other tasks that worker ran get ``WorkerLost`` or their retries).
+        False for a task that finished, or a map batch (no single task to stop)."""
+        if fut.cancel():
+            return True
+        dfut = self._dask_of.get(fut)
+        if (fut.done() or dfut is None or self.client.status != "running"
+                or self._on_client_loop()):
+            return False
+        with self._lock:
+            self._claimed.add(dfut.key)  # its run_task returns CANCELLED: _flush cancels it
+        try:
+            replies = self.client.run(force_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:
+            replies = {}
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            with self._lock:
+                self._claimed.discard(dfut.key)
+            return False
+        if not _force_cancelled(fut):  # finished meanwhile
+            return fut.cancelled()
+        self._cancel(fut)
+        return True
 
     # -- resources ---------------------------------------------------------------------
 
@@ -473,14 +598,31 @@ class DaskBackend:
             for f, d in others:
                 ok, value = await self._outcome(d)
                 settled.append((f, d, ok, value))
+            refused = []  # keys a node refused to start (a claim round took them back)
             with self._lock:
-                for _f, d, ok, _ in settled:
+                for f, d, ok, value in settled:
                     self._pending.pop(d.key, None)
+                    self._claimed.discard(d.key)
                     if self._needs:
                         self._needs.pop(d.key, None)
+                    batch = d.key in self._batches
+                    self._batches.discard(d.key)
+                    if ok and type(value) is str and value == CANCELLED:
+                        refused.append(f)
+                        continue
+                    if ok and batch and type(value) is tuple and value[2] is not None:
+                        ok = False  # a map item raised: its batch failed (the error rides along)
                     self.counters["completed" if ok else "failed"] += 1
+            for f in refused:
+                # Claimed by a cancel() or force cancel still under way: it settles the
+                # future (cancelling it here too would race with it).  Otherwise (the
+                # pilot closed on that node; a claim round that timed out after planting
+                # its tombstones) nobody else will: cancelled here.
+                if self._dask_of[f].key not in self._claimed and _force_cancelled(f):
+                    with self._lock:
+                        self.counters["cancelled"] += 1
             for f, _, ok, value in settled:
-                if value is not _SKIP:
+                if value is not _SKIP and f not in refused:
                     settle(f, ok, value)
 
     async def _outcome(self, dfut):
@@ -492,13 +634,13 @@ class DaskBackend:
             if status == "error":
                 exc = await dfut.exception(asynchronous=True)
                 tb = await dfut.traceback(asynchronous=True)
-                return False, _unwrap(exc, tb, dfut.key)
+                return False, unwrap(exc, tb, dfut.key)
         except BaseException as exc:  # lost while gathering
-            return False, _gone(dfut.key, exc)
+            return False, gone(dfut.key, exc)
         if status == "cancelled":
             reason = getattr(dfut._state.exception, "reason", "")
             if reason in _GONE or self.client.status != "running":
-                return False, _gone(dfut.key, reason)
+                return False, gone(dfut.key, reason)
             return False, cf.CancelledError(f"dask cancelled task {dfut.key} ({reason})")
         return False, _SKIP  # pragma: no cover - a done callback for a pending future
 
@@ -521,7 +663,7 @@ class DaskBackend:
             self._done.clear()
             self._flushing = False
         for fut, dfut in entries:
-            settle(fut, False, _gone(dfut.key, "the client's event loop stopped"))
+            settle(fut, False, gone(dfut.key, "the client's event loop stopped"))
 
     # -- introspection and shutdown ----------------------------------------------------
 
@@ -550,6 +692,16 @@ class DaskBackend:
             driver.update(jobs=self.jobs.snapshot(), jobs_replaced=self.jobs.replaced)
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
+    def monitor(self) -> dict:
+        """``stats()`` with the dask dashboard's address (the shoal dashboard's sample)."""
+        if self.closing:
+            return {"backend": self.kind, "workers": [], "closing": True}
+        try:
+            link = self.client.dashboard_link
+        except Exception:  # noqa: BLE001 - no bokeh, no dask dashboard: no link
+            link = None
+        return {**self.stats(), "dashboard_link": link}
+
     def _scheduler_address(self) -> str | None:
         try:
             return self.client.scheduler.address
@@ -563,8 +715,7 @@ class DaskBackend:
         with self._lock:
             futs = [f for f, _ in self._pending.values()]
         if cancel_pending:
-            for f in futs:
-                f.cancel()
+            self.cancel_pending()  # the started ones are stopped with their node runtimes
         else:
             cf.wait(futs)
         self.closed = True
@@ -604,6 +755,21 @@ class DaskBackend:
 _SKIP = object()
 
 
+def _force_cancelled(fut: Future) -> bool:
+    """Cancel ``fut`` also when RUNNING (``Future.cancel`` refuses that); False if it
+    finished first."""
+    with fut._condition:
+        if fut._state == "RUNNING":
+            fut._state = "PENDING"
+    if not cf.Future.cancel(fut):
+        return False
+    try:
+        fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
+    except RuntimeError:  # another thread notified it first
+        pass
+    return True
+
+
 def _failed(exc: BaseException) -> Future:
     fut = Future()
     fut.set_exception(exc)
@@ -631,24 +797,3 @@ def _probe_tcp(address: str, timeout: float) -> None:
 
 def _name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__).replace("<", "").replace(">", "")
-
-
-def _unwrap(exc: BaseException, tb, key: str) -> BaseException:
-    """The task's own exception with the shoal worker's traceback as ``__cause__``."""
-    from distributed.scheduler import KilledWorker
-
-    if isinstance(exc, KilledWorker):
-        err = WorkerLost(f"dask workers died while running task {key}, more often than "
-                         f"distributed.scheduler.allowed-failures allows: {exc}")
-        err.__cause__ = exc
-        return err
-    text = exc.__dict__.pop(TB_ATTR, None) if hasattr(exc, "__dict__") else None
-    if text is None and tb is not None:
-        text = "".join(traceback.format_tb(tb))
-    if text:
-        exc.__cause__ = RemoteTraceback(text)
-    return exc
-
-
-def _gone(key: str, why) -> BackendUnavailable:
-    return BackendUnavailable(f"task {key}: the dask cluster went away before it finished ({why})")

@@ -16,6 +16,8 @@ Data flow of one attempt::
                                                     Popen without a shell, own session,
                                                     SIGKILLed if this worker dies (PDEATHSIG),
                                                     wait <= timeout / walltime, kill the group
+                                                    (also at a normal exit: what the program
+                                                    left running in its group dies with it)
       reap: ExecOutcome ─► exit_failure() ◄─dask─   ExecOutcome(how it ended, exit code,
       journal DONE / FAILED / retry                   stderr tail, outputs or what is missing)
 
@@ -175,7 +177,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
     if walltime_at is not None:
         limits.append((time.monotonic() + (walltime_at - time.time()), Ended.WALLTIME))
     if not limits:
-        proc.wait()
+        _reap_group(proc)
         return Ended.EXITED
     until, why = min(limits, key=lambda x: x[0])
     try:
@@ -183,7 +185,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
     except (AttributeError, OSError):  # pragma: no cover - kernels before 5.3
         pidfd = -1
     try:
-        while proc.poll() is None:
+        while proc.returncode is None:
             left = until - time.monotonic()
             if left <= 0:
                 kill_group(proc.pid)
@@ -192,7 +194,8 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
             if pidfd >= 0:
                 poller = select.poll()
                 poller.register(pidfd, select.POLLIN)
-                poller.poll(int(left * 1000) + 1)
+                if poller.poll(int(left * 1000) + 1):
+                    _reap_group(proc)
             else:  # pragma: no cover
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(min(left, 0.05))
@@ -200,6 +203,15 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
         if pidfd >= 0:
             os.close(pidfd)
     return Ended.EXITED
+
+
+def _reap_group(proc: subprocess.Popen) -> None:
+    """Wait for ``proc`` to exit, SIGKILL what it left in its process group, then reap it.  The
+    unreaped zombie keeps the group id from being reused, so the kill cannot reach a stranger."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    kill_group(proc.pid)
+    proc.wait()
 
 
 def _child_setup():

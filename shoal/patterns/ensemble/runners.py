@@ -24,6 +24,10 @@ so an exit is seen at once, with no pidfd and no polling.
 Invariants:
   * every pid a runner spawns is reaped by that runner (``waitpid(pid)``, never ``waitpid(-1)``,
     which would steal the pilot's worker processes); the engine never waits itself;
+  * a task's process group does not outlive it: when the task exits (normally, by a signal, for
+    its timeout) its runner SIGKILLs the group *before* reaping it, so background children it
+    left (``sleep 600 &``) die with it; the unreaped zombie keeps the group id from being reused
+    by then (a child that left the group with ``setsid``/``setpgid`` escapes this, as in a shell);
   * kills go through ``Runners.kill``, which signals a pid only while it has not exited
     (``waitid(WNOWAIT)`` sees the exit and leaves a zombie, so the pid is not reused until
     the runner, under the same lock, has forgotten it and only then reaps it);
@@ -172,7 +176,8 @@ class Runners:
                     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: the pid stays ours
             with self._lock:
                 self._live.discard(pid)
-            self._post(Event.EXITED, item, self._wait(pid), None, last=True)
+            self._kill(pid)  # what the task left behind in its group dies with it (the zombie
+            self._post(Event.EXITED, item, self._wait(pid), None, last=True)  # still holds the pgid)
 
     def _exited_soon(self, pid: int) -> bool:
         """True if ``pid`` exits within QUICK_S (it is not reaped here)."""

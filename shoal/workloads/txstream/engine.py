@@ -24,8 +24,6 @@ import concurrent.futures as cf
 import enum
 import os
 import pickle
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -35,7 +33,7 @@ import numpy as np
 
 import shoal
 
-from .area import DONE, Area, Cancelled, Job, owned
+from .area import DONE, Area, Cancelled, ClaimDir, Job, owned
 from .checkpoint import Checkpoint
 from .locking import locking_task
 from .policy import TPG, Granularity
@@ -139,6 +137,22 @@ def _dumps(batch) -> bytes:
         return cloudpickle.dumps(batch, 5)
 
 
+def _unpicklable(batch: list, seq0: int, exc: Exception) -> TypeError:
+    """The error for a batch that does not pickle, naming the first event that does not
+    (else only pickle's message: "cannot pickle '_thread.lock' object", no event)."""
+    import cloudpickle
+
+    for t, event in enumerate(batch):
+        try:
+            cloudpickle.dumps(event, 5)
+        except Exception as one:  # noqa: BLE001 - reported, with the event's number
+            return TypeError(f"event {seq0 + t}: cannot be pickled for the workers: {one!r} "
+                             f"(fn={getattr(event.fn, '__qualname__', event.fn)!s:.60}); "
+                             "an event's ev must be plain picklable data")
+    return TypeError(f"events {seq0}..{seq0 + len(batch) - 1} cannot be pickled for the "
+                     f"workers: {exc!r}")
+
+
 class _PilotRunner:
     """The schedulers that run on a pilot: one task per worker per batch (phase)."""
 
@@ -146,7 +160,8 @@ class _PilotRunner:
         self.e = engine
         self.pilot = engine.pilot
         self.area = Area(engine.store.size)
-        self.claim_dir = tempfile.mkdtemp(prefix="shoal-txstream-")
+        self.claims = ClaimDir()
+        self.claim_dir = self.claims.path
         self.run_id = uuid.uuid4().hex
         self.epoch = 0
         self.expected_abort: float | None = None
@@ -164,7 +179,7 @@ class _PilotRunner:
 
     def close(self) -> None:
         self.area.close()
-        shutil.rmtree(self.claim_dir, ignore_errors=True)
+        self.claims.close()
 
     def _phase(self, job: Job, fn) -> list:
         self.epoch += 1
@@ -198,7 +213,10 @@ class _PilotRunner:
     def run_batch(self, batch: list, seq0: int, batch_no: int) -> BatchResult:
         e, area = self.e, self.area
         n, w = len(batch), self.pilot.workers
-        blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+        try:
+            blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+        except Exception as exc:
+            raise _unpicklable(batch, seq0, exc) from exc
         slices, off = [], 0
         for b in blobs:
             slices.append((off, len(b)))
@@ -295,6 +313,9 @@ class Engine:
                              "pilot=shoal.Pilot(...) (only 'serial' runs without one)")
         if isinstance(punctuation, bool) or not isinstance(punctuation, int) or punctuation < 1:
             raise ValueError(f"punctuation must be a positive int (events per batch), got {punctuation!r}")
+        if (isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float))
+                or not stall_timeout > 0):  # (nan > 0 is False)
+            raise ValueError(f"stall_timeout must be a number of seconds > 0, got {stall_timeout!r}")
         if on_batch is not None and not callable(on_batch):
             raise TypeError("on_batch must be callable(BatchStats)")
         self.store = store

@@ -116,9 +116,9 @@ def test_a_closed_pilot_starts_no_runtime(cluster, tmp_path):
     pilot.submit(t.wait_for, gate, started=started)
     wait_until(lambda: os.path.exists(started), 60, "the blocker to start")
     queued = [pilot.submit(t.inc, i) for i in range(10)]
+    t.release(gate)  # the blocker may finish or be stopped (else close waits 5 s to kill it)
     pilot.close(cancel_pending=True)
     assert all(f.done() for f in queued) and any(f.cancelled() for f in queued)
-    t.release(gate)
     token = pilot._backend.token
     with _client(cluster) as client:
         # a task of the closed pilot arriving now (what dask hands out late) refuses to start

@@ -97,6 +97,11 @@ _NO_RESOURCES = ("resources={!r}: the local backend has no worker resources to r
 # that load each task is pushed at once, so a lone submit never waits.
 _BATCH = 32
 _STAGE_LOAD = 64
+# Share of every driver->worker ring that tasks leave free for cancel()'s CANCEL_IF_QUEUED,
+# which must be in the ring (not behind a backlog in the outbox) before the slots are read:
+# a quarter (256 KiB by default: ~16,000 cancels of tasks already in the ring of a worker
+# that does not read, e.g. one still starting; the rest holds thousands of tasks).
+_CANCEL_RESERVE = 4
 _RESULT = wire.RESULT
 _OK_STATUS = int(wire.Status.OK)
 _unpack_result = wire.RESULT_HDR.unpack_from
@@ -111,7 +116,8 @@ _live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork 
 class _Task:
     """Driver-side record of one outstanding task."""
 
-    __slots__ = ("future", "msg", "retries", "timeout", "placed", "where", "fn")
+    __slots__ = ("future", "msg", "retries", "timeout", "placed", "where", "fn", "queued", "queued_in",
+                 "cancelling")
 
     def __init__(self, future, msg, retries, timeout, fn):
         self.future = future
@@ -121,6 +127,11 @@ class _Task:
         self.placed = 0  # endpoint chosen by Placement (its load counts this task)
         self.where = 0  # endpoint that holds it now, as far as the driver knows
         self.fn = fn
+        self.queued = 0  # its number in the pending queue of outbox ``queued_in`` (Outbox.send)
+        self.queued_in = None  # (a stolen task has left it: ``where`` is then another worker)
+        # cancel() told the workers to drop it (CANCEL_IF_QUEUED) and has not found it
+        # running: a re-send (a worker died) must carry that too; True also once cancelled
+        self.cancelling = False
 
     @property
     def name(self) -> str:
@@ -172,7 +183,9 @@ class LocalBackend:
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
         self.lock = threading.Lock()  # driver threads on the producer side of driver rings
         self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
-        self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep)) for ep in self.endpoints}
+        self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep),
+                                  self.matrix.ring(0, ep).capacity // _CANCEL_RESERVE)
+                    for ep in self.endpoints}
         self.inboxes = [(ep, Inbox(self.matrix.ring(ep, 0))) for ep in self.endpoints]
         self.doorbell = self.matrix.doorbell(0)
         self._cancel_cb = self._cancel
@@ -202,6 +215,7 @@ class LocalBackend:
         self.health = Health(_LIVENESS_S)  # down endpoints (restart backoff), stopped workers
         self.down = self.health.down  # endpoint without a process -> Down
         self.pump_errors = 0
+        self.cancels_refused = 0  # cancel() said False: a worker's ring had no room for it
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)
@@ -352,7 +366,7 @@ class LocalBackend:
             while ring.readable():
                 ring.pop()
             ring.close()
-            self.out[ep].pending.clear()
+            self.out[ep].clear()
             for other in self.endpoints:
                 if other != ep:
                     self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
@@ -499,8 +513,13 @@ class LocalBackend:
         for task in live:
             task.placed = task.where = ep
         box = self.out[ep]
-        box.send_many([t.msg for t in live])
-        if box.pending:
+        waiting = box.send_many([t.msg for t in live])
+        if waiting:  # behind a backlog: numbered, so cancel() can take them back
+            number = box.queued - waiting
+            for task in live[-waiting:]:
+                number += 1
+                task.queued = number
+                task.queued_in = box
             self.doorbell.ring()
 
     def _submit_later(self, fut, fn, args, kwargs, retries, timeout) -> None:
@@ -551,18 +570,25 @@ class LocalBackend:
         """The function sent to the workers under ``fn_id`` (None if unknown)."""
         return self.functions.function_of(fn_id)
 
-    def _send(self, ep: int, msg: bytes, wake: bool = True) -> None:
+    def _send(self, ep: int, msg: bytes, wake: bool = True) -> int:
         """Send to a worker (lock held).  What does not fit waits in the outbox; the pump
-        flushes it, so the pump must not sleep through it: ring its doorbell."""
+        flushes it, so the pump must not sleep through it: ring its doorbell.  Returns
+        the message's number in the outbox's pending queue (0: it is in the ring)."""
         box = self.out[ep]
-        box.send(msg, wake)
+        waits = box.send(msg, wake)
         if box.pending:
             self.doorbell.ring()
+        return waits
 
     def _dispatch(self, task: _Task) -> None:
-        """Send a task to a worker (lock held)."""
+        """Send a task to a worker (lock held).  A task a cancel() is deciding about goes
+        with a CANCEL_IF_QUEUED ahead of it: the worker it went to before (dead now) had
+        been told to drop it, and this one must be too."""
         if task.placed:
             self.placement.finished(task.placed - 1)
+            task.placed = 0
+        if task.cancelling and task.future._state != _PENDING:
+            return  # cancelled: it must never run, and nobody waits for it
         w = self.placement.choose()
         if self.down and w + 1 in self.down:  # no process there now: any live worker
             live = self.health.live(self.endpoints)
@@ -571,7 +597,10 @@ class LocalBackend:
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep
-        self._send(ep, task.msg)
+        if task.cancelling:  # ahead of the task in the same queue: dropped when it comes up
+            self._send(ep, wire.encode_control(Kind.CANCEL_IF_QUEUED, [task.future.task_id]), wake=False)
+        task.queued = self._send(ep, task.msg)
+        task.queued_in = self.out[ep]
 
     def _cancel(self, fut: Future) -> None:
         with self.lock:
@@ -655,19 +684,43 @@ class LocalBackend:
             # To every worker: a thief may hold the task before the driver hears of the steal.
             # (With retries left, only to its holder: a re-run after a refused cancel must not
             # meet a stale cancel elsewhere; there a steal in flight can still race.)
+            # Into the rings now, ahead of any backlog in the outboxes (send_urgent): the
+            # handshake (see _run_state) needs it there before the slots are read.  A ring
+            # without room (its worker stuck in a long task, thousands of cancels in its
+            # reserve) cannot be told: then nobody is, and cancel() says False.
             msg = wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid])
             with self.lock:
-                if not self.closed:
-                    for ep in (self.endpoints if not task.retries else (task.where,)):
-                        self._send(ep, msg)
+                if self.closed or task.future._state != _PENDING:
+                    return False
+                holder = task.queued_in
+                if task.queued and holder is not None and holder.waiting(task.queued) and (
+                        len(task.msg) <= holder.limit):
+                    # Still in the driver's outbox behind a backlog: no worker has it, and
+                    # none will (taken back; every re-send checks ``cancelling``).
+                    holder.withdraw(task.msg)
+                    task.queued = 0
+                    task.cancelling = True
+                    return False
+                boxes = [self.out[ep] for ep in (self.endpoints if not task.retries else (task.where,))
+                         if ep not in self.down]
+                if not all(box.room_for([msg]) for box in boxes):
+                    self.cancels_refused += 1  # nobody was told: the task runs as if not asked
+                    return True
+                for box in boxes:
+                    box.send_urgent([msg])
+                task.cancelling = True
         if not self._run_state(tid):
             if cancel:
                 # Not running: not started, or finished with its result still in a ring
-                # (a worker clears its status only after sending the result).  Drain the
-                # rings: a finished task's future is then FINISHED and cancel() says False.
-                self._drain_inboxes()
+                # (a worker clears its status only once the result is in its ring).  Drain
+                # the rings up to what they held when the slots were read: a finished
+                # task's future is then FINISHED and cancel() says False.
+                self._drain_to_marks()
                 return fut._state != "PENDING"
             return False
+        if cancel:
+            with self.lock:
+                task.cancelling = False  # it runs: a re-run (retries) must not be dropped
         fut.set_running_or_notify_cancel()
         return True
 
@@ -840,6 +893,17 @@ class LocalBackend:
         """Consume what the workers sent (the pump; also ``cancel()``: one at a time)."""
         with self.consume_lock:
             return self._drain_locked()
+
+    def _drain_to_marks(self) -> None:
+        """Consume and handle every message the workers had published when this is called
+        (``cancel()``, after it read the status slots).  One ``_drain_locked`` round takes
+        at most 256 messages per worker: with a backlog behind the pump, the result of the
+        task being cancelled could still be in the ring after it, and cancel() said True
+        for a task that had run (issue 13's race).  Bounded: the marks do not move."""
+        marks = [(box.ring, box.ring.produced()) for _, box in self.inboxes]
+        with self.consume_lock:
+            while not self.closed and not all(ring.reached(mark) for ring, mark in marks):
+                self._drain_locked()
 
     def _drain_locked(self) -> bool:
         got = False
@@ -1033,6 +1097,7 @@ class LocalBackend:
                 "workers_down": sorted(self.down),
                 "workers_stopped": sorted(self.health.stopped),
                 "pump_errors": self.pump_errors,
+                "cancels_refused": self.cancels_refused,
                 "messages_in": self.messages_in,
                 "messages_out": sum(box.sent for box in self.out.values()),
             },

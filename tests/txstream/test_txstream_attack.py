@@ -4,6 +4,7 @@ and the bad inputs that were not named before."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -140,3 +141,44 @@ def test_a_damaged_checkpoint_is_named(tmp_path, damage):
     with ts.Store({"t": np.zeros(2, np.int64)}) as store:
         with pytest.raises(ValueError, match=f"txstream checkpoint .*{name} cannot be read"):
             ts.Engine(store, scheduler="serial", punctuation=4, checkpoint=ckpt).run(events)
+
+
+_HOLD_CLAIMS = """
+import sys, time
+from shoal.workloads.txstream.area import ClaimDir
+claims = ClaimDir(sys.argv[1])
+print(claims.path, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_claim_directory_of_a_killed_driver_is_swept_by_the_next_run(tmp_path):
+    # Before: a SIGKILLed driver never ran its rmtree, and its shoal-txstream-* directory
+    # stayed in /tmp for good (40 of them on this machine after a day of test runs).
+    import signal
+    import subprocess
+    import sys
+
+    from shoal.workloads.txstream.area import ClaimDir
+
+    def driver():
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_CLAIMS, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+        return proc, proc.stdout.readline().strip()
+
+    killed, dead_dir = driver()
+    alive, live_dir = driver()
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        assert os.path.isdir(dead_dir)
+        mine = ClaimDir(str(tmp_path))  # what every run of a pilot scheduler makes first
+        assert not os.path.exists(dead_dir)  # its driver is dead: swept
+        assert os.path.isdir(live_dir)  # a live driver's: kept
+        mine.close()
+        assert not os.path.exists(mine.path)
+    finally:
+        alive.kill()
+        alive.wait(30)
+        killed.stdout.close()
+        alive.stdout.close()

@@ -120,3 +120,28 @@ def test_torch_in_place_layer_at_a_stage_start_trains_like_any_cut():
         params.append(trainer.parameters())
     assert all(np.array_equal(a, b) for a, b in zip(params[1], params[2], strict=True))
     assert max(float(np.abs(a - b).max()) for a, b in zip(params[0], params[1], strict=True)) < 1e-6
+
+
+def test_fits_of_one_trainer_from_two_threads_run_one_after_the_other():
+    # Before: both fits stepped the same optimizer state at once; the history said 4 epochs
+    # and the parameters equalled no serial run.
+    import threading
+
+    X, y = _data(400)
+    shared, serial = _trainer(optimizer=dl.SGD(lr=0.05, momentum=0.9)), \
+        _trainer(optimizer=dl.SGD(lr=0.05, momentum=0.9))
+    gate = threading.Barrier(2)
+
+    def fit():
+        gate.wait()
+        shared.fit(X, y, epochs=2, batch_size=8)
+
+    threads = [threading.Thread(target=fit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    serial.fit(X, y, epochs=4, batch_size=8)
+    assert [r["epoch"] for r in shared.history] == [0, 1, 2, 3]
+    assert all(np.array_equal(a, b) for a, b in zip(shared.parameters(), serial.parameters(),
+                                                     strict=True))

@@ -53,7 +53,7 @@ import shoal
 from .._portable import unwrap
 from .bnb import BnBLoop
 from .control import NODES, RESERVE, SPAWNED, STARTED, STOP, slot, stopped
-from .loops import CountLoops, register_recursions
+from .loops import CountLoops
 from .model import (
     Coordination,
     Goal,
@@ -69,8 +69,6 @@ from .model import (
     replay,
     where,
 )
-
-register_recursions(CountLoops.dfs_count_rec, BnBLoop.dfs_bnb_rec)
 
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)

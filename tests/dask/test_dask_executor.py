@@ -92,6 +92,22 @@ def test_cancel_in_the_node_queue_never_runs(cluster, tmp_path):
         assert not blocker.cancel() and not blocker.cancelled()  # finished: False
 
 
+def test_cancel_from_a_done_callback_does_not_hang(cluster, tmp_path):
+    """A done-callback runs on the dask client's event loop, which the claim round needs:
+    cancel() there answers False at once (never True for a task that runs) and the task
+    delivers its result (claims.py, "Left open")."""
+    gate = str(tmp_path / "gate")
+    with _pilot(cluster) as pilot:
+        first = pilot.submit(t.wait_for, gate)
+        later = pilot.submit(t.inc, 41)
+        answers = []
+        first.add_done_callback(lambda f: answers.append(later.cancel()))
+        t.release(gate)
+        assert first.result(60) == gate
+        wait_until(lambda: answers, 30, "the done-callback")
+        assert answers == [False] and later.result(60) == 42
+
+
 def test_shutdown_cancel_futures_spares_the_started(cluster, tmp_path):
     gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
     pilot = _pilot(cluster)
@@ -116,9 +132,9 @@ def test_a_closed_pilot_starts_no_runtime(cluster, tmp_path):
     pilot.submit(t.wait_for, gate, started=started)
     wait_until(lambda: os.path.exists(started), 60, "the blocker to start")
     queued = [pilot.submit(t.inc, i) for i in range(10)]
+    t.release(gate)  # the blocker may finish or be stopped (else close waits 5 s to kill it)
     pilot.close(cancel_pending=True)
     assert all(f.done() for f in queued) and any(f.cancelled() for f in queued)
-    t.release(gate)
     token = pilot._backend.token
     with _client(cluster) as client:
         # a task of the closed pilot arriving now (what dask hands out late) refuses to start

@@ -288,3 +288,18 @@ def test_force_cancel_under_concurrent_submitters(tmp_path):
         assert lost <= len(forced), "more tasks lost than workers killed"
         # the pilot still works after its workers were replaced
         assert pilot.submit(mark, path, -5).result(60) == -5
+
+
+def test_a_workers_cancelled_ids_forget_the_oldest_never_a_fresh_one():
+    """Workers remember cancelled ids of queued tasks (CANCEL / CANCEL_IF_QUEUED) until the
+    task comes up; entries for tasks that never come up pile up (a cancel goes to every
+    worker).  The set was cleared whole past 100,000 entries, forgetting the cancels just
+    made: those tasks then ran although cancel() had said True."""
+    from shoal.runtime.loans import LoanBook
+
+    book = LoanBook(1, [2])
+    last = 100_005  # past the bound (100,000)
+    for tid in range(1, last + 1):
+        book.cancel([tid], {})
+    assert last in book.cancelled and last - 1000 in book.cancelled
+    assert 1 not in book.cancelled and len(book.cancelled) == 100_000

@@ -182,3 +182,27 @@ def test_the_claim_directory_of_a_killed_driver_is_swept_by_the_next_run(tmp_pat
         alive.wait(30)
         killed.stdout.close()
         alive.stdout.close()
+
+
+@pytest.mark.parametrize("name", ["os:__loader__.exec_module", "shoal:__class__.__subclasses__",
+                                  "builtins:__import__", "__future__:annotations"])
+def test_an_event_file_cannot_walk_dunder_attributes(tmp_path, name):
+    # Before: resolve() followed any attribute path, so a file could name e.g.
+    # "os:__loader__.exec_module" or reach every class through __subclasses__.
+    import json
+
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"fn": name, "ev": 1}) + "\n")
+    with pytest.raises(ValueError, match="no part starting with '__'"):
+        list(ts.read_events(str(path)))
+
+
+def test_event_files_still_name_main_and_private_functions(monkeypatch):
+    import sys
+
+    from shoal.workloads.txstream.source import resolve
+
+    assert resolve("txs_attack_tasks:touch") is tasks.touch
+    monkeypatch.setattr(sys.modules["__main__"], "my_event", tasks.touch, raising=False)
+    assert resolve("__main__:my_event") is tasks.touch  # a script's own functions
+    assert callable(resolve("random:_test_generator"))  # one underscore: fine

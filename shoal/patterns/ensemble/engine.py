@@ -95,7 +95,7 @@ from .model import (
 from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
-from .runners import NOT_STARTED, Event, Runners
+from .runners import NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
@@ -119,7 +119,8 @@ class Engine:
             raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
                                 "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
-        self.plan, self.identity = plan_of(pipelines)
+        specs: dict = {}  # each listed task's spec, computed once: for the identity and its journal row
+        self.plan, self.identity = plan_of(pipelines, specs)
         self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
         self.user_pilot = pilot
         self.pilot = pilot
@@ -172,7 +173,8 @@ class Engine:
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
         self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
                              results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
-                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume)
+                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume,
+                             specs=specs)
         self.finished_futures: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
@@ -443,8 +445,9 @@ class Engine:
                 with contextlib.suppress(OSError):
                     os.write(self.wake_w, b"x")
 
-    def _launch(self, item: Item) -> int:
-        """Sandbox, staging, spawn: the pid; raises LaunchError (or a bug).  Runs on a runner
+    def _launch(self, item: Item) -> int | tuple[int, int]:
+        """Sandbox, staging, spawn: the pid (or pid and exit code of a child already reaped, see
+        Runners.submit); raises LaunchError (or a bug).  Runs on a runner
         thread: touches only this item, its files and the launcher's spawn path."""
         t = item.task
         self.launcher.make_sandbox(item.uid)
@@ -455,7 +458,7 @@ class Engine:
         stdin = self._resolve(t.stdin) if t.stdin else None
         if stdin is not None and not os.path.isabs(stdin):
             stdin = os.path.join(item.sandbox, stdin)
-        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin)
+        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin, QUICK_S)
 
     def _take_events(self, ended: list, *, stopping: bool = False) -> None:
         """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when

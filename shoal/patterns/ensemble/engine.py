@@ -179,6 +179,7 @@ class Engine:
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
         self.wake_closed = False
+        self.sleeping = False  # the loop is in (or about to enter) its poll: see _sleep
         for fd in (self.wake_r, self.wake_w):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
             os.set_inheritable(fd, False)
@@ -439,7 +440,11 @@ class Engine:
             self.runners.submit(item, item.grant.cpus, functools.partial(self._launch, item))
 
     def _poke(self) -> None:
-        """Wake the loop's poll (any thread; never blocks)."""
+        """Wake the loop's poll (any thread, after appending its event; never blocks).  Only
+        while the loop sleeps (``_sleep``): a loop that is awake sees the event on its next pass,
+        which spares a pipe write, a poll wake-up and a read per task."""
+        if not self.sleeping:
+            return
         with self.wake_lock:
             if not self.wake_closed:
                 with contextlib.suppress(OSError):
@@ -517,8 +522,7 @@ class Engine:
             if item.future is None or item.future is False:
                 self.runners.kill(item.pid)  # a no-op for a pid already seen exiting
         while self.runners.busy or self.runners.events:  # the runners' count, not ours: nothing
-            self.poller.poll(100)  # the engine lost track of can make this wait forever
-            self._drain_wake()
+            self._sleep(100)  # the engine lost track of can make this wait forever
             self._take_events([], stopping=True)
         for key, item in list(self.running.items()):  # reaped, their events consumed by a pass
             if item.future is None or item.future is False:  # that raised: PENDING for a resume
@@ -597,13 +601,7 @@ class Engine:
         A future may settle after the run ended (cancelled at the walltime, or killed on its
         node then): the lock and the closed flag keep it from writing into a reused fd."""
         self.finished_futures.append(fut)
-        with self.wake_lock:
-            if self.wake_closed:
-                return
-            try:
-                os.write(self.wake_w, b"x")
-            except OSError:
-                pass
+        self._poke()
 
     # -- waiting and reaping ----------------------------------------------------------
     def _wait(self) -> None:
@@ -615,8 +613,20 @@ class Engine:
         for item in self.running.values():
             if item.deadline is not None and item.future is None:
                 timeout = min(timeout, max(0.0, item.deadline - time.monotonic()))
-        if self.poller.poll(int(timeout * 1000) + 1):
-            self._drain_wake()
+        self._sleep(int(timeout * 1000) + 1)
+
+    def _sleep(self, ms: int) -> None:
+        """Poll the wake pipe for up to ``ms``, unless a runner event or a future arrived.  The
+        flag is raised before the last look: a thread that appends and then finds it down knows
+        this look will see its item (appends and flag reads are ordered by the GIL)."""
+        self.sleeping = True
+        try:
+            if self.finished_futures or self._events():
+                return
+            if self.poller.poll(ms):
+                self._drain_wake()
+        finally:
+            self.sleeping = False
 
     def _reap(self) -> None:
         """Journal what ended (the loop's next commit, before anything new starts, makes it durable)."""

@@ -397,3 +397,31 @@ def stolen_chain(depth):
     f = shoal.spawn(stolen_chain, depth - 1)
     time.sleep(0.0005)
     return f.result() + 1
+
+
+def gated_item(x, gate, started_dir):
+    """A map item that blocks until ``gate`` exists; first writes the pid of its shoal
+    worker's parent (on dask: the dask worker hosting the node) to ``started_dir/<x>``."""
+    mark = os.path.join(started_dir, str(x))
+    with open(mark + ".tmp", "w") as f:
+        f.write(str(os.getppid()))
+    os.replace(mark + ".tmp", mark)
+    wait_for(gate)
+    return x * x
+
+
+def gated_tree_reporting(depth, fanout, gate, pidfile):
+    """``slow_tree_reporting`` whose leaves block until ``gate`` exists (not for a time)."""
+    if not os.path.exists(pidfile):
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(f"{os.getpid()} {os.getppid()}")
+        os.replace(pidfile + ".tmp", pidfile)
+    return _gated_tree(depth, fanout, gate)
+
+
+def _gated_tree(depth, fanout, gate):
+    if depth == 0:
+        wait_for(gate)
+        return 1
+    kids = [shoal.spawn(_gated_tree, depth - 1, fanout, gate) for _ in range(fanout)]
+    return 1 + sum(k.result() for k in kids)

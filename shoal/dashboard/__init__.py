@@ -2,7 +2,7 @@
 
 Data flow::
 
-    pilot's backend ──monitor()/stats() once a second──► PilotSource (sampler thread)
+    pilot's backend ──monitor() once a second──────────► PilotSource (sampler thread)
     shoal.publish(topic, record) ──► progress board ────┘      │
     run.db (SQLite, read-only) ──────────────► JournalSource    │
                                                     ▼           ▼
@@ -45,7 +45,7 @@ class Dashboard:
         except ImportError as exc:
             raise ImportError(f"the dashboard needs starlette and uvicorn: pip install 'shoal[dashboard]' "
                               f"({exc})") from None
-        from .app import make_app
+        from .app import LOOPBACK_NAMES, host_name, make_app
         from .server import WebServer
         from .sources import JournalSource, PilotSource
 
@@ -59,7 +59,8 @@ class Dashboard:
                 self.sources["pilot"] = PilotSource(backend, interval)
             if not self.sources:
                 raise ValueError("Dashboard needs a backend= or a journal=")
-            self.app = make_app(self.sources, lambda: self._stopping)
+            self.app = make_app(self.sources, lambda: self._stopping,
+                                loopback_only=host_name(host) in LOOPBACK_NAMES)
             self.server = WebServer(self.app, host, port)
             self.server.start()
         except BaseException:

@@ -34,10 +34,50 @@ def _dumps(obj) -> str:
     return json.dumps(obj, default=str, separators=(",", ":"))
 
 
-def make_app(sources: dict, stopping=lambda: False) -> Starlette:
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without port or brackets: ``[::1]:80`` -> ``::1``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header[1:]
+    return header.rsplit(":", 1)[0].rstrip(".") if ":" in header else header.rstrip(".")
+
+
+class LoopbackOnly:
+    """ASGI middleware: answer 403 to a request whose ``Host`` is not a loopback name.
+
+    A server on 127.0.0.1 is still reachable from a web page the user opens
+    elsewhere, by DNS rebinding: evil.example resolves to 127.0.0.1 after the page
+    loaded, and the browser sends the page's requests (same origin, as far as it
+    knows) with ``Host: evil.example:PORT``; /api/state would hand over the paths,
+    task names and stderr tails on it.  The browser cannot forge the Host header,
+    so checking it closes that door (Jupyter's ``allow_remote_access`` check).
+    Only for a loopback listener: ``dashboard="HOST:PORT"`` chose to be reached by
+    other names."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or ()).get(b"host")
+            if host is not None and host_name(host.decode("latin-1")) not in LOOPBACK_NAMES:
+                body = b"this dashboard answers only to 127.0.0.1/localhost (Host header)"
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"text/plain"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = False) -> Starlette:
     """An app over ``sources`` (``{"pilot": PilotSource, "journal": JournalSource}``, either
     optional); ``stopping()`` true ends every event stream (the server is closing).
-    ``app.state.streams`` counts the event streams open now."""
+    ``app.state.streams`` counts the event streams open now.  ``loopback_only``: refuse
+    requests whose Host header is not a loopback name (``LoopbackOnly``)."""
 
     def pages() -> list[str]:
         out = []
@@ -101,6 +141,8 @@ def make_app(sources: dict, stopping=lambda: False) -> Starlette:
     routes = [Route("/", root), Route("/api/state", api_state), Route("/events", events)]
     routes += [Route(f"/{p}", page) for p in PAGES]
     routes.append(Mount("/static", app=StaticFiles(directory=STATIC), name="static"))
-    app = Starlette(routes=routes)
+    from starlette.middleware import Middleware
+
+    app = Starlette(routes=routes, middleware=[Middleware(LoopbackOnly)] if loopback_only else [])
     app.state.streams = 0
     return app

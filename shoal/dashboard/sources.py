@@ -5,7 +5,7 @@ state changed), ``closed`` and ``close()``.  The app only ever calls those, so
 the pages do not care where the numbers come from.
 
 ``PilotSource``: a daemon thread ("shoal-dashboard-sampler") calls the
-backend's ``monitor()`` (or ``stats()``) once per ``interval``, measures each
+backend's ``monitor()`` (``runtime.api.Backend``: no probing) once per ``interval``, measures each
 worker's CPU with psutil, folds the sample into ``workers.Workers`` and takes
 the progress board's latest records.  One sample per interval whatever the
 number of pages open; tasks never send anything for it.
@@ -41,7 +41,6 @@ class PilotSource:
         self._stop = threading.Event()
         self._procs: dict[int, object] = {}
         self._state: dict = {"kind": self.kind, "seq": 0, "workers": [], "progress": {}}
-        self.dask_dashboard = _dask_link(backend)
         self.sample()
         self.thread = threading.Thread(target=self._loop, name="shoal-dashboard-sampler", daemon=True)
         self.thread.start()
@@ -74,8 +73,7 @@ class PilotSource:
         return out
 
     def sample(self) -> None:
-        monitor = getattr(self.backend, "monitor", None)
-        raw = monitor() if monitor is not None else self.backend.stats()
+        raw = self.backend.monitor()  # runtime.api.Backend: every backend has it
         if raw.get("closing"):
             return  # the pilot is shutting down: the page keeps the last numbers
         now = time.time()
@@ -87,11 +85,11 @@ class PilotSource:
                 return
             self._state = {
                 "kind": self.kind, "seq": self._state["seq"] + 1, "t": now,
-                "backend": raw.get("backend", getattr(self.backend, "kind", "?")),
+                "backend": raw.get("backend", self.backend.kind),
                 "workers": rows, "totals": workers_view.totals(rows),
                 "driver": raw.get("driver", {}), "nodes": sorted({r["dask_worker"] for r in rows
                                                                  if r.get("dask_worker")}),
-                "dask_dashboard": self.dask_dashboard, "progress": progress,
+                "dask_dashboard": raw.get("dashboard_link"), "progress": progress,
                 "interval": self.interval, "closed": False,
             }
 
@@ -110,16 +108,6 @@ class PilotSource:
                 self._state = {**self._state, "closed": True, "closed_at": self.closed_at,
                                "seq": self._state["seq"] + 1,
                                "progress": self.board.snapshot(last=240)}
-
-
-def _dask_link(backend) -> str | None:
-    client = getattr(backend, "client", None)
-    if client is None:
-        return None
-    try:
-        return client.dashboard_link
-    except Exception:  # noqa: BLE001 - no bokeh, no dashboard: no link
-        return None
 
 
 class JournalSource:

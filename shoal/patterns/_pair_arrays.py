@@ -104,6 +104,12 @@ def _strip(job: StripJob, i0: int, i1: int) -> int:
         raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
                         f"{c0 + len(cols)}) returned shape {shape}, expected "
                         f"{(i1 - i0, len(cols))}", i0, c0)
+    if d.dtype.kind not in "biuf":
+        # a complex block would lose its imaginary part in the float64 result without a word,
+        # an object one become NaN or a ValueError naming nothing (the tiled path's rule)
+        raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
+                        f"{c0 + len(cols)}) returned a {d.dtype} array; it must return a "
+                        "real-valued array", i0, c0)
     if job.y is not None:
         out[i0:i1] = d
         return d.size
@@ -136,6 +142,10 @@ def run(pilot, x, y, block, condensed: bool):
             owned.append(ys)
             ys.array[...] = y
         shape = (n * (n - 1) // 2,) if condensed else (n, m)
+        from .all_pairs import check_fits
+
+        check_fits(shape[0] * (shape[1] if len(shape) > 1 else 1),
+                   f"the condensed result of {n} items" if condensed else f"the {n} x {m} result")
         out = shoal.SharedArray(shape, "float64")
         owned.append(out)
         job = StripJob(xs, ys, out, block, condensed)

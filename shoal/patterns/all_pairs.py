@@ -126,6 +126,39 @@ def _default_cache_bytes(workers: int) -> int:
     return max(1 << 20, min(DEFAULT_CACHE_BYTES, total // (4 * max(1, workers))))
 
 
+def machine_memory() -> int:
+    """Bytes of RAM plus swap: what the kernel's heuristic overcommit refuses to exceed in
+    one allocation (numpy's ``np.empty`` of more raises MemoryError at once)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemTotal"] + info.get("SwapTotal", 0)
+    except (OSError, KeyError, ValueError, IndexError):  # not Linux: page counts
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(values: int, what: str, *, path: str | None = None) -> None:
+    """MemoryError (or OSError for a file) naming the size before a result is allocated.
+
+    Shared memory and memmapped files are sparse until written: without this check a
+    result larger than the machine was only found out by the workers, page by page
+    (OOM kills or SIGBUS), where ``squareform(pdist(X))`` fails at once."""
+    need = values * 8
+    if path is None:
+        have = machine_memory()
+        if need > have:
+            raise MemoryError(f"all_pairs: {what} needs {need / 2**30:.1f} GiB of float64, more "
+                              f"than this machine's {have / 2**30:.1f} GiB of memory; use "
+                              "out='d.npy' (a file), top_k=k, or condensed=True (half)")
+        return
+    import shutil
+
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if need > free:
+        raise OSError(28, f"all_pairs: out={path!r} needs {need / 2**30:.1f} GiB, but its "
+                          f"file system has {free / 2**30:.1f} GiB free")
+
+
 def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric):
     if compare is None and block is None:
         raise TypeError("compute() needs compare=(a, b) -> float or block=(rows, cols) -> 2-D array")
@@ -190,8 +223,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         raise ValueError("condensed=True is the upper triangle of a symmetric problem kept in "
                          "memory: not with other=, symmetric=False, out= or top_k=")
     if (block is not None and load is None and out is None and top_k is None
-            and isinstance(items, np.ndarray) and items.ndim >= 1
-            and (other is None or isinstance(other, np.ndarray))):
+            and _plain_array(items) and (other is None or _plain_array(other))):
         return _array_compute(pilot, items, other if other is not None else None, block,
                               symmetric or other is not None, bool(condensed))
     if condensed:
@@ -215,10 +247,12 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     try:
         result_sa, path = None, None
         if mode is Output.ARRAY:
+            check_fits(n * m, f"the {n} x {m} result")
             result_sa = shoal.SharedArray((n, m), "float64")
             shared.append(result_sa)
         elif mode is Output.MEMMAP:
             path = os.fspath(out)
+            check_fits(n * m, f"the {n} x {m} result", path=path)
             np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, m)).flush()
         rows = workers + 1  # row 0: the driver (unused), then one per worker
         counters = shoal.SharedArray((rows, len(Counter)), "int64", fill=0)
@@ -262,6 +296,10 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
             result = topk
         result.stats = stats
         return result
+    except BaseException:
+        if flags is not None:  # Ctrl-C or an error: tiles still queued or running return at
+            flags.array[RunFlag.ABORT] = 1  # once instead of finishing the abandoned matrix
+        raise
     finally:
         if flags is not None:
             flags.array[RunFlag.DONE] = 1  # workers drop this run's state when they see their next run
@@ -281,6 +319,14 @@ def _sampler(counters, total_pairs: int):
                 "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
                 "tiles_stolen": int(t[Counter.STOLEN])}
     return sample
+
+
+def _plain_array(x) -> bool:
+    """An array whose rows can go to the workers through shared memory: not object dtype
+    (Python objects cannot live in a shared buffer: they take the tiled path, as a list)."""
+    import numpy as np
+
+    return isinstance(x, np.ndarray) and x.ndim >= 1 and not x.dtype.hasobject
 
 
 def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
@@ -311,8 +357,12 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
     if mode in (Output.ARRAY, Output.MEMMAP):
         root = (TileKind.TRIANGLE, 0, n, 0, n) if symmetric else (TileKind.RECT, 0, n, 0, m)
         fut = pilot.submit(tile_task, run, root, tile, origin)
-        while not cf.wait([fut], timeout=ticker.timeout()).done:
-            ticker.tick()
+        try:
+            while not cf.wait([fut], timeout=ticker.timeout()).done:
+                ticker.tick()
+        except BaseException:  # Ctrl-C: compute() raises ABORT, so the spawned tiles stop
+            fut.cancel()
+            raise
         fut.result()
         return None
     size = tile

@@ -6,7 +6,7 @@ Data flow::
                          │ every call forwards to exactly one of the members below
                          ▼
                        Backend  ── submit / map ──► Futures (settled once, by the backend)
-                         │        stats / close / cancel_* / nodes / topology
+                         │        stats / monitor / close / cancel_* / nodes / topology
                          └─ .shared: SharedFactory ─► SharedArray.per_node, BestCell.for_pilot,
                                                       Channel.for_pilot (runtime/shared.py)
 
@@ -113,6 +113,12 @@ class Backend(Protocol):
 
     def stats(self, timeout: float = 2.0) -> dict[str, Any]:
         """``{"backend", "workers": [...], "driver": {...}, ...}`` (docs/runtime.md)."""
+
+    def monitor(self) -> dict[str, Any]:
+        """A monitor's sample (the dashboard's, once a second): ``stats()``'s shape, plus
+        per worker ``pid`` and state where the backend knows them without asking, and
+        ``dashboard_link`` (the cluster's own dashboard, or None).  Never blocks on a
+        busy worker; ``{"closing": True, ...}`` once the backend is closing."""
 
     def cancel_pending(self) -> int:
         """Cancel every task no worker has started; how many were cancelled."""

@@ -58,43 +58,10 @@ DASK = ("dask-localcluster", "dask-cli")
 
 # (test, backend) -> ("skip" | "xfail" | "flaky", reason); "xfail" is strict, "flaky" (a
 # known intermittent bug) is not: the documented differences (docs/dask.md,
-# "Semantics, and where they differ from the local backend").
-DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
-    **{(name, kind): ("skip", why) for kind in DASK for name, why in [
-        ("test_cancel_running_with_force",
-         "cancel(force=True) of a running task is local-only: on dask a running task runs to its "
-         "end and its result is dropped; pilot.cancel(force=True) raises NotImplementedError"),
-        ("test_running_is_reported",
-         "a dask pilot's futures stay PENDING until done: the driver is not told when a node "
-         "starts a task (tests that need a running task wait for a file the task creates)"),
-    ]},
-    **{(name, kind): ("xfail", why) for kind in DASK for name, why in [
-        ("test_unpicklable_argument",
-         "BUG (s-dask): the SerializationError carries dask's message about its graph "
-         "('Could not serialize object of type LLGExpr') and does not name the argument"),
-    ]},
-    # Skipped, not xfailed: the failure leaves the closed pilot's node runtime alive in the
-    # shared cluster (it replaces its workers when killed), which breaks the later tests.
-    **{(name, kind): ("skip", why) for kind in DASK for name, why in [
-        ("test_close_cancel_pending",
-         "BUG (s-dask): close(cancel_pending=True) with tasks queued returns while the pilot's "
-         "node runtime lives on in the dask worker (its shoal workers too, replaced when killed) "
-         "until that dask worker exits (delete this row to see it)"),
-        ("test_exception_in_with_body_cleans_up",
-         "BUG (s-dask): the same as test_close_cancel_pending when the close races with the "
-         "start of the one task submitted (intermittent)"),
-    ]},
-    ("test_map_is_lazy_and_bounded", "dask-cli"): ("skip", "BUG (s-dask): the test passes, but "
-        "after a map closed early the command-line cluster's shoal workers outlive the pilot's "
-        "close() by more than 20 s (the LocalCluster's do not)"),
-    **{("test_shutdown_cancel_futures", kind): ("xfail", "shutdown(cancel_futures=True) cancels "
-       "nothing on dask: the backend's cancel_pending() is a documented no-op (dask does not "
-       "tell a client which tasks a worker started); close(cancel_pending=True) cancels all")
-       for kind in DASK},
-    **{("test_cancelled_task_never_runs", kind): ("flaky", "the node runtime takes tasks from "
-       "dask ahead of its free workers; cancel() of one it holds returns True, the task still "
-       "runs and its result is dropped (how many depends on timing)") for kind in DASK},
-}
+# "Semantics, and where they differ from the local backend").  Empty: every behaviour
+# here holds on every backend (the dask rows went with claims.py, running() and force
+# cancel on the nodes, and the closed pilot's runtime that no longer restarts).
+DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {}
 
 # The tests that run on the command-line cluster in the default run; the rest of its column
 # (the same code paths as on the LocalCluster) runs with -m conformance_full.

@@ -39,29 +39,39 @@ def _gone(pids) -> bool:
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigkill_dask_worker_mid_map(cluster):
+def test_sigkill_dask_worker_mid_map(cluster, tmp_path):
+    """Every item blocks on a file until the kill has happened, so the killed dask worker
+    holds items in flight (on any machine speed); they run again on the other one."""
+    gate, started = str(tmp_path / "gate"), tmp_path / "started"
+    started.mkdir()
+    n = 300
     with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
-        it = pilot.map(t.slow_item, range(300))
-        got = [next(it) for _ in range(30)]
-        wait_until(lambda: len(shoal_workers()) == 2, 20, "both node runtimes")
-        node_worker = shoal_workers()[0]
-        victim = psutil.Process(node_worker).ppid()  # a dask worker process
+        it = pilot.map(t.gated_item, range(n), [gate] * n, [str(started)] * n)
+
+        def hosts():
+            return {int(p.read_text()) for p in started.iterdir() if not p.name.endswith(".tmp")}
+
+        wait_until(lambda: len(hosts()) == 2, 60, "items running on both dask workers")
+        victim = min(hosts())  # a dask worker process with an item in flight
+        node_workers = [w for w in shoal_workers() if psutil.Process(w).ppid() == victim]
         os.kill(victim, signal.SIGKILL)
-        got += list(it)
-        assert got == [x * x for x in range(300)]
-        wait_until(lambda: _gone([node_worker]), 10, "the dead dask worker's shoal workers (lifeline)")
+        t.release(gate)
+        assert list(it) == [x * x for x in range(n)]
+        wait_until(lambda: _gone(node_workers), 10, "the dead dask worker's shoal workers (lifeline)")
     wait_until(lambda: not shoal_workers(), 10, "no shoal workers after close")
 
 
 def test_sigkill_dask_worker_mid_spawn_tree(cluster, tmp_path):
-    pidfile = str(tmp_path / "root")
+    """The tree's leaves block on a file until the kill has happened: the tree is mid-run."""
+    pidfile, gate = str(tmp_path / "root"), str(tmp_path / "gate")
     with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
-        fut = pilot.submit(t.slow_tree_reporting, 3, 4, 0.02, pidfile)
+        fut = pilot.submit(t.gated_tree_reporting, 3, 4, gate, pidfile)
         wait_until(lambda: os.path.exists(pidfile), 30, "the tree's root to start")
         shoal_pid, dask_pid = map(int, open(pidfile).read().split())
         os.kill(dask_pid, signal.SIGKILL)
-        assert fut.result(120) == 1 + 4 + 16 + 64  # re-run by dask on a live worker
         wait_until(lambda: _gone([shoal_pid]), 10, "the killed node's shoal workers (lifeline)")
+        t.release(gate)
+        assert fut.result(120) == 1 + 4 + 16 + 64  # re-run by dask on a live worker
     wait_until(lambda: not shoal_workers(), 10, "no shoal workers after close")
 
 

@@ -92,3 +92,34 @@ def absdiff(a, b):
 
 def similarity(a, b):
     return -abs(a - b) / 7.0
+
+
+def block_complex(rows, cols):
+    """cdist plus an imaginary part: not a real-valued block (must be refused, not truncated)."""
+    return cdist(np.asarray(rows), np.asarray(cols)) + 1j
+
+
+def block_objects(rows, cols):
+    return np.full((len(rows), len(cols)), None, dtype=object)
+
+
+def block_len_sum(rows, cols):
+    return np.array([[float(len(a) + len(b)) for b in cols] for a in rows])
+
+
+def gated_euclidean(gate, log, a, b):
+    """euclidean of items ``(index, vector)``; a pair with an index >= 8 first waits until
+    ``gate`` exists; one byte appended to ``log`` per call after the gate (counts them)."""
+    import os
+    import time
+
+    if max(a[0], b[0]) < 8:
+        return euclidean(a[1], b[1])
+    while not os.path.exists(gate):
+        time.sleep(0.005)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+    return euclidean(a[1], b[1])

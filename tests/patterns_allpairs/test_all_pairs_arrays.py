@@ -112,3 +112,22 @@ def test_closed_shared_array_is_not_handed_out_again():
         b.close()
     finally:
         sa.close()
+
+
+@pytest.mark.parametrize("block", ["block_complex", "block_objects"])
+def test_a_block_that_is_not_real_valued_is_refused_not_cast(pilot, block):
+    # Before: the array path wrote the block into the float64 result as is: a complex block
+    # lost its imaginary part (a ComplexWarning in the worker's log, nothing else), an
+    # object block of None became NaN.  The tiled path refused both; now both paths do.
+    with pytest.raises(all_pairs.PairError, match="real-valued"):
+        all_pairs.compute(pilot, _x(20), block=getattr(t, block))
+    assert all_pairs.compute(pilot, _x(5), block=cdist).shape == (5, 5)  # pilot still fine
+
+
+def test_an_object_array_of_items_takes_the_tiled_path(pilot):
+    # Before: ValueError "cannot create an OBJECT array from memory buffer" (SharedArray),
+    # naming neither the items nor what to do; a list of the same strings worked.
+    words = np.array(["ab", "cde", "f", "ghij"], dtype=object)
+    got = all_pairs.compute(pilot, words, block=t.block_len_sum)
+    want = np.array([[len(a) + len(b) for b in words] for a in words], dtype=float)
+    np.testing.assert_array_equal(got, want)

@@ -72,6 +72,7 @@ import weakref
 
 from ..._errors import (
     BackendUnavailable,
+    PicklingError,
     PilotClosed,
     RemoteTraceback,
     SerializationError,
@@ -83,12 +84,26 @@ from ...runtime.future import Future
 from ...runtime.mapping import map_iter
 from .balance import Balancer
 from .cells import CellHub
+from .claims import CANCELLED, Verdict
 from .jobs import JobPolicy, JobWatch
-from .node import TB_ATTR, NodeConfig, NodePlugin, cpu_slices, probe, run_batch, run_task
+from .node import (
+    TB_ATTR,
+    NodeConfig,
+    NodePlugin,
+    cancel_keys,
+    cpu_slices,
+    force_keys,
+    forget_keys,
+    probe,
+    run_batch,
+    run_task,
+    started_keys,
+)
 from .provider import Provider, make_cluster
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
+CLAIM_TIMEOUT_S = 30.0  # a cancel's claim round (claims.py) gives up after this long: not cancelled
 
 
 class Owned(enum.Enum):
@@ -115,7 +130,7 @@ class _Coarse:
         (batch,) = args
         be = self.backend
         return be._send(run_batch, (be.cfg, self.blob, self.star, batch, bool(self.resources)),
-                        self.name, 0, self.resources)
+                        self.name, 0, self.resources, claim=False)
 
 
 class DaskBackend:
@@ -198,6 +213,9 @@ class DaskBackend:
         self._ids = itertools.count(1)
         self._blobs: dict[int, tuple[bytes, object]] = {}
         self._cancel_cb = self._cancel
+        self._probe_cb = self._probe
+        self._claimed: set[str] = set()  # keys a claim round took back: they never run
+        self._batches: set[str] = set()  # keys of pending map batches (run_batch)
         self.counters = {"submitted": 0, "completed": 0, "failed": 0, "cancelled": 0}
 
     def _size(self, workers, seed, idle_timeout, wait_s) -> None:
@@ -277,7 +295,8 @@ class DaskBackend:
                         ordered=ordered, chunksize=chunksize, timeout=timeout,
                         window_bytes=window_bytes)
 
-    def _send(self, runner, args: tuple, name: str, retries: int, resources=None) -> Future:
+    def _send(self, runner, args: tuple, name: str, retries: int, resources=None,
+              claim: bool = True) -> Future:
         if self.closing:
             raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
         if self.broken is not None:
@@ -288,18 +307,22 @@ class DaskBackend:
         fut = Future()
         fut.task_id = tid = next(self._ids)
         fut._canceller = self._cancel_cb
+        if claim:  # cancel() asks the nodes first (claims.py); map batches are map_iter's own
+            fut._prober = self._probe_cb
         key = f"{name}-{self.token}-{tid}"
         try:
             dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None,
                                       resources=resources)
         except Exception as exc:  # arguments dask cannot serialise
-            fut.set_exception(SerializationError(f"task {name}: {exc}"))
+            fut.set_exception(_unpicklable(name, runner, args, exc))
             return fut
         self._dask_of[fut] = dfut
         with self._lock:
             self._pending[key] = (fut, dfut)
             if resources:
                 self._needs[key] = resources
+            if runner is run_batch:
+                self._batches.add(key)
             self.counters["submitted"] += 1
         dfut.add_done_callback(self._on_done)
         self.balancer.kick()
@@ -329,6 +352,8 @@ class DaskBackend:
             self.counters["cancelled"] += 1
             if dfut is not None:
                 self._pending.pop(dfut.key, None)  # close() must not wait for it
+                self._batches.discard(dfut.key)
+                self._claimed.discard(dfut.key)
         if dfut is not None and self.client.status == "running":
             self.client.loop.add_callback(self._cancel_async, dfut)
 
@@ -338,19 +363,122 @@ class DaskBackend:
         except Exception:  # pragma: no cover - the cluster went away: nothing left to cancel
             pass
 
+    def _probe(self, fut: Future, cancel: bool = False) -> bool:
+        """``Future.cancel()``'s question: does the task run (or did it)?  Answered by a
+        claim round on every dask worker (claims.py), which also makes sure a task it
+        reports not started never starts.  ``running()``'s: one question to every dask
+        worker (a started task's future goes RUNNING; the hot path sends no message)."""
+        dfut = self._dask_of.get(fut)
+        if dfut is None or dfut.key in self._claimed:
+            return False
+        if cancel:
+            return not self._claim([fut])
+        if self.client.status != "running" or self._on_client_loop():
+            return False
+        try:
+            replies = self.client.run(started_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:  # no answer: not known to run
+            return False
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            return False
+        with fut._condition:
+            if fut._state == "PENDING":
+                fut._state = "RUNNING"
+        return True
+
+    def _claim(self, futs) -> list[Future]:
+        """One claim round for ``futs``: those taken back (they never run; the caller
+        cancels them).  The others run or ran somewhere: their tombstones are lifted."""
+        keys = {}
+        for f in futs:
+            d = self._dask_of.get(f)
+            if d is not None and not f.done():
+                keys[d.key] = f
+        if not keys:
+            return []
+        if self.client.status != "running":
+            taken = list(keys)  # no cluster: nothing of ours runs any more
+        elif self._on_client_loop():
+            return []  # a round trip from the loop that answers it would deadlock: say started
+        else:
+            try:
+                replies = self.client.run(cancel_keys, self.token, list(keys), on_error="return",
+                                          callback_timeout=CLAIM_TIMEOUT_S)
+            except Exception:  # no answer in time: maybe started; lift what was planted
+                replies, taken = None, []
+            if replies is not None:
+                started = {k for rep in replies.values() if isinstance(rep, dict)
+                           for k, v in rep.items() if v == Verdict.STARTED.value}
+                taken = [k for k in keys if k not in started]
+            refused = [k for k in keys if k not in set(taken)]
+            if refused:
+                self.client.loop.add_callback(self._forget_async, refused)
+        with self._lock:
+            self._claimed.update(taken)
+        return [keys[k] for k in taken]
+
+    async def _forget_async(self, keys: list[str]) -> None:
+        try:
+            await self.client.run(forget_keys, self.token, keys, on_error="ignore",
+                                  asynchronous=True)
+        except Exception:  # pragma: no cover - the cluster went away
+            pass
+
+    def _on_client_loop(self) -> bool:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return running is getattr(self.client.loop, "asyncio_loop", running)
+
     def cancel_pending(self) -> int:
-        """``shutdown(cancel_futures=True)``: nothing is cancelled here (returns 0).  dask
-        does not tell a client which of its tasks a worker has started, and the stdlib
-        promise is "running tasks finish"; ``close(cancel_pending=True)`` cancels them all."""
-        return 0
+        """``shutdown(cancel_futures=True)``: cancel every task no shoal worker started, in
+        one claim round (claims.py); running tasks finish.  Returns how many."""
+        with self._lock:
+            futs = [f for f, _ in self._pending.values()]
+        return sum(f.cancel() for f in self._claim(futs))
 
     def cancel_children(self, fut: Future) -> None:
         """No-op: a task's spawned children live in its node's runtime, which the driver
         does not address by task id; they finish with their parent."""
 
     def force_cancel(self, fut: Future) -> bool:
-        raise NotImplementedError("cancel(force=True) is not supported by the dask backend "
-                                  "(dask cannot kill one task; cancel() stops it if not started)")
+        """``pilot.cancel(fut, force=True)``: cancel ``fut`` even while a shoal worker runs
+        it, by killing and replacing that worker on its node (the local backend's force
+        cancel, there; other tasks that worker ran get ``WorkerLost`` or their retries).
+        False for a task that finished, or a map batch (no single task to stop)."""
+        if fut.cancel():
+            return True
+        dfut = self._dask_of.get(fut)
+        if (fut.done() or dfut is None or self.client.status != "running"
+                or self._on_client_loop()):
+            return False
+        with self._lock:
+            self._claimed.add(dfut.key)  # its run_task returns CANCELLED: _flush cancels it
+        try:
+            replies = self.client.run(force_keys, self.token, [dfut.key], on_error="return",
+                                      callback_timeout=CLAIM_TIMEOUT_S)
+        except Exception:
+            replies = {}
+        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
+            with self._lock:
+                self._claimed.discard(dfut.key)
+            return False
+        with fut._condition:  # Future.cancel refuses a RUNNING future
+            if fut._state == "RUNNING":
+                fut._state = "PENDING"
+        if not cf.Future.cancel(fut):  # finished meanwhile
+            return fut.cancelled()
+        try:
+            fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
+        except RuntimeError:  # _flush cancelled it meanwhile (run_task's CANCELLED came back)
+            pass
+        with self._lock:
+            ours = dfut.key in self._pending
+        if ours:
+            self._cancel(fut)
+        return True
 
     # -- resources ---------------------------------------------------------------------
 
@@ -473,14 +601,26 @@ class DaskBackend:
             for f, d in others:
                 ok, value = await self._outcome(d)
                 settled.append((f, d, ok, value))
+            refused = []  # keys a node refused to start (a claim round took them back)
             with self._lock:
-                for _f, d, ok, _ in settled:
+                for f, d, ok, value in settled:
                     self._pending.pop(d.key, None)
+                    self._claimed.discard(d.key)
                     if self._needs:
                         self._needs.pop(d.key, None)
+                    batch = d.key in self._batches
+                    self._batches.discard(d.key)
+                    if ok and type(value) is str and value == CANCELLED:
+                        refused.append(f)
+                        continue
+                    if ok and batch and type(value) is tuple and value[2] is not None:
+                        ok = False  # a map item raised: its batch failed (the error rides along)
                     self.counters["completed" if ok else "failed"] += 1
+            for f in refused:  # claimed by a round whose cancel() has not finished yet
+                self._claimed.add(self._dask_of[f].key)
+                f.cancel()
             for f, _, ok, value in settled:
-                if value is not _SKIP:
+                if value is not _SKIP and f not in refused:
                     settle(f, ok, value)
 
     async def _outcome(self, dfut):
@@ -550,6 +690,16 @@ class DaskBackend:
             driver.update(jobs=self.jobs.snapshot(), jobs_replaced=self.jobs.replaced)
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
+    def monitor(self) -> dict:
+        """``stats()`` with the dask dashboard's address (the shoal dashboard's sample)."""
+        if self.closing:
+            return {"backend": self.kind, "workers": [], "closing": True}
+        try:
+            link = self.client.dashboard_link
+        except Exception:  # noqa: BLE001 - no bokeh, no dask dashboard: no link
+            link = None
+        return {**self.stats(), "dashboard_link": link}
+
     def _scheduler_address(self) -> str | None:
         try:
             return self.client.scheduler.address
@@ -563,8 +713,7 @@ class DaskBackend:
         with self._lock:
             futs = [f for f, _ in self._pending.values()]
         if cancel_pending:
-            for f in futs:
-                f.cancel()
+            self.cancel_pending()  # the started ones are stopped with their node runtimes
         else:
             cf.wait(futs)
         self.closed = True
@@ -612,6 +761,26 @@ def _failed(exc: BaseException) -> Future:
 
 class _ForeignFuture(Exception):
     pass
+
+
+def _unpicklable(name: str, runner, args: tuple, exc: Exception) -> PicklingError:
+    """The local backend's error for an argument that cannot be pickled, naming the
+    culprit (dask's own message names only the object dask wraps the task in)."""
+    import cloudpickle
+
+    if runner is run_batch:
+        parts = [(f"map item {i}", item) for i, item in enumerate(args[3])]
+    else:
+        user_args, user_kwargs = args[2], args[3]
+        parts = [(f"argument {i}", a) for i, a in enumerate(user_args)]
+        parts += [(f"keyword argument {k!r}", v) for k, v in user_kwargs.items()]
+    for where, value in parts:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as err:  # noqa: BLE001 - named below
+            return PicklingError(f"cannot pickle the arguments of {name}: {where} "
+                                 f"({type(value).__name__}): {err}")
+    return PicklingError(f"cannot pickle the arguments of {name}: {exc}")
 
 
 def _probe_tcp(address: str, timeout: float) -> None:

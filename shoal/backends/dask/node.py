@@ -15,7 +15,12 @@ Data flow (one dask task)::
 * ``close_node(token)`` (sent with ``client.run`` when the pilot closes) stops
   that runtime; an *idle reaper* stops a runtime no task used for
   ``cfg.idle_timeout`` seconds (a driver that died without closing leaves
-  nothing behind for long).  A later task starts a fresh runtime.
+  nothing behind for long).  A later task starts a fresh runtime, except for a
+  pilot that closed here: its tasks that dask still hands out return
+  ``claims.CANCELLED`` (a fresh runtime would live on with nobody to stop it).
+* Cancel: ``run_task``/``run_batch`` claim their dask key in ``Claims`` (one per
+  pilot in this process) before the node runtime gets the task; the driver's
+  ``cancel()`` takes it back there or learns it started (claims.py).
 * Admission: a task *secedes* from dask's thread pool while the node has
   more idle shoal workers than the dask worker has threads, so one dask thread
   can feed a node of many shoal workers; the last tasks hold their dask slots,
@@ -45,18 +50,20 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ..._errors import SerializationError
+from ..._errors import PilotClosed, SerializationError
 from ...runtime import graph, wire
 from ...runtime.mapping import TARGET_S, map_iter
 from ...runtime.shared import portable_dumps
 from ...runtime.topology import topology as get_topology
 from ..local import LocalBackend
 from .cells import drop_pilot, publish, register_worker
+from .claims import CANCELLED, Claims, Fate
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
 _FN_CACHE = 256
@@ -106,6 +113,8 @@ class _Node:
 _lock = threading.Lock()
 _nodes: dict[str, _Node] = {}
 _reaper: threading.Thread | None = None
+_claims: dict[str, Claims] = {}  # pilot token -> its tasks' claims in this process (claims.py)
+_closed: set[str] = set()  # tokens of pilots closed here: no runtime of theirs starts again
 
 
 _slices: dict[str, dict[str, tuple[int, ...]]] = {}  # pilot token -> {dask worker: its CPUs}
@@ -137,14 +146,20 @@ def _claim_cpus(cfg: NodeConfig) -> int:
 
 
 def node_runtime(cfg: NodeConfig) -> _Node:
-    """This process's runtime for pilot ``cfg.token``, started on first use."""
+    """This process's runtime for pilot ``cfg.token``, started on first use; PilotClosed
+    once that pilot closed here (a task dask still hands out after the close must not
+    start a fresh runtime that nobody would stop)."""
     global _reaper
     with _lock:
         node = _nodes.get(cfg.token)
         if node is not None and not node.backend.closing:
             return node
+        if cfg.token in _closed:
+            raise PilotClosed(f"pilot {cfg.token} closed; its node runtime does not start again")
     workers = _claim_cpus(cfg)
     with _lock:
+        if cfg.token in _closed:
+            raise PilotClosed(f"pilot {cfg.token} closed; its node runtime does not start again")
         node = _nodes.get(cfg.token)
         if node is not None and not node.backend.closing:
             return node
@@ -216,31 +231,126 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
     ``unpack``: the arguments held dependencies, and sets among them travelled as tagged
     dicts (``graph.substitute(..., sets_as_dicts=True)``; dask walks no sets).
     ``pinned``: the task holds dask worker resources here (``resources=``): while it
-    runs, this node lends none of its spawned work to other machines."""
-    node = node_runtime(cfg)
+    runs, this node lends none of its spawned work to other machines.
+    Returns ``claims.CANCELLED`` without running when the driver cancelled the task first
+    (or its pilot closed here)."""
+    key, worker = _current()
+    try:
+        node = node_runtime(cfg)
+    except PilotClosed:
+        return CANCELLED
     if unpack:
         args, kwargs = graph.unpack_sets(args), graph.unpack_sets(kwargs)
-    return _run(node, node.function(blob), args, kwargs, timeout, pinned)
-
-
-def _run(node: _Node, fn, args: tuple, kwargs: dict, timeout: float | None, pinned: bool = False):
+    fn = node.function(blob)
     if _enter(node, pinned):
         _secede()
     try:
-        return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
+        if key is None:  # not a dask task (unit tests call run_task directly)
+            return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
+        local = claims_of(cfg.token).start(
+            key, lambda: node.backend.submit(fn, args, kwargs, timeout=timeout))
+        if local is None:
+            return CANCELLED
+        try:
+            return local.result()
+        except CancelledError:
+            if local.cancelled():  # taken back by the driver's claim round
+                return CANCELLED
+            raise
     except BaseException as exc:
         _tag(exc)
         raise
     finally:
         _leave(node, pinned)
+        if key is not None:
+            _finish(cfg.token, key, worker)
+
+
+def _current() -> tuple[str | None, object]:
+    """(dask key, dask worker) of the task this thread runs; (None, None) outside dask."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        return worker.get_current_task(), worker
+    except (ImportError, ValueError, AttributeError, KeyError):
+        return None, None
+
+
+def claims_of(token: str) -> Claims:
+    with _lock:
+        claims = _claims.get(token)
+        if claims is None:
+            claims = _claims[token] = Claims()
+        return claims
+
+
+def _finish(token: str, key: str, worker) -> None:
+    with _lock:
+        claims = _claims.get(token)
+    if claims is not None:
+        tasks = getattr(getattr(worker, "state", None), "tasks", None)
+        claims.finish(key, None if tasks is None else tasks.__contains__)
+
+
+def cancel_keys(token: str, keys: list[str], dask_worker=None) -> dict[str, str]:
+    """``client.run`` on every dask worker (the driver's ``cancel()``, claims.py): take each
+    key back here, or report it started; ``{key: Verdict value}``."""
+    tasks = getattr(getattr(dask_worker, "state", None), "tasks", None)
+
+    def state(key):
+        ts = None if tasks is None else tasks.get(key)
+        return None if ts is None else ts.state
+
+    with _lock:
+        if token in _closed:
+            return {}  # nothing of that pilot runs here any more
+    out = claims_of(token).cancel(keys, state)
+    return {k: v.value for k, v in out.items()}
+
+
+def started_keys(token: str, keys: list[str]) -> list[str]:
+    """``client.run``: the keys among ``keys`` a shoal worker here runs or ran."""
+    with _lock:
+        claims = _claims.get(token)
+    return [] if claims is None else claims.started(keys)
+
+
+def force_keys(token: str, keys: list[str]) -> list[str]:
+    """``client.run`` (``pilot.cancel(fut, force=True)``): the keys among ``keys`` whose
+    task this node's runtime held and cancelled, killing (and replacing) the shoal worker
+    running it (``LocalBackend.force_cancel``); their ``run_task`` returns CANCELLED."""
+    with _lock:
+        claims, node = _claims.get(token), _nodes.get(token)
+    if claims is None or node is None:
+        return []
+    with claims.lock:
+        held = [(k, claims.entries.get(k)) for k in keys]
+    return [k for k, entry in held if entry is not None and not isinstance(entry, Fate)
+            and not entry.done() and node.backend.force_cancel(entry)]
+
+
+def forget_keys(token: str, keys: list[str]) -> None:
+    """``client.run``: lift the tombstones of keys whose cancel another worker refused."""
+    with _lock:
+        claims = _claims.get(token)
+    if claims is not None:
+        claims.forget(keys)
 
 
 def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list, pinned: bool = False):
     """A dask task: one coarse map batch, spread over this node's shoal workers by the
     node's own adaptive map.  Returns ``(results, scaled seconds, error or None)``: the seconds are
     scaled so that the driver's ``map_iter`` (which aims at ``TARGET_S`` per batch)
-    sizes dask batches to about ``DASK_TARGET_S`` of node time."""
-    node = node_runtime(cfg)
+    sizes dask batches to about ``DASK_TARGET_S`` of node time; ``claims.CANCELLED`` when
+    the driver cancelled the batch before it started here (or the pilot closed)."""
+    key, worker = _current()
+    try:
+        node = node_runtime(cfg)
+    except PilotClosed:
+        return CANCELLED
+    if key is not None and claims_of(cfg.token).start(key, lambda: Fate.STARTED) is None:
+        return CANCELLED
     fn = node.function(blob)
     if _enter(node, pinned):
         _secede()
@@ -262,6 +372,8 @@ def run_batch(cfg: NodeConfig, blob: bytes, star: bool, batch: list, pinned: boo
         raise
     finally:
         _leave(node, pinned)
+        if key is not None:
+            _finish(cfg.token, key, worker)
 
 
 # -- spawned work lent between machines (the driver's Balancer, shoal/backends/dask/balance.py) --
@@ -436,9 +548,13 @@ def node_stats(token: str) -> dict | None:
 
 
 def close_node(token: str) -> bool:
-    """Stop pilot ``token``'s runtime in this process (``client.run`` at pilot close)."""
+    """Stop pilot ``token``'s runtime in this process for good (its plugin's teardown at
+    pilot close): tasks of that pilot that dask still hands out afterwards return
+    ``CANCELLED`` instead of starting a fresh runtime."""
     with _lock:
         node = _nodes.pop(token, None)
+        _closed.add(token)
+        _claims.pop(token, None)
     if node is None:
         return False
     node.backend.close(cancel_pending=True)

@@ -13,6 +13,8 @@ updating each tensor, and the result does not depend on how the model is cut.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -30,7 +32,9 @@ def _check(name, value, low=0.0, high=None, *, open_low=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {value!r}")
     value = float(value)
-    if value < low or (open_low and value == low) or (high is not None and value >= high):
+    # NaN compares False with everything: without isfinite, lr=nan or eps=nan passed and the
+    # first step failed with "the loss is nan" (torch.optim refuses them up front too)
+    if not math.isfinite(value) or value < low or (open_low and value == low) or (high is not None and value >= high):
         rng = f"({low}, ...)" if open_low else f"[{low}, {high if high is not None else '...'})"
         raise ValueError(f"{name} must be in {rng}, got {value!r}")
     return value

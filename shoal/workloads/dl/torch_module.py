@@ -44,6 +44,36 @@ def _torch():
     return torch
 
 
+def _refuse_what_a_plan_would_change(torch, layers) -> None:
+    """ValueError naming the layer, for modules whose training a plan would silently change.
+
+    * Batch statistics (``BatchNorm*``; ``InstanceNorm`` with running stats): each
+      micro-batch would be normalised by its own rows, so a step is no longer the whole
+      batch's gradient (R=2, M=2 moved parameters by 0.018 after 2 epochs), and the
+      running statistics, updated in the workers' copies, never came back to the driver
+      (``predict`` normalised with the initial ones).  LayerNorm/GroupNorm are per sample.
+    * A parameter shared by two layers (tied weights): each layer's copy would be trained
+      apart and the last one written back would win."""
+    norms = tuple(getattr(torch.nn, n) for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+                                                 "SyncBatchNorm") if hasattr(torch.nn, n))
+    owner: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        for sub in layer.modules():
+            if isinstance(sub, norms) or (
+                    isinstance(sub, (torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d,
+                                     torch.nn.InstanceNorm3d)) and sub.track_running_stats):
+                raise ValueError(
+                    f"TorchModule: layer {i} ({type(sub).__name__}) normalises by batch "
+                    "statistics: a plan's micro-batches and replicas would each use their own "
+                    "rows, and its running statistics would stay in the workers; use LayerNorm "
+                    "or GroupNorm (per sample)")
+        for p in layer.parameters():
+            if owner.setdefault(id(p), i) != i:
+                raise ValueError(f"TorchModule: layers {owner[id(p)]} and {i} share a parameter "
+                                 f"of shape {tuple(p.shape)} (tied weights): each stage would "
+                                 "train its own copy; untie them")
+
+
 class TorchModule:
     """A ``torch.nn.Sequential`` trained by ``dl.Trainer`` with any ``dl.Plan``."""
 
@@ -56,6 +86,7 @@ class TorchModule:
         children = list(module.children()) if isinstance(module, torch.nn.Sequential) else [module]
         if not children:
             raise ValueError("TorchModule: the Sequential has no layers")
+        _refuse_what_a_plan_would_change(torch, children)
         self.module = module
         self.layers = children
         self.seed = int(seed)

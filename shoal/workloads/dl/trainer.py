@@ -124,6 +124,9 @@ class Trainer:
         X, Y, shapes = self._check_data(X, y)
         n = X.shape[0]
         fingerprint = self._fingerprint(X, Y, batch_size, shuffle, seed)
+        # a batch larger than the data is the whole data: the same batches, and the arena's
+        # micro-batch buffers sized by rows that exist (batch_size=10**12 asked for TBs)
+        batch_size = min(int(batch_size), n)
         start = 0
         if checkpoint is not None and os.path.exists(checkpoint):
             start = self._load_checkpoint(checkpoint, fingerprint)
@@ -182,6 +185,8 @@ class Trainer:
         """The model's outputs for ``X`` (no dropout), computed by tasks on the pilot."""
         X = self._check_x(X)
         shapes = self.model.shapes(X.shape[1:])
+        if not len(X):
+            return np.empty((0,) + shapes[-1], dtype=X.dtype)  # as the model's forward gives
         stage_layers = self._stages(shapes, min(len(X), 64) or 1)
         layout = Layout()
         layout.add(("X",), X.shape, X.dtype)
@@ -283,13 +288,16 @@ class Trainer:
 
     # -- checks --------------------------------------------------------------------------
     def _check_x(self, X) -> np.ndarray:
+        kind = getattr(getattr(X, "dtype", None), "kind", None)
+        if kind == "c":  # the cast below would drop the imaginary part with only a warning
+            raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
         try:
             X = np.asarray(X, dtype=self.model.dtype)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"X cannot be read as {self.model.dtype} numbers: {exc}") from None
         if X.ndim < 2:
             raise ValueError(f"X must be shaped (samples, features...), got shape {X.shape}")
-        bad = ~np.isfinite(X.reshape(len(X), -1)).all(axis=1)
+        bad = ~np.isfinite(X).all(axis=tuple(range(1, X.ndim)))  # (no reshape: 0 rows work)
         if bad.any():
             raise ValueError(f"X holds NaN or inf (first at row {int(np.argmax(bad))})")
         return np.ascontiguousarray(X)

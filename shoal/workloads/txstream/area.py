@@ -243,5 +243,7 @@ def drive(job: Job, slot: int, make_runner, counters: dict | None = None) -> lis
                 last = now
             elif now - last > job.stall_s:
                 raise Stalled(f"txstream: no progress for {job.stall_s:.0f} s in partitions "
-                              f"{mine} (a worker holding another partition died?)")
+                              f"{mine} (a worker holding another partition died? or an event's fn "
+                              "declared other accesses in another process: it must declare the "
+                              "same ones every time it is called with the same ev)")
         time.sleep(0.0002 if idle < 4096 else 0.002)

@@ -43,6 +43,37 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class _Reading:
+    """``with _Reading(file, checkpoint)``: ``np.load`` whose failures (a truncated or
+    overwritten file, a missing segment, a wrong field) are one ValueError naming the file
+    and the checkpoint, instead of BadZipFile / "contains pickled data" / KeyError."""
+
+    def __init__(self, path: str, checkpoint: str):
+        self.path, self.checkpoint = path, checkpoint
+        self.z = None
+
+    def __enter__(self):
+        try:
+            self.z = np.load(self.path)  # allow_pickle=False: a checkpoint file runs no code
+        except Exception as exc:  # noqa: BLE001 - BadZipFile, OSError, ValueError(pickled), EOFError
+            raise self._error(exc) from None
+        return self.z
+
+    def __exit__(self, kind, exc, tb):
+        self.z.close()
+        if exc is not None and isinstance(exc, (KeyError, ValueError, OSError, EOFError,
+                                                json.JSONDecodeError)) and \
+                not str(exc).startswith("txstream checkpoint"):
+            raise self._error(exc) from None
+        return False
+
+    def _error(self, exc: BaseException) -> ValueError:
+        return ValueError(f"txstream checkpoint {self.checkpoint!r}: "
+                          f"{os.path.basename(self.path)} cannot be read ({type(exc).__name__}: "
+                          f"{exc}); it is damaged or not a shoal checkpoint: restore it or use a "
+                          "fresh checkpoint path (the run then starts from the stream's start)")
+
+
 class Checkpoint:
     def __init__(self, path: str, fingerprint: list):
         self.path = os.fspath(path)
@@ -64,26 +95,31 @@ class Checkpoint:
                      meta=np.frombuffer(meta.encode(), np.uint8))
         _fsync_dir(self.path)
 
+    def _open(self, path: str) -> _Reading:
+        return _Reading(path, self.path)
+
     def load(self):
         """``None`` (fresh) or ``(flat, offset, batches, segments)``; segments are
         ``(seq0, txn_start, vals, committed, errors)`` in order."""
         state = os.path.join(self.path, STATE)
         if not os.path.exists(state):
             return None
-        with np.load(state) as z:
+        with self._open(state) as z:
             flat = z["flat"].copy()
             meta = json.loads(z["meta"].tobytes())
+            if not isinstance(meta, dict) or not {"offset", "batches", "layout"} <= set(meta):
+                raise ValueError(f"its meta record is {meta!r:.80}")
         if meta["layout"] != self.fingerprint:
             raise ValueError(f"checkpoint {self.path!r} was written for tables {meta['layout']}, "
                              f"not {self.fingerprint}: use a fresh checkpoint path")
         segs = []
         for b in range(meta["batches"]):
-            with np.load(self._seg(b)) as z:
+            with self._open(self._seg(b)) as z:
                 errors = {int(k): v for k, v in json.loads(z["errors"].tobytes()).items()}
                 segs.append((int(z["seq0"]), z["txn_start"].copy(), z["vals"].copy(),
                              z["committed"].copy(), errors))
         for name in os.listdir(self.path):  # segments of batches that never committed
-            if name.startswith("out-") and name.endswith(".npz"):
+            if name.startswith("out-") and name.endswith(".npz") and name[4:12].isdigit():
                 if int(name[4:12]) >= meta["batches"]:
                     os.unlink(os.path.join(self.path, name))
         return flat, meta["offset"], meta["batches"], segs

@@ -139,6 +139,22 @@ def _dumps(batch) -> bytes:
         return cloudpickle.dumps(batch, 5)
 
 
+def _unpicklable(batch: list, seq0: int, exc: Exception) -> TypeError:
+    """The error for a batch that does not pickle, naming the first event that does not
+    (else only pickle's message: "cannot pickle '_thread.lock' object", no event)."""
+    import cloudpickle
+
+    for t, event in enumerate(batch):
+        try:
+            cloudpickle.dumps(event, 5)
+        except Exception as one:  # noqa: BLE001 - reported, with the event's number
+            return TypeError(f"event {seq0 + t}: cannot be pickled for the workers: {one!r} "
+                             f"(fn={getattr(event.fn, '__qualname__', event.fn)!s:.60}); "
+                             "an event's ev must be plain picklable data")
+    return TypeError(f"events {seq0}..{seq0 + len(batch) - 1} cannot be pickled for the "
+                     f"workers: {exc!r}")
+
+
 class _PilotRunner:
     """The schedulers that run on a pilot: one task per worker per batch (phase)."""
 
@@ -198,7 +214,10 @@ class _PilotRunner:
     def run_batch(self, batch: list, seq0: int, batch_no: int) -> BatchResult:
         e, area = self.e, self.area
         n, w = len(batch), self.pilot.workers
-        blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+        try:
+            blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+        except Exception as exc:
+            raise _unpicklable(batch, seq0, exc) from exc
         slices, off = [], 0
         for b in blobs:
             slices.append((off, len(b)))
@@ -295,6 +314,9 @@ class Engine:
                              "pilot=shoal.Pilot(...) (only 'serial' runs without one)")
         if isinstance(punctuation, bool) or not isinstance(punctuation, int) or punctuation < 1:
             raise ValueError(f"punctuation must be a positive int (events per batch), got {punctuation!r}")
+        if (isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float))
+                or not stall_timeout > 0):  # (nan > 0 is False)
+            raise ValueError(f"stall_timeout must be a number of seconds > 0, got {stall_timeout!r}")
         if on_batch is not None and not callable(on_batch):
             raise TypeError("on_batch must be callable(BatchStats)")
         self.store = store

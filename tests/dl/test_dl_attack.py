@@ -1,0 +1,98 @@
+"""Hostile inputs to shoal.workloads.dl, each a bug found by attacking it (r-break): every
+test failed before its fix.  In-process trainers (pilot=None): the same code path decides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal.workloads import dl
+
+
+def _data(n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 5)), rng.integers(0, 3, n)
+
+
+def _trainer(**kw):
+    return dl.Trainer(dl.Sequential([dl.Linear(5, 7), dl.ReLU(), dl.Linear(7, 3)], seed=1), **kw)
+
+
+def test_complex_inputs_are_refused_not_truncated():
+    # Before: np.asarray(X, float64) dropped the imaginary part with a ComplexWarning and
+    # the model trained on the real part as if nothing happened.
+    X, y = _data()
+    with pytest.raises(ValueError, match="X must hold real numbers, got dtype complex128"):
+        _trainer().fit(X + 1j, y, epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match="X must hold real numbers"):
+        _trainer().predict(X.astype(np.complex64))
+
+
+def test_no_rows_is_named_and_predict_of_no_rows_is_empty():
+    # Before: "cannot reshape array of size 0 into shape (0,newaxis)" from the NaN check,
+    # for fit, evaluate and predict alike.
+    X, y = _data()
+    with pytest.raises(ValueError, match="fit: X has no rows"):
+        _trainer().fit(X[:0], y[:0], epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match="evaluate: X has no rows"):
+        _trainer().evaluate(X[:0], y[:0])
+    out = _trainer().predict(X[:0])  # what the model's own forward gives for no rows
+    assert out.shape == (0, 3) and out.dtype == np.float64
+
+
+def test_a_batch_larger_than_the_data_is_the_whole_data():
+    # Before: the arena's micro-batch buffers were sized by batch_size, not by the rows that
+    # exist: batch_size=10**12 on 20 rows raised OSError ENOMEM (and 10**8 took GBs).
+    X, y = _data()
+    huge, whole = _trainer(), _trainer()
+    huge.fit(X, y, epochs=2, batch_size=10**12)
+    whole.fit(X, y, epochs=2, batch_size=len(X))
+    assert all(np.array_equal(a, b) for a, b in zip(huge.parameters(), whole.parameters(),
+                                                     strict=True))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: dl.SGD(lr=float("nan")), lambda: dl.SGD(lr=float("inf")),
+    lambda: dl.SGD(lr=0.1, weight_decay=float("nan")), lambda: dl.Adam(eps=float("nan")),
+    lambda: dl.Adam(lr=float("nan")),
+], ids=["sgd-lr-nan", "sgd-lr-inf", "sgd-wd-nan", "adam-eps-nan", "adam-lr-nan"])
+def test_nan_and_inf_hyperparameters_are_refused_up_front(make):
+    # Before: NaN passed every range check (NaN < 0 is False); the first step then failed
+    # with "the loss is nan", blaming the learning rate or the inputs.
+    with pytest.raises(ValueError, match="must be in"):
+        make()
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed: pip install 'shoal[torch]' "
+                               "(the CPU wheel torch==2.13.0)")
+
+
+@pytest.mark.parametrize("norm", ["BatchNorm1d", "InstanceNorm1d-tracking"])
+def test_torch_batch_statistics_are_refused_naming_the_layer(norm):
+    # Before: accepted.  On a pilot the BatchNorm's running statistics stayed in the workers'
+    # copies (the driver's module still had running_mean 0 and num_batches_tracked 0 after
+    # fit, so predict() normalised wrongly), and a plan with R=2, M=2 moved the parameters
+    # 0.018 away from one process on the whole batch (each micro-batch its own statistics).
+    torch = _torch()
+    layer = (torch.nn.BatchNorm1d(8) if norm == "BatchNorm1d"
+             else torch.nn.Sequential(torch.nn.Unflatten(1, (1, 8)),
+                                      torch.nn.InstanceNorm1d(1, track_running_stats=True),
+                                      torch.nn.Flatten()))
+    module = torch.nn.Sequential(torch.nn.Linear(5, 8), layer, torch.nn.ReLU(),
+                                 torch.nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"layer 1 \((BatchNorm1d|InstanceNorm1d)\) normalises by "
+                                         "batch statistics"):
+        dl.TorchModule(module)
+    dl.TorchModule(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.LayerNorm(8),
+                                       torch.nn.Linear(8, 3)))  # per sample: fine
+
+
+def test_torch_tied_weights_are_refused():
+    # Before: each layer's copy of the shared weight was trained on its own and the last one
+    # written back won: not what torch does with a tied parameter.
+    torch = _torch()
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    b.weight = a.weight
+    with pytest.raises(ValueError, match="layers 0 and 2 share a parameter"):
+        dl.TorchModule(torch.nn.Sequential(a, torch.nn.ReLU(), b))

@@ -1,0 +1,63 @@
+"""all_pairs attacked (r-break): Ctrl-C in the driver stops the abandoned run's tiles."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import ap_tasks as t
+import numpy as np
+import pytest
+
+import shoal
+from shoal.patterns import all_pairs
+from shoal.runtime.progress import BOARD
+
+
+def test_ctrl_c_in_the_driver_stops_the_tiles_of_the_abandoned_matrix(tmp_path):
+    # Before: KeyboardInterrupt left the root tile running; every spawned tile went on
+    # computing the abandoned matrix (all 20,100 pairs), and the next call on the pilot
+    # queued behind it.  The interrupt is raised at the driver's first progress tick (a
+    # board subscriber: deterministic), when the first tiles (items 0..7) are done, so the
+    # workers hold every array of the run, and the other tiles wait on a gate file.
+    gate, log = str(tmp_path / "gate"), str(tmp_path / "calls")
+    compare = functools.partial(t.gated_euclidean, gate, log)
+    items = list(enumerate(np.random.default_rng(0).normal(size=(200, 3))))
+
+    def interrupt(topic, record):
+        if topic == "all_pairs" and record.get("state") == "running" and record.get("pairs"):
+            raise KeyboardInterrupt
+
+    with shoal.Pilot(1) as pilot:  # one worker: it holds every array of the run by then
+        unsubscribe = BOARD.subscribe(interrupt)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                all_pairs.compute(pilot, items, compare, tile=4)
+        finally:
+            unsubscribe()
+        open(gate, "w").close()
+        deadline = time.monotonic() + 60
+        while pilot.stats()["driver"]["outstanding"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        calls = os.path.getsize(log) if os.path.exists(log) else 0
+        assert calls < 200 * 201 // 4, f"{calls} of {200 * 201 // 2} pairs computed after Ctrl-C"
+        again = all_pairs.compute(pilot, [v for _, v in items[:5]], t.euclidean)
+        assert again.shape == (5, 5)
+
+
+def test_a_result_larger_than_the_machine_is_refused_before_anything_runs(tmp_path):
+    # Before: the result's shared memory (or .npy memmap) is sparse, so a 32 TB result was
+    # allocated without a word and the workers found out page by page (here only because
+    # a strip's temporary block raised MemoryError first; on a result a little larger than
+    # RAM the OOM killer or SIGBUS), where squareform(pdist(X)) raises MemoryError at once.
+    n = 2_000_000
+    with shoal.Pilot(1) as pilot:
+        with pytest.raises(MemoryError, match=r"the 2000000 x 2000000 result needs 29802.3 GiB"):
+            all_pairs.compute(pilot, list(range(n)), t.euclidean)
+        with pytest.raises(MemoryError, match="condensed result of 2000000 items needs"):
+            all_pairs.compute(pilot, np.zeros((n, 1)), block=t.block_euclidean, condensed=True)
+        with pytest.raises(OSError, match="needs 29802.3 GiB, but its file system has"):
+            all_pairs.compute(pilot, list(range(n)), t.euclidean, out=str(tmp_path / "d.npy"))
+        assert pilot.stats()["workers"][0].get("tasks_run", 0) == 0
+        assert not (tmp_path / "d.npy").exists()

@@ -167,10 +167,16 @@ def main() -> None:
                 own, kids = rows["split"][name]
                 print(f"  {name:<16} {rate[name]:8.0f} tasks/s   {rate[name] / xargs:5.2f}x xargs   "
                       f"CPU {cpu[name] * 1e3:.3f} ms/task ({cpu['xargs'] / cpu[name]:.2f}x xargs' CPU; "
-                      f"driver process {own * 1e3:.3f} + children {kids * 1e3:.3f})")
+                      f"python process {own * 1e3:.3f} + child processes {kids * 1e3:.3f})")
             print(f"  (sandbox floor: a directory + stdout/stderr files per task, no process: CPU "
                   f"{cpu['sandbox floor'] * 1e3:.3f} ms/task; shoal pays it, xargs does not; it varies with "
                   f"the disk's other users)")
+            if cpu["sandbox floor"] > 0.1e-3:
+                print("  WARNING: creating files is slow on this filesystem right now (the sandbox floor above "
+                      "0.1 ms/task; idle it is ~0.05). On ext4 without a journal, as here, every new inode "
+                      "skips the inodes deleted in the last 1-5 minutes one by one (kernel: recently_deleted), "
+                      "so after a test suite or another run cleaned up its files, shoal, which creates 3 "
+                      "inodes per task, pays for them and xargs does not. Rerun after 5 quiet minutes.")
             print(f"  EnTK 1.103 (measured earlier, 2 cores): ~3 tasks/s = {3 / xargs:.3f}x xargs")
             print(f"  run() to first task start: {rows['first_task_s'] * 1000:.0f} ms")
             wall, by_cpu = rate["shoal.ensemble"] / xargs, cpu["xargs"] / cpu["shoal.ensemble"]

@@ -447,8 +447,10 @@ class Engine:
             return
         with self.wake_lock:
             if not self.wake_closed:
-                with contextlib.suppress(OSError):
+                try:
                     os.write(self.wake_w, b"x")
+                except OSError:  # full (the loop wakes anyway) or closed
+                    pass
 
     def _launch(self, item: Item) -> int | tuple[int, int]:
         """Sandbox, staging, spawn: the pid (or pid and exit code of a child already reaped, see
@@ -532,9 +534,11 @@ class Engine:
         self.starting.clear()
 
     def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             while os.read(self.wake_r, 65536):
                 pass
+        except BlockingIOError:
+            pass
 
     def _spawn_remote(self, item: Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""

@@ -286,8 +286,12 @@ class Launcher:
 
     # -- spawning ---------------------------------------------------------------------
     def _executable(self, exe: str) -> str:
+        found = self._which.get(exe, "")
+        if found:
+            return found
         if "/" in exe:  # checked by the spawn itself; find_executable explains a failure
-            return os.path.join(self.cwd, exe)
+            found = self._which[exe] = os.path.join(self.cwd, exe)
+            return found
         if exe not in self._which:
             self._which[exe] = shutil.which(exe, path=self.base_env.get("PATH"))
         found = self._which[exe]
@@ -306,7 +310,7 @@ class Launcher:
             raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
-        out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
+        out, err = sandbox + "/stdout", sandbox + "/stderr"  # sandbox_of: absolute, no trailing "/"
         try:
             if self._spawner is not None:
                 pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus),

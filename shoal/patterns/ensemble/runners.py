@@ -205,5 +205,7 @@ class Runners:
         if last:
             with self._lock:
                 self._jobs -= 1
-        with contextlib.suppress(Exception):
+        try:
             self._wake()
+        except Exception:  # noqa: BLE001 - a wake-up that fails must not kill the runner
+            pass

@@ -653,14 +653,8 @@ class Engine:
                 self.draining = True
             else:
                 ended.append(outcome)
-        wall = time.time()
-        exe_done = [(item.uid, wall, value[0], value[1]) for item, failure, value in ended
-                    if failure is None and item.task.kind is TaskKind.EXECUTABLE]
-        if exe_done:  # one statement for the pass (the loop's next commit makes them durable)
-            self.journal.done_many(exe_done)
         for item, failure, value in ended:
-            self._finish_attempt(item, failure, value, now,
-                                 journaled=failure is None and item.task.kind is TaskKind.EXECUTABLE)
+            self._finish_attempt(item, failure, value, now)
         for item in list(self.running.values()):
             if item.future is None and item.deadline is not None and now >= item.deadline:
                 self.runners.kill(item.pid)  # its runner reaps it; ended as a timeout
@@ -669,13 +663,12 @@ class Engine:
             self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
             self._stop_for_walltime()
 
-    def _finish_attempt(self, item: Item, failure: Failure | None, value, now: float,
-                        journaled: bool = False) -> None:
+    def _finish_attempt(self, item: Item, failure: Failure | None, value, now: float) -> None:
         del self.running[item.pid if item.future in (None, False) else id(item.future)]
         self.sched.release(item.grant)
         self.durations[0] += now - item.t0
         self.durations[1] += 1
-        self._ended(item, failure, value, journaled=journaled)
+        self._ended(item, failure, value)
 
     def _exe_outcome(self, item: Item, code: int):
         timed_out = item.future is False
@@ -729,16 +722,14 @@ class Engine:
         return item, Failure(kind, f"{type(exc).__name__}: {exc}", None, tb[-2000:], item.attempt), None
 
     # -- ending -----------------------------------------------------------------------
-    def _ended(self, item: Item, failure: Failure | None, value=None, journaled: bool = False) -> None:
-        """Journal the end of one attempt (caller commits) and move the stage on.  ``journaled``:
-        an executable's DONE row was written already (``_reap`` writes a pass's in one statement)."""
+    def _ended(self, item: Item, failure: Failure | None, value=None) -> None:
+        """Journal the end of one attempt (caller commits) and move the stage on."""
         now = time.time()
         t = item.task
         if failure is None:
             if t.kind is TaskKind.EXECUTABLE:
-                if not journaled:
-                    code, outputs = value
-                    self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
+                code, outputs = value
+                self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
             else:
                 self.journal.done(item.uid, now, result=value)
             self._settle(item, TaskState.DONE)

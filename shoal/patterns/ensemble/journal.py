@@ -417,16 +417,6 @@ class Journal:
              "\n".join(outputs) if outputs else None, uid),
         )
 
-    def done_many(self, rows) -> None:
-        """``done`` for executables that ended in one pass, in one statement: rows of (uid, now,
-        exit code, outputs or None)."""
-        self._tx()
-        self.db.executemany(
-            "UPDATE tasks SET state=?, finished=?, result=?, exit_code=?, outputs=?, failure=NULL, "
-            "reason=NULL, pid=NULL WHERE uid=?",
-            [(TaskState.DONE.value, now, None, code, "\n".join(outputs) if outputs else None, uid)
-             for uid, now, code, outputs in rows])
-
     def failed(self, uid: str, failure: Failure, now: float, *, final: bool) -> None:
         """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry."""
         self._tx()

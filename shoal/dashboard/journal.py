@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import time
 
 from ..patterns.ensemble.journal import open_readonly
@@ -30,6 +31,9 @@ def check_journal(path: str) -> str:
                             "(shoal run ... --journal PATH) first")
     if os.path.isdir(path):
         raise EnsembleError(f"{path} is a directory, not an ensemble journal (an SQLite file)")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open() forever
+        raise EnsembleError(f"{path} is not a regular file (a FIFO, a device?), not an ensemble "
+                            "journal (an SQLite file)")
     try:
         db = open_readonly(path)
         try:

@@ -14,11 +14,29 @@ this process).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
+import weakref
 
 DEFAULT_HOST = "127.0.0.1"
+_SERVING: weakref.WeakSet = weakref.WeakSet()  # this process's servers (for the fork hook)
+
+
+def _forked_child() -> None:
+    """A forked child (multiprocessing's fork, a DataLoader worker...) inherits the listening
+    socket but not the thread serving it: closing the child's copy keeps the port the
+    parent's alone, so the parent's ``close`` frees it (else it stayed bound, and a client
+    connecting after it got no "refused", only a request that hung)."""
+    for server in list(_SERVING):
+        try:
+            server.sock.close()
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def parse_address(value) -> tuple[str, int]:
@@ -64,6 +82,7 @@ class WebServer:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
         self.error: BaseException | None = None
+        _SERVING.add(self)
 
     @property
     def url(self) -> str:

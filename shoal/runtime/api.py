@@ -117,8 +117,9 @@ class Backend(Protocol):
     def monitor(self) -> dict[str, Any]:
         """A monitor's sample (the dashboard's, once a second): ``stats()``'s shape, plus
         per worker ``pid`` and state where the backend knows them without asking, and
-        ``dashboard_link`` (the cluster's own dashboard, or None).  Never blocks on a
-        busy worker; ``{"closing": True, ...}`` once the backend is closing."""
+        ``dashboard_link`` (the cluster's own dashboard, or None).  Local: never waits for
+        a busy worker (the latest answers so far); dask: one ``client.run`` round trip.
+        ``{"closing": True, ...}`` once the backend is closing."""
 
     def cancel_pending(self) -> int:
         """Cancel every task no worker has started; how many were cancelled."""

@@ -82,3 +82,76 @@ def test_a_backend_without_monitor_is_a_clear_error_not_a_fallback():
 
     with pytest.raises(AttributeError, match="monitor"):
         Dashboard(backend=NotABackend())
+
+
+@pytest.mark.timeout(30)  # a regression blocks in open(): fail instead
+def test_a_fifo_as_journal_is_an_error_on_the_page_not_a_hung_server(tmp_path):
+    # Before: check_journal opened the path to read SQLite's magic: open() of a FIFO blocks
+    # until a writer comes, so `shoal dashboard fifo` hung at start and a JournalSource on one
+    # hung every page request (each in a thread of its own, under the source's lock).
+    from shoal.dashboard.journal import journal_state
+
+    fifo = str(tmp_path / "run.db")
+    os.mkfifo(fifo)
+    state = journal_state(fifo)
+    assert "not a regular file" in state["error"]
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_does_not_keep_the_closed_dashboards_port():
+    # Before: a child forked while the dashboard ran (multiprocessing's fork, a DataLoader
+    # worker) kept a copy of the listening socket; after the pilot's close() the port stayed
+    # bound, and a client connecting got no "refused" but a request that hung.
+    import faulthandler
+    import socket
+
+    read_end, write_end = os.pipe()
+    pilot = shoal.Pilot(1, dashboard=0)
+    try:
+        parts = urllib.parse.urlsplit(pilot.dashboard_url)
+        faulthandler.cancel_dump_traceback_later()  # its watchdog can hang a forked child
+        pid = os.fork()
+        if pid == 0:  # the child: wait until the parent has looked, then leave
+            os.close(write_end)
+            os.read(read_end, 1)
+            os._exit(0)
+        os.close(read_end)
+    finally:
+        pilot.close()
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(180)
+def test_a_real_browser_on_a_rebound_name_reads_nothing(tmp_path):
+    # DNS rebinding as a browser does it: Chromium resolves evil.example to 127.0.0.1
+    # (--host-resolver-rules), opens the attacker's page there and fetches /api/state from
+    # it (same origin as far as the browser knows).  Before: 200 and the whole state.
+    from chromium import CHROMIUM_ARGS, chromium_path
+
+    path = chromium_path()
+    if path is None:
+        pytest.skip("Chromium is not installed: run scripts/install-chromium (needs root and apt) "
+                    "to enable the browser tests")
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is not installed: pip install 'shoal[dev]'")
+    with shoal.Pilot(1, dashboard=0) as pilot, sync_api.sync_playwright() as pw:
+        port = urllib.parse.urlsplit(pilot.dashboard_url).port
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=path, headless=True,
+            args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+        try:
+            page = ctx.new_page()
+            resp = page.goto(f"http://evil.example:{port}/workers")
+            assert resp.status == 403
+            got = page.evaluate("fetch('/api/state').then(r => r.status)")
+            assert got == 403
+            resp = page.goto(pilot.dashboard_url + "api/state")  # the user's own tab: fine
+            assert resp.status == 200 and '"pilot"' in resp.text()
+        finally:
+            ctx.close()

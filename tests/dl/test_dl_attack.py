@@ -96,3 +96,52 @@ def test_torch_tied_weights_are_refused():
     b.weight = a.weight
     with pytest.raises(ValueError, match="layers 0 and 2 share a parameter"):
         dl.TorchModule(torch.nn.Sequential(a, torch.nn.ReLU(), b))
+
+
+def test_torch_in_place_layer_at_a_stage_start_trains_like_any_cut():
+    # Before: a stage starting with LeakyReLU(inplace=True) failed the whole fit with torch's
+    # "a leaf Variable that requires grad is being used in an in-place operation" (the
+    # backward recomputes the stage from its input as a leaf); in-place layers elsewhere
+    # worked, so a cut by measured cost could break a model that trained on one stage.
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(64, 6)).astype(np.float32), rng.integers(0, 3, 64)
+
+    def module():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LeakyReLU(0.1, inplace=True),
+                                   torch.nn.Linear(8, 3))
+
+    params = []
+    for plan in (dl.Plan(), dl.Plan(stages=2, shards=[[0], [1, 2]], micro_batches=2),
+                 dl.Plan(stages=1, micro_batches=2)):
+        trainer = dl.Trainer(dl.TorchModule(module()), optimizer=dl.SGD(lr=0.1), plan=plan)
+        trainer.fit(X, y, epochs=2, batch_size=32)
+        params.append(trainer.parameters())
+    assert all(np.array_equal(a, b) for a, b in zip(params[1], params[2], strict=True))
+    assert max(float(np.abs(a - b).max()) for a, b in zip(params[0], params[1], strict=True)) < 1e-6
+
+
+def test_fits_of_one_trainer_from_two_threads_run_one_after_the_other():
+    # Before: both fits stepped the same optimizer state at once; the history said 4 epochs
+    # and the parameters equalled no serial run.
+    import threading
+
+    X, y = _data(400)
+    shared, serial = _trainer(optimizer=dl.SGD(lr=0.05, momentum=0.9)), \
+        _trainer(optimizer=dl.SGD(lr=0.05, momentum=0.9))
+    gate = threading.Barrier(2)
+
+    def fit():
+        gate.wait()
+        shared.fit(X, y, epochs=2, batch_size=8)
+
+    threads = [threading.Thread(target=fit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    serial.fit(X, y, epochs=4, batch_size=8)
+    assert [r["epoch"] for r in shared.history] == [0, 1, 2, 3]
+    assert all(np.array_equal(a, b) for a, b in zip(shared.parameters(), serial.parameters(),
+                                                     strict=True))

@@ -4,6 +4,7 @@ and the bad inputs that were not named before."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -140,3 +141,68 @@ def test_a_damaged_checkpoint_is_named(tmp_path, damage):
     with ts.Store({"t": np.zeros(2, np.int64)}) as store:
         with pytest.raises(ValueError, match=f"txstream checkpoint .*{name} cannot be read"):
             ts.Engine(store, scheduler="serial", punctuation=4, checkpoint=ckpt).run(events)
+
+
+_HOLD_CLAIMS = """
+import sys, time
+from shoal.workloads.txstream.area import ClaimDir
+claims = ClaimDir(sys.argv[1])
+print(claims.path, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_claim_directory_of_a_killed_driver_is_swept_by_the_next_run(tmp_path):
+    # Before: a SIGKILLed driver never ran its rmtree, and its shoal-txstream-* directory
+    # stayed in /tmp for good (40 of them on this machine after a day of test runs).
+    import signal
+    import subprocess
+    import sys
+
+    from shoal.workloads.txstream.area import ClaimDir
+
+    def driver():
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_CLAIMS, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+        return proc, proc.stdout.readline().strip()
+
+    killed, dead_dir = driver()
+    alive, live_dir = driver()
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        assert os.path.isdir(dead_dir)
+        mine = ClaimDir(str(tmp_path))  # what every run of a pilot scheduler makes first
+        assert not os.path.exists(dead_dir)  # its driver is dead: swept
+        assert os.path.isdir(live_dir)  # a live driver's: kept
+        mine.close()
+        assert not os.path.exists(mine.path)
+    finally:
+        alive.kill()
+        alive.wait(30)
+        killed.stdout.close()
+        alive.stdout.close()
+
+
+@pytest.mark.parametrize("name", ["os:__loader__.exec_module", "shoal:__class__.__subclasses__",
+                                  "builtins:__import__", "__future__:annotations"])
+def test_an_event_file_cannot_walk_dunder_attributes(tmp_path, name):
+    # Before: resolve() followed any attribute path, so a file could name e.g.
+    # "os:__loader__.exec_module" or reach every class through __subclasses__.
+    import json
+
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"fn": name, "ev": 1}) + "\n")
+    with pytest.raises(ValueError, match="no part starting with '__'"):
+        list(ts.read_events(str(path)))
+
+
+def test_event_files_still_name_main_and_private_functions(monkeypatch):
+    import sys
+
+    from shoal.workloads.txstream.source import resolve
+
+    assert resolve("txs_attack_tasks:touch") is tasks.touch
+    monkeypatch.setattr(sys.modules["__main__"], "my_event", tasks.touch, raising=False)
+    assert resolve("__main__:my_event") is tasks.touch  # a script's own functions
+    assert callable(resolve("random:_test_generator"))  # one underscore: fine

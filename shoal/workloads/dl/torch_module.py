@@ -220,6 +220,12 @@ class TorchEngine:
 
     def _run(self, mods, x, ctx, s):
         torch = _torch()
+        if any(getattr(m, "inplace", False) is True for mod in mods for m in mod.modules()):
+            # an in-place layer (ReLU(inplace=True), Dropout(inplace=True)...) must not write
+            # the stage input: it is the arena's X (the training data) on stage 0 and the
+            # stored input the backward recomputes from; with autograd it is a leaf, which
+            # torch refuses to change in place ("a leaf Variable that requires grad ...")
+            x = x.clone()
         for i, mod in zip(self.stage_layers[s], mods, strict=True):
             if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in mod.modules()):
                 # keyed by the layer, not the stage: the cut (measured, so it may vary) must

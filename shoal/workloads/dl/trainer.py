@@ -29,6 +29,7 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -103,6 +104,10 @@ class Trainer:
         self.history: list[dict] = []  # one record per finished epoch (a dashboard reads it)
         self.stage_layers: list[list[int]] | None = None
         self._state: list[list[np.ndarray]] | None = None  # optimizer state: per slot, per parameter array
+        # one fit at a time: two threads' fits interleaved their steps on one optimizer state
+        # (4 epochs that equalled no serial run); now the second waits (re-entrant: a
+        # callback may call fit)
+        self._fitting = threading.RLock()
 
     # -- public ------------------------------------------------------------------------
     def parameters(self) -> list[np.ndarray]:
@@ -117,7 +122,12 @@ class Trainer:
         ``shuffle=True`` permutes the rows each epoch from ``(seed, epoch number)``.  With
         ``checkpoint=path`` the state is saved after every epoch and a later ``fit`` with
         the same arguments resumes after the last saved epoch.  ``callback(record)`` is
-        called in this process after each epoch (after the checkpoint is written)."""
+        called in this process after each epoch (after the checkpoint is written).
+        Fits of one trainer from several threads run one after the other."""
+        with self._fitting:
+            return self._fit(X, y, epochs, batch_size, shuffle, seed, checkpoint, callback)
+
+    def _fit(self, X, y, epochs, batch_size, shuffle, seed, checkpoint, callback) -> list[dict]:
         for name, v, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"fit: {name} must be an int >= {low}, got {v!r}")

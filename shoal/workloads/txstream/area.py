@@ -23,11 +23,20 @@ any unclaimed one.  So a batch finishes even if the backend runs the tasks
 one after another on one worker (a task never waits for a partition that no
 running task holds).  Rejected: a fixed task -> partition map (deadlocks when
 two tasks share a worker: the first spins on the second, which never starts).
+
+The claim files live in a temporary directory per run (``ClaimDir``); the driver
+holds an ``flock`` on its ``.driver`` file for the run's life, so a directory
+whose lock anyone can take belongs to a driver that died (SIGKILL never runs the
+``rmtree``), and the next run sweeps it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -247,3 +256,49 @@ def drive(job: Job, slot: int, make_runner, counters: dict | None = None) -> lis
                               "declared other accesses in another process: it must declare the "
                               "same ones every time it is called with the same ev)")
         time.sleep(0.0002 if idle < 4096 else 0.002)
+
+
+CLAIM_PREFIX = "shoal-txstream-"
+_OWNER = ".driver"
+
+
+class ClaimDir:
+    """The run's claim directory (``path``), locked by this driver until ``close``; making
+    one first removes the directories of drivers that died (their lock is free)."""
+
+    def __init__(self, parent: str | None = None):
+        parent = parent or tempfile.gettempdir()
+        sweep_dead_claim_dirs(parent)
+        self.path = tempfile.mkdtemp(prefix=CLAIM_PREFIX, dir=parent)
+        # lock a file under another name, then rename it into place: a sweeper never sees
+        # an owner file that is not locked yet
+        tmp = os.path.join(self.path, _OWNER + ".new")
+        self._fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        os.rename(tmp, os.path.join(self.path, _OWNER))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            shutil.rmtree(self.path, ignore_errors=True)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def sweep_dead_claim_dirs(parent: str) -> int:
+    """Remove claim directories whose driver died (their owner lock is free); how many."""
+    removed = 0
+    for path in glob.glob(os.path.join(parent, CLAIM_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(path, _OWNER), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # being made, or not ours to judge
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live driver holds it
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    return removed

@@ -24,8 +24,6 @@ import concurrent.futures as cf
 import enum
 import os
 import pickle
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -35,7 +33,7 @@ import numpy as np
 
 import shoal
 
-from .area import DONE, Area, Cancelled, Job, owned
+from .area import DONE, Area, Cancelled, ClaimDir, Job, owned
 from .checkpoint import Checkpoint
 from .locking import locking_task
 from .policy import TPG, Granularity
@@ -162,7 +160,8 @@ class _PilotRunner:
         self.e = engine
         self.pilot = engine.pilot
         self.area = Area(engine.store.size)
-        self.claim_dir = tempfile.mkdtemp(prefix="shoal-txstream-")
+        self.claims = ClaimDir()
+        self.claim_dir = self.claims.path
         self.run_id = uuid.uuid4().hex
         self.epoch = 0
         self.expected_abort: float | None = None
@@ -180,7 +179,7 @@ class _PilotRunner:
 
     def close(self) -> None:
         self.area.close()
-        shutil.rmtree(self.claim_dir, ignore_errors=True)
+        self.claims.close()
 
     def _phase(self, job: Job, fn) -> list:
         self.epoch += 1

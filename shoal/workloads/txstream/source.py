@@ -5,7 +5,11 @@ A record is ``{"fn": "package.module:function", "ev": <plain data>}``; with
 follows the extension (``.jsonl``/``.json``/``.ndjson`` or ``.msgpack``/
 ``.mpk``/``.msgpack.gz`` is not supported) or ``format=``.  Functions are
 resolved once per name with importlib: a file names code, it does not carry it
-(no pickle: an event file is data, safe to read from anyone).
+(no pickle).  Reading one still imports the modules it names and calls the named
+functions with ``(txn, ev)``: read files whose writers you trust to name functions,
+or pass ``fn=`` (then no name in the file is resolved).  Names with a part that starts
+with ``__`` are refused (``mod:__class__.__subclasses__`` and the like reach far past
+the module's functions); ``__main__`` as the module is allowed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ def resolve(name: str):
     mod, sep, attr = name.partition(":")
     if not sep:
         raise ValueError(f"an event's fn must be 'module:function', got {name!r}")
+    parts = [*([] if mod == "__main__" else mod.split(".")), *attr.split(".")]
+    if not all(part.isidentifier() and not part.startswith("__") for part in parts):
+        raise ValueError(f"an event's fn must name a function, 'package.module:function' "
+                         f"(no part starting with '__'), got {name!r}")
     obj = importlib.import_module(mod)
     for part in attr.split("."):
         obj = getattr(obj, part)

@@ -180,9 +180,9 @@ def main() -> None:
             print(f"  EnTK 1.103 (measured earlier, 2 cores): ~3 tasks/s = {3 / xargs:.3f}x xargs")
             print(f"  run() to first task start: {rows['first_task_s'] * 1000:.0f} ms")
             wall, by_cpu = rate["shoal.ensemble"] / xargs, cpu["xargs"] / cpu["shoal.ensemble"]
-            print(f"TARGET issue 14: throughput (wall) shoal.ensemble / xargs -P{args.cores} = {wall:.2f}x "
+            print(f"TARGET issue 14: throughput (wall) shoal.ensemble / xargs -P{args.cores} = {wall:.3f}x "
                   f"(>= 0.80x: {'MET' if wall >= 0.8 else 'NOT MET'}; decided on an idle machine)")
-            print(f"TARGET issue 14: CPU per task, xargs' / shoal's = {by_cpu:.2f}x "
+            print(f"TARGET issue 14: CPU per task, xargs' / shoal's = {by_cpu:.3f}x "
                   f"(>= 0.80x: {'MET' if by_cpu >= 0.8 else 'NOT MET'}; the fair reading on a shared machine)")
         if "functions" in only:
             fn = bench_functions(args.functions, tmp)

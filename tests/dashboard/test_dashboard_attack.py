@@ -155,3 +155,11 @@ def test_a_real_browser_on_a_rebound_name_reads_nothing(tmp_path):
             assert resp.status == 200 and '"pilot"' in resp.text()
         finally:
             ctx.close()
+
+
+@pytest.mark.parametrize("interval", [0, -1, float("nan"), float("inf"), "1"])
+def test_a_sampling_interval_that_is_not_a_positive_number_is_refused(interval):
+    # Before: interval=0 made the sampler thread wait(0) in a loop (a core at 100%), nan
+    # raised inside the thread, inf sampled once.
+    with pytest.raises(ValueError, match="interval must be a number of seconds > 0"):
+        Dashboard(journal="run.db", interval=interval)

@@ -242,6 +242,8 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     cache_bytes = cache_bytes or _default_cache_bytes(workers)
     mode = (Output.TOPK if top_k is not None else Output.ARRAY if out is None
             else Output.CALLBACK if callable(out) else Output.MEMMAP)
+    if mode is Output.TOPK:  # values and indices, (n, k) each: found out after the run otherwise
+        check_fits(2 * n * top_k, f"top_k={top_k} for {n} rows (values and indices)")
 
     shared, flags = [], None
     try:

@@ -59,5 +59,7 @@ def test_a_result_larger_than_the_machine_is_refused_before_anything_runs(tmp_pa
             all_pairs.compute(pilot, np.zeros((n, 1)), block=t.block_euclidean, condensed=True)
         with pytest.raises(OSError, match="needs 29802.3 GiB, but its file system has"):
             all_pairs.compute(pilot, list(range(n)), t.euclidean, out=str(tmp_path / "d.npy"))
+        with pytest.raises(MemoryError, match=r"top_k=1000000000000 for 5 rows"):
+            all_pairs.compute(pilot, list(range(5)), t.euclidean, top_k=10**12)
         assert pilot.stats()["workers"][0].get("tasks_run", 0) == 0
         assert not (tmp_path / "d.npy").exists()

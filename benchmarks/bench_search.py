@@ -50,6 +50,7 @@ import search_nqueens as nq  # noqa: E402
 
 import shoal  # noqa: E402
 from shoal.patterns import backtracking  # noqa: E402
+from shoal.patterns.search.room import in_room  # noqa: E402
 from shoal.workloads import uts  # noqa: E402
 
 DIMACS = ROOT / "examples" / "data" / "dimacs"
@@ -310,10 +311,13 @@ def make_apps(args) -> list[App]:
 
 
 def best_of(repeat, fn):
+    """The best time of ``repeat`` calls of ``fn`` and its result.  Every timed function
+    runs via ``in_room`` (room.py), as the skeleton's loops do: then no side pays CPython
+    3.11's frame-stack chunk thrash by the accident of how deep it was called."""
     times, out = [], None
     for _ in range(repeat):
         t = time.perf_counter()
-        out = fn()
+        out = in_room(fn)
         times.append(time.perf_counter() - t)
     return min(times), out
 
@@ -321,7 +325,7 @@ def best_of(repeat, fn):
 def run_static(app, map_fn):
     """One static run: decompose in the driver, map the subtrees, combine."""
     job, inputs, combine = app.static()
-    return combine(map_fn(job, inputs))
+    return combine(map_fn(functools.partial(in_room, job), inputs))
 
 
 def time_local(apps, args) -> dict:
@@ -440,6 +444,8 @@ def _engine(root, children, goal, **kw):
     from shoal.patterns.search.engine import Explorer
     from shoal.patterns.search.model import Coordination, Goal, SearchSpec
 
+    if goal is Goal.OPTIMISE:  # a fresh incumbent per run (a reused one would prune it all)
+        kw["cell"] = _Cell()
     spec = SearchSpec(root=root, children=children, goal=goal, control=None,
                       coordination=Coordination.SEQUENTIAL, **kw)
     ex = Explorer(spec, (), np.zeros((2, CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
@@ -461,11 +467,12 @@ def cpu_overhead(apps, repeat: int) -> None:
         best, out = float("inf"), None
         for _ in range(repeat):
             t = time.process_time()
-            out = fn()
+            out = in_room(fn)  # (best_of)
             best = min(best, time.process_time() - t)
         return best, out
 
-    print("| app | reference CPU s | engine CPU s | overhead |\n|---|---|---|---|")
+    print(f"| app | reference CPU s | reference calling the user functions CPU s | engine CPU s "
+          f"| overhead (target <= {OVERHEAD_TARGET}x) | vs calls | |\n|---|---|---|---|---|---|---|")
     for app in apps:
         if isinstance(app, QueensKernel):
             kids = functools.partial(nq.children, app.n)
@@ -482,16 +489,21 @@ def cpu_overhead(apps, repeat: int) -> None:
         elif isinstance(app, Clique):
             run = functools.partial(_engine, mc.root(app.g), functools.partial(mc.children, app.g),
                                     Goal.OPTIMISE, objective=mc.size, bound=mc.bound,
-                                    cell=_Cell(), prune_level=True)
+                                    prune_level=True)
         else:
             run = functools.partial(_engine, ks.root(app.pr), functools.partial(ks.children, app.pr),
                                     Goal.OPTIMISE, objective=ks.value, bound=ks.bound,
-                                    cell=_Cell(), prune_level=True)
+                                    prune_level=True)
         t_ref, (want, _) = cpu(app.reference)
+        t_calls, vc = cpu(app.calls) if app.has_calls else (t_ref, want)
         t_eng, got = cpu(run)
-        if got != want:
-            raise SystemExit(f"{app.name}: the in-process engine found {got}, the reference {want}")
-        print(f"| {app.name} | {t_ref:.2f} | {t_eng:.2f} | {t_eng / t_ref:.2f}x |", flush=True)
+        if not got == vc == want:
+            raise SystemExit(f"{app.name}: the in-process engine found {got}, the reference {want}, "
+                             f"with calls {vc}")
+        over = t_eng / t_ref
+        print(f"| {app.name} | {t_ref:.2f} | {t_calls:.2f} | {t_eng:.2f} | {over:.2f}x | "
+              f"{t_eng / t_calls:.2f}x | {'met' if over <= OVERHEAD_TARGET else 'missed'} |",
+              flush=True)
 
 
 # -- --dask-machines: the skeleton across two machines' runtimes (balancing between them) ---

@@ -124,6 +124,9 @@ class Ring:
         self.native = mod is not None
         self._core = None
         self._hdr = self._data = self._view = None
+        # head and tail, readable from either side in both modes (``produced``/``consumed``):
+        # aligned u64 loads, atomic on x86-64 like the pure path's own
+        self._marks = memoryview(buf)[offset : offset + HEADER_BYTES].cast("Q")
         if mod is not None:
             core = mod.RingCore(buf, offset, capacity, EMPTY, Push.OK, Push.FULL)
             self._core = core
@@ -235,15 +238,33 @@ class Ring:
         hdr = self._hdr
         return (hdr[_TAIL] - hdr[_HEAD]) & _M64
 
+    def produced(self) -> int:
+        """Either side: the tail, bytes published so far (a free-running u64 counter).
+
+        A consumer that reads it after learning that the producer did something (a
+        status word it wrote afterwards) knows every record of that something lies
+        before this mark (x86-64: stores are seen in program order)."""
+        return self._marks[_TAIL]
+
+    def consumed(self) -> int:
+        """Either side: the head, bytes the consumer has popped so far (free-running)."""
+        return self._marks[_HEAD]
+
+    def reached(self, mark: int) -> bool:
+        """Consumer: whether everything published before ``produced()`` returned ``mark``
+        has been popped (counters wrap at 2**64; a ring never holds 2**63 bytes)."""
+        behind = (mark - self._marks[_HEAD]) & _M64
+        return behind == 0 or behind >= 1 << 63
+
     def close(self) -> None:
         """Release this Ring's views of the buffer (idempotent); the ring itself stays."""
         if self._core is not None:
             self._core.release()
-        for view in (self._hdr, self._data, self._view):
+        for view in (self._hdr, self._data, self._view, self._marks):
             if view is not None:
                 view.release()
-        self._hdr = self._data = self._view = None
-        for name in ("push", "pop", "pop_many", "readable", "used_bytes"):
+        self._hdr = self._data = self._view = self._marks = None
+        for name in ("push", "pop", "pop_many", "readable", "used_bytes", "produced", "consumed", "reached"):
             setattr(self, name, _closed)
 
     def __repr__(self) -> str:

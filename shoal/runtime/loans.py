@@ -203,6 +203,39 @@ class SetHunger(NamedTuple):
 _NOTHING: tuple = ()
 
 
+class CancelledIds(set):
+    """Ids of serialized tasks to drop when they come up (a set), bounded by forgetting
+    the *oldest* first.
+
+    Entries go stale: the driver's cancel-if-queued goes to every worker (a thief may
+    hold the task), and only the one that meets the task drops its entry.  It was a set
+    cleared whole at 100,000 entries, which also forgot fresh cancels of tasks still
+    queued here: they ran although cancel() had said True.  Now only an id cancelled
+    ``LIMIT`` cancels ago can be forgotten, by then long run or dropped elsewhere."""
+
+    LIMIT = 100_000
+    __slots__ = ("order",)
+
+    def __init__(self):
+        super().__init__()
+        self.order: _deque = _deque()  # ids in the order added (some already discarded)
+
+    def add(self, tid: int) -> None:
+        if tid in self:
+            return
+        super().add(tid)
+        order = self.order
+        order.append(tid)
+        if len(self) > self.LIMIT:
+            while order:
+                old = order.popleft()
+                if old in self:
+                    super().discard(old)
+                    break
+        elif len(order) > 2 * self.LIMIT:  # many discarded: drop them from the order too
+            self.order = _deque(t for t in order if t in self)
+
+
 class LoanBook:
     """The stealing protocol's state of one worker (worker thread only; no I/O)."""
 
@@ -211,7 +244,7 @@ class LoanBook:
         self.victims = victims  # whom to ask, in order (policy.victim_order)
         self.loans: dict[int, Loan] = {}
         self.dead: dict[int, int] = {}  # endpoint -> newest dead generation
-        self.cancelled: set[int] = set()  # ids of serialized tasks to drop
+        self.cancelled = CancelledIds()  # ids of serialized tasks to drop
         self.owed: list[tuple[int, int]] = []  # (thief, gen) I answered with nothing
         self.pending: int | None = None  # victim of the STEAL in flight
         self.cursor = 0  # victims asked this round
@@ -402,8 +435,6 @@ class LoanBook:
         every loan whose scope is now cancelled is forwarded to its holder."""
         for tid in ids:
             self._mark_cancelled(tid, running)
-        if len(self.cancelled) > 100_000:
-            self.cancelled.clear()  # ids of tasks long gone; bound the memory
         by_holder: dict[int, list] = {}
         for tid, loan in self.loans.items():
             scope = loan.task.scope

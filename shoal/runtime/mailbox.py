@@ -13,6 +13,13 @@ no ``FIRST``, and a surviving consumer drops the half it holds (``reset``).
 
 An ``Inbox`` is the consumer end; ``receive`` returns whole messages.
 
+Urgent messages (the driver's cancel handshake, ``LocalBackend._probe``): an outbox
+made with ``reserve`` keeps that many bytes of its ring free for ``send_urgent``, which
+pushes a small message *ahead of* the pending FIFO.  Only messages whose effect does not
+depend on their order may jump (a cancel-if-queued: "drop this id if it comes up"): the
+handshake needs the message in the ring before the driver reads the workers' status
+slots, and behind a backlog it would sit in ``pending`` while the worker ran the task.
+
 Rejected: blocking producers (deadlock between two full rings); a shared
 overflow segment for big messages (a second allocator to get right).
 """
@@ -28,64 +35,161 @@ _FIRST = bytes((Kind.FIRST,))
 _MORE = bytes((Kind.MORE,))
 _LAST = bytes((Kind.LAST,))
 _OK = Push.OK
+_FULL = Push.FULL
 _FIRST_KIND = int(Kind.FIRST)  # a plain int: an enum attribute per record costs ~0.1 us
+_LAST_KIND = int(Kind.LAST)
 
 
 class Outbox:
-    """Producer end of one ring: owner only (one thread or one process at a time)."""
+    """Producer end of one ring: owner only (one thread or one process at a time).
 
-    __slots__ = ("ring", "doorbell", "pending", "limit", "sent")
+    Messages that wait in ``pending`` are numbered (``queued``: how many ever waited;
+    ``left``: how many have left, pushed or withdrawn): a caller that kept the number
+    ``send`` returned knows whether its message still waits (``waiting``) and may take
+    it back (``withdraw``) — the driver's ``cancel()`` of a task still in its outbox."""
 
-    def __init__(self, ring, doorbell):
+    __slots__ = ("ring", "doorbell", "pending", "limit", "sent", "push", "room",
+                 "queued", "left", "withdrawn")
+
+    def __init__(self, ring, doorbell, reserve: int = 0):
         self.ring = ring
         self.doorbell = doorbell
         self.pending: deque = deque()
         self.limit = ring.max_message - 1
         self.sent = 0
+        self.queued = 0  # messages that ever waited in pending (a fragmented one counts once)
+        self.left = 0  # ... of which have left it (pushed whole, or withdrawn)
+        self.withdrawn: set[int] = set()  # id() of waiting messages to drop, not push
+        self.push = ring.push
+        self.room = None  # ring bytes ordinary messages may fill (None: all)
+        if reserve:
+            # At most a quarter of the ring is reserved: a record of the largest size then
+            # still fits an empty ring with the reserve left free (no message waits forever).
+            cap = ring.capacity
+            self.room = room = cap - min(reserve, cap // 4)
+            used, produced, ring_push = ring.used_bytes, ring.produced, ring.push
 
-    def send(self, msg: bytes, wake: bool = True) -> None:
+            def push(msg, _full=_FULL):
+                # the bytes ring.push will take: 8 + len rounded up to 8, plus the end of
+                # the data area it skips when the record does not fit there (a wrap)
+                need = 15 + len(msg) & ~7
+                pos = produced() & (cap - 1)
+                if pos + need > cap:
+                    need += cap - pos
+                if used() + need > room:
+                    return _full
+                return ring_push(msg)
+
+            self.push = push
+
+    def send(self, msg: bytes, wake: bool = True) -> int:
+        """Send ``msg``; its number in ``pending`` if it waits there, else 0."""
         self.sent += 1
+        waits = 0
         if len(msg) > self.limit:
-            self._send_fragments(msg)
-        elif self.pending or self.ring.push(msg) is not _OK:
+            waits = self._send_fragments(msg)
+        elif self.pending or self.push(msg) is not _OK:
             self.pending.append(msg)
+            self.queued = waits = self.queued + 1
             self.flush()
         if wake:
             self.doorbell.ring()
+        return waits
 
-    def send_many(self, msgs: list) -> None:
-        """``send`` each of ``msgs`` in order, ringing the doorbell once (a batch of tasks)."""
-        push, limit, pending = self.ring.push, self.limit, self.pending
+    def send_urgent(self, msgs: list) -> bool:
+        """Push small order-free messages into the ring now, ahead of ``pending``
+        (the reserve keeps room for them), and ring the doorbell (a full fence): all of
+        them, or none and False when the ring has no room (its consumer is stuck)."""
+        ring = self.ring
+        if not self.room_for(msgs):
+            return False
+        for m in msgs:
+            if ring.push(m) is not _OK:  # pragma: no cover - the room was checked
+                raise RuntimeError("urgent message did not fit its reserved room")
         self.sent += len(msgs)
+        self.doorbell.ring()
+        return True
+
+    def room_for(self, msgs: list) -> bool:
+        """Whether ``send_urgent(msgs)`` would fit now (only this producer fills the ring)."""
+        ring = self.ring
+        return ring.capacity - ring.used_bytes() >= sum(2 * len(m) + 32 for m in msgs)
+
+    def send_many(self, msgs: list) -> int:
+        """``send`` each of ``msgs`` in order, ringing the doorbell once (a batch of tasks).
+        Returns how many of them (the last ones) wait in ``pending``: numbers
+        ``queued - k + 1 .. queued``."""
+        push, limit, pending = self.push, self.limit, self.pending
+        self.sent += len(msgs)
+        room = self.room
+        if room is not None and not pending:
+            # one room check for the whole batch, then the ring's own push (the hot path)
+            sizes = list(map(len, msgs))
+            if max(sizes, default=0) <= limit and (
+                    self.ring.used_bytes() + 2 * sum(sizes) + 32 * len(sizes) <= room):
+                push = self.ring.push
+        waiting = 0
         for msg in msgs:
             if len(msg) > limit:
-                self._send_fragments(msg)
+                self._send_fragments(msg, flush=False)
+                waiting += 1
             elif pending or push(msg) is not _OK:
                 pending.append(msg)
-        if pending:
+                waiting += 1
+        if waiting:
+            self.queued += waiting
             self.flush()
         self.doorbell.ring()
+        return waiting
 
-    def _send_fragments(self, msg: bytes) -> None:
+    def _send_fragments(self, msg: bytes, flush: bool = True) -> int:
         step = self.limit
         view = memoryview(msg)
         n = len(msg)
         for start in range(0, n, step):
             tag = _LAST if start + step >= n else (_FIRST if start == 0 else _MORE)
             self.pending.append(tag + view[start:start + step])
+        if not flush:
+            return 0
+        self.queued += 1
         self.flush()
+        return self.queued
+
+    def waiting(self, number: int) -> bool:
+        """Whether the message ``send`` numbered ``number`` still waits in ``pending``."""
+        return number > self.left
+
+    def withdraw(self, msg: bytes) -> None:
+        """Drop ``msg`` (waiting, whole, not fragmented) when its turn comes."""
+        self.withdrawn.add(id(msg))
+
+    def clear(self) -> None:
+        """Drop everything waiting (its consumer died)."""
+        self.left = self.queued
+        self.pending.clear()
+        self.withdrawn.clear()
 
     def flush(self) -> bool:
         """Push what waits (and wake the consumer if any went); True when nothing is left."""
         pending = self.pending
-        push = self.ring.push
+        push = self.push
+        withdrawn = self.withdrawn
         pushed = False
         try:
             while pending:
-                if push(pending[0]) is not _OK:
+                rec = pending[0]
+                if withdrawn and id(rec) in withdrawn:
+                    withdrawn.discard(id(rec))
+                    pending.popleft()
+                    self.left += 1
+                    continue
+                if push(rec) is not _OK:
                     return False
                 pending.popleft()
                 pushed = True
+                kind = rec[0]
+                if kind < _FIRST_KIND or kind == _LAST_KIND:
+                    self.left += 1
             return True
         finally:
             if pushed:

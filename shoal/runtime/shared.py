@@ -19,6 +19,15 @@ or a new value, never a torn one.
 Rejected: a CAS loop on one word (no atomics in pure Python; the native helper
 is optional); broadcasting incumbents through the rings (a message per
 improvement per worker, and a busy worker reads it only between tasks).
+
+Leaving the machine (``portable_dumps``, the dask balancer lending a spawned task
+to another machine): an object in this machine's memory cannot go, *unless* it is
+a backend's per-machine replica of a pilot-level object (``SharedArray.per_node``,
+``BestCell.for_pilot``, ``Channel.for_pilot`` on a dask pilot).  The backend
+registers each replica it makes (``portable_as``) with a function that gives the
+pilot-level handle's pickle; a replica, or a worker's attached copy of it (same
+token), pickles as that handle when it leaves, and unpickles on the destination
+machine into *that* machine's replica.  Anything else raises ``NodeBound`` there.
 """
 
 from __future__ import annotations
@@ -41,31 +50,70 @@ class Sense(enum.Enum):
 
 _ATTACHED: OrderedDict = OrderedDict()  # token -> SharedArray mapped in this process
 _leaving = threading.local()  # .on: pickling for another machine (portable_dumps)
+# token of a replica's memory -> (its SharedArray, the replica, () -> the pickle of its
+# pilot-level handle): what a replica becomes when it leaves this machine (portable_as)
+_PORTABLE: dict[str, tuple] = {}
 
 
 class NodeBound(Exception):
     """Raised while pickling for another machine: the object lives in this machine's memory."""
 
 
-def portable_dumps(obj) -> bytes | None:
-    """``pickle.dumps(obj)`` if nothing in it is shared memory of this machine, else None.
+def portable_dumps(obj, *, by_value: bool = False) -> bytes | None:
+    """``pickle.dumps(obj)`` for another machine, or None if something in it is shared
+    memory of this machine.
 
     The dask backend moves spawned tasks between machines only when this says they
-    can go: a SharedArray (or BestCell, or anything holding one) cannot."""
+    can go: a SharedArray (or BestCell, or anything holding one) cannot, but a
+    backend's replica of a pilot-level object goes as that object (``portable_as``),
+    to be this object's replica on the destination.  ``by_value``: cloudpickle only
+    (functions by value, as the backend sends them)."""
+    import cloudpickle
+
     _leaving.on = True
     try:
-        return pickle.dumps(obj, 5)
-    except NodeBound:
-        return None
-    except Exception:
-        try:
-            import cloudpickle
-
+        if by_value:
             return cloudpickle.dumps(obj, 5)
+        try:
+            return pickle.dumps(obj, 5)
         except NodeBound:
             return None
+        except Exception:
+            return cloudpickle.dumps(obj, 5)
+    except NodeBound:
+        return None
     finally:
         _leaving.on = False
+
+
+def _memory(obj) -> SharedArray:
+    if isinstance(obj, BestCell):
+        return obj._slots
+    return obj._board if isinstance(obj, Channel) else obj
+
+
+def portable_as(replica, handle) -> None:
+    """A backend's replica (a SharedArray, BestCell or Channel standing for a
+    ``SharedArray.per_node``, ``BestCell.for_pilot``, ``Channel.for_pilot``): when it
+    -- or a worker's attached copy of it -- leaves this machine it pickles as
+    ``handle()`` (a reduce tuple naming the pilot-level object), not as this
+    machine's memory."""
+    array = _memory(replica)
+    _PORTABLE[array._token] = (array, replica, handle)
+
+
+def forget_portable(replica) -> None:
+    """The replica is closed (the backend drops it): it is plain memory again."""
+    _PORTABLE.pop(getattr(_memory(replica), "_token", None), None)
+
+
+def _leaving_as(token: str | None, kind: type):
+    """While leaving: the pickle of the pilot-level handle of the replica of ``kind``
+    whose memory has ``token``; None when there is none (plain local memory)."""
+    entry = _PORTABLE.get(token)
+    if entry is None or not isinstance(entry[1], kind):
+        return None
+    return entry[2]()
 
 _ATTACHED_MAX = 64
 
@@ -122,6 +170,9 @@ class SharedArray:
         if cached is not None:
             _ATTACHED.move_to_end(token)
             return cached
+        home = _PORTABLE.get(token)
+        if home is not None and pid == os.getpid():  # a replica of this process: itself
+            return home[0]
         self = cls.__new__(cls)
         self._token = token
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
@@ -148,7 +199,10 @@ class SharedArray:
 
     def __reduce__(self):
         if getattr(_leaving, "on", False):
-            raise NodeBound(repr(self))
+            call = _leaving_as(self._token, SharedArray)
+            if call is None:
+                raise NodeBound(repr(self))
+            return call
         if self._fd is None:
             raise ValueError("a closed SharedArray cannot be sent to a task")
         pid, fd = self._origin  # the creator's fd, not this process's copy
@@ -236,6 +290,13 @@ class BestCell:
     def close(self) -> None:
         self._slots.close()
 
+    def __reduce_ex__(self, protocol):
+        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level cell
+            call = _leaving_as(getattr(self._slots, "_token", None), BestCell)
+            if call is not None:
+                return call
+        return super().__reduce_ex__(protocol)
+
     def __repr__(self) -> str:
         return f"<shoal.BestCell {self.sense.value} {self.value}>"
 
@@ -294,6 +355,13 @@ class Channel:
 
     def close(self) -> None:
         self._board.close()
+
+    def __reduce_ex__(self, protocol):
+        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level channel
+            call = _leaving_as(getattr(self._board, "_token", None), Channel)
+            if call is not None:
+                return call
+        return super().__reduce_ex__(protocol)
 
 
 class LocalShared:

@@ -343,6 +343,36 @@ class Worker:
             for m in msgs:
                 self.handle(0, m)
 
+    def flush_to_driver(self) -> None:
+        """Wait until nothing waits in the outbox to the driver (a result that did not fit
+        its ring: a big one, fragmented, or a backlog the pump has not read yet).
+
+        A driver task's status slot must stay set until its result is in the ring: the
+        driver's ``cancel()`` reads a clear slot as "not running", then drains the rings
+        up to their tails of that moment; a result still waiting here would be missed and
+        cancel() would say True for a task that ran.  The pump reads this ring whatever
+        else happens (it never waits on a worker), so this ends; the lifeline ends the
+        process if the driver dies.  Meanwhile this worker keeps reading its inboxes (no
+        task runs): the driver's ring must not fill up behind it, or the driver could not
+        get a cancel through to it (``LocalBackend._probe``)."""
+        box = self.out[0]
+        if not box.pending or box.flush():
+            return
+        pause = 0.0
+        busy, self.busy = self.busy, True
+        try:
+            while not box.flush():
+                if self.poll():
+                    pause = 0.0
+                    continue
+                if pause:
+                    time.sleep(pause)
+                else:
+                    os.sched_yield()
+                pause = min(0.001, pause * 2 or 0.00002)
+        finally:
+            self.busy = busy
+
     def send(self, dst: int, msg: bytes) -> None:
         self.c["messages_out"] += 1
         self.out[dst].send(msg)
@@ -604,6 +634,7 @@ class Worker:
             # that finds neither the claim nor (draining) the result knows the task never
             # started (LocalBackend._probe).
             if driver_task:
+                self.flush_to_driver()  # the slot clears only once the whole result is in the ring
                 status = self.status
                 depth = status[STATUS_DEPTH] - 1
                 if depth < STATUS_SLOTS:

@@ -70,6 +70,7 @@ CLI_DEFAULT = {
     "test_map_ordered_unordered_chunksize", "test_futures_nested_in_arguments",
     "test_spawn_and_join", "test_retries", "test_timeout_kills_and_replaces",
     "test_shared_objects", "test_close_waits_then_refuses", "test_lambda_closure_builtin_method",
+    "test_map_is_lazy_and_bounded",  # an early-closed map left the CLI cluster's workers behind
 }
 
 

@@ -123,3 +123,90 @@ def write_worker_slot(cell, value) -> None:
     """(client.run) What a shoal worker's offer() does on that node."""
     cell._slots.array[1] = value
 
+
+
+# -- a user's spawn program whose tasks carry pilot-level shared objects -------------------
+
+
+def spin_until(flag, per_node, limit_s: float = 60.0) -> str:
+    """A leaf: counts itself in its machine's ``per_node`` array (row = its shoal worker),
+    then waits for ``flag`` (a ``BestCell.for_pilot``) to rise; "stopped" or "timeout"."""
+    import time
+
+    import shoal
+
+    w = shoal.current_worker()
+    per_node.array[w.id % len(per_node.array), 0] += 1
+    end = time.monotonic() + limit_s
+    while flag.value <= 0:
+        if time.monotonic() > end:
+            return "timeout"
+        time.sleep(0.001)
+    return "stopped"
+
+
+def spinners(flag, per_node, n: int) -> list[str]:
+    """Spawn ``n`` leaves that each wait for ``flag``; what they saw."""
+    import shoal
+
+    futs = [shoal.spawn(spin_until, flag, per_node) for _ in range(n)]
+    return [f.result() for f in futs]
+
+
+def node_rows(per_node) -> int:
+    """(client.run) How many leaves this machine's copy of ``per_node`` counted."""
+    return int(per_node.array[:, 0].sum())
+
+
+# -- maximum clique (a DIMACS graph; bitsets; greedy-colouring bound, as examples/) ----------
+
+
+def read_dimacs(path) -> tuple:
+    """Adjacency bitsets of a DIMACS ``.clq`` file (vertices renumbered from 0)."""
+    n, adj = 0, []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if parts and parts[0] == "p":
+                n = int(parts[2])
+                adj = [0] * n
+            elif parts and parts[0] == "e":
+                u, v = int(parts[1]) - 1, int(parts[2]) - 1
+                adj[u] |= 1 << v
+                adj[v] |= 1 << u
+    return tuple(adj)
+
+
+def clique_root(adj) -> tuple:
+    return (0, 0, (1 << len(adj)) - 1, len(adj))  # (size, clique, candidates, bound)
+
+
+def clique_children(adj, node):
+    """Greedy-colour the candidates; children highest colour first (bound non-increasing)."""
+    size, clique, p, _ = node
+    order, colour, uncoloured = [], 0, p
+    while uncoloured:
+        colour += 1
+        q = uncoloured
+        while q:
+            bit = q & -q
+            v = bit.bit_length() - 1
+            q &= ~adj[v] & ~bit
+            uncoloured &= ~bit
+            order.append((bit, v, colour))
+    for bit, v, c in reversed(order):
+        yield (size + 1, clique | bit, p & adj[v], size + c)
+        p &= ~bit
+
+
+def clique_size(node) -> int:
+    return node[0]
+
+
+def clique_bound(node) -> int:
+    return node[3]
+
+
+def is_clique(adj, clique: int) -> bool:
+    vs = [v for v in range(len(adj)) if clique >> v & 1]
+    return all(adj[u] >> v & 1 for i, u in enumerate(vs) for v in vs[i + 1:])

@@ -108,3 +108,33 @@ def test_borrower_killed_mid_tree():
             assert box.get("n") == uts.PUBLISHED["T3"].nodes
     finally:
         cluster.close()
+
+
+def test_tasks_carrying_pilot_cells_move(kind, clusters):
+    """A user's spawn program passes a ``BestCell.for_pilot`` (a stop flag) and a
+    ``SharedArray.per_node`` to its tasks: the balancer still lends them (each machine's
+    replicas go as the pilot-level objects and re-attach to the destination's), a moved
+    task sees the flag the driver raises, and it counts itself in the array of the
+    machine it ran on.  (Before: such tasks refused to leave, NodeBound, and all ran on
+    the first machine.)"""
+    import search_tasks as st
+
+    n = 8
+    with clusters.pilot(kind) as pilot, clusters.client(kind) as client:
+        flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+        rows = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 1), "int64", fill=0)
+        try:
+            fut = pilot.submit(st.spinners, flag, rows, n)
+            try:
+                wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1, 60,
+                           "the balancer to lend a task that carries the pilot's cell")
+            finally:
+                flag.offer(1.0)  # every leaf, wherever it runs, stops on this
+            assert fut.result(60) == ["stopped"] * n
+            per_machine = client.run(st.node_rows, rows)
+            assert sum(per_machine.values()) == n
+            assert all(v > 0 for v in per_machine.values()), per_machine  # both ran leaves
+        finally:
+            flag.close()
+            rows.close()
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")

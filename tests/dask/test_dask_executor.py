@@ -5,9 +5,9 @@ a running task's ``cancel()`` is False; a task still in dask's queue cancels and
 runs; a closed pilot's tasks that dask hands out later start no runtime; ``stats()``
 counts a map whose item raised as failed; an unpicklable argument is named.
 
-Real clusters (a LocalCluster of one dask worker with two threads; the command-line
-cluster of tests/dask_cluster.py), tasks that block on files the test creates: no
-outcome depends on timing.
+Real clusters (a LocalCluster of one dask worker with two threads in the default run; the
+same on the command-line cluster of tests/dask_cluster.py with ``-m conformance_full``),
+tasks that block on files the test creates: no outcome depends on timing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _resource_tracker():
     resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
 
 
-@pytest.fixture(scope="module", params=["localcluster", "cli"])
+@pytest.fixture(scope="module", params=[
+    "localcluster", pytest.param("cli", marks=pytest.mark.conformance_full)])
 def cluster(request):
     """One dask worker with 2 threads: its node runtime (1 shoal worker) takes a second
     task from dask while the first runs, and queues it (what the cancel handshake is for)."""
@@ -91,6 +92,22 @@ def test_cancel_in_the_node_queue_never_runs(cluster, tmp_path):
         assert not blocker.cancel() and not blocker.cancelled()  # finished: False
 
 
+def test_cancel_from_a_done_callback_does_not_hang(cluster, tmp_path):
+    """A done-callback runs on the dask client's event loop, which the claim round needs:
+    cancel() there answers False at once (never True for a task that runs) and the task
+    delivers its result (claims.py, "Left open")."""
+    gate = str(tmp_path / "gate")
+    with _pilot(cluster) as pilot:
+        first = pilot.submit(t.wait_for, gate)
+        later = pilot.submit(t.inc, 41)
+        answers = []
+        first.add_done_callback(lambda f: answers.append(later.cancel()))
+        t.release(gate)
+        assert first.result(60) == gate
+        wait_until(lambda: answers, 30, "the done-callback")
+        assert answers == [False] and later.result(60) == 42
+
+
 def test_shutdown_cancel_futures_spares_the_started(cluster, tmp_path):
     gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
     pilot = _pilot(cluster)
@@ -115,9 +132,9 @@ def test_a_closed_pilot_starts_no_runtime(cluster, tmp_path):
     pilot.submit(t.wait_for, gate, started=started)
     wait_until(lambda: os.path.exists(started), 60, "the blocker to start")
     queued = [pilot.submit(t.inc, i) for i in range(10)]
+    t.release(gate)  # the blocker may finish or be stopped (else close waits 5 s to kill it)
     pilot.close(cancel_pending=True)
     assert all(f.done() for f in queued) and any(f.cancelled() for f in queued)
-    t.release(gate)
     token = pilot._backend.token
     with _client(cluster) as client:
         # a task of the closed pilot arriving now (what dask hands out late) refuses to start
@@ -154,3 +171,24 @@ def _all_shoal_workers(cluster):
     if isinstance(cluster, CliCluster):
         return [w for proc in cluster.workers for w in shoal_workers(proc.pid)]
     return shoal_workers()
+
+
+def _claim_entries(token: str) -> int:
+    from shoal.backends.dask import node as n
+
+    claims = n._claims.get(token)
+    return 0 if claims is None else len(claims.entries)
+
+
+def test_claims_do_not_grow_with_finished_tasks(cluster):
+    """The node's claim entries of finished tasks go once dask releases their results, so a
+    long-lived pilot does not accumulate one per task."""
+    with _pilot(cluster) as pilot, _client(cluster) as client:
+        token = pilot._backend.token
+
+        def round_then_entries():  # each round's futures are dropped: dask releases them
+            assert sum(f.result(60) for f in [pilot.submit(t.inc, i) for i in range(100)]) == 5050
+            return sum(client.run(_claim_entries, token).values())
+
+        wait_until(lambda: round_then_entries() < 200, 60,
+                   "the claims of released tasks to be pruned")

@@ -127,21 +127,40 @@ def test_options_are_checked():
         shoal.Pilot(backend="dask", address="tcp://x:1", topology="2x2")
 
 
-@pytest.mark.timeout(90)
-def test_worker_lifetime_drains_without_losing_work():
-    """What provider= sets for a walltime: dask retires a worker at its --lifetime (here
-    3 s into a map of about 5 s) and the nanny starts a fresh one; the map's batches on
-    the retiring worker run again elsewhere, and every result is there, once."""
+@pytest.mark.timeout(120)
+def test_worker_lifetime_drains_without_losing_work(tmp_path):
+    """What provider= sets for a walltime: dask retires a worker at its --lifetime and the
+    nanny starts a fresh one.  Every map item blocks on a file until the retiring worker
+    has left (so it leaves with items in flight, on any machine speed); they run again
+    elsewhere, and every result is there, once."""
     from distributed import Client
 
-    cluster = CliCluster(2, worker_args=["--lifetime", lambda i: "3s" if i == 0 else "600s",
+    gate, started = str(tmp_path / "gate"), tmp_path / "started"
+    started.mkdir()
+    n = 200
+    cluster = CliCluster(2, worker_args=["--lifetime", lambda i: "8s" if i == 0 else "600s",
                                          "--lifetime-restart"])
     try:
         with Client(cluster.address, set_as_default=False) as client:
-            before = set(client.scheduler_info()["workers"])
+            pids = client.run(os.getpid)  # {address: dask worker process}
+            before = set(pids)
+            [(addr, pid)] = [(a, p) for a, p in pids.items()
+                             if psutil.Process(p).ppid() == cluster.workers[0].pid]
             with shoal.Pilot(backend="dask", address=cluster.address, workers=1) as pilot:
-                got = list(pilot.map(t.slow_item, range(600), [0.015] * 600))
-                assert got == [x * x for x in range(600)]
+                it = pilot.map(t.gated_item, range(n), [gate] * n, [str(started)] * n,
+                               chunksize=1)
+
+                def hosts():
+                    return {int(p.read_text()) for p in started.iterdir()
+                            if not p.name.endswith(".tmp")}
+
+                wait_until(lambda: pid in hosts() or not psutil.pid_exists(pid), 60,
+                           "an item to start on the worker that will retire")
+                assert pid in hosts(), "the worker retired before any item started on it"
+                wait_until(lambda: addr not in client.scheduler_info(n_workers=-1)["workers"],
+                           60, "the worker to retire at its --lifetime")
+                t.release(gate)
+                assert list(it) == [x * x for x in range(n)]
             wait_until(lambda: set(client.scheduler_info()["workers"]) - before, 30,
                        "the retired worker's replacement")
     finally:

@@ -25,7 +25,7 @@ import rt_tasks as t
 from conftest import run_script
 
 import shoal
-from shoal.backends import local
+from shoal.backends.local import lifecycle as local  # where the workers are started
 
 
 def _deaths(p) -> int:

@@ -35,3 +35,39 @@ def test_messages_arrive_whole_and_in_order(native):
             got += box.receive(256)
         assert got == sent
         assert out.sent == len(sent)
+
+
+@pytest.mark.parametrize("native", [None, False])
+def test_a_reserved_outbox_lets_urgent_messages_jump_and_takes_back_waiting_ones(native):
+    """The driver's cancel path (issue 13): ordinary sends leave the reserve free, so an
+    urgent message gets into a ring a lagging consumer has filled, ahead of the backlog;
+    a message still waiting can be withdrawn (never delivered) by its number; whole and
+    fragmented messages still arrive in order, and the ring's marks say what was read."""
+    rng = random.Random(11)
+    with RingMatrix(2, 1 << 14, 1 << 12, native=native) as m:
+        ring = m.ring(0, 1)
+        out = Outbox(ring, m.doorbell(1), reserve=ring.capacity // 4)
+        box = Inbox(m.ring(0, 1))
+        msgs = [bytes([1]) + rng.randbytes(rng.choice([10, 100, 500, out.limit + 9])) for _ in range(120)]
+        numbers = [out.send(msg) for msg in msgs]
+        assert out.pending and ring.used_bytes() <= out.room, "the backlog must leave the reserve free"
+        waiting = [i for i, n in enumerate(numbers) if n and out.waiting(n)]
+        assert waiting
+        gone = [i for i in waiting[1::3] if len(msgs[i]) <= out.limit]
+        for i in gone:
+            out.withdraw(msgs[i])
+        urgent = [bytes([2, j]) for j in range(20)]
+        assert out.send_urgent(urgent)
+        mark = ring.produced()
+        assert not ring.reached(mark)
+        got = []
+        while not ring.reached(mark):
+            got += box.receive(7)
+        assert urgent[-1] in got, "an urgent message waited behind the backlog"
+        while out.pending or ring.readable():
+            out.flush()
+            got += box.receive(64)
+        assert [g for g in got if g[0] == 2] == urgent
+        assert [g for g in got if g[0] == 1] == [msg for i, msg in enumerate(msgs) if i not in gone]
+        assert all(not out.waiting(n) for n in numbers if n)
+        assert ring.consumed() == ring.produced()

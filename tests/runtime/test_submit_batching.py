@@ -1,4 +1,4 @@
-"""Submit batching (shoal/backends/local.py): once every worker has a backlog, new tasks are
+"""Submit batching (shoal/backends/local/submit.py): once every worker has a backlog, new tasks are
 staged in the driver and pushed in batches.  Staging must never change what a user sees:
 a staged task still runs (nobody has to submit more to push it), and ``cancel()`` that
 says True means the task never ran, whether it was staged, in a ring or in a deque."""
@@ -150,7 +150,7 @@ def test_cancel_while_the_pump_settles_the_result_says_false(pilot, monkeypatch)
     dropped).  Here a thread cancels exactly in that window."""
     import threading
 
-    from shoal.backends import local
+    from shoal.backends.local import pump as local  # where results are settled
 
     said, threads = [], []
     real = local.settle_many

@@ -33,6 +33,17 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
+* Cancel (the stdlib's promise: True only if the call never runs): ``cancel()``
+  asks every dask worker in one round trip, and each takes the task back (from
+  its node runtime's queue, or a tombstone for one it has not seen) or reports it
+  started (claims.py, with the alternatives rejected).  ``running()`` asks the
+  same way; ``shutdown(cancel_futures=True)`` claims all pending tasks in one
+  round; ``pilot.cancel(fut, force=True)`` has the node runtime kill and replace
+  the shoal worker running the task.  Map batches (``_Coarse``) skip the round:
+  only ``map_iter`` cancels them, and nobody reads its answer.
+* Close: ``close`` unregisters the pilot's ``NodePlugin``; its teardown stops the
+  node runtime in each dask worker for good (a task dask hands out afterwards
+  returns ``claims.CANCELLED`` and starts no fresh runtime).
 * ``resources={"GPU": 1}`` (``Pilot.options``) goes to ``client.submit``: dask
   runs the task only where a worker declared that much.  A request no
   connected worker meets is refused at submit (``ValueError``); one whose
@@ -66,17 +77,13 @@ import itertools
 import socket
 import threading
 import time
-import traceback
 import uuid
 import weakref
 
 from ..._errors import (
     BackendUnavailable,
-    PicklingError,
     PilotClosed,
-    RemoteTraceback,
     SerializationError,
-    WorkerLost,
 )
 from ...runtime import graph, wire
 from ...runtime.api import check_options, check_resources, settle
@@ -85,9 +92,9 @@ from ...runtime.mapping import map_iter
 from .balance import Balancer
 from .cells import CellHub
 from .claims import CANCELLED, Verdict
+from .errors import gone, unpicklable, unwrap
 from .jobs import JobPolicy, JobWatch
 from .node import (
-    TB_ATTR,
     NodeConfig,
     NodePlugin,
     cancel_keys,
@@ -314,7 +321,7 @@ class DaskBackend:
             dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None,
                                       resources=resources)
         except Exception as exc:  # arguments dask cannot serialise
-            fut.set_exception(_unpicklable(name, runner, args, exc))
+            fut.set_exception(unpicklable(name, runner is run_batch, args, exc))
             return fut
         self._dask_of[fut] = dfut
         with self._lock:
@@ -465,19 +472,9 @@ class DaskBackend:
             with self._lock:
                 self._claimed.discard(dfut.key)
             return False
-        with fut._condition:  # Future.cancel refuses a RUNNING future
-            if fut._state == "RUNNING":
-                fut._state = "PENDING"
-        if not cf.Future.cancel(fut):  # finished meanwhile
+        if not _force_cancelled(fut):  # finished meanwhile
             return fut.cancelled()
-        try:
-            fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
-        except RuntimeError:  # _flush cancelled it meanwhile (run_task's CANCELLED came back)
-            pass
-        with self._lock:
-            ours = dfut.key in self._pending
-        if ours:
-            self._cancel(fut)
+        self._cancel(fut)
         return True
 
     # -- resources ---------------------------------------------------------------------
@@ -616,9 +613,14 @@ class DaskBackend:
                     if ok and batch and type(value) is tuple and value[2] is not None:
                         ok = False  # a map item raised: its batch failed (the error rides along)
                     self.counters["completed" if ok else "failed"] += 1
-            for f in refused:  # claimed by a round whose cancel() has not finished yet
-                self._claimed.add(self._dask_of[f].key)
-                f.cancel()
+            for f in refused:
+                # Claimed by a cancel() or force cancel still under way: it settles the
+                # future (cancelling it here too would race with it).  Otherwise (the
+                # pilot closed on that node; a claim round that timed out after planting
+                # its tombstones) nobody else will: cancelled here.
+                if self._dask_of[f].key not in self._claimed and _force_cancelled(f):
+                    with self._lock:
+                        self.counters["cancelled"] += 1
             for f, _, ok, value in settled:
                 if value is not _SKIP and f not in refused:
                     settle(f, ok, value)
@@ -632,13 +634,13 @@ class DaskBackend:
             if status == "error":
                 exc = await dfut.exception(asynchronous=True)
                 tb = await dfut.traceback(asynchronous=True)
-                return False, _unwrap(exc, tb, dfut.key)
+                return False, unwrap(exc, tb, dfut.key)
         except BaseException as exc:  # lost while gathering
-            return False, _gone(dfut.key, exc)
+            return False, gone(dfut.key, exc)
         if status == "cancelled":
             reason = getattr(dfut._state.exception, "reason", "")
             if reason in _GONE or self.client.status != "running":
-                return False, _gone(dfut.key, reason)
+                return False, gone(dfut.key, reason)
             return False, cf.CancelledError(f"dask cancelled task {dfut.key} ({reason})")
         return False, _SKIP  # pragma: no cover - a done callback for a pending future
 
@@ -661,7 +663,7 @@ class DaskBackend:
             self._done.clear()
             self._flushing = False
         for fut, dfut in entries:
-            settle(fut, False, _gone(dfut.key, "the client's event loop stopped"))
+            settle(fut, False, gone(dfut.key, "the client's event loop stopped"))
 
     # -- introspection and shutdown ----------------------------------------------------
 
@@ -753,6 +755,21 @@ class DaskBackend:
 _SKIP = object()
 
 
+def _force_cancelled(fut: Future) -> bool:
+    """Cancel ``fut`` also when RUNNING (``Future.cancel`` refuses that); False if it
+    finished first."""
+    with fut._condition:
+        if fut._state == "RUNNING":
+            fut._state = "PENDING"
+    if not cf.Future.cancel(fut):
+        return False
+    try:
+        fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
+    except RuntimeError:  # another thread notified it first
+        pass
+    return True
+
+
 def _failed(exc: BaseException) -> Future:
     fut = Future()
     fut.set_exception(exc)
@@ -761,26 +778,6 @@ def _failed(exc: BaseException) -> Future:
 
 class _ForeignFuture(Exception):
     pass
-
-
-def _unpicklable(name: str, runner, args: tuple, exc: Exception) -> PicklingError:
-    """The local backend's error for an argument that cannot be pickled, naming the
-    culprit (dask's own message names only the object dask wraps the task in)."""
-    import cloudpickle
-
-    if runner is run_batch:
-        parts = [(f"map item {i}", item) for i, item in enumerate(args[3])]
-    else:
-        user_args, user_kwargs = args[2], args[3]
-        parts = [(f"argument {i}", a) for i, a in enumerate(user_args)]
-        parts += [(f"keyword argument {k!r}", v) for k, v in user_kwargs.items()]
-    for where, value in parts:
-        try:
-            cloudpickle.dumps(value)
-        except Exception as err:  # noqa: BLE001 - named below
-            return PicklingError(f"cannot pickle the arguments of {name}: {where} "
-                                 f"({type(value).__name__}): {err}")
-    return PicklingError(f"cannot pickle the arguments of {name}: {exc}")
 
 
 def _probe_tcp(address: str, timeout: float) -> None:
@@ -800,24 +797,3 @@ def _probe_tcp(address: str, timeout: float) -> None:
 
 def _name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__).replace("<", "").replace(">", "")
-
-
-def _unwrap(exc: BaseException, tb, key: str) -> BaseException:
-    """The task's own exception with the shoal worker's traceback as ``__cause__``."""
-    from distributed.scheduler import KilledWorker
-
-    if isinstance(exc, KilledWorker):
-        err = WorkerLost(f"dask workers died while running task {key}, more often than "
-                         f"distributed.scheduler.allowed-failures allows: {exc}")
-        err.__cause__ = exc
-        return err
-    text = exc.__dict__.pop(TB_ATTR, None) if hasattr(exc, "__dict__") else None
-    if text is None and tb is not None:
-        text = "".join(traceback.format_tb(tb))
-    if text:
-        exc.__cause__ = RemoteTraceback(text)
-    return exc
-
-
-def _gone(key: str, why) -> BackendUnavailable:
-    return BackendUnavailable(f"task {key}: the dask cluster went away before it finished ({why})")

@@ -32,8 +32,34 @@ Replicas are made when dask unpickles a task's arguments in the dask worker
 process (``node_cell`` / ``node_array`` are the unpickling functions; the
 pilot's worker plugin marks the processes that are dask workers — elsewhere,
 e.g. in the scheduler, a handle stays a handle); that process owns the memfd,
-and re-pickling them for its shoal workers yields ordinary handles.  They are dropped when the driver closes the object, when
-the pilot closes (``drop_pilot``), and by an LRU bound.
+and re-pickling them for its shoal workers yields ordinary handles.  They are
+dropped when the driver closes the object, when the pilot closes
+(``drop_pilot``), and by an LRU bound.
+
+**Replicas travel with lent tasks.**  The balancer (balance.py) lends a spawned
+task to another machine by pickling it with ``portable_dumps``.  Each replica is
+registered (``runtime.shared.portable_as``) with its pilot-level handle, so the
+replica — or a shoal worker's attached copy of it, which arrives in the dask
+worker process when the task is taken from the deque — pickles as that handle
+and unpickles on the destination into *that* machine's replica (made on demand).
+What a moved task sees:
+
+* a cell: the same global best.  Its handle carries the value the lending
+  machine's replica had; on arrival that value goes into the destination
+  replica's "from elsewhere" slot (values only improve: harmless if stale).  A
+  replica that is *new* on its machine sends ``{"join": cell}`` to the driver,
+  which answers with its own (best) value: a broadcast sent before the replica
+  existed is not lost — a stop flag set anywhere reaches a task that arrives
+  later, too.
+* a ``per_node`` array: the destination machine's array (made with the same
+  shape and fill if it is the first there), not the lender's: per node means the
+  machine the task runs on (the search's Control rows say who works *here*).
+* a Channel: the destination machine's slots, forwarded to the driver as any.
+
+Rejected: refusing such tasks (``NodeBound``, the previous rule: every search task
+and every user spawn program that passes a ``BestCell.for_pilot`` stayed on its
+machine, so the balancer could move nothing of theirs); sending the replica's
+memory by value (a copy would stop being shared: a stop would not reach it).
 
 Rejected: dask's ``Variable``/``Event`` (polled through the scheduler: a round
 trip per read, where a poll must cost nanoseconds); dask pub/sub (deprecated
@@ -52,7 +78,7 @@ import time
 import uuid
 from collections import OrderedDict
 
-from ...runtime.shared import BestCell, Channel, Sense, SharedArray
+from ...runtime.shared import BestCell, Channel, Sense, SharedArray, forget_portable, portable_as
 
 SYNC_S = 0.002  # how often a node's sync thread looks at its replicas
 SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica
@@ -210,6 +236,12 @@ class CellHub:
                 self.on_lent(msg)
             return
         cell = self._cells.get(msg.get("cell"))
+        if "join" in msg:  # a new replica: tell it (and the others) the best so far
+            if isinstance(cell, ClusterCell):
+                coro = self.client.run(cell_offer, cell.token, cell.value, wait=False,
+                                       asynchronous=True, on_error="ignore")
+                asyncio.ensure_future(coro)
+            return
         if "blob" in msg:  # a Channel message
             if cell is not None:
                 cell._inbox.put(msg["blob"])
@@ -279,7 +311,9 @@ def _keep(token: str, rep: _Replica) -> None:
 
 
 def _close(rep: _Replica) -> None:
-    (rep.cell or rep.array or rep.channel).close()
+    obj = rep.cell or rep.array or rep.channel
+    forget_portable(obj)
+    obj.close()
 
 
 def _start_sync() -> None:
@@ -308,15 +342,26 @@ def node_cell(pilot_token: str, token: str, sense: str, value: float) -> BestCel
         return _Unplaced(node_cell, (pilot_token, token, sense, value))
     with _lock:
         rep = _replicas.get(token)
-        if rep is None:
+        new = rep is None
+        if new:
             # slot 0: values from other nodes; slots 1..: this node's workers (by endpoint)
-            rep = _Replica(pilot_token, cell=BestCell((os.cpu_count() or 1) + 2, sense,
-                                                       initial=value))
+            cell = BestCell((os.cpu_count() or 1) + 2, sense, initial=value)
+            rep = _Replica(pilot_token, cell=cell)
+            portable_as(cell, _cell_handle(pilot_token, token, cell))
             _keep(token, rep)
             _start_sync()
         else:
             _replicas.move_to_end(token)
-        return rep.cell
+            a = rep.cell.slots  # the value it brings (a task lent from another machine)
+            if a is not None and _better(rep.cell.sense, value, a[REMOTE]):
+                a[REMOTE] = value
+    if new:  # the driver answers with its best: nothing broadcast before now is lost
+        publish(pilot_token, {"cell": token, "join": 1})
+    return rep.cell
+
+
+def _cell_handle(pilot_token: str, token: str, cell: BestCell):
+    return lambda: (node_cell, (pilot_token, token, cell.sense.value, cell.value))
 
 
 def node_array(pilot_token: str, token: str, shape, dtype, fill) -> SharedArray:
@@ -326,7 +371,10 @@ def node_array(pilot_token: str, token: str, shape, dtype, fill) -> SharedArray:
     with _lock:
         rep = _replicas.get(token)
         if rep is None:
-            rep = _Replica(pilot_token, array=SharedArray(tuple(shape), dtype, fill=fill))
+            array = SharedArray(tuple(shape), dtype, fill=fill)
+            call = (node_array, (pilot_token, token, shape, dtype, fill))
+            portable_as(array, lambda: call)
+            rep = _Replica(pilot_token, array=array)
             _keep(token, rep)
         else:
             _replicas.move_to_end(token)
@@ -340,7 +388,10 @@ def node_channel(pilot_token: str, token: str, size: int) -> Channel:
     with _lock:
         rep = _replicas.get(token)
         if rep is None:
-            rep = _Replica(pilot_token, channel=Channel((os.cpu_count() or 1) + 2, size))
+            chan = Channel((os.cpu_count() or 1) + 2, size)
+            call = (node_channel, (pilot_token, token, size))
+            portable_as(chan, lambda: call)
+            rep = _Replica(pilot_token, channel=chan)
             _keep(token, rep)
             _start_sync()
         else:

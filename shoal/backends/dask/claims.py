@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections import deque
 
 CANCELLED = "shoal:cancelled-before-start"  # run_task/run_batch's value for a refused key
-_PRUNE_EVERY = 256  # finished keys between two prunings of DONE entries
+_PRUNE_EVERY = 64  # finished keys between two prunings of DONE entries
 
 
 class Fate(enum.Enum):
@@ -73,6 +74,7 @@ class Claims:
     def __init__(self):
         self.lock = threading.RLock()
         self.entries: dict[str, object] = {}  # dask key -> local Future | Fate
+        self.done: deque[str] = deque()  # DONE keys, oldest first (pruned from the front)
         self.finished = 0
 
     def start(self, key: str, submit):
@@ -89,6 +91,7 @@ class Claims:
         with self.lock:
             if self.entries.get(key) is not Fate.TOMBSTONE:
                 self.entries[key] = Fate.DONE
+                self.done.append(key)
             self.finished += 1
             if held is not None and self.finished % _PRUNE_EVERY == 0:
                 self.prune(held)
@@ -137,7 +140,11 @@ class Claims:
 
     def prune(self, held) -> None:
         """Drop DONE entries of keys whose result dask no longer keeps here (``held(key)``
-        is false): ``cancel`` then answers from dask's state, or the driver does."""
+        is false): ``cancel`` then answers from dask's state, or the driver does.  Oldest
+        first, stopping at the first key still held (amortised O(1) per finished task;
+        entries behind a long-held result wait for it)."""
         with self.lock:
-            for key in [k for k, v in self.entries.items() if v is Fate.DONE and not held(k)]:
-                del self.entries[key]
+            while self.done and not held(self.done[0]):
+                key = self.done.popleft()
+                if self.entries.get(key) is Fate.DONE:
+                    del self.entries[key]

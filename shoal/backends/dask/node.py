@@ -383,10 +383,11 @@ def export_spawned(token: str) -> list[tuple]:
     """``client.run`` on a busy node: lend spawned tasks for another machine.
 
     The node runtime steals as endpoint 0 (half of every worker's deque, oldest
-    first); each task whose arguments can leave this machine (no SharedArray,
-    BestCell, ... of this node in them: ``portable_dumps``) is returned as
-    ``(task id, function blob or None, payload, inline)``, the rest run here after
-    all.  A returned task is owed a ``deliver_result``: its owner waits for it.
+    first); each task whose arguments can leave this machine (``portable_dumps``:
+    this node's replicas of pilot-level objects go as those objects, cells.py;
+    other shared memory of this machine cannot go) is returned as ``(task id,
+    function blob or None, payload pickled for there, inline)``, the rest run here
+    after all.  A returned task is owed a ``deliver_result``: its owner waits for it.
     Nothing is lent while a task holding dask worker resources runs here (its
     spawned children may need the GPU it holds; they are not told apart from the
     others' in the workers' deques).
@@ -409,20 +410,22 @@ def export_spawned(token: str) -> list[tuple]:
 
 def _portable(node: _Node, msg: bytes) -> tuple | None:
     flags, fn_id, tid = wire.decode_task_header(msg)
-    body = bytes(memoryview(msg)[wire.TASK_HDR.size:])
+    inline = bool(flags & wire.Flag.INLINE_FN)
     try:
-        if flags & wire.Flag.INLINE_FN:
-            obj, blob = wire.pickle.loads(body), None
-        else:
+        # pickled again for the other machine: this node's replicas of pilot-level
+        # objects go as those objects (cells.py), other shared memory not at all
+        body = portable_dumps(wire.pickle.loads(memoryview(msg)[wire.TASK_HDR.size:]))
+        blob = None
+        if not inline:
             fn = node.backend.function_of(fn_id)
-            if fn is None:
+            blob = None if fn is None else portable_dumps(fn, by_value=True)
+            if blob is None:
                 return None
-            obj, blob = (fn, wire.pickle.loads(body)), cloudpickle.dumps(fn)
     except Exception:
         return None
-    if portable_dumps(obj) is None:
+    if body is None:
         return None
-    return tid, blob, body, bool(flags & wire.Flag.INLINE_FN)
+    return tid, blob, body, inline
 
 
 async def run_lent(cfg: NodeConfig, lid: int, blob: bytes | None, body: bytes,

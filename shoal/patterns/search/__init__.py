@@ -10,7 +10,7 @@ Layout, by role::
     loops.py       the depth-first hot loops (count, generic) and their shared helpers
     bnb.py         the branch-and-bound hot loop
     driver.py      the driver's side: validate, submit, wait, progress, SearchStats
-    multinode.py   several machines: the top split, subtree exports on request
+    multinode.py   several machines: the top split (the runtime balances the rest)
     checkpoint.py  checkpointed frontiers: driver-side chunks that survive a SIGKILL
 
 Imports go down this list's dependency order: model <- control <- loops/bnb <- engine

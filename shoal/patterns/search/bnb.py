@@ -15,7 +15,7 @@ import math
 import sys
 import time
 
-from . import loops
+from . import loops, shapes
 from .model import SearchError, _Stopped, number, where
 
 _EMPTY = iter(())
@@ -27,76 +27,20 @@ class BnBLoop:
 
     def dfs_bnb_rec(self, node) -> None:
         """``dfs`` for branch and bound as a plain recursion with lazy splitting (see
-        ``loops.dfs_count_rec``: the state a split, an improvement or an error needs is
-        read from the frames then).  Per child: ``bound`` (a cut ends the level with
-        ``prune_level``, after checking the order), ``objective``, ``children``."""
-        base, t, spec = self.base, self.tally, self.spec
+        ``loops.dfs_count_gen``: the state a split, an improvement or an error needs is
+        read from the frames then), generated for the search's shape (shapes.py).  Per
+        child: ``bound`` (a cut ends the level with ``prune_level``, after checking the
+        order), ``objective``, ``children``."""
+        base, t = self.base, self.tally
         if not self.visit(node, len(base), base):
             return
-        children, bound, objective = self.children, self.bound, self.objective
-        negate, prune_level = spec.negate, spec.prune_level
-        clock = time.perf_counter
-        tick = loops.TICK
-        n = pr = 0  # children listed by finished levels; pruned ones
-        lim_n = tick  # n at which to look at the clock next
-        lim, slim = self.lim, self.slim
         cap = max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use()
                          - loops.REC_MARGIN))
-        inf = math.inf
-        generator = loops.GENERATOR
+        run = shapes.bnb_loop(self, cap)
         self.rskips = {}
-
-        def rec_bnb(it, d):
-            """Search the subtrees of the level ``it`` lists (``d``: its depth below the base)."""
-            nonlocal n, pr, lim, slim
-            i = -1
-            if n >= lim_n:
-                poll_rec()
-            prev = inf
-            for child in it:
-                i += 1
-                b = bound(child)
-                if b.__class__ is not int and (b.__class__ is not float or b != b):
-                    b = self.rec_number(b, "bound()", child)
-                if negate:
-                    b = -b
-                if prune_level:  # the promise it rests on, checked where it is cheap
-                    if b > prev:
-                        self.rec_misordered(i, b, prev)
-                    prev = b
-                if b <= lim or b < slim:
-                    pr += 1
-                    if prune_level:
-                        break  # the rest of the level is pruned too
-                    continue
-                v = objective(child)
-                if v.__class__ is not int and (v.__class__ is not float or v != v):
-                    v = self.rec_number(v, "objective()", child)
-                if negate:
-                    v = -v
-                if v > lim and v >= slim:
-                    self.improve(child, v, self.rec_path())
-                    lim, slim = self.lim, self.slim
-                kids = children(child)
-                if not kids and (kids.__class__ is list or kids.__class__ is tuple):
-                    continue
-                if d >= cap:
-                    self._deep_bnb(child)
-                    lim, slim = self.lim, self.slim
-                    continue
-                rec_bnb(kids if kids.__class__ is generator else iter(kids), d + 1)
-            n += i + 1
-
-        def poll_rec():
-            nonlocal lim_n, lim, slim
-            lim_n = n + tick
-            if clock() >= self.next_poll:
-                self.seen = n - pr
-                self.poll(None, None)
-                lim, slim = self.lim, self.slim
-
+        self.rec_nodes = self.rec_pruned = 0
         try:
-            rec_bnb(self.kids(node, base), 1)
+            run(self.kids(node, base))
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # a user function raised (or returned a non-iterable)
@@ -104,8 +48,8 @@ class BnBLoop:
                 raise
             raise self.rec_error(exc) from exc
         finally:
-            t.nodes += n - pr
-            t.pruned += pr
+            t.nodes += self.rec_nodes
+            t.pruned += self.rec_pruned
             self.seen = 0
             self.rskips = None
 
@@ -124,18 +68,19 @@ class BnBLoop:
     def rec_misordered(self, i: int, b: float, prev: float) -> None:
         self._misordered(self.base + tuple(self.rec_levels()[1][:-1]), i, b, prev)
 
-    def _deep_bnb(self, node) -> None:
-        """A subtree below the recursive loop's ``cap``: the iterative loop from ``node``
-        (visited already; its path read from the frames)."""
+    def _deep_bnb_level(self, it) -> None:
+        """A level below the recursive loop's ``cap`` (its node visited, no child taken):
+        the iterative loop lists it (the node's path read from the frames)."""
         base = self.base
-        self.base = self.rec_path()
+        self.base = base + tuple(self.rec_levels()[1][:-1])  # (the deepest frame: i == -1)
         try:
-            self.dfs_bnb(node, visited=True)
+            self.dfs_bnb(None, visited=True, top=it)
         finally:
             self.base = base
 
-    def dfs_bnb(self, node, visited: bool = False) -> None:
-        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``)."""
+    def dfs_bnb(self, node, visited: bool = False, top=None) -> None:
+        """``dfs`` specialised for branch and bound (the same loop shape as ``dfs_count``);
+        ``top``: the node's children already listed (``_deep_bnb_level``)."""
         base, t, spec = self.base, self.tally, self.spec
         d0 = len(base)
         if not visited and not self.visit(node, d0, base):
@@ -154,7 +99,8 @@ class BnBLoop:
         prev = inf = math.inf
         prevs: list = [inf] * 32  # prune_level: the last bound seen on each ancestor's level
         d = 0
-        top = self.kids(node, base)
+        if top is None:
+            top = self.kids(node, base)
         i = -1
         bad = False  # set while number() checks a value
         try:

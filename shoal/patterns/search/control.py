@@ -8,7 +8,6 @@ The columns:
 * ``SPAWNED`` / ``STARTED``: search tasks made / begun by this process;
   ``sum(SPAWNED) - sum(STARTED)`` tasks are on offer to thieves;
 * ``STOP``: this machine's stop flag (a find() hit, an error, an interruption);
-* ``EXPORTED``: subtrees this process gave to other machines;
 * ``NODES``: nodes visited so far (written at every poll: what ``progress=`` and
   the dashboard show).
 
@@ -18,6 +17,20 @@ It is built on the public ``shoal.BestCell.for_pilot`` (a value that only rises,
 kept in step across machines), but a search names it by its role: nothing here is an
 incumbent.  Rejected: a Channel message to every task (tasks do not listen); the
 Control column alone (it is per machine).
+
+Balancing between machines is the runtime's (the dask backend's balancer lends
+spawned tasks from a busy machine to one whose workers are all hungry), not the
+search's.  A task lent to another machine takes the search's shared objects with
+it: the StopFlag and the incumbent are the same everywhere, Control is the
+destination machine's (its rows say who works *there*; a moved task counts as
+spawned on the lender and started on the borrower).  Hunger seen through Control
+and ``hungry()`` is per machine, so on a pilot of several machines a running task
+keeps ``RESERVE`` of its shallowest subtrees spawned (``Explorer.keep_reserve``):
+that is what the balancer lends.  Rejected (the previous design): the driver
+asking busy machines through a counter cell to export subtrees through a Channel
+and submitting them itself -- a second balancer beside the runtime's, for search
+tasks only, with its own exactly-once bookkeeping (docs/runtime.md, "Balancing
+between machines: one owner").
 """
 
 from __future__ import annotations
@@ -26,8 +39,11 @@ import concurrent.futures as cf
 
 import shoal
 
-SPAWNED, STARTED, STOP, EXPORTED, NODES = range(5)
-CONTROL_COLUMNS = 5
+from .model import Tally
+
+SPAWNED, STARTED, STOP, NODES = range(4)
+CONTROL_COLUMNS = 4
+RESERVE = 2  # several machines: subtrees a running task keeps on offer for the balancer
 STOP_WAIT_S = 10.0  # how long a stopped search waits for its tasks to unwind
 
 
@@ -84,3 +100,20 @@ def stop_all(ctl, stop: StopFlag, pending) -> None:
     _, late = cf.wait(pending, timeout=STOP_WAIT_S)
     for f in late:
         f.cancel()
+
+
+def wait_all(futs: list, ctl, stop, prog=None) -> Tally:
+    """Driver: merge the tallies of ``futs``; on an error or an interruption stop every task."""
+    tally, pending = Tally(tasks=0), set(futs)
+    try:
+        while pending:
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED,
+                                    timeout=None if prog is None else prog.wait_s())
+            for f in done:
+                tally.merge(f.result())
+            if prog is not None:
+                prog.tick()
+        return tally
+    except BaseException:
+        stop_all(ctl, stop, pending)
+        raise

@@ -3,15 +3,14 @@
 The engine (engine.py) runs inside workers; this module is the driver's
 side: it makes the Control array (per machine), the stop flag and the incumbent
 cell, submits the root task — or, on a pilot of several machines, splits the top
-of the tree into groups and moves subtrees to machines that run dry
-(multinode.py), or runs checkpointed chunks (checkpoint.py) — turns an
+of the tree into groups (multinode.py; later the runtime's balancer moves spawned
+subtrees to machines that run dry), or runs checkpointed chunks (checkpoint.py) — turns an
 interruption into the stop flag, and builds ``SearchStats`` from the merged
 ``Tally``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
 import sys
 import time
@@ -21,7 +20,7 @@ import shoal
 from .._portable import portable
 from .._progress import Both, Ticker
 from .checkpoint import resume_initial, run_checkpointed
-from .control import NODES, SPAWNED, STARTED, StopFlag, make_control, stop_all
+from .control import NODES, SPAWNED, STARTED, StopFlag, make_control, stop_all, wait_all
 from .engine import task
 from .model import (
     Coordination,
@@ -32,7 +31,7 @@ from .model import (
     check_picklable,
     coordination_of,
 )
-from .multinode import RequestCounter, run_split
+from .multinode import run_split
 
 PROGRESS_S = 1.0  # seconds between two progress lines
 
@@ -110,9 +109,12 @@ def validate(pilot, children, coordination, spawn_depth: int, budget: int) -> Co
     return coord
 
 
-def _steals(pilot) -> tuple[int, int]:
-    ws = pilot.stats().get("workers", [])
-    return (sum(w.get("stolen_local", 0) for w in ws), sum(w.get("stolen_remote", 0) for w in ws))
+def _steals(pilot) -> tuple[int, int, int]:
+    """(steals inside a machine, between NUMA nodes, tasks lent between machines) so far."""
+    st = pilot.stats()
+    ws = st.get("workers", [])
+    return (sum(w.get("stolen_local", 0) for w in ws), sum(w.get("stolen_remote", 0) for w in ws),
+            st.get("driver", {}).get("moved", 0))
 
 
 def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
@@ -134,24 +136,20 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     try:
         stop = StopFlag.for_pilot(pilot)
         owned.append(stop)
-        cell = chan = requests = None
+        cell = None
         if goal is Goal.OPTIMISE:
             cell = shoal.BestCell.for_pilot(pilot, "max",
                                             initial=resume_initial(spec_kw["initial"], resumed))
             owned.append(cell)
         split = (pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
                  and ck is None)
-        if split:  # subtrees move between machines on request (multinode.py)
-            chan = shoal.Channel.for_pilot(pilot)
-            requests = RequestCounter.for_pilot(pilot)
-            owned += [chan, requests]
         for key in ("accept", "objective", "bound", "kernel"):
             if spec_kw.get(key) is not None:
                 spec_kw[key] = portable(spec_kw[key])
         spec = SearchSpec(root=root, children=portable(children), goal=goal, control=ctl,
-                    cell=cell, stop=stop, channel=chan, requests=requests,
+                    cell=cell, stop=stop, reserve=split,
                     coordination=coordination, per_depth=stats, **spec_kw)
-        before = _steals(pilot) if stats else (0, 0)
+        before = _steals(pilot) if split or stats else (0, 0, 0)
         # the terminal line (progress=) and the dashboard's records (shoal.publish, always)
         ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
                                            bool(spec_kw.get("negate"))),
@@ -161,14 +159,13 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         if ck is not None:
             tally = run_checkpointed(pilot, spec, ck, resumed,
                                      lambda pending: stop_all(ctl, stop, pending), prog)
-            exported = 0
         elif split:
-            tally, exported = run_split(pilot, spec, ctl, stop, chan, requests, prog)
+            tally = run_split(pilot, spec, ctl, stop, prog)
         else:
-            tally, exported = _wait([pilot.submit(task, spec, root, ())], ctl, stop, prog), 0
+            tally = wait_all([pilot.submit(task, spec, root, ())], ctl, stop, prog)
         t_end = time.monotonic()
         prog.tick(final=True)
-        after = _steals(pilot) if stats else (0, 0)
+        after = _steals(pilot) if split or stats else (0, 0, 0)
     finally:
         for obj in owned:
             obj.close()
@@ -185,7 +182,7 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         incumbent_updates=tally.updates,
         stop_latency_s=None if tally.t_hit is None else max(0.0, t_end - tally.t_hit),
         work_inflation=(tally.nodes / reference_nodes) if reference_nodes else None,
-        exported=exported,
+        exported=after[2] - before[2],
     )
     return tally, st
 
@@ -206,19 +203,3 @@ def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool)
         return rec
     return sample
 
-
-def _wait(futs: list, ctl, stop, prog=None) -> Tally:
-    """Merge the tallies of ``futs``; on an error or an interruption stop every task."""
-    tally, pending = Tally(tasks=0), set(futs)
-    try:
-        while pending:
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED,
-                                    timeout=None if prog is None else prog.wait_s())
-            for f in done:
-                tally.merge(f.result())
-            if prog is not None:
-                prog.tick()
-        return tally
-    except BaseException:
-        stop_all(ctl, stop, pending)
-        raise

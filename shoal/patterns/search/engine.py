@@ -52,8 +52,8 @@ import shoal
 
 from .._portable import unwrap
 from .bnb import BnBLoop
-from .control import EXPORTED, NODES, SPAWNED, STARTED, STOP, slot, stopped
-from .loops import CountLoops, register_recursions
+from .control import NODES, RESERVE, SPAWNED, STARTED, STOP, slot, stopped
+from .loops import CountLoops
 from .model import (
     Coordination,
     Goal,
@@ -69,8 +69,6 @@ from .model import (
     replay,
     where,
 )
-
-register_recursions(CountLoops.dfs_count_rec, BnBLoop.dfs_bnb_rec)
 
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
@@ -117,8 +115,9 @@ class Explorer(CountLoops, BnBLoop):
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
-        self.channel = spec.channel
-        self.exporting: list | None = None  # collects what split() ships, while exporting
+        # several machines: keep RESERVE of this task's subtrees on offer for the runtime's
+        # balancer, which lends spawned tasks to a machine that runs dry (control.py)
+        self.reserve: list | None = [] if spec.reserve and self.demand else None
         self.polls = 0
         self.seen = 0  # nodes a hot loop has visited and not yet added to the tally
         self.reported = 0  # nodes of this task already added to Control's NODES
@@ -231,11 +230,8 @@ class Explorer(CountLoops, BnBLoop):
                 if self.stop.is_set():  # stopped elsewhere (another machine, the driver)
                     self.ctl[self.me, STOP] = 1
                     raise _Stopped
-                if (self.channel is not None and self.split_ok
-                        and self.spec.requests.asked > sum(r[EXPORTED] for r in rows)):
-                    from .multinode import export_level  # (a rare path: several machines)
-
-                    export_level(self, iters, idx)
+                if self.reserve is not None and self.split_ok:
+                    self.keep_reserve(iters, idx)
         cell = self.cell
         if cell is not None:
             g = cell.value
@@ -258,6 +254,19 @@ class Explorer(CountLoops, BnBLoop):
                         self.split_at(iters, idx, 1, whole_level=False)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
+
+    def keep_reserve(self, iters, idx) -> None:
+        """Several machines: keep ``RESERVE`` of this task's shallowest subtrees spawned and
+        not finished, so the runtime's balancer has work to lend when another machine
+        runs dry (its hunger is not visible here).  A reserve task counts while it waits
+        in the deque, runs here or runs elsewhere; once done, another is offered."""
+        res = self.reserve
+        if res:
+            res[:] = [f for f in res if not f.done()]
+        if len(res) < RESERVE:
+            n = len(self.futs)
+            self.split_at(iters, idx, RESERVE - len(res), whole_level=False)
+            res.extend(self.futs[n:])
 
     def split_at(self, iters, idx, want: int, whole_level: bool) -> None:
         """``split`` from a loop's state: ``iters``/``idx`` of an iterative loop, or None for
@@ -356,15 +365,11 @@ class Explorer(CountLoops, BnBLoop):
         return False
 
     def ship(self, node, path) -> None:
-        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed);
-        while exporting, send it to the driver for another machine instead."""
+        """Spawn a task for the subtree at ``path`` (its node, or only its path when indexed)."""
         if self.spec.coordination is Coordination.INDEXED:
             node = None
         else:
             check_picklable(node, path, "a split-off subtree may be stolen by another process")
-        if self.exporting is not None:
-            self.exporting.append((node, path))
-            return
         self.spawn_unit(node, path)
 
     def spawn_unit(self, node, path) -> None:

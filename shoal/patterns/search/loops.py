@@ -1,7 +1,9 @@
 """The depth-first hot loops of one search task (a mixin of ``engine.Explorer``).
 
-``dfs`` picks the loop for the goal: ``dfs_count`` (backtracking.count), ``dfs_bnb``
-(branch and bound, bnb.py) or the generic loop here (find, solutions).  The hot loops
+``dfs`` picks the loop for the goal: ``dfs_count_gen`` (backtracking.count over
+generator children: a recursion generated per shape, shapes.py), ``dfs_count``,
+``dfs_bnb_rec``/``dfs_bnb`` (branch and bound, bnb.py) or the generic loop here (find,
+solutions), and runs it from a frame-stack chunk of its own (room.py).  The iterative loops
 share one shape and the helpers below: all state is in locals; ``top``/``i`` are the
 iterator being listed and the index of its last child taken, ``iters``/``idx`` the
 ancestors' ones (preallocated lists, entries ``[:d]``); the level is walked with a
@@ -21,7 +23,9 @@ import numbers
 import sys
 import time
 
+from . import shapes
 from .model import Coordination, Goal, SearchError, _Stopped, where
+from .room import in_room
 
 TICK = 16  # the hot loops look at the clock once per TICK nodes (tests patch it: read per call)
 REC_MARGIN = 200  # frames the recursive loop leaves free below the recursion limit
@@ -29,7 +33,6 @@ REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow do
 #                 stacks (UTS T3S, 1024 levels: a recursion 1.35x a loop); deeper subtrees
 #                 go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
-GENERATOR = type(_ for _ in ())  # a generator is its own iterator: no iter() call
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 
@@ -38,12 +41,17 @@ class CountLoops:
     """Explorer's counting and generic loops, and the helpers of every loop: worker thread only."""
 
     def dfs(self, node) -> None:
-        """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination says."""
+        """Visit ``node`` (at ``self.base``) and its subtree, splitting as the coordination
+        says; from the base of a frame-stack chunk of its own (room.py: no chunk boundary
+        for the loops to call across)."""
+        return in_room(self._dfs, node)
+
+    def _dfs(self, node) -> None:
         spec = self.spec
         if spec.goal is Goal.COUNT and not spec.collect:
             if (spec.kernel is None and not spec.per_depth and not self.budget()
                     and _yields(self.children)):
-                return self.dfs_count_rec(node)
+                return self.dfs_count_gen(node)
             return self.dfs_count(node)
         if spec.goal is Goal.OPTIMISE:
             if not spec.per_depth and not self.budget():
@@ -111,98 +119,57 @@ class CountLoops:
         iters[:d] = full[:-1]
         return full[-1]
 
-    def dfs_count_rec(self, node) -> None:
-        """``dfs`` for counting as a plain recursion: the hot loop of backtracking.count.
+    def dfs_count_gen(self, node) -> None:
+        """``dfs`` for counting over generator children as a plain recursion: the loop
+        shapes.py generates for this search's ``children``/``accept``.
 
         Lazy splitting: per node the loop does what a hand-written recursion does, plus
-        a child index and a node count; it keeps no stack of its own and wraps no call
+        a child index and a countdown; it keeps no stack of its own and wraps no call
         in a ``try``.  The state a split or an error message needs -- each level's
         iterator (``it``) and the index of the child it is on (``i``) -- is read from the
         recursion's frames only then (``rec_levels``; an error's from its traceback,
         ``rec_error``).  Children a split takes out of a level's iterator are counted in
-        ``self.rskips`` (keyed by the iterator), so indices stay true.
-
-        A child whose ``children`` is an empty list or tuple is a leaf: no call.  Below
-        ``cap`` levels (``REC_DEPTH``, or less where the recursion limit, less what joins
-        may nest, leaves less room) a subtree goes to the iterative ``dfs_count`` instead
-        (``_deep``).
+        ``self.rskips`` (keyed by the iterator), so indices stay true.  A level deeper
+        than ``rec_cap()`` goes to the iterative ``dfs_count`` (``_deep_level``).
         """
         base, t = self.base, self.tally
         self.visit(node, len(base), base)
-        children, accept = self.children, self.accept
-        clock = time.perf_counter
-        tick = TICK
-        n = 0  # nodes visited below the base
-        lim = tick  # n at which to look at the clock next
-        cap = max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
+        run = shapes.count_loop(self)
         self.rskips = {}
-
-        def rec_all(it, d):
-            """Visit the subtrees of the level ``it`` lists (``d``: its depth below the base)."""
-            nonlocal n
-            i = -1  # (a poll reads it: this level is on no child yet)
-            if n >= lim:  # (n counts the nodes of finished levels: a poll per ~TICK nodes)
-                poll_rec()
-            for child in it:
-                i += 1
-                kids = children(child)
-                if not kids and (kids.__class__ is list or kids.__class__ is tuple):
-                    continue  # a leaf: no level to list (most nodes of UTS trees)
-                if d >= cap:
-                    self._deep(child, True)
-                    continue
-                rec_all(kids if kids.__class__ is GENERATOR else iter(kids), d + 1)
-            n += i + 1
-
-        def rec_acc(it, d):
-            """As rec_all, with ``accept``; the accepted nodes of the subtrees."""
-            nonlocal n
-            i = -1
-            if n >= lim:
-                poll_rec()
-            count = 0
-            for child in it:
-                i += 1
-                hit = accept(child)
-                if hit:
-                    count += 1
-                kids = children(child)
-                if not kids and (kids.__class__ is list or kids.__class__ is tuple):
-                    continue
-                if d >= cap:
-                    self._deep(child, bool(hit))
-                    continue
-                count += rec_acc(kids if kids.__class__ is GENERATOR else iter(kids), d + 1)
-            n += i + 1
-            return count
-
-        def poll_rec():
-            nonlocal lim
-            lim = n + tick
-            if clock() >= self.next_poll:
-                self.seen = n
-                self.poll(None, None)
-
+        self.rec_nodes = 0
         count = 0
         try:
-            if accept is None:
-                rec_all(self.kids(node, base), 1)
-            else:
-                count = rec_acc(self.kids(node, base), 1)
+            count = run(self.kids(node, base))
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # a user function raised (or returned a non-iterable)
             raise self.rec_error(exc) from exc
         finally:
-            t.nodes += n
+            t.nodes += self.rec_nodes
+            t.count += count
             self.seen = 0
-            t.count += n if accept is None else count
             self.rskips = None
+
+    def rec_cap(self) -> int:
+        """How deep the recursive loops go: ``REC_DEPTH``, or less where the recursion
+        limit, less what joins may nest, leaves less room."""
+        return max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
+
+    def _deep_level(self, it) -> None:
+        """A level below the generated loop's ``cap`` (its node visited, no child taken):
+        the iterative ``dfs_count`` lists it (the node's path read from the frames)."""
+        _, idx = self.rec_levels()
+        base = self.base
+        self.base = base + tuple(idx[:-1])  # (the deepest frame is this level's: i == -1)
+        try:
+            self.dfs_count(None, top=it)
+        finally:
+            self.base = base
 
     # -- the recursive loop's state, read from its frames -------------------------------
 
     def rec_frames(self) -> list:
-        """The frames of ``dfs_count_rec``'s recursion on this stack, shallowest first."""
+        """The frames of the recursive loop (shapes.py) on this stack, shallowest first."""
         f = sys._getframe(1)
         out = []
         while f is not None:
@@ -257,23 +224,7 @@ class CountLoops:
             what = "children"
         return SearchError(f"{what}() raised {exc!r} at {where(path, child)}")
 
-    def _deep(self, node, counted: bool) -> None:
-        """A subtree below the recursive loop's ``cap``: the iterative ``dfs_count`` from
-        ``node`` (its path read from the frames), which adds to the tally itself; the
-        node, which the recursion has counted already (``counted``: in its count too),
-        is taken off again."""
-        _, idx = self.rec_levels()
-        base = self.base
-        self.base = base + tuple(idx)
-        try:
-            self.dfs_count(node)
-        finally:
-            self.base = base
-        self.tally.nodes -= 1
-        if counted:
-            self.tally.count -= 1
-
-    def dfs_count(self, node) -> None:
+    def dfs_count(self, node, top=None) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.
 
         All state is in locals: ``top``/``i`` are the iterator being listed and the
@@ -281,7 +232,8 @@ class CountLoops:
         level is walked with a ``for`` loop (FOR_ITER, no ``next()`` call per
         node); descending breaks out of it.  Control is read at most every
         ``TICK`` descents, and only if ``POLL_S`` has passed.  try blocks cost
-        nothing in 3.11, so user calls are wrapped one by one.
+        nothing in 3.11, so user calls are wrapped one by one.  ``top``: the node's
+        children already listed (and the node visited: ``_deep_level``).
         """
         base, t = self.base, self.tally
         d0 = len(base)
@@ -292,7 +244,9 @@ class CountLoops:
                 t.count += self.run_kernel(node, base)
                 return
             kd = self.spec.kernel_depth - d0 - 1
-        self.visit(node, d0, base)
+        if top is None:
+            self.visit(node, d0, base)
+            top = self.kids(node, base)
         children, accept = self.children, self.accept
         pd = [0] * 32 if self.spec.per_depth else None
         budget = self.budget()
@@ -304,7 +258,6 @@ class CountLoops:
         iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
         idx: list = [0] * 32
         d = 0
-        top = self.kids(node, base)
         i = -1
         try:
             while True:
@@ -454,9 +407,10 @@ class CountLoops:
 
 def _yields(children) -> bool:
     """Is ``children`` a generator function (through partials)?  Counting uses the
-    recursive loop for those only: a tree of lists (UTS) stays on the iterative loop,
-    whose leaf shortcut it was measured on, and where the recursive loop's hand-over
-    of deep subtrees was once 10x slower in one benchmark process (not understood)."""
+    recursive loop for those only (shapes.py: every child is a level, no leaf tests).
+    A tree of lists (UTS) stays on the iterative loop: with the frame-stack room
+    (room.py) the recursive loop measured the same on UTS T3 (1.07x vs 1.06x), and
+    UTS's deep trees mostly run below the recursion anyway."""
     import inspect
 
     while isinstance(children, functools.partial):

@@ -122,8 +122,7 @@ class SearchSpec:
     negate: bool = False  # minimise: values are negated inside
     cell: object = None  # BestCell.for_pilot (always "max" of the possibly negated values)
     stop: object = None  # control.StopFlag: set once the search must stop, on every machine
-    channel: object = None  # Channel.for_pilot: subtrees given away to other nodes (exports)
-    requests: object = None  # multinode.RequestCounter: exports the driver asked for
+    reserve: bool = False  # several machines: keep subtrees on offer for the balancer
     initial: float = -math.inf
     target: float | None = None  # FIND: a goal is objective >= target; bound < target prunes
     kernel: object = None  # COUNT: node -> the count of its subtree, for nodes at ...
@@ -155,7 +154,6 @@ class Tally:
     found: tuple | None = None  # (path, node)
     t_hit: float | None = None
     found_nodes: list | None = None
-    exports: list | None = None  # ids of the subtrees given away through the Channel
 
     def merge(self, o: Tally) -> None:
         self.count += o.count
@@ -182,10 +180,6 @@ class Tally:
             if self.found_nodes is None:
                 self.found_nodes = []
             self.found_nodes.extend(o.found_nodes)
-        if o.exports:
-            if self.exports is None:
-                self.exports = []
-            self.exports.extend(o.exports)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A search over several machines (a dask pilot of several nodes): the driver's side
-and the workers' side of moving subtrees between machines.
+"""A search over several machines (a dask pilot of several nodes): the driver deals out the
+top of the tree; the runtime balances the rest.
 
 Data flow::
 
@@ -7,69 +7,33 @@ Data flow::
             subtrees per machine are open; deal them round-robin into GROUPS_PER_NODE
             groups per machine; submit units_task(group) each (dask spreads them)
     units_task: spawn one engine task per subtree on this machine (its workers share them)
-    driver: when fewer tasks are left than the pilot has workers, a machine is running
-            dry: raise the RequestCounter; every busy machine's next poll gives its
-            shallowest open level away through the Channel (export_level); the driver
-            submits each such group as a new units_task
+    engine: a running task keeps RESERVE shallow subtrees spawned (Explorer.keep_reserve);
+            the dask backend's balancer lends spawned tasks from a busy machine to one
+            whose workers are all hungry, and brings their results back
 
-Counting stays exact when a machine dies: dask re-runs a lost task from scratch, so
-the subtrees that attempt exported are explored again by the re-run.  A task's Tally
-lists the ids it exported, and only exports listed by a counted Tally are counted
-(orphans of a lost attempt are dropped); the search ends when the groups are done and
-every listed export is in.
+Counting stays exact when a machine dies: dask re-runs a lost group from scratch (a
+group's Tally reaches the driver only whole), and the runtime lends again a task whose
+borrower died; every result reaches its owner's join exactly once.
+
+Rejected (until this round): a second balancer here -- the driver asked busy machines
+(a counter cell) to give their shallowest open level away through a Channel and
+submitted it as new groups, with its own exactly-once bookkeeping of exports.  It
+existed only because search tasks could not leave their machine (they carry the
+machine's replicas of the search's cells); now a replica travels as its pilot-level
+object (backends/dask/cells.py), so the runtime's balancer serves searches too.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import pickle
-import random
-
 import shoal
 
-from .control import EXPORTED, stop_all
+from .control import wait_all
 from .engine import Explorer, task
 from .model import Coordination, SearchSpec, Tally, _Stopped, check_picklable
 
 UNITS_PER_NODE = 16  # a pilot of several machines: subtrees the driver opens per machine ...
 GROUPS_PER_NODE = 4  # ... dealt into this many tasks per machine (dask spreads the tasks)
 MAX_SPLIT_DEPTH = 8  # the driver expands at most this many levels
-EXPORT_POLL_S = 0.002  # the driver's loop over results and exports
-
-
-class RequestCounter:
-    """How many subtree exports the driver has asked for, on every machine.
-
-    The driver ``ask()``s when a machine runs dry; a worker whose machine has exported
-    fewer than ``asked`` gives a level away.  Built on the public
-    ``shoal.BestCell.for_pilot`` (a count that only rises, kept in step across machines).
-    """
-
-    __slots__ = ("_cell", "_asked")
-
-    def __init__(self, cell, asked: int = 0):
-        self._cell, self._asked = cell, asked
-
-    @classmethod
-    def for_pilot(cls, pilot) -> RequestCounter:
-        return cls(shoal.BestCell.for_pilot(pilot, "max", initial=0.0))
-
-    def ask(self) -> int:
-        """One more request (driver only); the new total."""
-        self._asked += 1
-        self._cell.offer(self._asked)
-        return self._asked
-
-    @property
-    def asked(self) -> float:
-        """Requests made so far, as this machine has heard of them."""
-        return self._cell.value
-
-    def close(self) -> None:
-        self._cell.close()
-
-    def __reduce__(self):
-        return (RequestCounter, (self._cell,))
 
 
 def units_task(spec: SearchSpec, units: list) -> Tally:
@@ -88,108 +52,14 @@ def units_task(spec: SearchSpec, units: list) -> Tally:
     return tally
 
 
-def export_level(ex: Explorer, iters, idx) -> None:
-    """Another machine ran dry: give it the unexplored siblings of ``ex``'s shallowest open
-    level, in one Channel message (if the slot is still full or the message too big,
-    they are spawned here instead)."""
-    ex.exporting = []
-    try:
-        ex.split_at(iters, idx, 1, whole_level=True)
-    finally:
-        units, ex.exporting = ex.exporting, None
-    if units and not _export(ex, units):
-        for node, path in units:
-            ex.spawn_unit(node, path)
-
-
-def _export(ex: Explorer, units: list) -> bool:
-    """Put the subtrees in the Channel; False: the slot is still full or it is too big."""
-    uid = random.getrandbits(62)
-    try:
-        blob = pickle.dumps((uid, units), 5)
-    except Exception:
-        import cloudpickle
-
-        blob = cloudpickle.dumps((uid, units))
-    if len(blob) > ex.channel.size or not ex.channel.put(blob):
-        return False
-    ex.ctl[ex.me, EXPORTED] += 1
-    t = ex.tally
-    if t.exports is None:
-        t.exports = []
-    t.exports.append(uid)
-    return True
-
-
-def run_split(pilot, spec: SearchSpec, ctl, stop, chan, requests, prog=None) -> tuple[Tally, int]:
-    """A search over several machines: (merged Tally, subtrees exported).
-
-    The driver splits the top of the tree into groups (``top_split``), one task each;
-    dask hands them to machines as they free up.  When fewer tasks are left than the
-    pilot has workers, a machine is running dry: the driver raises ``requests``, and
-    every busy machine's next poll gives its shallowest open subtree away through
-    ``chan`` (``Explorer.export``); the driver submits each as a new task.
-
-    Counting stays exact when a machine dies: dask re-runs a lost task from scratch,
-    so the subtrees that attempt exported are explored again by the re-run.  A
-    task's Tally lists the ids it exported, and only exports listed by a counted
-    Tally are counted (orphans of a lost attempt are dropped); the search ends when
-    the groups are done and every listed export is in.
-    """
+def run_split(pilot, spec: SearchSpec, ctl, stop, prog=None) -> Tally:
+    """A search over several machines: the merged Tally (see the module docstring)."""
     tally, groups = top_split(spec, ctl, UNITS_PER_NODE * pilot.nodes,
                               GROUPS_PER_NODE * pilot.nodes)
     if tally.found is not None:
-        return tally, 0
-    uid_of = {pilot.submit(units_task, spec, g): None for g in groups}  # None: a group
-    pending = set(uid_of)
-    held: dict[int, Tally] = {}  # finished exports not (yet) listed by a counted Tally
-    wanted: set[int] = set()  # listed by a counted Tally, not finished yet
-    asked = received = 0
-    stopping = False
-
-    def count(part: Tally) -> None:
-        tally.merge(part)
-        for uid in part.exports or ():
-            later = held.pop(uid, None)
-            if later is None:
-                wanted.add(uid)
-            else:
-                count(later)
-
-    try:
-        while pending or (wanted and not stopping):
-            done, pending = cf.wait(pending, timeout=EXPORT_POLL_S,
-                                    return_when=cf.FIRST_COMPLETED)
-            for f in done:
-                part, uid = f.result(), uid_of.pop(f)
-                if part.found is not None and not stopping:
-                    stopping = True  # a find() hit: stop the others
-                    stop.set()
-                if uid is None:
-                    count(part)
-                elif uid in wanted:
-                    wanted.discard(uid)
-                    count(part)
-                else:
-                    held[uid] = part
-            for blob in chan.get():
-                uid, units = pickle.loads(blob)
-                received += 1
-                if not stopping:
-                    f = pilot.submit(units_task, spec, units)
-                    uid_of[f] = uid
-                    pending.add(f)
-            if prog is not None:
-                prog.tick()
-            if not stopping and len(pending) <= pilot.workers and asked <= received:
-                asked = requests.ask()
-        if stopping:  # found: what was held may hold nothing better than the hit
-            for part in held.values():
-                tally.merge(part)
-        return tally, received
-    except BaseException:
-        stop_all(ctl, stop, pending)
-        raise
+        return tally
+    tally.merge(wait_all([pilot.submit(units_task, spec, g) for g in groups], ctl, stop, prog))
+    return tally
 
 
 def top_split(spec: SearchSpec, ctl, want: int, groups: int) -> tuple[Tally, list]:

@@ -1,0 +1,236 @@
+"""``cancel()`` on the local backend: True only if the task will never run.
+
+The stdlib's contract, kept under any number of submitting and cancelling threads.
+``Future.cancel`` asks ``_probe(fut, cancel=True)`` first; False from it means "not
+running and never will", and the future is then cancelled.  The cases:
+
+* staged (not pushed): taken out of ``staged`` under ``lock``;
+* waiting in a driver outbox behind a backlog: withdrawn from it (``Outbox.withdraw``)
+  by the number it got when it was queued;
+* in a worker's ring or deque: the **handshake** (Dekker's).  The driver pushes
+  CANCEL_IF_QUEUED into every worker's ring *now* (``Outbox.send_urgent``, ahead of any
+  backlog, into the quarter of the ring tasks leave free), fences (the doorbell), then
+  reads the workers' status slots (``_run_state``).  A worker about to run a driver
+  task writes the id into its slot, fences, then looks at its driver ring once more and
+  drops the task if a cancel is there.  At least one side sees the other.
+* finished: a worker clears its slot only once the result is in its ring, so a clear
+  slot with a result still unread means "finished"; ``_drain_to_marks`` consumes every
+  ring up to its tail of the moment the slots were read, and the future is FINISHED.
+
+If a worker's ring has no room even for the cancel (it reads nothing: thousands of
+cancels of tasks behind one long task), nobody is told and ``cancel()`` says False
+(``stats()["driver"]["cancels_refused"]``): the task then runs as if never asked.
+
+Issue 13's race (cancel() True for a task that ran, 1-4 in 10,000 with 3 submitting
+threads and 1 cancelling) had three causes, one per case above: one drain round of at
+most 256 messages a ring (the result lay further back), the CANCEL_IF_QUEUED queued
+behind a backlog in the outbox (the handshake saw neither side), and a worker clearing
+its slot with its result still in its own outbox.
+
+Rejected: a cancel board in shared memory that workers check (one more structure every
+task start reads, to fix what an ordering rule fixes); waiting until a full ring drains
+(``cancel()`` would block behind a long task); a second driver→worker ring for control
+messages (a wider matrix for one message kind).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ..._errors import WorkerLost
+from ...runtime import wire
+from ...runtime.future import Future
+from ...runtime.wire import Kind
+from ...runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS
+
+_PENDING = "PENDING"
+
+
+class Cancelling:
+    """``LocalBackend``'s cancel side (a mixin: the state is the backend's)."""
+
+    def _cancel(self, fut: Future) -> None:
+        with self.lock:
+            if self.waiting and self.waiting.pop(fut.task_id, None) is not None:
+                return  # still waiting for its inputs: nothing was sent
+            task = self.tasks.pop(fut.task_id, None)
+            if task is None:
+                return
+            if task.placed:
+                self.placement.finished(task.placed - 1)
+            if task.where and not self.closed:
+                self._send(task.where, wire.encode_control(Kind.CANCEL, [fut.task_id]))
+                # it may have been stolen meanwhile: a MOVED on its way is forwarded the cancel
+                self.recently_cancelled[fut.task_id] = None
+                if len(self.recently_cancelled) > 4096:
+                    self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
+
+    def _running_on(self, tid: int) -> int:
+        """The endpoint whose status cell says it runs driver task ``tid`` now (0: none)."""
+        status = self.matrix.status
+        for ep in self.endpoints:
+            cell = status(ep)
+            depth = cell[STATUS_DEPTH]
+            for i in range(min(depth, STATUS_SLOTS)):
+                if cell[STATUS_RUNNING + i] == tid:
+                    return ep
+        return 0
+
+    def _run_state(self, tid: int) -> int:
+        """Like ``_running_on``, but a worker that has *claimed* ``tid`` (slot written, depth
+        not yet raised) is waited for: it is deciding, within microseconds, whether a
+        cancel reached it first (it drops the claim) or not (it raises the depth).
+
+        The handshake with the worker (``Worker.run_wire``) is Dekker's: the driver pushes
+        CANCEL_IF_QUEUED then fences (the doorbell ring) then reads the slots; the worker
+        writes its claim, fences, then rechecks its driver ring.  At least one sees the
+        other, so ``cancel()`` never returns True for a task that then runs (the cancel goes
+        to every worker, so also a thief that got the task before the driver heard)."""
+        status = self.matrix.status
+        deadline = None
+        while True:
+            claimed = 0
+            for ep in self.endpoints:
+                cell = status(ep)
+                depth = cell[STATUS_DEPTH]
+                for i in range(min(depth + 1, STATUS_SLOTS)):
+                    if cell[STATUS_RUNNING + i] == tid:
+                        if i < depth:
+                            return ep
+                        claimed = ep
+            if not claimed:
+                return 0
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + 5.0
+            elif now > deadline or self.procs[claimed].poll() is not None:
+                return claimed  # stuck or dead between claim and confirm: call it started
+            os.sched_yield()
+
+    def _probe(self, fut: Future, cancel: bool = False) -> bool:
+        """Whether a worker runs ``fut``'s task now; if so the future goes RUNNING
+        (``Future.running()``/``cancel()`` ask: RUNNING is read from the workers'
+        status cells on demand, so the hot path sends no message per start).  With
+        ``cancel``, first tell the holder to drop the task unless it started."""
+        tid = fut.task_id
+        task = self.tasks.get(tid)
+        if task is None and cancel:
+            with self.lock:  # a result being settled (_on_results) is FINISHED once we get it
+                task = self.tasks.get(tid)
+        if self.closed or task is None:
+            return False
+        if cancel and not task.where:
+            with self.lock:
+                if not task.where:  # staged, not pushed: take it out, so it never is
+                    try:
+                        self.staged.remove(task)
+                    except ValueError:
+                        pass
+                    return False
+        if cancel and task.where:
+            # To every worker: a thief may hold the task before the driver hears of the steal.
+            # (With retries left, only to its holder: a re-run after a refused cancel must not
+            # meet a stale cancel elsewhere; there a steal in flight can still race.)
+            # Into the rings now, ahead of any backlog in the outboxes (send_urgent): the
+            # handshake (see _run_state) needs it there before the slots are read.  A ring
+            # without room (its worker stuck in a long task, thousands of cancels in its
+            # reserve) cannot be told: then nobody is, and cancel() says False.
+            msg = wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid])
+            with self.lock:
+                if self.closed or task.future._state != _PENDING:
+                    return False
+                holder = task.queued_in
+                if task.queued and holder is not None and holder.waiting(task.queued) and (
+                        len(task.msg) <= holder.limit):
+                    # Still in the driver's outbox behind a backlog: no worker has it, and
+                    # none will (taken back; every re-send checks ``cancelling``).
+                    holder.withdraw(task.msg)
+                    task.queued = 0
+                    task.cancelling = True
+                    return False
+                boxes = [self.out[ep] for ep in (self.endpoints if not task.retries else (task.where,))
+                         if ep not in self.down]
+                if not all(box.room_for([msg]) for box in boxes):
+                    self.cancels_refused += 1  # nobody was told: the task runs as if not asked
+                    return True
+                for box in boxes:
+                    box.send_urgent([msg])
+                task.cancelling = True
+        if not self._run_state(tid):
+            if cancel:
+                # Not running: not started, or finished with its result still in a ring
+                # (a worker clears its status only once the result is in its ring).  Drain
+                # the rings up to what they held when the slots were read: a finished
+                # task's future is then FINISHED and cancel() says False.
+                self._drain_to_marks()
+                return fut._state != "PENDING"
+            return False
+        if cancel:
+            with self.lock:
+                task.cancelling = False  # it runs: a re-run (retries) must not be dropped
+        fut.set_running_or_notify_cancel()
+        return True
+
+    def force_cancel(self, fut: Future) -> bool:
+        """Cancel ``fut`` even while it runs: kill and replace the worker running it."""
+        if fut.cancel():
+            return True
+        with self.lock:
+            task = self.tasks.get(fut.task_id)
+            ep = self._running_on(fut.task_id) if task is not None else 0
+            if not ep or self.closed:
+                return False
+            del self.tasks[fut.task_id]
+            if task.placed:
+                self.placement.finished(task.placed - 1)
+                task.placed = 0
+            self.forced[ep] = fut.task_id
+        _force_cancelled(fut)  # outside the lock: its done callbacks may submit
+        try:
+            self.procs[ep].send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
+
+    def cancel_children(self, fut: Future) -> None:
+        """A running task's spawned children that have not started are dropped (it runs on)."""
+        ep = self._running_on(fut.task_id)
+        if ep:
+            with self.lock:
+                if not self.closed:
+                    self._send(ep, wire.encode_control(Kind.CANCEL, [fut.task_id]))
+
+    def cancel_pending(self) -> int:
+        """Cancel every task no worker has started (``shutdown(cancel_futures=True)``).
+
+        Workers start in the background (the constructor does not wait); so that
+        "not started" does not just mean "submitted before the workers were up", this
+        first waits (bounded) until they run and each one holding work has begun a
+        task, as a process pool's first tasks are already under way by then."""
+        try:
+            self._wait_started(self.start_timeout)
+        except WorkerLost:
+            pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            idle = [ep for ep in self.endpoints
+                    if self.placement.load(ep - 1) and not self.matrix.status(ep)[STATUS_DEPTH]]
+            if not idle:
+                break
+            time.sleep(0.001)
+        with self.lock:
+            futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
+        return sum(1 for fut in futs if fut.cancel())
+
+
+def _force_cancelled(fut: Future) -> None:
+    """Move a RUNNING future to CANCELLED (``Future.cancel`` refuses RUNNING ones)."""
+    with fut._condition:
+        if fut._state not in ("PENDING", "RUNNING"):
+            return
+        fut._state = "CANCELLED"
+        fut._condition.notify_all()
+    fut._invoke_callbacks()
+    fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, tells wait()

@@ -1,0 +1,317 @@
+"""Worker processes of the local backend: start, death, replacement, close, fork.
+
+Workers are ``python -m shoal.runtime.worker`` processes started with ``subprocess``
+(fork+exec): safe when the driver has threads (a dask Client), and ``__main__`` is
+never re-imported.  They inherit the segment, the doorbells and the read end of a
+*lifeline* pipe; when the driver dies (even by SIGKILL) the pipe reaches EOF and every
+worker exits at once.  The segment is a memfd, so no /dev/shm name exists to leak.
+
+A death (the pump sees the pidfd) is handled under ``consume_lock`` then ``lock``: what
+the worker sent before dying is drained, its running driver tasks (its status cell)
+fail or retry, everything else it held is re-sent elsewhere, the other workers are told
+(``DIED``), and a replacement of the next generation is started (with backoff when
+starting fails).  A function that kills a worker while it is unpickled is quarantined.
+
+``close`` waits for (or cancels) the outstanding work, tells the workers to stop, and
+tears down; in a forked child (at-fork hook) the parent's pilot is closed without
+touching the parent's workers and its futures fail with ``PilotClosed``.
+
+Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is unsafe with
+threads); polling ``waitpid`` for deaths (pidfds wake the parked pump instead).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import weakref
+
+from ..._errors import (
+    BrokenPilot,
+    PilotClosed,
+    SerializationError,
+    TaskTimeout,
+    WorkerLost,
+)
+from ...queues import RingMatrix
+from ...queues.ring import Ring
+from ...runtime import context, wire
+from ...runtime import trace as tracing
+from ...runtime.api import settle as _settle
+from ...runtime.future import abandon
+from ...runtime.wire import Kind
+from ...runtime.worker import (
+    STATUS_DEPTH,
+    STATUS_LOADING,
+    STATUS_PID,
+    STATUS_RUNNING,
+    STATUS_SLOTS,
+)
+from .submit import _Task
+
+_log = logging.getLogger("shoal.runtime")
+_live: weakref.WeakSet = weakref.WeakSet()  # this process's backends (for fork detection)
+
+
+class Lifecycle:
+    """``LocalBackend``'s worker processes and shutdown (a mixin: the state is the backend's)."""
+
+    def _start_worker(self, ep: int) -> None:
+        cpu, node = self.slots[ep - 1]
+        spec = {
+            "endpoint": ep,
+            "generation": self.generation[ep],
+            "cpu": cpu,
+            "real_cpu": self.topology.real_cpu(cpu),
+            "node": node,
+            "node_of": self.node_of,
+            "seed": self.seed,
+            "lifeline": self.lifeline_r,
+            "rings": self.matrix.spec(),
+            "trace": self.trace_path,
+            "max_tasks": self.max_tasks,
+            "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
+        }
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_root(), env.get("PYTHONPATH")] if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal.runtime.worker", json.dumps(spec)],
+            pass_fds=[*self.matrix.fds(), self.lifeline_r],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        self.procs[ep] = proc
+        self.pidfds[ep] = pidfd
+        if self.init_msg is not None:
+            self._send(ep, self.init_msg, wake=False)  # first in its ring: before any task
+
+    def _wait_started(self, timeout: float) -> None:
+        """Return once every worker runs its loop (its pid is in its status cell); a
+        worker that exits first (a broken interpreter, an import error) is an error."""
+        deadline = time.monotonic() + timeout
+        pause = 0.0005
+        while True:
+            waiting = [ep for ep in self.endpoints if not self.matrix.status(ep)[STATUS_PID]]
+            if not waiting:
+                return
+            for ep in waiting:
+                code = self.procs[ep].poll()
+                if code is not None:
+                    raise WorkerLost(f"worker {ep} exited with code {code} while starting "
+                                     f"({sys.executable} -m shoal.runtime.worker)")
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"workers {waiting} did not start within {timeout} s")
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
+
+    def _replace(self, ep: int) -> None:
+        """Start a replacement on ``ep`` (lock held).  A failure (no free fds, ENOMEM, the
+        pids limit) leaves ``ep`` down; the pump retries with backoff and says so."""
+        try:
+            self._start_worker(ep)
+        except BaseException as exc:  # noqa: BLE001 - the pump thread must not die of it
+            entry = self.health.start_failed(ep, repr(exc), time.monotonic())
+            _log.warning("shoal: could not start a replacement for worker %d (attempt %d: %r); "
+                         "its tasks go to the other workers; retrying in %.2f s",
+                         ep, entry.tries, exc, entry.delay)
+            return
+        if self.health.started(ep):
+            _log.warning("shoal: worker %d is back (pid %d)", ep, self.procs[ep].pid)
+        for msg in self.functions.defines.values():
+            self._send(ep, msg, wake=False)
+
+    def _retry_down(self) -> None:
+        with self.lock:
+            for ep in self.health.due(time.monotonic()):
+                if not self.closing:
+                    self._replace(ep)
+
+    def _on_death(self, ep: int) -> None:
+        """A worker process exited: account for its tasks, tell the others, replace it."""
+        with self.consume_lock:  # no cancel() drains the inbox being reset
+            self._on_death_locked(ep)
+
+    def _on_death_locked(self, ep: int) -> None:
+        proc = self.procs[ep]
+        proc.wait()
+        os.close(self.pidfds.pop(ep))
+        self.deaths += 1
+        self._drain_inboxes()  # results it sent before dying are not lost
+        status = self.matrix.status(ep)
+        depth = status[STATUS_DEPTH]
+        running = {status[STATUS_RUNNING + i] for i in range(min(depth, STATUS_SLOTS))}
+        loading = status[STATUS_LOADING]
+        for i in range(RingMatrix.STATUS_WORDS):
+            status[i] = 0
+        if loading:  # it died unpickling a function: no other worker gets that DEFINE again
+            self._quarantine(loading, ep, proc)
+        overran = self.timed_out.pop(ep, None)
+        with self.stats_cond:
+            self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
+        forced = self.forced.pop(ep, None)
+        dead_gen = self.generation[ep]
+        self.generation[ep] = dead_gen + 1
+        lost: list[_Task] = []
+        with self.lock:
+            # Unread messages to the dead worker: its tasks go elsewhere, the rest is moot.
+            ring = Ring(self.matrix.segment.buf, *self.matrix._ring_offsets[(0, ep)])
+            while ring.readable():
+                ring.pop()
+            ring.close()
+            self.out[ep].clear()
+            for other in self.endpoints:
+                if other != ep:
+                    self._send(other, wire.encode_control(Kind.DIED, [ep, dead_gen]))
+            self.health.lost(ep)  # re-sent tasks go elsewhere
+            broken = []
+            for tid, task in list(self.tasks.items()):
+                if task.placed == ep:
+                    self.placement.finished(ep - 1)
+                    task.placed = 0
+                if task.where == ep:
+                    if tid in running or tid == overran:
+                        lost.append(task)
+                    elif self.functions.quarantined and self.functions.is_quarantined(task.fn):
+                        broken.append(task)
+                    else:
+                        self._dispatch(task)
+            for inbox_ep, box in self.inboxes:
+                if inbox_ep == ep:
+                    box.reset()
+            if not self.closing and self.broken is None:
+                self._replace(ep)
+        for task in broken:
+            self._fail_or_retry(task.future.task_id, task, SerializationError(
+                self.functions.quarantined[id(task.fn)][1]), retry=False)
+        if self.broken is not None:
+            self._fail_all(BrokenPilot(self.broken))
+            return
+        for task in lost:
+            tid = task.future.task_id
+            if tid == forced:
+                continue  # cancel(force=True) settled it already
+            if tid == overran:
+                err = TaskTimeout(f"task {task.name} ran longer than its timeout of {task.timeout} s; "
+                                  f"worker {ep} was killed and replaced")
+            else:
+                err = WorkerLost(f"worker {ep} (pid {proc.pid}) died with exit code {proc.returncode} "
+                                 f"while running task {task.name}; a replacement was started")
+            self._fail_or_retry(tid, task, err)
+
+    def _quarantine(self, fn_id: int, ep: int, proc) -> None:
+        """Function ``fn_id`` killed worker ``ep`` while being unpickled: drop its DEFINE
+        (replacements would die of it too), fail its tasks, refuse new ones."""
+        with self.lock:
+            why = self.functions.quarantine(fn_id, lambda name: (
+                f"function {name} killed worker {ep} (pid {proc.pid}, exit code "
+                f"{proc.returncode}) while the worker unpickled it (importing its module?); "
+                "it is quarantined: its tasks fail, the others go on"))
+        if why is not None:
+            _log.error("shoal: %s", why)
+
+    def _closed_reason(self) -> str:
+        if self.forked:
+            return (f"this pilot belongs to process {self.pid}, and this process ({os.getpid()}) "
+                    "is a fork of it: a forked process cannot use its parent's pilot (the workers "
+                    "and rings are the parent's); open a new shoal.Pilot in the child")
+        if context.exiting:
+            return "cannot schedule new futures after interpreter shutdown"
+        return "cannot schedule new futures after shutdown: submit() on a closed pilot; open a new shoal.Pilot"
+
+    def _forked(self) -> None:
+        """In the child of ``os.fork()`` (at-fork hook): never touch the parent's workers,
+        rings or processes; every use raises ``PilotClosed`` saying why."""
+        self.forked = True
+        self.closing = self.closed = True
+        for fd in [*self.pidfds.values(), self.lifeline_w]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pidfds, self.procs = {}, {}
+        # The parent's outstanding futures can never settle here: fail them, so result()
+        # in the child raises instead of waiting forever.  No done-callbacks (user code in
+        # an at-fork hook); no thread waits on them in the child (only this one survived).
+        abandon([*self.waiting.values(), *(t.future for t in self.tasks.values())],
+                PilotClosed(self._closed_reason()))
+        self.tasks, self.waiting, self.staged = {}, {}, []
+        self.out, self.inboxes = {}, []
+
+    def close(self, cancel_pending: bool = False) -> None:
+        with self.close_lock:  # the exit handler and a collected pilot's closer may race
+            self._close(cancel_pending)
+
+    def _close(self, cancel_pending: bool) -> None:
+        if self.closed:
+            return
+        self.closing = True
+        while True:  # tasks waiting for inputs are outstanding too (they finish or cancel)
+            with self.lock:
+                futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
+            if not futs:
+                break
+            if cancel_pending:
+                for f in futs:
+                    f.cancel()
+                break
+            cf.wait(futs)
+        with self.lock:
+            for ep in self.endpoints:
+                self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
+        deadline = time.monotonic() + 5.0
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.closed = True
+        self.doorbell.ring()  # the pump may be parked with nothing to read
+        self.pump_thread.join(5.0)
+        for task in list(self.tasks.values()):
+            _settle(task.future, False, PilotClosed("the pilot closed before this task finished"))
+        self.tasks.clear()
+        if self.trace_path:
+            tracing.merge(self.trace_path, list(self.endpoints))
+        self._teardown()
+
+    def _teardown(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for fd in self.pidfds.values():
+            os.close(fd)
+        self.pidfds.clear()
+        for fd in (self.lifeline_r, self.lifeline_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.inboxes = []
+        self.out = {}
+        self.matrix.close()
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_live):
+        backend._forked()
+
+
+def _package_root() -> str:
+    """The directory holding the ``shoal`` package, so workers import the same code."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,295 @@
+"""The local backend's pump thread: the only consumer of the worker→driver rings.
+
+Each round it drains every worker's ring (at most 256 messages each), flushes staged
+tasks and the driver outboxes' backlogs, enforces deadlines, restarts workers that
+could not be started, and checks for stopped workers; with nothing to do it parks on
+the driver's doorbell (and the workers' pidfds, so a death wakes it).
+
+Results are settled in bulk (``_on_results``): one acquisition of ``lock`` per batch,
+one ``Placement.finished`` per worker, the futures' states set under that same lock
+(``settle_many``) so that a ``cancel()`` that finds the task gone finds its future
+FINISHED, and done-callbacks run after the lock is released.  ``consume_lock`` makes
+the pump and a ``cancel()`` that drains (cancel.py) take turns on the rings.
+
+Invariants: the pump never waits on a worker (workers may wait for it: a worker keeps
+a task's status slot until the result is in the ring); it never dies before ``close``
+(an error is logged, counted in ``pump_errors``, and the loop goes on with a backoff).
+
+Rejected: a thread per worker ring (GIL churn); decoding results through
+``wire.decode_result`` per record (inlined: the hot path); settling futures after the
+lock is released (a ``cancel()`` in between said True for a task that had run).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import signal
+import time
+
+from ..._errors import BrokenPilot, RemoteTraceback
+from ...runtime import wire
+from ...runtime.api import settle as _settle
+from ...runtime.future import delivering_thread, run_callbacks, settle_many
+from ...runtime.health import Change, proc_state
+from ...runtime.wire import Kind
+from .submit import _Task
+
+_LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
+_SPIN = 3  # empty pump rounds before parking (spinning would hold the GIL that submit needs)
+_LIVENESS_S = 2.0  # with work outstanding, the pump checks this often for stopped workers
+_RESULT = wire.RESULT
+_OK_STATUS = int(wire.Status.OK)
+_unpack_result = wire.RESULT_HDR.unpack_from
+_loads = wire.pickle.loads
+_log = logging.getLogger("shoal.runtime")
+
+
+class Pumping:
+    """``LocalBackend``'s pump thread and result handling (a mixin: the state is the backend's)."""
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self.lock:
+            tasks = list(self.tasks.values())
+            self.tasks.clear()
+        for task in tasks:
+            _settle(task.future, False, exc)
+
+    def _on_init_failed(self, ep: int, tb: str) -> None:
+        """A worker's initializer raised: log it and break the pilot (a process pool's rule)."""
+        _LOG.critical("Exception in initializer of shoal worker %d:\n%s", ep, tb)
+        first_line = tb.strip().splitlines()[-1] if tb.strip() else "?"
+        self.broken = (f"a worker's initializer failed ({first_line}); the pilot cannot run tasks: "
+                       f"create a new shoal.Pilot")
+        self.closing = True
+        self._fail_all(BrokenPilot(self.broken))
+
+    def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
+        if retry and task.retries > 0 and not self.closing:
+            task.retries -= 1
+            with self.lock:
+                if tid in self.tasks:
+                    self._dispatch(task)
+                    return
+        with self.lock:
+            self.tasks.pop(tid, None)
+            if task.placed:
+                self.placement.finished(task.placed - 1)
+                task.placed = 0
+        _settle(task.future, False, exc)
+
+    def _pump(self) -> None:
+        """The pump thread's body: it never dies before ``close``.  Anything a round
+        raises (BaseException included) is reported and the loop goes on."""
+        delivering_thread(self._probe_cb)  # a done-callback here that waits on a pending future would hang
+        errors = 0
+        while True:
+            try:
+                self._pump_rounds()
+                return
+            except BaseException:  # noqa: BLE001 - a dead pump would hang every future
+                if self.closed:
+                    return
+                self.pump_errors += 1
+                errors += 1
+                _log.exception("shoal: the pump thread hit an error; it goes on")
+                time.sleep(min(1.0, 0.001 * 2 ** min(errors, 10)))
+
+    def _pump_rounds(self) -> None:
+        idle = 0
+        while True:
+            got = self._drain_inboxes()
+            if self.staged:
+                with self.lock:
+                    if self.staged:
+                        self._flush_staged()
+            if self.deadlines:
+                self._check_deadlines()
+            if self.down:
+                self._retry_down()
+            if any(box.pending for box in self.out.values()):
+                with self.lock:
+                    for box in self.out.values():
+                        box.flush()
+            if self.tasks and self.health.check_due(time.monotonic()):
+                self._check_liveness()
+            if got:
+                idle = 0
+                continue
+            if self.closed:
+                return
+            idle += 1
+            if idle < _SPIN:
+                continue
+            timeout = None
+            if self.deadlines:
+                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            if self.down and not self.closing:
+                due = self.health.wake_in(time.monotonic())
+                timeout = due if timeout is None else min(timeout, due)
+            if self.tasks:
+                timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
+            if any(box.pending for box in self.out.values()):
+                timeout = 0.001
+            fds = list(self.pidfds.values())
+            woke = self.doorbell.park(self._readable, timeout, fds)
+            for fd in woke:
+                for ep, pidfd in list(self.pidfds.items()):
+                    if pidfd == fd:
+                        self._on_death(ep)
+
+    def _check_liveness(self) -> None:
+        """Report workers that are stopped (SIGSTOP, a debugger): their tasks cannot
+        progress, and without a ``timeout=`` nothing else would say why."""
+        for ep, proc in list(self.procs.items()):
+            change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
+            if change is Change.STOPPED:
+                _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); its "
+                             "tasks wait until it gets SIGCONT. Give tasks a timeout= to bound "
+                             "them.", ep, proc.pid)
+            elif change is Change.RUNS_AGAIN:
+                _log.warning("shoal: worker %d (pid %d) runs again", ep, proc.pid)
+
+    def _readable(self) -> bool:
+        if self.closed:
+            return True
+        if self.staged:
+            return True
+        for _, box in self.inboxes:
+            if box.ring.readable():
+                return True
+        return False
+
+    def _drain_inboxes(self) -> bool:
+        """Consume what the workers sent (the pump; also ``cancel()``: one at a time)."""
+        with self.consume_lock:
+            return self._drain_locked()
+
+    def _drain_to_marks(self) -> None:
+        """Consume and handle every message the workers had published when this is called
+        (``cancel()``, after it read the status slots).  One ``_drain_locked`` round takes
+        at most 256 messages per worker: with a backlog behind the pump, the result of the
+        task being cancelled could still be in the ring after it, and cancel() said True
+        for a task that had run (issue 13's race).  Bounded: the marks do not move."""
+        marks = [(box.ring, box.ring.produced()) for _, box in self.inboxes]
+        with self.consume_lock:
+            while not self.closed and not all(ring.reached(mark) for ring, mark in marks):
+                self._drain_locked()
+
+    def _drain_locked(self) -> bool:
+        got = False
+        for ep, box in self.inboxes:
+            if box.ring.readable():
+                msgs = box.receive(256)
+                if not msgs:
+                    continue
+                got = True
+                self.messages_in += len(msgs)
+                results = []
+                for m in msgs:
+                    try:
+                        if m[0] == _RESULT:
+                            _, status, tid = _unpack_result(m)
+                            try:
+                                value = _loads(m[16:] if len(m) < 4096 else memoryview(m)[16:])
+                            except BaseException as exc:  # noqa: BLE001 - even SystemExit
+                                results.append((tid, False, wire.result_unpickling_error(tid, status, exc)))
+                                continue
+                            if status == _OK_STATUS:
+                                results.append((tid, True, value))
+                            else:
+                                exc, tb, hops = value
+                                exc.__cause__ = RemoteTraceback(tb, hops)
+                                results.append((tid, False, exc))
+                        else:
+                            self._handle(ep, m)
+                    except BaseException:  # noqa: BLE001 - one bad message, not the batch
+                        self.pump_errors += 1
+                        _log.exception("shoal: a message from worker %d could not be handled", ep)
+                if results:
+                    self._on_results(results)
+        return got
+
+    def _on_results(self, results: list) -> None:
+        """Finish the futures of a batch of results: one lock round and one load update per
+        worker for the batch, then the futures in bulk (``settle_many``)."""
+        settle, retry = [], []
+        tasks = self.tasks
+        done_on: dict[int, int] = {}
+        with self.lock:
+            for tid, ok, value in results:
+                task = tasks.get(tid)
+                if task is None:
+                    continue  # cancelled, or a duplicate after a re-run
+                if not ok and task.retries > 0:
+                    retry.append((tid, task, value))
+                    continue
+                del tasks[tid]
+                placed = task.placed
+                if placed:
+                    done_on[placed] = done_on.get(placed, 0) + 1
+                settle.append((task.future, ok, value))
+            finished = self.placement.finished
+            for ep, n in done_on.items():
+                finished(ep - 1, n)
+            # Settled under the lock that popped them: a cancel() that finds its task gone
+            # (it looks under this lock) then finds the future FINISHED; settled after the
+            # release, such a cancel() said True for a task whose result was being set.
+            called: list = []
+            settle_many(settle, _log, called)
+        run_callbacks(called, _log)
+        for tid, task, value in retry:
+            self._fail_or_retry(tid, task, value)
+
+    def _handle(self, ep: int, msg: bytes) -> None:
+        kind = msg[0]
+        if kind == Kind.MOVED:
+            thief, gen, ids = wire.decode_control(msg)
+            with self.lock:
+                for tid in ids:
+                    task = self.tasks.get(tid)
+                    if task is None and tid in self.recently_cancelled:
+                        self._send(thief, wire.encode_control(Kind.CANCEL, [tid]))
+                    if task is not None:
+                        task.where = thief
+                        if self.generation[thief] != gen:
+                            self._dispatch(task)  # the thief died since: send it elsewhere
+        elif kind == Kind.STARTED:
+            tid, where = wire.decode_control(msg)
+            task = self.tasks.get(tid)
+            if task is not None and task.timeout is not None:
+                task.where = where
+                heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
+                task.future.set_running_or_notify_cancel()
+        elif kind == Kind.INIT_FAILED:
+            self._on_init_failed(*wire.decode_control(msg))
+        elif kind == Kind.STATS:
+            reply = wire.decode_control(msg)
+            reply["at"] = time.time()
+            with self.stats_cond:
+                self.stats_replies[ep] = reply
+                self.latest_stats[ep] = reply
+                self.stats_cond.notify_all()
+        elif kind == Kind.LOOT:
+            victim, msgs = wire.decode_control(msg)
+            with self.loot_cond:
+                waited = victim in self.loot_wait
+                if waited:
+                    self.loot_wait.discard(victim)
+                    self.loot.extend(msgs)
+                    self.loot_cond.notify_all()
+            if msgs and not waited:  # an answer after export() gave up: run it here
+                self.give_back(msgs)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, tid, ep = heapq.heappop(self.deadlines)
+            task = self.tasks.get(tid)
+            if task is None or task.where != ep or ep in self.timed_out:
+                continue
+            self.timed_out[ep] = tid
+            try:
+                self.procs[ep].send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,221 @@
+"""Hot loops generated per model shape: the recursive loops of counting (over generator
+children) and of branch and bound.
+
+``count_loop(ex)`` returns ``run(it) -> count`` (and sets ``ex.rec_nodes``): the
+recursion of ``loops.dfs_count_gen`` compiled for this search's shape, so that per
+node it does what a hand-written recursion does and little else; ``bnb_loop`` does
+the same for ``bnb.dfs_bnb_rec`` (and decides the sense, ``prune_level`` and
+``ordered`` branches once):
+
+- **the user's calls are direct**: ``children=functools.partial(f, a)`` becomes
+  ``f(a, child)`` in the loop's source (a partial is a C call that starts a new
+  interpreter frame loop; a Python function called from Python is inlined by 3.11's
+  interpreter): about 10% of N-Queens' node;
+- **no class checks**: a generator function's children are a generator, so no
+  leaf/``iter()`` tests (the list-children loop keeps them);
+- **the poll check is a countdown** (``tick``) at level entry; every level entry
+  is one node (each child of a generator level is recursed into), so the node count
+  is the entries counted per ``TICK`` in ``poll_rec`` -- no per-level node sum.
+
+What stays per node: the child index ``i`` (a split or an error reads it from the
+frames, loops.py) and the depth ``d``, checked only when the countdown runs out:
+a level found deeper than ``cap`` (at most ``TICK`` levels past it) goes to the
+iterative loop (``Explorer._deep_level``).  The inner
+functions are registered like the hand-written ones (``register_recursions``), so
+errors name the node and which call raised, and splits read ``it``/``i``.
+
+Alternatives rejected: ``enumerate`` for ``i`` (a tuple per node: slower); default
+arguments instead of closure cells (no faster in 3.11); a helper thread or signal
+setting a poll flag (process-wide, and a GIL hand-over per poll costs more than the
+countdown); inlining the user's code (only its call is ours to shape).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import types
+
+_CACHE: dict = {}
+
+_SOURCE = '''
+def build(ex, clock, TICK, cap, {params}):
+    tick = TICK
+    entries = 0  # level entries counted in whole TICK windows (poll_rec)
+
+    def rec_{name}(it, d):
+        nonlocal tick
+        i = -1  # (a poll reads it: this level is on no child yet)
+        if tick:
+            tick -= 1
+        elif poll_rec(d):  # too deep: the iterative loop lists this level
+            ex._deep_level(it)
+            return {zero}
+        {count0}
+        for child in it:
+            i += 1
+            {accept}
+            {recurse}
+        {ret}
+
+    def poll_rec(d):
+        nonlocal tick, entries
+        entries += TICK - tick + 1
+        tick = TICK
+        if d > cap:  # (checked here only: at most TICK levels past cap)
+            return True
+        if clock() >= ex.next_poll:
+            ex.seen = entries
+            ex.poll(None, None)
+        return False
+
+    def run(it):
+        try:
+            {run}
+        finally:  # (the first entry lists the base's children: no node)
+            ex.rec_nodes = entries + TICK - tick - 1
+        return count
+
+    return run
+'''
+
+
+def _call(fn, name: str) -> tuple[str, dict]:
+    """The source of the call ``fn(child)`` and the closure values it names."""
+    if (isinstance(fn, functools.partial) and not fn.keywords and len(fn.args) <= 4
+            and type(fn.func) is types.FunctionType):
+        args = [f"{name}_a{k}" for k in range(len(fn.args))]
+        return f"{name}({', '.join(args + ['child'])})", {name: fn.func, **dict(zip(args, fn.args, strict=True))}
+    return f"{name}(child)", {name: fn}
+
+
+def count_loop(ex):
+    """``run(it) -> count`` (nodes in ``ex.rec_nodes``) for ``ex`` (an Explorer counting over generator
+    children), generated for the shape of its ``children`` and ``accept``."""
+    from . import loops
+
+    kcall, values = _call(ex.children, "children")
+    if ex.accept is None:
+        name, acall = "all", None
+    else:
+        name = "acc"
+        acall, more = _call(ex.accept, "accept")
+        values.update(more)
+    key = (name, kcall, acall)
+    build = _CACHE.get(key)
+    if build is None:
+        params = ", ".join(values)
+        rec = f"rec_{name}(" + kcall + ", d + 1)"
+        src = _SOURCE.format(
+            params=params, name=name,
+            count0="count = 0" if acall else "",
+            accept=f"if {acall}:\n                count += 1" if acall else "",
+            recurse=f"count += {rec}" if acall else rec,
+            ret="return count" if acall else "", zero="0" if acall else "",
+            run=(f"count = rec_{name}(it, 1)" if acall else
+                 f"rec_{name}(it, 1)\n            count = entries + TICK - tick - 1"))
+        ns: dict = {}
+        exec(compile(src, f"<shoal search loop {name}: {kcall}, {acall}>", "exec"), ns)
+        build = _CACHE[key] = ns["build"]
+        loops.register_recursions(build)
+    cap = ex.rec_cap()
+    return build(ex, time.perf_counter, loops.TICK, cap, **values)
+
+
+_BNB_SOURCE = '''
+def build(ex, clock, TICK, cap, inf, {params}):
+    tick = TICK
+    entries = 0  # level entries counted in whole TICK windows (poll_rec)
+    pr = leaves = 0  # children pruned; visited children with no children
+    lim, slim = ex.lim, ex.slim
+
+    def rec_bnb(it, d):
+        nonlocal tick, pr, leaves, lim, slim
+        i = -1  # (a poll reads it: this level is on no child yet)
+        if tick:
+            tick -= 1
+        elif poll_rec(d):  # too deep: the iterative loop lists this level
+            ex._deep_bnb_level(it)
+            lim, slim = ex.lim, ex.slim
+            return
+        prev = inf
+        for child in it:
+            i += 1
+            b = {bcall}
+            if b.__class__ is not int and (b.__class__ is not float or b != b):
+                b = ex.rec_number(b, "bound()", child)
+            {neg_b}
+            {order}
+            if {pruned}:
+                pr += 1
+                {cut}
+            v = {ocall}
+            if v.__class__ is not int and (v.__class__ is not float or v != v):
+                v = ex.rec_number(v, "objective()", child)
+            {neg_v}
+            if {better}:
+                ex.improve(child, v, ex.rec_path())
+                lim, slim = ex.lim, ex.slim
+            kids = {kcall}
+            if not kids and (kids.__class__ is list or kids.__class__ is tuple):
+                leaves += 1
+                continue
+            rec_bnb(iter(kids), d + 1)
+
+    def poll_rec(d):
+        nonlocal tick, entries, lim, slim
+        entries += TICK - tick + 1
+        tick = TICK
+        if d > cap:  # (checked here only: at most TICK levels past cap)
+            return True
+        if clock() >= ex.next_poll:
+            ex.seen = entries + leaves
+            ex.poll(None, None)
+            lim, slim = ex.lim, ex.slim
+        return False
+
+    def run(it):
+        try:
+            rec_bnb(it, 1)
+        finally:  # a visited node has children (an entry: the first lists the base's) or none
+            ex.rec_nodes, ex.rec_pruned = entries + TICK - tick - 1 + leaves, pr
+
+    return run
+'''
+
+
+def bnb_loop(ex, cap: int):
+    """``run(it)`` (nodes and pruned in ``ex.rec_nodes``/``ex.rec_pruned``): the recursive
+    branch-and-bound loop (bnb.py) generated for this search: direct calls, and the
+    sense (``negate``), ``prune_level`` and ``ordered`` branches decided once."""
+    import math
+
+    from . import loops
+
+    spec = ex.spec
+    values: dict = {}
+    calls = []
+    for fn, name in ((ex.bound, "bound"), (ex.objective, "objective"), (ex.children, "children")):
+        src, more = _call(fn, name)
+        calls.append(src)
+        values.update(more)
+    bcall, ocall, kcall = calls
+    pl, neg, ordered = bool(spec.prune_level), bool(spec.negate), bool(spec.ordered)
+    key = ("bnb", bcall, ocall, kcall, pl, neg, ordered)
+    build = _CACHE.get(key)
+    if build is None:
+        src = _BNB_SOURCE.format(
+            params=", ".join(values), bcall=bcall, ocall=ocall, kcall=kcall,
+            neg_b="b = -b" if neg else "", neg_v="v = -v" if neg else "",
+            # prune_level: the promise it rests on (best bound first), checked where cheap
+            order=("if b > prev:\n                ex.rec_misordered(i, b, prev)\n"
+                   "            prev = b") if pl else "",
+            # unordered, lim == slim (engine._limits): one comparison each
+            pruned="b <= lim or b < slim" if ordered else "b <= lim",
+            cut="break  # the rest of the level is pruned too" if pl else "continue",
+            better="v > lim and v >= slim" if ordered else "v > lim")
+        ns: dict = {}
+        exec(compile(src, f"<shoal search loop bnb: {bcall}, {ocall}, {kcall}>", "exec"), ns)
+        build = _CACHE[key] = ns["build"]
+        loops.register_recursions(build)
+    return build(ex, time.perf_counter, loops.TICK, cap, math.inf, **values)

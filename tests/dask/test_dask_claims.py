@@ -1,0 +1,101 @@
+"""``shoal.backends.dask.claims.Claims``: the node side of the cancel handshake, as pure
+policy, with real ``concurrent.futures.Future`` objects standing for the node runtime's
+futures (their ``cancel()`` is the stdlib's: True while pending, False once running)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+
+from shoal.backends.dask.claims import Claims, Fate, Verdict
+
+
+def test_tombstone_refuses_a_later_start():
+    c = Claims()
+    assert c.cancel(["k"]) == {"k": Verdict.TAKEN}
+    assert c.start("k", lambda: cf.Future()) is None  # never submitted
+    c.finish("k")
+    assert c.cancel(["k"]) == {"k": Verdict.TAKEN}  # a retry is refused too
+
+
+def test_queued_is_taken_back_running_is_not():
+    c = Claims()
+    queued, running = cf.Future(), cf.Future()
+    running.set_running_or_notify_cancel()
+    assert c.start("q", lambda: queued) is queued and c.start("r", lambda: running) is running
+    assert c.started(["q", "r"]) == ["r"]
+    assert c.cancel(["q", "r"]) == {"q": Verdict.TAKEN, "r": Verdict.STARTED}
+    assert queued.cancelled() and not running.cancelled()
+
+
+def test_done_and_batches_answer_started():
+    c = Claims()
+    c.start("b", lambda: Fate.STARTED)
+    assert c.cancel(["b"]) == {"b": Verdict.STARTED}
+    f = cf.Future()
+    c.start("d", lambda: f)
+    f.set_running_or_notify_cancel()
+    f.set_result(1)
+    c.finish("d")
+    assert c.cancel(["d"]) == {"d": Verdict.STARTED} and c.started(["d"]) == ["d"]
+
+
+def test_pruned_done_answers_from_dask_state():
+    c = Claims()
+    c.start("d", cf.Future)
+    c.finish("d")
+    c.prune(lambda key: False)  # dask released it
+    assert "d" not in c.entries
+    assert c.cancel(["d"], state=lambda key: "memory") == {"d": Verdict.STARTED}
+
+
+def test_prune_is_oldest_first_and_stops_at_a_held_key():
+    c = Claims()
+    for k in "abc":
+        c.start(k, cf.Future)
+        c.finish(k)
+    c.prune(lambda key: key == "b")
+    assert set(c.entries) == {"b", "c"}
+    c.prune(lambda key: False)
+    assert c.entries == {}
+
+
+def test_forget_lifts_only_tombstones():
+    c = Claims()
+    c.cancel(["t"])
+    c.start("s", lambda: Fate.STARTED)
+    c.forget(["t", "s"])
+    assert "t" not in c.entries and c.entries["s"] is Fate.STARTED
+    assert c.start("t", lambda: Fate.STARTED) is Fate.STARTED  # runs after all
+
+
+def test_start_and_cancel_race_one_winner():
+    """Threads start and cancel the same keys: every key is either taken (never
+    submitted, or its future cancelled) or reported started, never both."""
+    for _ in range(20):
+        _race_once([f"k{i}" for i in range(200)])
+
+
+def _race_once(keys):
+    c = Claims()
+    submitted, verdicts = {}, {}
+
+    def starter():
+        for k in keys:
+            f = c.start(k, cf.Future)
+            if f is not None:
+                submitted[k] = f
+                f.set_running_or_notify_cancel()  # a worker takes it at once
+
+    def canceller():
+        for k in keys:
+            verdicts.update(c.cancel([k]))
+
+    threads = [threading.Thread(target=starter), threading.Thread(target=canceller)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    for k in keys:
+        ran = k in submitted and not submitted[k].cancelled()
+        assert ran == (verdicts[k] is Verdict.STARTED), k

@@ -154,6 +154,8 @@ def check_fits(values: int, what: str, *, path: str | None = None) -> None:
     import shutil
 
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if os.path.isfile(path):  # overwritten: its blocks come back
+        free += os.stat(path).st_blocks * 512
     if need > free:
         raise OSError(28, f"all_pairs: out={path!r} needs {need / 2**30:.1f} GiB, but its "
                           f"file system has {free / 2**30:.1f} GiB free")

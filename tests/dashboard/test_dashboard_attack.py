@@ -163,3 +163,15 @@ def test_a_sampling_interval_that_is_not_a_positive_number_is_refused(interval):
     # raised inside the thread, inf sampled once.
     with pytest.raises(ValueError, match="interval must be a number of seconds > 0"):
         Dashboard(journal="run.db", interval=interval)
+
+
+@pytest.mark.timeout(30)  # a regression blocks in open(): fail instead
+def test_a_fifo_or_directory_as_trace_file_is_named(tmp_path):
+    # Before: `shoal trace FIFO --html out.html` blocked in open() until a writer came.
+    from shoal.dashboard.report import TraceError, load
+
+    fifo = str(tmp_path / "trace.json")
+    os.mkfifo(fifo)
+    for path in (fifo, str(tmp_path)):
+        with pytest.raises(TraceError, match="is not a regular file"):
+            load(path)

@@ -172,3 +172,12 @@ def test_a_torch_layer_that_does_not_pickle_is_named():
         with pytest.raises(TypeError, match=r"cannot be sent to the workers .* layer 1 \(Locked\)"):
             trainer.fit(X.astype(np.float32), y, epochs=1, batch_size=4)
         assert pilot.submit(int, 3).result(timeout=30) == 3
+
+
+def test_a_directory_as_checkpoint_is_named_without_advising_to_remove_it(tmp_path):
+    # Before: "checkpoint '<dir>' cannot be read (Is a directory); remove it to start afresh":
+    # advice to delete whatever directory was passed by mistake.
+    X, y = _data()
+    with pytest.raises(ValueError, match="is a directory; give a file path") as info:
+        _trainer().fit(X, y, epochs=1, batch_size=4, checkpoint=str(tmp_path))
+    assert "remove" not in str(info.value)

@@ -215,3 +215,12 @@ def test_an_event_file_nested_too_deep_is_named_with_its_line(tmp_path):
     path.write_text('{"fn": "txs_attack_tasks:touch", "ev": 1}\n' + '{"fn": "x:y", "ev": ' + deep + "}\n")
     with pytest.raises(ValueError, match=r"events.jsonl:2: not JSON"):
         list(ts.read_events(str(path)))
+
+
+def test_a_file_as_checkpoint_directory_is_named(tmp_path):
+    # Before: FileExistsError "[Errno 17] File exists" from os.makedirs.
+    path = tmp_path / "ckpt"
+    path.write_text("not a directory")
+    with ts.Store({"t": np.zeros(2, np.int64)}) as store:
+        with pytest.raises(ValueError, match="is a file; a txstream checkpoint is a directory"):
+            ts.Engine(store, scheduler="serial", checkpoint=str(path))

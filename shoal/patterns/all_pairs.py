@@ -170,12 +170,13 @@ def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetri
     for name, seq in (("items", items), ("other", other)):
         if seq is not None and (isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__")):
             raise TypeError(f"{name} must be a sequence of keys or values (a list), got {type(seq).__name__}")
-    if tile is not None and (not isinstance(tile, int) or tile < 1):
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
         raise ValueError(f"tile must be a positive int (the leaf tile edge), got {tile!r}")
-    if cache_bytes is not None and (not isinstance(cache_bytes, int) or cache_bytes < 1):
+    if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int)
+                                    or cache_bytes < 1):
         raise ValueError(f"cache_bytes must be a positive int, got {cache_bytes!r}")
     if top_k is not None:
-        if not isinstance(top_k, int) or top_k < 1:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive int, got {top_k!r}")
         if out is not None:
             raise ValueError("top_k= and out= exclude each other: top_k already bounds the result")

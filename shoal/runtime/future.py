@@ -213,7 +213,12 @@ class Future(cf.Future):
             return False
         # Tell concurrent.futures.wait/as_completed at once (CANCELLED_AND_NOTIFIED), as an
         # executor does when it dequeues a cancelled item: our items may never be dequeued.
-        self.set_running_or_notify_cancel()
+        # Two threads can both pass the stdlib's cancel(); only the first to notify goes on
+        # (the other's notify would raise 'Future in unexpected state').  The lock is an RLock.
+        with self._condition:
+            if self._state != CANCELLED:
+                return True  # another cancel() notified first and tells the backend
+            self.set_running_or_notify_cancel()
         canceller = self._canceller
         if canceller is not None:
             canceller(self)

@@ -123,10 +123,9 @@ class Outbox:
         self.sent += len(msgs)
         room = self.room
         if room is not None and not pending:
-            # one room check for the whole batch, then the ring's own push (the hot path)
-            sizes = list(map(len, msgs))
-            if max(sizes, default=0) <= limit and (
-                    self.ring.used_bytes() + 2 * sum(sizes) + 32 * len(sizes) <= room):
+            # one room check for the whole batch, then the ring's own push (the hot path;
+            # a message over ``limit`` is fragmented into pending below whatever push is)
+            if self.ring.used_bytes() + 2 * sum(map(len, msgs)) + 32 * len(msgs) <= room:
                 push = self.ring.push
         waiting = 0
         for msg in msgs:

@@ -634,7 +634,8 @@ class Worker:
             # that finds neither the claim nor (draining) the result knows the task never
             # started (LocalBackend._probe).
             if driver_task:
-                self.flush_to_driver()  # the slot clears only once the whole result is in the ring
+                if self.out[0].pending:  # the slot clears only once the whole result is in the ring
+                    self.flush_to_driver()
                 status = self.status
                 depth = status[STATUS_DEPTH] - 1
                 if depth < STATUS_SLOTS:

@@ -210,3 +210,20 @@ def clique_bound(node) -> int:
 def is_clique(adj, clique: int) -> bool:
     vs = [v for v in range(len(adj)) if clique >> v & 1]
     return all(adj[u] >> v & 1 for i, u in enumerate(vs) for v in vs[i + 1:])
+
+
+def stale_replica(pilot_token: str, token: str) -> float:
+    """(client.run) Make this machine's replica of a cell from a handle that carries a
+    stale value (0.0), as a task lent from a machine that had not heard the news yet."""
+    from shoal.backends.dask import cells
+
+    return cells.node_cell(pilot_token, token, "max", 0.0).value
+
+
+def replica_by_token(token: str):
+    """(client.run) This machine's replica's value, or None if it has none."""
+    from shoal.backends.dask import cells
+
+    with cells._lock:
+        rep = cells._replicas.get(token)
+    return None if rep is None else rep.cell.value

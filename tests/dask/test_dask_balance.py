@@ -49,6 +49,37 @@ def test_plan_waits_for_dask_and_for_quiet_nodes():
     assert plan({"a": (2, 2), "b": (0, 0)}, 0, {}, 0.0) is None  # nobody busy
 
 
+def test_replica_leaves_as_its_pilot_level_handle():
+    """The rule under the balancer (runtime/shared.py): plain shared memory never leaves
+    its machine; a backend's registered replica -- and a copy attached from it, which is
+    what a task taken from a worker's deque brings back -- pickles as its handle."""
+    import pickle
+
+    from shoal.runtime import shared
+
+    arr = shoal.SharedArray((3,), "int64", fill=7)
+    cell = shoal.BestCell(4, "max", initial=2.0)
+    try:
+        assert shared.portable_dumps(arr) is None and shared.portable_dumps([1, cell]) is None
+        shared.portable_as(arr, lambda: (str, ("the pilot's array",)))
+        shared.portable_as(cell, lambda: (str, (f"the pilot's cell at {cell.value}",)))
+        arr2, cell2 = pickle.loads(pickle.dumps((arr, cell)))  # attached copies
+        assert arr2 is arr  # a replica of this process is itself, not a second mapping
+        got = pickle.loads(shared.portable_dumps({"a": [arr2], "c": (cell2,)}))
+        assert got == {"a": ["the pilot's array"], "c": ("the pilot's cell at 2.0",)}
+        assert shared.portable_dumps(cell._slots) is None  # a cell's memory alone is no array
+        cell.offer(5.0)
+        assert pickle.loads(shared.portable_dumps(cell)) == "the pilot's cell at 5.0"
+        shared.forget_portable(cell)
+        assert shared.portable_dumps(cell) is None  # closed by the backend: plain memory again
+        assert pickle.loads(pickle.dumps(cell)).value == 5.0  # within the machine as before
+    finally:
+        shared.forget_portable(arr)
+        shared.forget_portable(cell)
+        arr.close()
+        cell.close()
+
+
 # -- real clusters ----------------------------------------------------------------------
 
 

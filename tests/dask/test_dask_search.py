@@ -181,6 +181,24 @@ def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
         assert dask_cells.topic(pilot._backend.token).startswith("shoal-cells-")
 
 
+def test_new_replica_hears_what_was_broadcast_before_it(dask_kind, clusters):
+    """A stop raised while a machine has no replica of the flag yet is broadcast past it;
+    a task lent from a machine that had not heard it yet brings a stale value.  The new
+    replica asks the driver (``join``), which answers with its best: the stop arrives.
+    (Before: the replica kept the stale 0.0 until the next improvement, i.e. for ever.)"""
+    with clusters.pilot(dask_kind) as pilot, clusters.client(dask_kind) as client:
+        b = sorted(client.scheduler_info()["workers"])[1]
+        flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+        try:
+            flag.offer(1.0)  # no machine has a replica: the broadcast changes nothing there
+            assert client.run(st.replica_by_token, flag.token, workers=[b])[b] is None
+            client.run(st.stale_replica, pilot._backend.token, flag.token, workers=[b])
+            wait_until(lambda: client.run(st.replica_by_token, flag.token, workers=[b])[b] == 1.0,
+                       10, "the driver to answer the new replica with the raised flag")
+        finally:
+            flag.close()
+
+
 def test_sigkill_dask_worker_mid_search():
     """A dask worker dies with part of the tree: dask re-runs its group elsewhere, from
     scratch (a group's count reaches the driver only whole), so the count stays exact."""

@@ -288,3 +288,60 @@ def test_force_cancel_under_concurrent_submitters(tmp_path):
         assert lost <= len(forced), "more tasks lost than workers killed"
         # the pilot still works after its workers were replaced
         assert pilot.submit(mark, path, -5).result(60) == -5
+
+
+def test_a_workers_cancelled_ids_forget_the_oldest_never_a_fresh_one():
+    """Workers remember cancelled ids of queued tasks (CANCEL / CANCEL_IF_QUEUED) until the
+    task comes up; entries for tasks that never come up pile up (a cancel goes to every
+    worker).  The set was cleared whole past 100,000 entries, forgetting the cancels just
+    made: those tasks then ran although cancel() had said True."""
+    from shoal.runtime.loans import LoanBook
+
+    book = LoanBook(1, [2])
+    last = 100_005  # past the bound (100,000)
+    for tid in range(1, last + 1):
+        book.cancel([tid], {})
+    assert last in book.cancelled and last - 1000 in book.cancelled
+    assert 1 not in book.cancelled and len(book.cancelled) == 100_000
+
+
+def test_two_threads_cancelling_one_future_both_get_true_and_nothing_raises(monkeypatch):
+    """Two threads cancel the same pending future: the stdlib's cancel() lets both past
+    (CANCELLED), and the loser's notify then met CANCELLED_AND_NOTIFIED and raised
+    RuntimeError('Future in unexpected state'), with the backend told twice.  Forced
+    interleaving: thread A stops between the state change and the notification."""
+    import concurrent.futures as cf
+    import threading
+
+    from shoal.runtime.future import Future
+
+    told = []
+    fut = Future()
+    fut._canceller = told.append
+    original = cf.Future.cancel
+    a_past_cancel, b_done = threading.Event(), threading.Event()
+
+    def paused_cancel(self):
+        answer = original(self)
+        if threading.current_thread().name == "A":
+            a_past_cancel.set()
+            b_done.wait(10)
+        return answer
+
+    monkeypatch.setattr(cf.Future, "cancel", paused_cancel)
+    answers = {}
+
+    def a():
+        try:
+            answers["A"] = fut.cancel()
+        except BaseException as exc:  # noqa: BLE001 - the bug under test
+            answers["A"] = exc
+
+    t = threading.Thread(target=a, name="A")
+    t.start()
+    assert a_past_cancel.wait(10)
+    answers["B"] = fut.cancel()
+    b_done.set()
+    t.join(10)
+    assert answers == {"A": True, "B": True}
+    assert fut.cancelled() and told == [fut]

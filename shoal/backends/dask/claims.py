@@ -22,9 +22,16 @@ releases the dask future); otherwise False, and it lifts the tombstones it plant
 a task that arrives at a node after the claim round (still in the scheduler, in transit,
 or in the dask worker's own queue): it returns ``CANCELLED`` without running.
 
-Invariants: a key's entry moves only absent -> tombstone, absent -> local future/STARTED ->
-DONE, local future -> (cancelled) ; all moves happen under ``Claims.lock``, so a start and a
-cancel of one key on one node are ordered, and the loser sees the winner's entry.  DONE
+The same registry answers ``Future.running()`` (``started``: a shoal worker runs or ran
+the key here; nothing changes) and ``pilot.cancel(fut, force=True)`` (node.py
+``force_keys``: the node runtime force-cancels the local future, killing and replacing
+the shoal worker that runs it).  ``close_node`` drops a pilot's claims with its runtime;
+its later tasks return ``CANCELLED`` there without a registry.
+
+Invariants: a key's entry moves only absent -> tombstone (-> absent, ``forget``), absent ->
+local future/STARTED -> DONE (-> absent, ``prune``); a local future may be cancelled in place.
+All moves happen under ``Claims.lock``, so a start and a cancel of one key on one node are
+ordered, and the loser sees the winner's entry.  DONE
 entries are dropped once dask no longer holds the key's result on this worker (the driver
 then holds the settled future: its ``cancel()`` answers False without asking); a missing
 entry with dask's key state ``memory``/``error`` still answers STARTED.

@@ -299,7 +299,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle):
         with self.stats_cond:
             for row in rows:
                 row["stats"] = self.latest_stats.get(row["worker"])
-        return {"backend": self.kind, "workers": rows,
+        return {"backend": self.kind, "workers": rows, "dashboard_link": None,
                 "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
                            "messages_in": self.messages_in,
                            "messages_out": sum(box.sent for box in self.out.values())}}

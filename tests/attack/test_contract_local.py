@@ -193,7 +193,7 @@ def test_force_cancel_of_a_task_that_just_finished(tmp_path):
         for i in range(20):
             with backend.consume_lock:
                 fut = pilot.submit(mark, path, i)
-                until(lambda: i in ran(path), what="the task ran")
+                until(lambda i=i: i in ran(path), what="the task ran")
                 time.sleep(0.01)
                 said = pilot.cancel(fut, force=True)
             assert not said, "force cancel True for a finished task"
@@ -216,7 +216,7 @@ def test_force_cancel_races_the_end_of_the_task(tmp_path):
             g = pilot.submit(mark, path, 1000 + i)
             g.arg = 1000 + i
             futs.append(g)
-            until(lambda: f.running() or f.done(), what="started")
+            until(lambda f=f: f.running() or f.done(), what="started")
             time.sleep(0.004)
             if pilot.cancel(f, force=True):
                 forced += 1

@@ -102,3 +102,55 @@ def test_lent_leaves_improve_the_best_while_the_driver_stops(cluster, tmp_path):
             best.close()
             flag.close()
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
+
+
+def test_the_borrower_dies_holding_moved_replicas(tmp_path):
+    """Leaves carrying a pilot-wide best and a stop flag were lent to the other machine
+    and wait there; that machine is SIGKILLed (its replicas die with it), then the
+    driver raises the flag.  The lent leaves run again elsewhere, hear the flag (the
+    replicas they meet there, or a new one that asks the driver), and the program ends:
+    every leaf "stopped", each value offered at least once, the best exact."""
+    import signal
+
+    from distributed import Client
+
+    n = 6
+    path = str(tmp_path / "marks")
+
+    def lines():
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return f.read().splitlines()
+
+    cluster = local_cluster(2)
+    try:
+        with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot, \
+                Client(cluster, set_as_default=False) as client:
+            best = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+            flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+            try:
+                fut = pilot.submit(at.improvers, best, flag, n, path)
+                try:
+                    wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1
+                               and len({ln.split()[1] for ln in lines()}) == 2, 60,
+                               "leaves waiting on both machines")
+                    pids = client.run(os.getpid)
+                    lender = {a for a, keys in client.processing().items() if keys}
+                    borrower = [pid for a, pid in pids.items() if a not in lender]
+                    assert len(borrower) == 1, (pids, lender)
+                    os.kill(borrower[0], signal.SIGKILL)
+                finally:
+                    flag.offer(1.0)
+                got = fut.result(90)
+                assert [g[0] for g in got] == ["stopped"] * n
+                offered = {float(ln.split()[0]) for ln in lines()}
+                assert offered == {10.0 + i for i in range(n)}
+                wait_until(lambda: best.value == 10.0 + n - 1, 30,
+                           f"the driver's best to reach {10 + n - 1} (it is {best.value})")
+            finally:
+                best.close()
+                flag.close()
+    finally:
+        cluster.close()
+    wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")

@@ -361,3 +361,37 @@ def test_running_polled_from_many_threads_never_raises(fast_switch):
                 t.join(90)
             assert [f.result(60) for f in futs] == list(range(20))
     assert not errors, f"running() raised {len(errors)} times: {errors[:2]}"
+
+
+def cancel_children_inside(path: str, n: int, base: int) -> list:
+    """A task spawns ``n`` children that mark the file, cancels every other one at once
+    and reports what each cancel() said (inside a worker: the worker-side future)."""
+    futs = [shoal.spawn(mark_sleep, path, base + i, 0.001) for i in range(n)]
+    said = {}
+    for i in range(0, n, 2):
+        said[i] = futs[i].cancel()
+    out = []
+    for i, f in enumerate(futs):
+        try:
+            f.result()
+            out.append((i, said.get(i), "ran"))
+        except cf.CancelledError:
+            out.append((i, said.get(i), "cancelled"))
+    return out
+
+
+def test_cancel_inside_tasks(tmp_path):
+    """Tasks cancel their own spawned children (two parents at once, so thieves hold
+    some): a True never ran, a False ran once, every child accounted for."""
+    path = str(tmp_path / "marks")
+    with shoal.Pilot(2) as pilot:
+        parents = [pilot.submit(cancel_children_inside, path, 100, 1000 * (k + 1)) for k in range(4)]
+        reports = [p.result(120) for p in parents]
+    runs = ran(path)
+    for k, rep in enumerate(reports):
+        for i, said, fate in rep:
+            tid = 1000 * (k + 1) + i
+            if said:
+                assert fate == "cancelled" and tid not in runs, (k, i, said, fate)
+            else:
+                assert fate == "ran" and runs[tid] == 1, (k, i, said, fate, runs[tid])

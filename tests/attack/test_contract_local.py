@@ -38,6 +38,14 @@ def mark_sleep(path: str, i: int, s: float) -> int:
     return mark(path, i)
 
 
+def mark_gated(path: str, i: int, gate: str) -> int:
+    """``mark`` once ``gate`` exists (bounded): the test acts while the tasks are still queued."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return mark(path, i)
+
+
 def ran(path: str) -> collections.Counter:
     if not os.path.exists(path):
         return collections.Counter()
@@ -115,18 +123,25 @@ def test_many_threads_cancel_the_same_futures(tmp_path):
 
 def test_cancel_from_done_callbacks(tmp_path):
     """Each future's done-callback (run on the result pump's thread) cancels the next
-    three futures; True from it still means never ran, and nothing hangs."""
+    three futures; True from it still means never ran, and nothing hangs.  The tasks wait
+    for a gate until every callback is attached (else, on a fast machine, all could finish
+    first and the storm cancel nothing).  A cancelled future's callback does nothing: as
+    with the stdlib, cancel() runs the callbacks inline, and a chain of 2,000 cancels
+    would exceed the recursion limit in the test's own callback."""
     path = str(tmp_path / "marks")
+    gate = str(tmp_path / "gate")
     errors: list = []
     with shoal.Pilot(2) as pilot:
         pilot.submit(mark, path, -1).result(60)
         futs = []
         for i in range(2000):
-            f = pilot.submit(mark, path, i)
+            f = pilot.submit(mark_gated, path, i, gate)
             f.arg = i
             futs.append(f)
 
         def cb(f, k):
+            if f.cancelled():
+                return
             try:
                 for g in futs[k + 1:k + 4]:
                     g.cancel()
@@ -136,6 +151,7 @@ def test_cancel_from_done_callbacks(tmp_path):
 
         for k, f in enumerate(futs):
             f.add_done_callback(lambda f, k=k: cb(f, k))
+        open(gate, "w").close()
         check(futs, path)
         assert sum(f.cancelled() for f in futs), "the storm cancelled nothing"
         assert pilot.submit(mark, path, -2).result(60) == -2

@@ -3,6 +3,8 @@
 The extension gives C11 atomics (acquire/release, seq_cst fences) for the
 shared-memory rings.  It is optional: without a C compiler the pure-Python
 fallback in shoal.queues is used (correct on x86-64; see shoal/queues/DESIGN.md).
+The ensemble's spawn helper is optional too (without it: subprocess.Popen, slower;
+shoal/patterns/ensemble/spawn.py).
 """
 from setuptools import Extension, setup
 
@@ -13,6 +15,12 @@ setup(
             ["shoal/queues/_native.c"],
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
-        )
+        ),
+        Extension(  # posix_spawn + a short wait without the GIL (ensemble/spawn.py)
+            "shoal.patterns.ensemble._spawn",
+            ["shoal/patterns/ensemble/_spawn.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

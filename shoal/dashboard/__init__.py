@@ -49,6 +49,9 @@ class Dashboard:
         from .server import WebServer
         from .sources import JournalSource, PilotSource
 
+        if (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                or not 0 < interval < float("inf")):  # 0 spun the sampler at 100% CPU
+            raise ValueError(f"Dashboard interval must be a number of seconds > 0, got {interval!r}")
         host, port = parse_address(address)
         self.sources: dict = {}
         self._stopping = False

@@ -31,6 +31,8 @@ class TraceError(ValueError):
 def load(path: str) -> list[dict]:
     if not os.path.exists(path):
         raise TraceError(f"no trace at {path}; write one with shoal.Pilot(trace={path!r})")
+    if not os.path.isfile(path):  # a FIFO would block open() forever, a directory fail later
+        raise TraceError(f"{path} is not a regular file, not a JSON trace file")
     try:
         with open(path) as f:
             data = json.load(f)

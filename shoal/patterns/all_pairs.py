@@ -154,6 +154,8 @@ def check_fits(values: int, what: str, *, path: str | None = None) -> None:
     import shutil
 
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if os.path.isfile(path):  # overwritten: its blocks come back
+        free += os.stat(path).st_blocks * 512
     if need > free:
         raise OSError(28, f"all_pairs: out={path!r} needs {need / 2**30:.1f} GiB, but its "
                           f"file system has {free / 2**30:.1f} GiB free")
@@ -168,12 +170,13 @@ def _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetri
     for name, seq in (("items", items), ("other", other)):
         if seq is not None and (isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__")):
             raise TypeError(f"{name} must be a sequence of keys or values (a list), got {type(seq).__name__}")
-    if tile is not None and (not isinstance(tile, int) or tile < 1):
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
         raise ValueError(f"tile must be a positive int (the leaf tile edge), got {tile!r}")
-    if cache_bytes is not None and (not isinstance(cache_bytes, int) or cache_bytes < 1):
+    if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int)
+                                    or cache_bytes < 1):
         raise ValueError(f"cache_bytes must be a positive int, got {cache_bytes!r}")
     if top_k is not None:
-        if not isinstance(top_k, int) or top_k < 1:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive int, got {top_k!r}")
         if out is not None:
             raise ValueError("top_k= and out= exclude each other: top_k already bounds the result")
@@ -242,6 +245,8 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     cache_bytes = cache_bytes or _default_cache_bytes(workers)
     mode = (Output.TOPK if top_k is not None else Output.ARRAY if out is None
             else Output.CALLBACK if callable(out) else Output.MEMMAP)
+    if mode is Output.TOPK:  # values and indices, (n, k) each: found out after the run otherwise
+        check_fits(2 * n * top_k, f"top_k={top_k} for {n} rows (values and indices)")
 
     shared, flags = [], None
     try:

@@ -38,6 +38,7 @@ import os
 import pickle
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 
 from . import context
@@ -115,7 +116,7 @@ def _leaving_as(token: str | None, kind: type):
         return None
     return entry[2]()
 
-_ATTACHED_MAX = 64
+_ATTACHED_MAX = 64  # attached copies the cache keeps alive; older ones live while used
 
 
 class SharedArray:
@@ -192,9 +193,13 @@ class SharedArray:
         self._origin = (pid, fd)
         nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
         self._map(nbytes)
+        # The cache is not the owner: a copy it lets go of may still be held by a running
+        # task (one given 65 arrays, or a parent whose children attached more).  Closing it
+        # then broke that task (``array`` None); now its fd goes when it is garbage.
+        self._release = weakref.finalize(self, os.close, self._fd)
         _ATTACHED[token] = self
         if len(_ATTACHED) > _ATTACHED_MAX:
-            _ATTACHED.popitem(last=False)[1].close()
+            _ATTACHED.popitem(last=False)
         return self
 
     def __reduce__(self):
@@ -219,6 +224,9 @@ class SharedArray:
             self._mmap.close()
         except BufferError:
             pass  # views still alive: the mapping goes with them
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.detach()
         os.close(self._fd)
         self._fd = None
 

@@ -155,3 +155,23 @@ def test_a_real_browser_on_a_rebound_name_reads_nothing(tmp_path):
             assert resp.status == 200 and '"pilot"' in resp.text()
         finally:
             ctx.close()
+
+
+@pytest.mark.parametrize("interval", [0, -1, float("nan"), float("inf"), "1"])
+def test_a_sampling_interval_that_is_not_a_positive_number_is_refused(interval):
+    # Before: interval=0 made the sampler thread wait(0) in a loop (a core at 100%), nan
+    # raised inside the thread, inf sampled once.
+    with pytest.raises(ValueError, match="interval must be a number of seconds > 0"):
+        Dashboard(journal="run.db", interval=interval)
+
+
+@pytest.mark.timeout(30)  # a regression blocks in open(): fail instead
+def test_a_fifo_or_directory_as_trace_file_is_named(tmp_path):
+    # Before: `shoal trace FIFO --html out.html` blocked in open() until a writer came.
+    from shoal.dashboard.report import TraceError, load
+
+    fifo = str(tmp_path / "trace.json")
+    os.mkfifo(fifo)
+    for path in (fifo, str(tmp_path)):
+        with pytest.raises(TraceError, match="is not a regular file"):
+            load(path)

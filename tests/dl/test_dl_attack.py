@@ -145,3 +145,39 @@ def test_fits_of_one_trainer_from_two_threads_run_one_after_the_other():
     assert [r["epoch"] for r in shared.history] == [0, 1, 2, 3]
     assert all(np.array_equal(a, b) for a, b in zip(shared.parameters(), serial.parameters(),
                                                      strict=True))
+
+
+def test_a_torch_layer_that_does_not_pickle_is_named():
+    # Before: fit on a pilot raised pickle's bare "cannot pickle '_thread.lock' object",
+    # naming neither the model nor the layer.
+    import threading
+
+    import shoal
+
+    torch = _torch()
+
+    class Locked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 3)
+            self.lock = threading.Lock()
+
+        def forward(self, x):
+            return self.lin(x)
+
+    X, y = _data()
+    with shoal.Pilot(1) as pilot:
+        trainer = dl.Trainer(dl.TorchModule(torch.nn.Sequential(torch.nn.ReLU(), Locked())),
+                             pilot=pilot)
+        with pytest.raises(TypeError, match=r"cannot be sent to the workers .* layer 1 \(Locked\)"):
+            trainer.fit(X.astype(np.float32), y, epochs=1, batch_size=4)
+        assert pilot.submit(int, 3).result(timeout=30) == 3
+
+
+def test_a_directory_as_checkpoint_is_named_without_advising_to_remove_it(tmp_path):
+    # Before: "checkpoint '<dir>' cannot be read (Is a directory); remove it to start afresh":
+    # advice to delete whatever directory was passed by mistake.
+    X, y = _data()
+    with pytest.raises(ValueError, match="is a directory; give a file path") as info:
+        _trainer().fit(X, y, epochs=1, batch_size=4, checkpoint=str(tmp_path))
+    assert "remove" not in str(info.value)

@@ -85,20 +85,23 @@ def test_nan_and_infinite_timeouts_are_refused(tmp_path):
 WF = 'from shoal.ensemble import *\nworkflow = Pipeline([Stage([Task(executable="/bin/true")])])\n'
 
 
-@pytest.mark.parametrize("case", ["directory", "garbage", "damaged_sqlite", "missing_parent"])
+@pytest.mark.parametrize("case", ["directory", "garbage", "damaged_sqlite", "missing_parent", "fifo"])
 def test_journal_errors_exit_2_with_a_clear_message(tmp_path, case, capsys):
     wf = tmp_path / "wf.py"
     wf.write_text(WF)
     journal = tmp_path / "run.db"
     expect = {"directory": "is a directory", "garbage": "not a shoal journal",
               "damaged_sqlite": "not a shoal journal (not SQLite, or damaged)",
-              "missing_parent": "does not exist; create it first"}[case]
+              "missing_parent": "does not exist; create it first",
+              "fifo": "is not a regular file"}[case]  # a FIFO blocked open() for good
     if case == "directory":
         journal.mkdir()
     elif case == "garbage":
         journal.write_bytes(os.urandom(4096))
     elif case == "damaged_sqlite":
         journal.write_bytes(b"SQLite format 3\x00" + os.urandom(4096))
+    elif case == "fifo":
+        os.mkfifo(journal)
     else:
         journal = tmp_path / "nope" / "run.db"
     for cmd in (["run", wf, "--journal", journal], ["run", wf, "--journal", journal, "--resume"],

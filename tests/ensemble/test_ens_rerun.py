@@ -220,3 +220,36 @@ def test_status_of_a_non_journal_is_a_clear_error(tmp_path, what, capsys):
     err = capsys.readouterr().err
     assert err.startswith("shoal: error: ")
     assert {"yaml": "not a shoal journal", "dir": "is a directory", "missing": "no journal at"}[what] in err
+
+
+def _hooked_workflow():
+    later = Task(executable="/bin/sh", arguments=["-c", "exit 1"], name="b")
+
+    def change_later(ctx):  # an adaptive hook: edits a task that is already listed
+        later.arguments = ["-c", "echo changed"]
+
+    return Pipeline([Stage([Task(executable="/bin/true", name="a")], name="one", post_exec=change_later),
+                     Stage([later], name="two")], name="p")
+
+
+def test_a_hook_that_changes_a_listed_task_runs_the_change_and_resumes(tmp_path):
+    """A listed task's journaled spec is the one it had when the run started (computed once,
+    for the run's identity): what runs is what the hook made it, and a resume, replaying the
+    same hook, is not refused as another workflow."""
+    import sqlite3
+
+    journal = str(tmp_path / "run.db")
+    report = run(_hooked_workflow(), journal=journal)
+    assert report.ok and report.done == 2, report.failures
+    assert (tmp_path / "run.sandbox/p/two/b/stdout").read_text() == "changed\n"
+
+    def rows():
+        db = sqlite3.connect(journal)
+        try:
+            return db.execute("SELECT uid, spec, started FROM tasks ORDER BY uid").fetchall()
+        finally:
+            db.close()
+    before = rows()
+    assert "exit 1" in before[1][1]  # p.two.b: the workflow as given
+    again = run(_hooked_workflow(), journal=journal, resume=True)
+    assert again.ok and again.done == 2 and rows() == before  # accepted, nothing ran again

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from shoal.ensemble import EnsembleError, FailureKind, Pipeline, Stage, Task, TaskState, run
+from shoal.patterns.ensemble import spawn
 from shoal.patterns.ensemble.runners import Event, Runners
 
 
@@ -29,6 +30,15 @@ def _wait_for(cond, what, timeout=30.0):
             return value
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _use(spawner: str, monkeypatch) -> None:
+    """Run the test on the C posix_spawn helper (spawn.py) or on the subprocess.Popen fallback."""
+    if spawner == "popen":
+        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    elif spawn._native is None:
+        pytest.skip("the C spawn helper shoal/patterns/ensemble/_spawn.c was not built: "
+                    "pip install -e . with a C compiler (glibc >= 2.34)")
 
 
 def _reap(pid: int) -> int:
@@ -123,8 +133,7 @@ def test_child_environment_on_both_spawn_paths(tmp_path, monkeypatch, spawner):
     """Same child on both paths: cwd = sandbox, task env, stdin file, SIGPIPE back to default
     (Python ignores it and an ignored signal survives exec: ``yes`` would then print
     'Broken pipe'), only fds 0-2 open (+ the one ls reads through)."""
-    if spawner == "popen":
-        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    _use(spawner, monkeypatch)
     (tmp_path / "input.txt").write_text("hello\n")
     task = Task(executable="/bin/sh", arguments=["-c", CHECK], cores=2 if len(os.sched_getaffinity(0)) > 1 else 1,
                 environment={"MINE": "x y"}, stdin=str(tmp_path / "input.txt"), name="t")
@@ -162,12 +171,11 @@ def test_a_raising_hook_aborts_without_hanging_or_leaving_children(tmp_path):
 
 @pytest.mark.parametrize("spawner", ["posix_spawn", "popen"])
 def test_nul_byte_in_an_argument_or_variable_is_a_spawn_failure_naming_it(tmp_path, monkeypatch, spawner):
-    """execve cuts a string at NUL: through ctypes' c_char_p the posix_spawn path ran
+    """execve cuts a string at NUL: through ctypes' c_char_p the posix_spawn path (then ctypes) ran
     ``echo a`` for the argument 'a\\0b' (exit 0, silently another command), and the Popen
     path's ValueError escaped run() altogether.  A directory as the executable was called
     missing."""
-    if spawner == "popen":
-        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    _use(spawner, monkeypatch)
     tasks = [Task(executable="/bin/echo", arguments=["a\x00b"], name="arg"),
              Task(executable="/bin/true", environment={"V": "x\x00y"}, name="env"),
              Task(executable=str(tmp_path), name="dir"),
@@ -207,8 +215,7 @@ def test_background_children_do_not_outlive_their_task(tmp_path, monkeypatch, sp
     """A task that leaves ``sleep 300 &`` behind and exits (0, non-zero, or killed at its timeout):
     the sleep dies with it (it used to outlive the run, reparented to init), before the task is
     journaled, on both spawn paths."""
-    if spawner == "popen":
-        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    _use(spawner, monkeypatch)
     ends = {"ok": "exit 0", "bad": "exit 3", "slow": "touch ready; exec sleep 300"}
     tasks = [Task(executable="/bin/sh", arguments=["-c", ORPHAN.format(end=end)], name=name,
                   timeout=3.0 if name == "slow" else None) for name, end in ends.items()]
@@ -237,3 +244,20 @@ def test_background_children_do_not_outlive_a_node_task(tmp_path, timeout):
     assert (out.ended, out.exit_code) == (Ended.EXITED, 0), out
     pid = int((sb / "bg.pid").read_text())
     _wait_for(lambda: _gone(pid), "the background sleep to die", timeout=10)
+
+
+@pytest.mark.parametrize("spawner", ["posix_spawn", "popen"])
+def test_quick_exits_keep_their_exit_code_and_signal(tmp_path, monkeypatch, spawner):
+    """A child that ends within QUICK_S is reaped inside the C spawn call: its exit code and
+    its killing signal still reach the report, and per-task environments stay apart."""
+    _use(spawner, monkeypatch)
+    tasks = [Task(executable="/bin/false", name="f"),
+             Task(executable="/bin/sh", arguments=["-c", "kill -9 $$"], name="k")]
+    tasks += [Task(executable="/bin/sh", arguments=["-c", 'echo "$SHOAL_TASK $V"'], environment={"V": str(i)},
+                   name=f"e{i}") for i in range(6)]
+    report = run(Pipeline([Stage(tasks)], name="p"), journal=str(tmp_path / "run.db"))
+    codes = {f["uid"]: (f["kind"], f["exit_code"]) for f in report.failures}
+    assert codes == {"p.s0.f": (FailureKind.EXIT_CODE, 1), "p.s0.k": (FailureKind.EXIT_CODE, -9)}
+    for i in range(6):
+        out = (tmp_path / "run.sandbox" / "p" / "s0" / f"e{i}" / "stdout").read_text()
+        assert out == f"p.s0.e{i} {i}\n"

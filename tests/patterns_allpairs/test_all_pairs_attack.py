@@ -59,5 +59,16 @@ def test_a_result_larger_than_the_machine_is_refused_before_anything_runs(tmp_pa
             all_pairs.compute(pilot, np.zeros((n, 1)), block=t.block_euclidean, condensed=True)
         with pytest.raises(OSError, match="needs 29802.3 GiB, but its file system has"):
             all_pairs.compute(pilot, list(range(n)), t.euclidean, out=str(tmp_path / "d.npy"))
+        with pytest.raises(MemoryError, match=r"top_k=1000000000000 for 5 rows"):
+            all_pairs.compute(pilot, list(range(5)), t.euclidean, top_k=10**12)
         assert pilot.stats()["workers"][0].get("tasks_run", 0) == 0
         assert not (tmp_path / "d.npy").exists()
+
+
+@pytest.mark.parametrize("option", ["tile", "cache_bytes", "top_k"])
+def test_true_is_not_a_size(option):
+    # Before: True passed the int checks (bool is an int) and meant 1: tile=True made one
+    # task per pair, cache_bytes=True a 1-byte cache, top_k=True the single best column.
+    with shoal.Pilot(1) as pilot:
+        with pytest.raises(ValueError, match=f"{option} must be a positive int"):
+            all_pairs.compute(pilot, [1.0, 2.0], t.euclidean, **{option: True})

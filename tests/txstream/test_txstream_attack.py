@@ -206,3 +206,21 @@ def test_event_files_still_name_main_and_private_functions(monkeypatch):
     monkeypatch.setattr(sys.modules["__main__"], "my_event", tasks.touch, raising=False)
     assert resolve("__main__:my_event") is tasks.touch  # a script's own functions
     assert callable(resolve("random:_test_generator"))  # one underscore: fine
+
+
+def test_an_event_file_nested_too_deep_is_named_with_its_line(tmp_path):
+    # Before: RecursionError from json, naming neither the file nor the line.
+    path = tmp_path / "events.jsonl"
+    deep = "[" * 100_000 + "1" + "]" * 100_000
+    path.write_text('{"fn": "txs_attack_tasks:touch", "ev": 1}\n' + '{"fn": "x:y", "ev": ' + deep + "}\n")
+    with pytest.raises(ValueError, match=r"events.jsonl:2: not JSON"):
+        list(ts.read_events(str(path)))
+
+
+def test_a_file_as_checkpoint_directory_is_named(tmp_path):
+    # Before: FileExistsError "[Errno 17] File exists" from os.makedirs.
+    path = tmp_path / "ckpt"
+    path.write_text("not a directory")
+    with ts.Store({"t": np.zeros(2, np.int64)}) as store:
+        with pytest.raises(ValueError, match="is a file; a txstream checkpoint is a directory"):
+            ts.Engine(store, scheduler="serial", checkpoint=str(path))

@@ -33,8 +33,12 @@ process (``node_cell`` / ``node_array`` are the unpickling functions; the
 pilot's worker plugin marks the processes that are dask workers — elsewhere,
 e.g. in the scheduler, a handle stays a handle); that process owns the memfd,
 and re-pickling them for its shoal workers yields ordinary handles.  They are
-dropped when the driver closes the object, when the pilot closes
-(``drop_pilot``), and by an LRU bound.
+dropped when the driver closes the object and when the pilot closes or its node
+runtime is reaped idle (``drop_pilot``) -- never while the pilot lives: a task may
+hold any replica for as long as it runs.  (An LRU bound of 256 replicas per process
+closed the oldest: a task waiting on a flag stopped hearing it once the node had made
+256 newer replicas, and a task carrying more than 256 pilot-level objects failed
+with "a closed SharedArray cannot be sent to a task".)
 
 **Replicas travel with lent tasks.**  The balancer (balance.py) lends a spawned
 task to another machine by pickling it with ``portable_dumps``.  Each replica is
@@ -82,7 +86,6 @@ from ...runtime.shared import BestCell, Channel, Sense, SharedArray, forget_port
 
 SYNC_S = 0.002  # how often a node's sync thread looks at its replicas
 SYNC_IDLE_EXIT_S = 2.0  # the sync thread exits after this long without a replica
-_MAX_ITEMS = 256  # replicas kept per process (LRU) beyond those closed explicitly
 REMOTE = 0  # the replica slot written with values from other nodes
 
 
@@ -305,9 +308,7 @@ def register_worker(pilot_token: str, worker) -> None:
 
 
 def _keep(token: str, rep: _Replica) -> None:
-    _replicas[token] = rep
-    while len(_replicas) > _MAX_ITEMS:
-        _close(_replicas.popitem(last=False)[1])
+    _replicas[token] = rep  # until drop / drop_pilot: a running task may hold it
 
 
 def _close(rep: _Replica) -> None:

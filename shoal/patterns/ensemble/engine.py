@@ -95,7 +95,7 @@ from .model import (
 from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
-from .runners import NOT_STARTED, Event, Runners
+from .runners import NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
@@ -119,7 +119,8 @@ class Engine:
             raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
                                 "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
-        self.plan, self.identity = plan_of(pipelines)
+        specs: dict = {}  # each listed task's spec, computed once: for the identity and its journal row
+        self.plan, self.identity = plan_of(pipelines, specs)
         self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
         self.user_pilot = pilot
         self.pilot = pilot
@@ -172,11 +173,13 @@ class Engine:
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
         self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
                              results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
-                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume)
+                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume,
+                             specs=specs)
         self.finished_futures: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
         self.wake_closed = False
+        self.sleeping = False  # the loop is in (or about to enter) its poll: see _sleep
         for fd in (self.wake_r, self.wake_w):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
             os.set_inheritable(fd, False)
@@ -437,14 +440,21 @@ class Engine:
             self.runners.submit(item, item.grant.cpus, functools.partial(self._launch, item))
 
     def _poke(self) -> None:
-        """Wake the loop's poll (any thread; never blocks)."""
+        """Wake the loop's poll (any thread, after appending its event; never blocks).  Only
+        while the loop sleeps (``_sleep``): a loop that is awake sees the event on its next pass,
+        which spares a pipe write, a poll wake-up and a read per task."""
+        if not self.sleeping:
+            return
         with self.wake_lock:
             if not self.wake_closed:
-                with contextlib.suppress(OSError):
+                try:
                     os.write(self.wake_w, b"x")
+                except OSError:  # full (the loop wakes anyway) or closed
+                    pass
 
-    def _launch(self, item: Item) -> int:
-        """Sandbox, staging, spawn: the pid; raises LaunchError (or a bug).  Runs on a runner
+    def _launch(self, item: Item) -> int | tuple[int, int]:
+        """Sandbox, staging, spawn: the pid (or pid and exit code of a child already reaped, see
+        Runners.submit); raises LaunchError (or a bug).  Runs on a runner
         thread: touches only this item, its files and the launcher's spawn path."""
         t = item.task
         self.launcher.make_sandbox(item.uid)
@@ -455,7 +465,7 @@ class Engine:
         stdin = self._resolve(t.stdin) if t.stdin else None
         if stdin is not None and not os.path.isabs(stdin):
             stdin = os.path.join(item.sandbox, stdin)
-        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin)
+        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin, QUICK_S)
 
     def _take_events(self, ended: list, *, stopping: bool = False) -> None:
         """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when
@@ -514,8 +524,7 @@ class Engine:
             if item.future is None or item.future is False:
                 self.runners.kill(item.pid)  # a no-op for a pid already seen exiting
         while self.runners.busy or self.runners.events:  # the runners' count, not ours: nothing
-            self.poller.poll(100)  # the engine lost track of can make this wait forever
-            self._drain_wake()
+            self._sleep(100)  # the engine lost track of can make this wait forever
             self._take_events([], stopping=True)
         for key, item in list(self.running.items()):  # reaped, their events consumed by a pass
             if item.future is None or item.future is False:  # that raised: PENDING for a resume
@@ -525,9 +534,11 @@ class Engine:
         self.starting.clear()
 
     def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             while os.read(self.wake_r, 65536):
                 pass
+        except BlockingIOError:
+            pass
 
     def _spawn_remote(self, item: Item) -> bool:
         """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
@@ -594,13 +605,7 @@ class Engine:
         A future may settle after the run ended (cancelled at the walltime, or killed on its
         node then): the lock and the closed flag keep it from writing into a reused fd."""
         self.finished_futures.append(fut)
-        with self.wake_lock:
-            if self.wake_closed:
-                return
-            try:
-                os.write(self.wake_w, b"x")
-            except OSError:
-                pass
+        self._poke()
 
     # -- waiting and reaping ----------------------------------------------------------
     def _wait(self) -> None:
@@ -612,8 +617,20 @@ class Engine:
         for item in self.running.values():
             if item.deadline is not None and item.future is None:
                 timeout = min(timeout, max(0.0, item.deadline - time.monotonic()))
-        if self.poller.poll(int(timeout * 1000) + 1):
-            self._drain_wake()
+        self._sleep(int(timeout * 1000) + 1)
+
+    def _sleep(self, ms: int) -> None:
+        """Poll the wake pipe for up to ``ms``, unless a runner event or a future arrived.  The
+        flag is raised before the last look: a thread that appends and then finds it down knows
+        this look will see its item (appends and flag reads are ordered by the GIL)."""
+        self.sleeping = True
+        try:
+            if self.finished_futures or self._events():
+                return
+            if self.poller.poll(ms):
+                self._drain_wake()
+        finally:
+            self.sleeping = False
 
     def _reap(self) -> None:
         """Journal what ended (the loop's next commit, before anything new starts, makes it durable)."""

@@ -72,15 +72,22 @@ def _plain(value):
     return value
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode  # json.dumps with these
+# options builds a new encoder per call; this is called once or twice per task
+
+
 def spec_text(task: Task) -> str:
-    return json.dumps(task_spec(task), sort_keys=True, separators=(",", ":"))
+    return _ENCODE(task_spec(task))
 
 
-def plan_of(pipelines) -> tuple[list | None, str | None]:
+def plan_of(pipelines, specs: dict | None = None) -> tuple[list | None, str | None]:
     """(plan, identity) of a listed workflow; (None, None) when the pipelines are lazy.
 
     Names default by position exactly as the walker assigns them (``p<i>``,
-    ``s<j>``, ``t<k>``), so the plan's uids are the journal's."""
+    ``s<j>``, ``t<k>``), so the plan's uids are the journal's.  ``specs``, if given, is
+    filled with ``id(task) -> (task, spec_text(task))`` for every listed task, so the walker
+    need not compute each spec a second time (walker.py: a listed task's spec is the one it
+    had when the run started)."""
     if not isinstance(pipelines, list | tuple):
         return None, None
     h = hashlib.sha256()
@@ -99,7 +106,10 @@ def plan_of(pipelines) -> tuple[list | None, str | None]:
             if listed:
                 for k, t in enumerate(tasks):
                     if isinstance(t, Task):
-                        h.update(f"T{suid}.{t.name or f't{k}'}={spec_text(t)}\n".encode())
+                        text = spec_text(t)
+                        if specs is not None:
+                            specs[id(t)] = (t, text)
+                        h.update(f"T{suid}.{t.name or f't{k}'}={text}\n".encode())
         plan.append({"uid": puid, "stages": stages})
         h.update(f"P{puid}\n".encode())
     return plan, h.hexdigest()[:16]

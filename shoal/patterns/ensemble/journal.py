@@ -52,6 +52,7 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 
@@ -129,6 +130,14 @@ def check_journal_file(path: str) -> None:
     """Refuse what is clearly not a journal before SQLite sees it (a directory, a YAML file)."""
     if os.path.isdir(path):
         raise JournalError(f"journal {path} is a directory; give a file path such as {path.rstrip('/')}/run.db")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _explain(path, exc) from None
+    if not stat.S_ISREG(mode):  # a FIFO or a device: open() would block or read forever
+        raise JournalError(f"journal {path} is not a regular file (a FIFO or a device); give a file path such as run.db")
     try:
         with open(path, "rb") as f:
             head = f.read(16)

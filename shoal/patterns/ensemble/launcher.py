@@ -16,7 +16,7 @@ task's files and the child they start.  Data flow per task::
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
-Spawning: glibc's ``posix_spawn`` through ctypes (spawn.py: the child opens
+Spawning: glibc's ``posix_spawn`` in the C helper (spawn.py: the child opens
 its files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
 start_new_session=True)`` (vfork+exec in CPython 3.10+); never pinning the
 driver: the runner thread that calls it is pinned (runners.py), and the
@@ -253,6 +253,7 @@ class Launcher:
 
     def __init__(self, root: str, *, gpus: int = 0):
         self.root = os.path.abspath(root)
+        self._prefix = os.path.join(self.root, "")
         self.cwd = os.getcwd()
         self.gpus = gpus
         self.base_env = dict(os.environ)
@@ -261,10 +262,11 @@ class Launcher:
         self._null: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # stdin, shared
         self._spawner = Spawner.load(self._null)  # glibc posix_spawn; None: subprocess.Popen
         self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
+        self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
-        return os.path.join(self.root, *uid.split("."))
+        return self._prefix + uid.replace(".", "/")  # = os.path.join(root, *uid.split(".")): names hold no "/"
 
     def resolve(self, text: str, ref) -> str:
         """``$p.s.t/file`` -> ``<sandbox of p.s.t>/file``; other strings unchanged."""
@@ -284,8 +286,12 @@ class Launcher:
 
     # -- spawning ---------------------------------------------------------------------
     def _executable(self, exe: str) -> str:
+        found = self._which.get(exe, "")
+        if found:
+            return found
         if "/" in exe:  # checked by the spawn itself; find_executable explains a failure
-            return os.path.join(self.cwd, exe)
+            found = self._which[exe] = os.path.join(self.cwd, exe)
+            return found
         if exe not in self._which:
             self._which[exe] = shutil.which(exe, path=self.base_env.get("PATH"))
         found = self._which[exe]
@@ -294,19 +300,22 @@ class Launcher:
         return found
 
     def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
-              stdin: str | None) -> int:
-        """Start ``task``; returns its pid.  Raises LaunchError (nothing left running)."""
+              stdin: str | None, quick_s: float = 0.0) -> int | tuple[int, int]:
+        """Start ``task``: its pid, or (pid, exit code) when it exited within ``quick_s`` and was
+        reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
+        left running)."""
         exe = self._executable(task.executable)
         argv = command(exe, arguments, task.pre_exec, task.post_exec)
         if "\0" in "".join(argv) or (task.environment and "\0" in "".join(map(str, _flat(task.environment)))):
             raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
-        out, err = os.path.join(sandbox, "stdout"), os.path.join(sandbox, "stderr")
+        out, err = sandbox + "/stdout", sandbox + "/stderr"  # sandbox_of: absolute, no trailing "/"
         try:
             if self._spawner is not None:
-                return self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus), sandbox,
-                                           stdin, out, err)
+                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus),
+                                                  sandbox, stdin, out, err, int(quick_s * 1000))
+                return pid if status is None else (pid, os.waitstatus_to_exitcode(status))
             env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
             if self.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
@@ -317,14 +326,22 @@ class Launcher:
             raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
 
     def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:
-        """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once."""
-        over = {"OMP_NUM_THREADS": str(task.cores)}
-        over.update({k: str(v) for k, v in task.environment.items()})
-        over["SHOAL_SANDBOX"] = sandbox
-        over["SHOAL_TASK"] = uid
-        if self.gpus:
-            over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        return [e for k, e in self._base_envp.items() if k not in over] + envp(over)
+        """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once,
+        and the part that does not change per task is built once per (cores, environment, gpus)."""
+        key = (task.cores, tuple((k, str(v)) for k, v in task.environment.items()) if task.environment else (),
+               tuple(gpus) if self.gpus else ())
+        fixed = self._envp_cache.get(key)
+        if fixed is None:
+            over = {"OMP_NUM_THREADS": str(task.cores)}
+            over.update({k: str(v) for k, v in task.environment.items()})
+            if self.gpus:
+                over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            per_task = ("SHOAL_SANDBOX", "SHOAL_TASK")
+            fixed = [e for k, e in self._base_envp.items() if k not in over and k not in per_task] + envp(
+                {k: v for k, v in over.items() if k not in per_task})
+            if len(self._envp_cache) < 256:  # bounded: environments may differ per task
+                self._envp_cache[key] = fixed
+        return fixed + envp({"SHOAL_SANDBOX": sandbox, "SHOAL_TASK": uid})
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC

@@ -232,9 +232,10 @@ class Task:
 
     @property
     def memory_bytes(self) -> int:
-        if self.memory is None:  # the common case, asked several times per task: no message built
-            return 0
-        return parse_size(self.memory, f"task {self.label}: memory")
+        m = self.memory
+        if m is None or (type(m) is int and m >= 0):  # the common case (default 0), asked several
+            return m or 0  # times per task: no message built, no parsing
+        return parse_size(m, f"task {self.label}: memory")
 
     @property
     def label(self) -> str:

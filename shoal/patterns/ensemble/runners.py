@@ -7,7 +7,8 @@ Data flow (local executables only; function tasks and dask go through the pilot)
     runner: pin the child's mask ──► launch() (sandbox, staging, spawn) ──► post SPAWNED(pid, start)
             ──► blocking waitpid(pid) ──► post EXITED(exit code) ──► next job
             (a child that exits within QUICK_S: SPAWNED and EXITED posted with one wake-up,
-            and the engine does not journal its pid: a dead process needs no killing)
+            and the engine does not journal its pid: a dead process needs no killing; with the
+            C spawn helper, launch() itself waits those QUICK_S, kills the group and reaps)
     engine: poll(wake pipe) ──► Runners.events (SPAWNED/EXITED, in order per item) ──► journal
 
 Why threads per CPU: an exec'd ``/bin/true`` lives for well under a millisecond, so the cost of
@@ -98,8 +99,11 @@ class Runners:
             self._threads.append(t)
             t.start()
 
-    def submit(self, item, cpus, launch: Callable[[], int]) -> None:
-        """Run ``launch`` (returns the pid, or raises) on the runner of ``min(cpus)``."""
+    def submit(self, item, cpus, launch: Callable[[], int | tuple[int, int]]) -> None:
+        """Run ``launch`` on the runner of ``min(cpus)``.  It returns the pid (the runner reaps it),
+        or (pid, exit code) for a child that exited within QUICK_S and that ``launch`` reaped
+        itself, its group killed first (the C spawn helper: spawn, wait, kill and reap in one call
+        without the GIL; the pid was never published, so no kill can have aimed at it), or raises."""
         with self._lock:
             self._jobs += 1
         self._queues[min(cpus)].put((item, frozenset(cpus), launch))
@@ -163,6 +167,10 @@ class Runners:
             finally:
                 if changed:
                     self._set_mask(mine if mine is not None else self.affinity)
+            if isinstance(pid, tuple):  # already reaped: one wake-up for both events
+                self.events.append((Event.SPAWNED, item, pid[0], None))
+                self._post(Event.EXITED, item, pid[1], None, last=True)
+                continue
             if not isinstance(pid, int):
                 self._post(Event.SPAWNED, item, pid, None, last=True)
                 continue
@@ -197,5 +205,7 @@ class Runners:
         if last:
             with self._lock:
                 self._jobs -= 1
-        with contextlib.suppress(Exception):
+        try:
             self._wake()
+        except Exception:  # noqa: BLE001 - a wake-up that fails must not kill the runner
+            pass

@@ -67,6 +67,7 @@ class Scheduler:
                 if c in self.cpus:
                     node_of[c] = i
         self.node_of = {c: node_of.get(c, 0) for c in self.cpus}
+        self.one_node = len(set(self.node_of.values())) == 1
         self.free_cpus: set[int] = set(self.cpus)
         self.free_gpus: set[int] = set(range(gpus))
         self.free_memory = memory
@@ -122,6 +123,12 @@ class Scheduler:
         self.overtaken.pop(key, None)
 
     def _take(self, req: Request) -> Grant:
+        if req.cores == 1 and not req.gpus and self.one_node:  # the common case, what the rule below
+            c = min(self.free_cpus)  # gives for it: the lowest free CPU
+            self.free_cpus.discard(c)
+            if self.memory_total:
+                self.free_memory -= req.memory
+            return Grant(req.key, (c,), (), req.memory)
         by_node: dict[int, list[int]] = {}
         for c in self.free_cpus:
             by_node.setdefault(self.node_of[c], []).append(c)

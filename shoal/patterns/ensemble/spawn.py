@@ -10,129 +10,71 @@ Data flow (one call, on a runner thread; runners.py)::
          exec), an empty signal mask
       -> posix_spawn -> pid, or the errno of the step that failed (exec included: glibc's
          clone(CLONE_VFORK) reports it), raised as OSError
+      -> wait up to ``quick_ms`` for the child: a child that exited by then has its group
+         killed and is reaped in the same call -> (pid, wait status); else (pid, None)
+
+All of it is one call into the optional C helper ``_spawn`` (``_spawn.c``, built by setup.py),
+which releases the GIL once for the spawn and the quick wait; the child inherits the calling
+thread's CPU mask (the runner's pin).
 
 Why: ``subprocess.Popen`` does the same with a Python layer around ``_posixsubprocess``
 (an error pipe, fd bookkeeping, 64 signal resets in the child) and costs the spawning
-thread ~120-140 us of CPU per ``/bin/true`` against ~85-100 us here (1,000 serial spawns,
-same run); the ctypes call releases the GIL while the child execs, so the driver's loop
-keeps running.  The child
-inherits the calling thread's CPU mask (the runner's pin).
+thread ~120-140 us of CPU per ``/bin/true``; the same posix_spawn steps through ctypes
+(this module until issue 14's fourth round) cost ~75-110 us plus a pidfd round from Python
+for the quick wait; the C call ~55-70 us, the wait included (1,000 serial spawns, same run).
 
-Availability: glibc >= 2.34 (``addchdir_np``, ``addclosefrom_np``).  Elsewhere ``Spawner``
-is None and the launcher uses ``subprocess.Popen`` (same behaviour, slower).
+Availability: glibc >= 2.34 (``addchdir_np``, ``addclosefrom_np``) and a C compiler at install
+time.  Elsewhere ``Spawner.load`` returns None and the launcher uses ``subprocess.Popen``
+(same behaviour, slower); ``SHOAL_ENSEMBLE_POPEN=1`` forces that path (tests, comparisons).
 
 Rejected alternatives: ``os.posix_spawn`` (no chdir action before Python 3.13: it would need
 a process-wide ``chdir`` around each spawn, visible to other threads); calling the private
-``_posixsubprocess.fork_exec`` (its signature changes between Python versions).
+``_posixsubprocess.fork_exec`` (its signature changes between Python versions); ctypes (above:
+a third of the runner's CPU per task went to the foreign-call layer).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
-import threading
 
-_SETSIGDEF, _SETSIGMASK, _SETSID = 0x04, 0x08, 0x80  # glibc's <spawn.h>
-_BUF = 1024  # bytes for one posix_spawn_file_actions_t / posix_spawnattr_t / sigset_t (glibc: 80/336/128)
+try:
+    from . import _spawn as _native
+except ImportError:  # pragma: no cover - built without a C compiler or an old glibc
+    _native = None
 
 
 class Spawner:
-    """``spawn(exe, argv, envp, cwd, stdin, stdout, stderr) -> pid``; thread-safe."""
+    """``spawn(exe, argv, envp, cwd, stdin, stdout, stderr, quick_ms) -> (pid, wait status | None)``;
+    thread-safe.  The status is there when the child exited within ``quick_ms`` (its group was
+    killed and it was reaped then); None: it runs and the caller reaps it."""
 
-    def __init__(self, libc: ctypes.CDLL, null_fd: int):
-        self._c = libc
+    def __init__(self, null_fd: int):
         self._null = null_fd
-        self._local = threading.local()  # one attribute object per thread, built once
 
     @classmethod
     def load(cls, null_fd: int) -> Spawner | None:
-        """A Spawner on this platform's glibc, or None (Popen is used then)."""
-        if os.environ.get("SHOAL_ENSEMBLE_POPEN"):  # a way back to Popen, for comparisons
+        """A Spawner on the C helper, or None (subprocess.Popen is used then)."""
+        if _native is None or os.environ.get("SHOAL_ENSEMBLE_POPEN"):
             return None
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            for name in ("posix_spawn", "posix_spawn_file_actions_init", "posix_spawn_file_actions_destroy",
-                         "posix_spawn_file_actions_addopen", "posix_spawn_file_actions_adddup2",
-                         "posix_spawn_file_actions_addchdir_np", "posix_spawn_file_actions_addclosefrom_np",
-                         "posix_spawnattr_init", "posix_spawnattr_setflags", "posix_spawnattr_setsigdefault",
-                         "posix_spawnattr_setsigmask", "sigemptyset", "sigaddset"):
-                getattr(libc, name)
-        except (OSError, AttributeError):
-            return None
-        c_void_p, c_char_p, c_int = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
-        libc.posix_spawn.argtypes = [ctypes.POINTER(ctypes.c_int), c_char_p, c_void_p, c_void_p,
-                                     c_void_p, c_void_p]
-        libc.posix_spawn_file_actions_addopen.argtypes = [c_void_p, c_int, c_char_p, c_int, ctypes.c_uint]
-        libc.posix_spawn_file_actions_adddup2.argtypes = [c_void_p, c_int, c_int]
-        libc.posix_spawn_file_actions_addchdir_np.argtypes = [c_void_p, c_char_p]
-        libc.posix_spawn_file_actions_addclosefrom_np.argtypes = [c_void_p, c_int]
-        for name in ("posix_spawn_file_actions_init", "posix_spawn_file_actions_destroy", "posix_spawnattr_init",
-                     "sigemptyset"):
-            getattr(libc, name).argtypes = [c_void_p]
-        libc.posix_spawnattr_setflags.argtypes = [c_void_p, ctypes.c_short]
-        libc.posix_spawnattr_setsigdefault.argtypes = [c_void_p, c_void_p]
-        libc.posix_spawnattr_setsigmask.argtypes = [c_void_p, c_void_p]
-        libc.sigaddset.argtypes = [c_void_p, c_int]
-        return cls(libc, null_fd)
-
-    def _attr(self):
-        attr = getattr(self._local, "attr", None)
-        if attr is None:
-            c = self._c
-            attr = ctypes.create_string_buffer(_BUF)
-            default, mask = ctypes.create_string_buffer(_BUF), ctypes.create_string_buffer(_BUF)
-            _check(c.posix_spawnattr_init(attr))
-            _check(c.sigemptyset(default))
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-                _check(c.sigaddset(default, int(sig)))
-            _check(c.sigemptyset(mask))
-            _check(c.posix_spawnattr_setsigdefault(attr, default))
-            _check(c.posix_spawnattr_setsigmask(attr, mask))
-            _check(c.posix_spawnattr_setflags(attr, _SETSID | _SETSIGDEF | _SETSIGMASK))
-            self._local.attr = attr
-        return attr
+        return cls(null_fd)
 
     def spawn(self, exe: str, argv: list[str], envp: list[bytes], cwd: str, stdin: str | None,
-              stdout: str, stderr: str) -> int:
-        """Start ``exe``; its pid.  OSError (errno and the culprit's name) if any step failed."""
-        c = self._c
-        fa = ctypes.create_string_buffer(_BUF)
-        _check(c.posix_spawn_file_actions_init(fa))
+              stdout: str, stderr: str, quick_ms: int = 0) -> tuple[int, int | None]:
+        """Start ``exe``.  OSError (errno and the culprit's name) if any step failed."""
         try:
-            wflags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            if stdin is None:
-                _check(c.posix_spawn_file_actions_adddup2(fa, self._null, 0))
-            else:
-                _check(c.posix_spawn_file_actions_addopen(fa, 0, _b(stdin), os.O_RDONLY, 0))
-            _check(c.posix_spawn_file_actions_addopen(fa, 1, _b(stdout), wflags, 0o644))
-            _check(c.posix_spawn_file_actions_addopen(fa, 2, _b(stderr), wflags, 0o644))
-            _check(c.posix_spawn_file_actions_addclosefrom_np(fa, 3))
-            _check(c.posix_spawn_file_actions_addchdir_np(fa, _b(cwd)))
-            args = (ctypes.c_char_p * (len(argv) + 1))(*[_b(a) for a in argv], None)
-            env = (ctypes.c_char_p * (len(envp) + 1))(*envp, None)
-            pid = ctypes.c_int(0)
-            err = c.posix_spawn(ctypes.byref(pid), _b(exe), fa, self._attr(), args, env)
-        finally:
-            c.posix_spawn_file_actions_destroy(fa)
-        if err:
+            return _native.spawn(exe, argv, envp, cwd, stdin, stdout, stderr, self._null, quick_ms)
+        except OSError as exc:
             culprit = exe if os.path.isdir(cwd) else cwd  # a step before the exec failed: name the sandbox
-            raise OSError(err, os.strerror(err), culprit)
-        return pid.value
+            raise OSError(exc.errno, os.strerror(exc.errno), culprit) from None
 
 
 def _b(text: str) -> bytes:
-    """``os.fsencode`` for str, without its Python-level dispatch (called ~10 times a spawn)."""
+    """``os.fsencode`` for str, without its Python-level dispatch."""
     return text.encode(_FS_ENCODING, "surrogateescape")
 
 
 _FS_ENCODING = sys.getfilesystemencoding()
-
-
-def _check(rc: int) -> None:
-    if rc:
-        raise OSError(rc, os.strerror(rc))
 
 
 def envp(env: dict[str, str]) -> list[bytes]:

@@ -34,6 +34,16 @@ its iterator is exhausted and the count is 0).  On resume, tasks whose
 journal row is terminal are counted without being admitted — the stage still
 ends, so its callback replays over the journaled results.
 
+A listed task's spec (identity.py: what it runs, journaled with it and
+compared on resume) is the one ``plan_of`` computed when the run started,
+for the run's identity; the walker does not compute it again.  So a stage
+hook that changes a later, already listed task in place changes what runs
+but not its recorded spec: the spec is the workflow as given, and a resume
+replays the same hooks over the same journaled results, so the comparison
+stays like with like.  Tasks that were not listed at the start (lazy
+stages, stages and pipelines added by hooks, ``on_retry`` replacements keep
+the first attempt's) get their spec when they are pulled.
+
 Rejected alternatives: materialising every stage's tasks up front (a
 million-task stage would live in driver memory); the earlier ``Engine(Walker)``
 mixin — both halves read and wrote one shared ``self`` (waiting, moves,
@@ -118,7 +128,7 @@ class Walker:
 
     def __init__(self, workflow: Iterator[Pipeline], intake: Intake, *, journal: Journal, journal_path: str,
                  results: Results, plan_pipes: list[Pipeline], plan, total: int | None,
-                 max_pipelines: int, replay: bool):
+                 max_pipelines: int, replay: bool, specs: dict | None = None):
         self.workflow = workflow
         self.intake = intake
         self.journal = journal
@@ -129,6 +139,7 @@ class Walker:
         self.total = total  # None when lazy: the progress line then has no ETA
         self.max_pipelines = max_pipelines
         self.replay = replay  # look each task up in the journal (resume)
+        self.specs = specs if specs is not None else {}  # id(task) -> (task, spec): see _add_task
         self.pipes: list[_PipeRun] = []
         self.pipe_names: set[str] = set()
         self.pipe_count = 0
@@ -279,7 +290,8 @@ class Walker:
             raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
         srun.outstanding += 1
         attempt = 0
-        spec = spec_text(task)
+        known = self.specs.pop(id(task), None)  # computed by plan_of when the run started
+        spec = known[1] if known is not None and known[0] is task else spec_text(task)
         if self.replay:
             row = self.journal.replay_row(task.uid)
             if row is not None:

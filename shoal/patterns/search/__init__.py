@@ -7,14 +7,17 @@ Layout, by role::
                    SearchStats (what the user gets); checks of user values; paths
     control.py     what a running search shares: the Control array, the StopFlag
     engine.py      Explorer (one task's search: visit, poll, split, join) and the task
+    room.py        in_room: the hot loops run from a frame-stack chunk of their own
+    shapes.py      the recursive hot loops, generated per search shape (direct calls)
     loops.py       the depth-first hot loops (count, generic) and their shared helpers
     bnb.py         the branch-and-bound hot loop
     driver.py      the driver's side: validate, submit, wait, progress, SearchStats
     multinode.py   several machines: the top split (the runtime balances the rest)
     checkpoint.py  checkpointed frontiers: driver-side chunks that survive a SIGKILL
 
-Imports go down this list's dependency order: model <- control <- loops/bnb <- engine
-<- multinode/checkpoint <- driver; only ``shoal``'s public API below that.
+Imports go down this list's dependency order: model <- control <- room/shapes <-
+loops/bnb <- engine <- multinode/checkpoint <- driver; only ``shoal``'s public API below
+that (shapes.py imports loops lazily, when it registers a generated loop).
 """
 
 from .model import Coordination, SearchError, SearchStats

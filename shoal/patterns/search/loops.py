@@ -144,9 +144,9 @@ class CountLoops:
             raise
         except Exception as exc:  # a user function raised (or returned a non-iterable)
             raise self.rec_error(exc) from exc
-        finally:
+        finally:  # (without accept every node counts: also those of an interrupted run)
             t.nodes += self.rec_nodes
-            t.count += count
+            t.count += self.rec_nodes if self.accept is None else count
             self.seen = 0
             self.rskips = None
 

@@ -3,8 +3,9 @@
 Why: since 3.11 CPython keeps Python frames on a per-thread *data stack* made of
 chunks (16 KiB normally).  A call that does not fit in the current chunk gets a
 fresh one from ``mmap``, and the return that empties it gives it back with
-``munmap`` (3.11-3.13; CPython issue gh-142183, "Calls across stack chunks perform
-badly", fixed from 3.14 by caching one chunk).  A recursion or a loop that keeps
+``munmap`` (CPython issue gh-142183, "Calls across stack chunks perform badly",
+fixed upstream in 2026 by caching one chunk per thread, gh-145789; 3.11 and 3.12 keep
+it).  A recursion or a loop that keeps
 calling across such a boundary pays two system calls and a page fault per call:
 the search loops ran 2-10x slower at some stack depths and not at others (the
 "unexplained ~10x slowdown" of the recursive count loop on UTS seen only inside

@@ -473,7 +473,19 @@ class ProgramRef:
 def _dumps(obj) -> bytes:
     import cloudpickle
 
-    return cloudpickle.dumps(obj, 5)
+    try:
+        return cloudpickle.dumps(obj, 5)
+    except Exception as exc:  # noqa: BLE001 - named below, the layer if we can tell which
+        culprit = ""
+        for i, layer in enumerate(getattr(getattr(obj, "engine", None), "layers", None) or ()):
+            try:
+                cloudpickle.dumps(layer, 5)
+            except Exception:  # noqa: BLE001
+                culprit = f" layer {i} ({type(layer).__name__}) does not pickle;"
+                break
+        raise TypeError(f"dl.Trainer: the model cannot be sent to the workers ({exc!r}):{culprit} "
+                        "every layer and its attributes must pickle (a lock, an open file or a "
+                        "socket held by a torch module cannot)") from exc
 
 
 def task_function(ref: ProgramRef, kind: OpKind | str, stage: int):

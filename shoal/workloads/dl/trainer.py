@@ -138,6 +138,9 @@ class Trainer:
         # micro-batch buffers sized by rows that exist (batch_size=10**12 asked for TBs)
         batch_size = min(int(batch_size), n)
         start = 0
+        if checkpoint is not None and os.path.isdir(checkpoint):  # ("remove it" would be bad advice)
+            raise ValueError(f"checkpoint={os.fspath(checkpoint)!r} is a directory; give a file path "
+                             f"such as {os.path.join(os.fspath(checkpoint), 'fit.npz')!r}")
         if checkpoint is not None and os.path.exists(checkpoint):
             start = self._load_checkpoint(checkpoint, fingerprint)
         if start >= epochs:

@@ -78,6 +78,9 @@ class Checkpoint:
     def __init__(self, path: str, fingerprint: list):
         self.path = os.fspath(path)
         self.fingerprint = fingerprint
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(f"checkpoint={self.path!r} is a file; a txstream checkpoint is a "
+                             "directory (state.npz and one out-*.npz per batch): give a directory path")
         os.makedirs(self.path, exist_ok=True)
 
     def _seg(self, batch: int) -> str:

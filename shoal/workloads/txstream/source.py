@@ -79,7 +79,7 @@ def read_events(path, *, fn=None, format: str | None = None):
                 if line.strip():
                     try:
                         rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
+                    except (json.JSONDecodeError, RecursionError) as exc:  # (nested too deep)
                         raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from None
                     yield event(rec, f"line {lineno}")
     else:

@@ -13,9 +13,9 @@ test can drive it with made-up times.
 * **Stopped workers.** With work outstanding the pump looks every ``every`` seconds
   at each worker's process state; ``saw`` turns the states into "now stopped" /
   "runs again" events, once per change, so a SIGSTOPped worker is reported once
-  and not every round.  Nothing can be *done* about it (a stopped process holds
-  its tasks); the report is the point: without a task timeout nothing else would
-  say why ``result()`` waits.
+  and not every round.  The backend then places nothing on a stopped worker and
+  takes back the tasks queued to it (``shoal/backends/local/stopped.py``); the
+  task it runs stays with it, and the report says why that one's ``result()`` waits.
 
 Owner: the driver's pump thread; ``lost``, ``start_failed`` and ``started`` are
 called with the backend's lock held (submit reads ``down`` under it).

@@ -18,6 +18,9 @@ concept, each a mixin over the same state (the attributes ``__init__`` sets here
   futures in bulk, follows steals (``MOVED``), enforces timeouts, fails or retries.
 * ``lifecycle.py`` — worker processes: start, death and replacement, quarantine of
   functions that kill them, ``close``, and the at-fork rule for the driver.
+* ``stopped.py`` — workers the health check sees stopped (SIGSTOP, a debugger): no new
+  task is placed on them, and the tasks queued to them are taken back (``cancel()``'s
+  handshake) and re-placed on live workers under a new id.
 
 This module keeps the constructor (every shared attribute, documented where it is
 made) and the small public surface no other concept owns: ``map``, the dask
@@ -31,7 +34,8 @@ draining them) before ``lock``.
 Failure rules: a worker's status cell lists the driver tasks it was running;
 when it dies those fail with ``WorkerLost`` (``TaskTimeout`` for the one that
 overran) unless ``retries`` remain, and every other task it held is
-resubmitted quietly.  A result that arrives twice (a re-run) is delivered once.
+resubmitted quietly.  A stopped worker keeps only what it runs (stopped.py).
+A result that arrives twice (a re-run) is delivered once.
 
 Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is
 unsafe with threads); a result-collecting thread per worker (GIL churn); a
@@ -65,6 +69,7 @@ from ...runtime.worker import POKE, STATUS_DEPTH, STATUS_HUNGRY, STATUS_PID
 from .cancel import Cancelling
 from .lifecycle import Lifecycle, _live
 from .pump import _LIVENESS_S, Pumping
+from .stopped import TakingBack
 from .submit import _NO_RESOURCES, Submitting, _Task
 
 # Share of every driver->worker ring that tasks leave free for cancel()'s CANCEL_IF_QUEUED,
@@ -74,7 +79,7 @@ from .submit import _NO_RESOURCES, Submitting, _Task
 _CANCEL_RESERVE = 4
 
 
-class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle):
+class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
     """Worker processes on this machine, connected by shared-memory rings."""
 
     kind = "local"
@@ -152,6 +157,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle):
         self.down = self.health.down  # endpoint without a process -> Down
         self.pump_errors = 0
         self.cancels_refused = 0  # cancel() said False: a worker's ring had no room for it
+        self.taken_back = 0  # tasks taken back from stopped workers and re-placed (stopped.py)
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)
@@ -262,6 +268,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle):
                 "workers_stopped": sorted(self.health.stopped),
                 "pump_errors": self.pump_errors,
                 "cancels_refused": self.cancels_refused,
+                "taken_back": self.taken_back,
                 "messages_in": self.messages_in,
                 "messages_out": sum(box.sent for box in self.out.values()),
             },

@@ -119,6 +119,9 @@ class Cancelling:
         if task is None and cancel:
             with self.lock:  # a result being settled (_on_results) is FINISHED once we get it
                 task = self.tasks.get(tid)
+                renamed = fut.task_id != tid  # taken back from a stopped worker: a new id
+            if renamed:  # decided again under the new id (stopped.py; ``lock`` is not re-entrant)
+                return self._probe(fut, cancel)
         if self.closed or task is None:
             return False
         if cancel and not task.where:
@@ -138,26 +141,31 @@ class Cancelling:
             # without room (its worker stuck in a long task, thousands of cancels in its
             # reserve) cannot be told: then nobody is, and cancel() says False.
             msg = wire.encode_control(Kind.CANCEL_IF_QUEUED, [tid])
+            renamed = False
             with self.lock:
                 if self.closed or task.future._state != _PENDING:
                     return False
-                holder = task.queued_in
-                if task.queued and holder is not None and holder.waiting(task.queued) and (
-                        len(task.msg) <= holder.limit):
-                    # Still in the driver's outbox behind a backlog: no worker has it, and
-                    # none will (taken back; every re-send checks ``cancelling``).
-                    holder.withdraw(task.msg)
-                    task.queued = 0
+                renamed = fut.task_id != tid  # taken back from a stopped worker (stopped.py)
+                if not renamed:
+                    holder = task.queued_in
+                    if task.queued and holder is not None and holder.waiting(task.queued) and (
+                            len(task.msg) <= holder.limit):
+                        # Still in the driver's outbox behind a backlog: no worker has it, and
+                        # none will (taken back; every re-send checks ``cancelling``).
+                        holder.withdraw(task.msg)
+                        task.queued = 0
+                        task.cancelling = True
+                        return False
+                    boxes = [self.out[ep] for ep in (self.endpoints if not task.retries else (task.where,))
+                             if ep not in self.down]
+                    if not all(box.room_for([msg]) for box in boxes):
+                        self.cancels_refused += 1  # nobody was told: the task runs as if not asked
+                        return True
+                    for box in boxes:
+                        box.send_urgent([msg])
                     task.cancelling = True
-                    return False
-                boxes = [self.out[ep] for ep in (self.endpoints if not task.retries else (task.where,))
-                         if ep not in self.down]
-                if not all(box.room_for([msg]) for box in boxes):
-                    self.cancels_refused += 1  # nobody was told: the task runs as if not asked
-                    return True
-                for box in boxes:
-                    box.send_urgent([msg])
-                task.cancelling = True
+            if renamed:  # decided again under the new id (``lock`` is not re-entrant)
+                return self._probe(fut, cancel)
         if not self._run_state(tid):
             if cancel:
                 # Not running: not started, or finished with its result still in a ring

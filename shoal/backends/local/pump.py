@@ -127,8 +127,10 @@ class Pumping:
             if self.down and not self.closing:
                 due = self.health.wake_in(time.monotonic())
                 timeout = due if timeout is None else min(timeout, due)
-            if self.tasks:
-                timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
+            # Never parked for longer than a health-check period, even with no work: a task
+            # submitted to a stopped worker while the pump slept rings no bell of ours (no
+            # result will come), and the check (stopped.py) must still see that worker.
+            timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001
             fds = list(self.pidfds.values())
@@ -139,16 +141,18 @@ class Pumping:
                         self._on_death(ep)
 
     def _check_liveness(self) -> None:
-        """Report workers that are stopped (SIGSTOP, a debugger): their tasks cannot
-        progress, and without a ``timeout=`` nothing else would say why."""
+        """Report workers that are stopped (SIGSTOP, a debugger), and take back the tasks
+        queued to them (stopped.py): a stopped worker neither runs nor hands them on."""
         for ep, proc in list(self.procs.items()):
             change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
             if change is Change.STOPPED:
-                _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); its "
-                             "tasks wait until it gets SIGCONT. Give tasks a timeout= to bound "
-                             "them.", ep, proc.pid)
+                _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); the "
+                             "tasks queued to it go to live workers, the one it runs waits until "
+                             "it gets SIGCONT (a timeout= bounds it)", ep, proc.pid)
             elif change is Change.RUNS_AGAIN:
                 _log.warning("shoal: worker %d (pid %d) runs again", ep, proc.pid)
+        if self.health.stopped:
+            self._take_back_all()  # stopped.py: its queued tasks go to live workers
 
     def _readable(self) -> bool:
         if self.closed:

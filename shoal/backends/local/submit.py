@@ -168,6 +168,8 @@ class Submitting:
                 self._dispatch(task)
             return
         w = self.placement.choose()
+        if self.health.stopped and w + 1 in self.health.stopped:
+            w = self._choose_usable(w)  # stopped.py: not on a worker known to be stopped
         self.placement.submitted(w, len(live))
         ep = w + 1
         for task in live:
@@ -254,6 +256,8 @@ class Submitting:
             live = self.health.live(self.endpoints)
             if live:
                 w = live[task.future.task_id % len(live)] - 1
+        if self.health.stopped and w + 1 in self.health.stopped:
+            w = self._choose_usable(w)  # stopped.py: not on a worker known to be stopped
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep

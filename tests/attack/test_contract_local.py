@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -139,13 +140,16 @@ def test_cancel_from_done_callbacks(tmp_path):
             f.arg = i
             futs.append(f)
 
+        depths = []
+
         def cb(f, k):
             if f.cancelled():
                 return
+            depths.append(len(traceback.extract_stack()))
             try:
                 for g in futs[k + 1:k + 4]:
                     g.cancel()
-                pilot.cancel(futs[(k * 7) % len(futs)])
+                pilot.cancel(futs[(k + 500) % len(futs)])  # often finished, its result not yet read
             except BaseException as exc:  # noqa: BLE001
                 errors.append(repr(exc))
 
@@ -153,7 +157,12 @@ def test_cancel_from_done_callbacks(tmp_path):
             f.add_done_callback(lambda f, k=k: cb(f, k))
         open(gate, "w").close()
         check(futs, path)
-        assert sum(f.cancelled() for f in futs), "the storm cancelled nothing"
+        # (how many cancels win depends on how far the workers are ahead of the pump: on a
+        # fast machine none may; the contract and the nesting are checked either way)
+        # each cancel() drains the rings; the callbacks of what it settles must not run
+        # nested inside it (a chain of nested drains hit RecursionError in the pump, whose
+        # bookkeeping it broke: then the pilot hung)
+        assert max(depths) < min(depths) + 40, (min(depths), max(depths))
         assert pilot.submit(mark, path, -2).result(60) == -2
     assert not errors, errors[:3]
 

@@ -124,6 +124,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
         self.lock = threading.Lock()  # driver threads on the producer side of driver rings
         self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
+        self.deferred_callbacks: list | None = None  # pump.py _run_callbacks (consume_lock held)
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep),
                                   self.matrix.ring(0, ep).capacity // _CANCEL_RESERVE)
                     for ep in self.endpoints}

@@ -241,9 +241,30 @@ class Pumping:
             # release, such a cancel() said True for a task whose result was being set.
             called: list = []
             settle_many(settle, _log, called)
-        run_callbacks(called, _log)
+        self._run_callbacks(called)
         for tid, task, value in retry:
             self._fail_or_retry(tid, task, value)
+
+    def _run_callbacks(self, called: list) -> None:
+        """Run done-callbacks (``consume_lock`` held), never nested in one another.
+
+        A done-callback that calls ``cancel()`` drains the rings (``_drain_to_marks``),
+        which settles more futures whose callbacks may cancel again: run inline, each
+        cancel nested a drain in the last, until a RecursionError struck in the middle of
+        the placement bookkeeping (the pump then failed every round and futures hung).
+        A callback run meanwhile only queues the newly settled futures; the outermost
+        call runs them, in order, after the callback that drained them returns."""
+        if self.deferred_callbacks is not None:
+            self.deferred_callbacks.extend(called)
+            return
+        pending = called
+        try:
+            while pending:
+                self.deferred_callbacks = []
+                run_callbacks(pending, _log)
+                pending = self.deferred_callbacks
+        finally:
+            self.deferred_callbacks = None
 
     def _handle(self, ep: int, msg: bytes) -> None:
         kind = msg[0]

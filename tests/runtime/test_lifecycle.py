@@ -150,3 +150,32 @@ def test_driver_sigkill_leaves_nothing(tmp_path):
     finally:
         proc.kill()
         proc.stdout.close()
+
+
+
+def test_a_closed_pilot_does_not_close_fds_in_later_forked_children():
+    """A closed pilot still referenced (so still in the at-fork registry) closed its old
+    lifeline fd number again in every later forked child.  ``subprocess`` runs the at-fork
+    hooks in its child when given a ``preexec_fn``; when that number was the child's
+    stdout pipe by then, the child failed with EBADF before exec ('[Errno 9] Bad file
+    descriptor: <cwd>'): an ensemble executable or a shoal CLI run failed at random."""
+    pilot = shoal.Pilot(1)
+    pilot.submit(abs, -1).result(60)
+    stale = pilot._backend.lifeline_w
+    pilot.close()
+    r, w = os.pipe()
+    os.dup2(w, stale)  # someone else's file has that number now
+    try:
+        pid = os.fork()
+        if pid == 0:  # the at-fork hooks ran: is the number still open?
+            try:
+                os.fstat(stale)
+                os._exit(0)
+            except OSError:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's copy of another file was closed"
+    finally:
+        for fd in (r, w, stale):
+            os.close(fd)
+    del pilot

@@ -235,6 +235,8 @@ class Lifecycle:
         self.forked = True
         self.closing = self.closed = True
         for fd in [*self.pidfds.values(), self.lifeline_w]:
+            if fd < 0:
+                continue  # closed by the parent's close() before the fork
             try:
                 os.close(fd)
             except OSError:
@@ -299,6 +301,10 @@ class Lifecycle:
                 os.close(fd)
             except OSError:
                 pass
+        # Forgotten, not just closed: the at-fork hook (``_forked``) of every later child
+        # would close these numbers again, and by then they name someone else's file (a
+        # Popen's pipe: its child failed with EBADF before exec).
+        self.lifeline_r = self.lifeline_w = -1
         self.inboxes = []
         self.out = {}
         self.matrix.close()

@@ -224,6 +224,14 @@ class Future(cf.Future):
             canceller(self)
         return True
 
+    def mark_running(self) -> None:
+        """PENDING -> RUNNING (a worker started the task); a no-op in any other state.  The
+        stdlib's ``set_running_or_notify_cancel`` raises on a RUNNING future: two threads
+        polling ``running()``, or a poll and the pump's STARTED, would both call it."""
+        with self._condition:
+            if self._state == PENDING:
+                self._state = RUNNING
+
     def __reduce__(self):
         raise TypeError(
             "a shoal.Future cannot be pickled; pass it directly as an argument of "

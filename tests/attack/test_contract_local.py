@@ -329,8 +329,6 @@ def fast_switch():
     sys.setswitchinterval(old)
 
 
-@pytest.mark.xfail(reason="F1 in notes/r-break2.md (r-cancel: future.py): two threads cancelling "
-                   "one future: the second's set_running_or_notify_cancel raises", strict=False)
 def test_same_future_cancelled_from_many_threads_never_raises(fast_switch):
     """6 threads cancel the same queued future at once, 300 times: every call answers
     True (it is queued behind a long task, never run) and none raises."""
@@ -361,8 +359,6 @@ def test_same_future_cancelled_from_many_threads_never_raises(fast_switch):
     assert not errors, f"cancel() raised {len(errors)} times: {errors[:2]}"
 
 
-@pytest.mark.xfail(reason="F2 in notes/r-break2.md (r-cancel: cancel.py _probe): running() from two "
-                   "threads calls set_running_or_notify_cancel on a RUNNING future", strict=False)
 def test_running_polled_from_many_threads_never_raises(fast_switch):
     """3 threads poll running() on 20 short tasks until all are done, 60 rounds."""
     errors: list = []

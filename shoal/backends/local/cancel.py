@@ -173,12 +173,13 @@ class Cancelling:
                 # the rings up to what they held when the slots were read: a finished
                 # task's future is then FINISHED and cancel() says False.
                 self._drain_to_marks()
-                return fut._state != "PENDING"
+                # (CANCELLED: another thread's cancel() won meanwhile; then this one is True too)
+                return fut._state in ("FINISHED", "RUNNING")
             return False
         if cancel:
             with self.lock:
                 task.cancelling = False  # it runs: a re-run (retries) must not be dropped
-        fut.set_running_or_notify_cancel()
+        fut.mark_running()
         return True
 
     def force_cancel(self, fut: Future) -> bool:

@@ -285,7 +285,7 @@ class Pumping:
             if task is not None and task.timeout is not None:
                 task.where = where
                 heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
-                task.future.set_running_or_notify_cancel()
+                task.future.mark_running()
         elif kind == Kind.INIT_FAILED:
             self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:

@@ -80,7 +80,8 @@ def test_cancel_in_the_node_queue_never_runs(cluster, tmp_path):
         # the dask worker's second thread took it into the node runtime (1 shoal worker, busy)
         wait_until(lambda: _inflight(pilot) == 2, 60, "the node runtime to hold the second task")
         waiting = pilot.submit(t.touch, str(tmp_path / "waiting"))  # still in dask's queue
-        assert blocker.running() and not queued.running() and not waiting.running()
+        wait_until(blocker.running, 30, "RUNNING from the node's event")
+        assert not queued.running() and not waiting.running()
         assert not blocker.cancel(), "cancel() of a running task must be False"
         assert queued.cancel() and queued.cancelled()
         assert waiting.cancel() and waiting.cancelled()

@@ -148,8 +148,8 @@ def test_the_scheduler_function_travels_by_value(tmp_path):
     probe = ("import pickle, sys, importlib.util, types\n"
              "assert importlib.util.find_spec('shoal') is None, 'shoal importable here'\n"
              "locate = pickle.loads(sys.stdin.buffer.read())\n"
-             "sched = types.SimpleNamespace(tasks={})\n"
-             "print(locate(['k'], {}, 'c', dask_scheduler=sched))\n")
+             "sched = types.SimpleNamespace(tasks={}, workers={})\n"
+             "print(locate(['k'], {}, 'c', dask_scheduler=sched)['k'])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     base = getattr(sys, "_base_executable", sys.executable)
     out = subprocess.run([base, "-c", probe], input=blob, capture_output=True, cwd=tmp_path,
@@ -157,4 +157,4 @@ def test_the_scheduler_function_travels_by_value(tmp_path):
     if b"No module named 'cloudpickle'" in out.stderr:
         pytest.skip("the base interpreter has no cloudpickle")
     assert out.returncode == 0, out.stderr.decode()
-    assert out.stdout.decode().strip() == "{'k': 'missing'}"
+    assert out.stdout.decode().strip() == 'missing'

@@ -39,7 +39,7 @@ CLAIM_TIMEOUT_S = 5.0  # a cancel() waits this long for the one dask worker hold
 #                       no answer (stopped, dead, partitioned): False, the safe answer (claims.py)
 SHUTDOWN_WAIT_S = 1.0  # shutdown(cancel_futures=True) waits this long for the round; what is
 #                        still undecided then is cancelled in the background once its holder answers
-LOCATE_RETRY_S = 0.02  # a key the scheduler does not know yet (its submit is still on the way)
+LOCATE_RETRY_S = 0.005  # a key still unknown to the scheduler after the tombstones: ask again
 cloudpickle.register_pickle_by_value(on_scheduler)  # the scheduler need not have shoal
 
 
@@ -149,9 +149,15 @@ class CancelPaths:
 
     async def _round(self, keys: dict, deadline: float, decided) -> None:
         """The claim round on the client's loop (claims.py): ``decided(key, taken)`` once
-        per key, before ``deadline`` (monotonic); undecided keys then count as started."""
+        per key, before ``deadline`` (monotonic); undecided keys then count as started.
+
+        A key the scheduler does not know yet (its submit is still in the client's batched
+        stream, which the scheduler reads in order) is claimed on every dask worker, each
+        bounded on its own, so it is refused wherever dask sends it; the next ``locate``
+        then cancels it if it is on no worker or on one of those that took it."""
         rid = next(self._rounds)
-        claimed: dict[str, str] = {}  # key -> the dask worker that took it back
+        claimed: dict[str, list[str]] = {}  # key -> the dask workers that took it back
+        asked_all: set[str] = set()
         todo, left_on = list(keys), {}  # left_on: worker -> keys to give up there at the end
         try:
             while todo:
@@ -164,47 +170,61 @@ class CancelPaths:
                         self.client.id, asynchronous=True), left)
                 except Exception:  # the scheduler does not answer: nothing decided
                     break
+                workers = where.pop(on_scheduler.WORKERS, [])
                 ask: dict[str, list[str]] = {}
-                again = []
-                for key in todo:
-                    got = where.get(key, on_scheduler.MISSING)
+                todo, unknown = [], []
+                for key, got in where.items():
                     if got in (on_scheduler.TAKEN, on_scheduler.STARTED):
                         decided(key, got == on_scheduler.TAKEN)
                     elif got == on_scheduler.MISSING:
                         verdict = self._missing(key)
-                        if verdict is None:
-                            again.append(key)  # not at the scheduler yet: ask again
-                        else:
+                        if verdict is not None:
                             decided(key, verdict)
+                        elif key in asked_all:
+                            todo.append(key)  # tombstones everywhere: wait for the scheduler
+                        else:
+                            unknown.append(key)
                     else:
                         ask.setdefault(got, []).append(key)
-                todo = again
-                if again:
-                    await asyncio.sleep(LOCATE_RETRY_S)
+                for key in unknown:
+                    asked_all.add(key)
+                    for addr in workers:
+                        ask.setdefault(addr, []).append(key)
                 if not ask:
+                    if todo:
+                        await asyncio.sleep(LOCATE_RETRY_S)
                     continue
                 until = time.time() + max(0.0, deadline - time.monotonic() - 0.5)
                 replies = await asyncio.gather(*(
                     self._ask(addr, ks, rid, until, deadline) for addr, ks in ask.items()))
+                undecided = dict.fromkeys(unknown, True)  # True: no worker said STARTED
                 for addr, ks, rep in replies:
                     if not isinstance(rep, dict):  # no answer: the task may run there
                         left_on.setdefault(addr, []).extend(ks)
                         for k in ks:
-                            decided(k, False)
+                            if k not in undecided:
+                                decided(k, False)
                         continue
                     for k in ks:
                         if rep.get(k) == Verdict.TAKEN.value:
-                            claimed[k] = addr  # confirmed by the scheduler next time round
-                            todo.append(k)
+                            claimed.setdefault(k, []).append(addr)
+                            if k not in undecided:
+                                todo.append(k)  # confirmed by the scheduler next time round
+                        elif k in undecided:
+                            undecided[k] = False
                         else:
                             decided(k, False)
+                for k, open_ in undecided.items():
+                    if open_:
+                        todo.append(k)
+                    else:
+                        decided(k, False)
             for k in todo:
                 decided(k, False)
-                if k in claimed:
-                    left_on.setdefault(claimed[k], []).append(k)
-            for k, addr in claimed.items():
-                if k not in self._claimed:  # taken there, then started elsewhere
-                    left_on.setdefault(addr, []).append(k)
+            for k, addrs in claimed.items():
+                if k not in self._claimed:  # taken there, then started elsewhere, or undecided
+                    for addr in addrs:
+                        left_on.setdefault(addr, []).append(k)
         finally:
             self._unclaim(keys)
         for addr, ks in left_on.items():

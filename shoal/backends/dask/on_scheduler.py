@@ -15,15 +15,17 @@ UNASSIGNED = frozenset(("released", "waiting", "queued", "no-worker"))
 TAKEN = "taken"  # cancelled here: never runs
 STARTED = "started"  # ran (memory, erred) or may run: cancel() says False
 MISSING = "missing"  # not known to the scheduler (yet, or no more)
+WORKERS = "shoal:workers"  # locate's extra entry: the addresses of every connected dask worker
 REASON = "shoal: cancel() before any shoal worker started it"
 
 
 def locate(keys, claimed, client, dask_scheduler=None):
     """For each of ``keys``: TAKEN (cancelled now, atomically), STARTED, MISSING, or the
-    address of the dask worker it is processing on (whose claims decide).  ``claimed``:
-    ``{key: address}`` of keys that worker has taken back (a tombstone or the node
-    queue's own cancel); such a key is cancelled if it is still there, or in memory
-    there (its value is the refusal), and asked again where it moved to otherwise."""
+    address of the dask worker it is processing on (whose claims decide); and under
+    ``WORKERS`` every connected worker's address.  ``claimed``: ``{key: [addresses]}`` of
+    the workers that have taken a key back (a tombstone or the node queue's own cancel);
+    such a key is cancelled if it is still on one of them, or in memory there (its value
+    is the refusal), and asked again where it moved to otherwise."""
     sched = dask_scheduler
     out, cancel = {}, []
     for key in keys:
@@ -34,14 +36,13 @@ def locate(keys, claimed, client, dask_scheduler=None):
         if not any(cs.client_key == client for cs in ts.who_wants or ()):
             out[key] = STARTED  # not ours to cancel (never the case for a pilot's key)
             continue
-        state, mine = ts.state, claimed.get(key)
+        state, mine = ts.state, claimed.get(key) or ()
         if state in UNASSIGNED:
             out[key] = TAKEN
         elif state == "processing":
             where = ts.processing_on.address if ts.processing_on is not None else None
-            out[key] = TAKEN if where is not None and where == mine else (where or MISSING)
-        elif state == "memory" and mine is not None and any(
-                ws.address == mine for ws in ts.who_has or ()):
+            out[key] = TAKEN if where is not None and where in mine else (where or MISSING)
+        elif state == "memory" and any(ws.address in mine for ws in ts.who_has or ()):
             out[key] = TAKEN  # its value is the node's refusal (claims.CANCELLED)
         else:
             out[key] = STARTED
@@ -52,6 +53,7 @@ def locate(keys, claimed, client, dask_scheduler=None):
             sched.stimulus_cancel(cancel, client, False, REASON, "")
         except TypeError:  # pragma: no cover - distributed before 2024: (keys, client, force)
             sched.stimulus_cancel(cancel, client, False)
+    out[WORKERS] = list(sched.workers)
     return out
 
 

@@ -127,10 +127,9 @@ def _code_parts(code):
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        return cell.cell_contents is not cell  # raises ValueError for an empty cell
     except ValueError:
         return False
-    return True
 
 
 def make(path, interval, kind: str, root, *options):

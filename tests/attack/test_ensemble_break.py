@@ -52,3 +52,33 @@ def test_a_crafted_journal_cannot_make_resume_kill_a_stranger(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- the command line: every bad option is one line and exit status 2 -------------------------
+@pytest.mark.parametrize("args, words", [
+    (("run", "wf.py", "--workers", "0"), "--workers: expected a whole number >= 1"),
+    (("run", "wf.py", "--workers", "-3"), "--workers: expected a whole number >= 1"),
+    (("run", "wf.py", "--gpus", "-1"), "--gpus: expected a whole number >= 0"),
+    (("status", "run.db", "--watch", "-1"), "--watch: expected a number of seconds"),
+    (("status", "run.db", "--watch", "nan"), "--watch: expected a number of seconds"),
+    (("status", "run.db", "--watch", "0"), "--watch: expected a number of seconds"),
+])
+def test_bad_numbers_on_the_command_line_are_usage_errors(tmp_path, args, words):
+    """Before: --workers 0/-3 a raw ValueError traceback from the scheduler (exit 1); --gpus -1
+    'asks for 0 GPUs but the pilot has -1'; --watch -1/nan a ValueError traceback from
+    time.sleep once the run was live, --watch 0 redrew ~8,000 times a second."""
+    write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/true')])])]\n")
+    r = shoal_cli(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_run_refuses_a_workers_or_gpus_count_that_is_not_one(tmp_path):
+    from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
+
+    wf = [Pipeline([Stage([Task(executable="/bin/true")])])]
+    for kw, words in ((dict(workers=0), "workers must be an integer >= 1"),
+                      (dict(workers=True), "workers must be an integer >= 1"),
+                      (dict(gpus=-1), "gpus must be an integer >= 0")):
+        with pytest.raises(EnsembleError, match=words):
+            run(wf, journal=str(tmp_path / "run.db"), **kw)

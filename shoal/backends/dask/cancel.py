@@ -264,6 +264,21 @@ class CancelPaths:
             return False
         return running is getattr(self.client.loop, "asyncio_loop", running)
 
+    def cancel_many(self, futs: list[Future]) -> list[bool]:
+        """``Pilot.cancel_many``: ``Future.cancel()``'s answers, with one claim round for
+        all the pending ones (instead of one round trip each)."""
+        pending = [f for f in futs if f._state == "PENDING" and f._prober is not None]
+        self._claim(pending)  # the taken ones are in _claimed: their cancel() asks nobody
+        out = []
+        for f in futs:
+            d = self._dask_of.get(f)
+            if f._state == "PENDING" and f._prober is not None and (
+                    d is None or d.key not in self._claimed):
+                out.append(False)  # the round found it started (or could not ask): runs
+            else:
+                out.append(f.cancel())
+        return out
+
     def cancel_pending(self) -> int:
         """``shutdown(cancel_futures=True)``: cancel every task no shoal worker started, in
         one claim round (claims.py); running tasks finish.  Waits at most

@@ -53,6 +53,7 @@ def main() -> None:
         deadline = time.monotonic() + 60
         while sum(f.running() for f in futs[:4]) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(3.0)  # the submits settle first (before: the slow running() sweep did that)
         n, wall, cpu = _timed(lambda: sum(f.running() for f in futs))
         print(f"running() over {len(futs)} futures ({n} running): "
               f"{wall / len(futs) * 1e6:.1f} us/call wall, {cpu / len(futs) * 1e6:.1f} us/call CPU",

@@ -82,3 +82,57 @@ def test_run_refuses_a_workers_or_gpus_count_that_is_not_one(tmp_path):
                       (dict(gpus=-1), "gpus must be an integer >= 0")):
         with pytest.raises(EnsembleError, match=words):
             run(wf, journal=str(tmp_path / "run.db"), **kw)
+
+
+# -- YAML workflows --------------------------------------------------------------------------
+def test_yaml_merge_keys_give_shared_task_settings(tmp_path):
+    """``<<: *defaults`` (YAML's merge key, the usual way to share settings) was a raw
+    yaml ConstructorError traceback, exit 1.  Explicit keys override merged ones."""
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n"
+        "  - name: p\n"
+        "    stages:\n"
+        "      - name: s\n"
+        "        tasks:\n"
+        "          - &sim\n"
+        "            name: a\n"
+        "            executable: /bin/sh\n"
+        "            arguments: ['-c', 'echo $X $OMP_NUM_THREADS']\n"
+        "            environment: {X: from-a}\n"
+        "            cores: 1\n"
+        "          - <<: *sim\n"
+        "            name: b\n"
+        "            environment: {X: from-b}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run.sandbox/p/s/a/stdout").read_text().split() == ["from-a", "1"]
+    assert (tmp_path / "run.sandbox/p/s/b/stdout").read_text().split() == ["from-b", "1"]
+
+
+@pytest.mark.parametrize("value, line, words", [
+    ("[!!python/name:os.system x]", 6, "cannot read"),
+    ("!custom /bin/echo", 6, "cannot read '!custom'"),
+])
+def test_yaml_tags_it_cannot_read_are_file_line_errors(tmp_path, value, line, words):
+    key = "arguments" if value.startswith("[") else "executable"
+    extra = "" if key == "executable" else "            executable: /bin/echo\n"
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n  - stages:\n      - tasks:\n          - name: t\n" + extra
+        + ("" if extra else "\n") + f"            {key}: {value}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"wf.yaml:{line}:" in r.stderr and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("gen", ["replicas: 100000000000000000000000",
+                                 "replicas: 100\n            sweep: {" + ", ".join(
+                                     f"{c}: [0,1,2,3,4,5,6,7,8,9]" for c in "abcdefg") + "}"])
+def test_a_generator_bigger_than_memory_is_refused_before_it_is_built(tmp_path, gen):
+    """Before: ``replicas: 10**23`` -> raw OverflowError; a sweep of 10**9 combinations grew the
+    driver until the machine ran out of memory (~1.2 KB per copy, built before anything runs)."""
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n  - stages:\n      - tasks:\n          - executable: /bin/true\n"
+        "            name: 'r{i}'\n" + f"            {gen}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "wf.yaml:4:" in r.stderr and "GiB of driver memory" in r.stderr, r.stderr

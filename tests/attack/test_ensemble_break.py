@@ -136,3 +136,37 @@ def test_a_generator_bigger_than_memory_is_refused_before_it_is_built(tmp_path, 
     r = shoal_cli("run", "wf.yaml", cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "wf.yaml:4:" in r.stderr and "GiB of driver memory" in r.stderr, r.stderr
+
+
+# -- resume after a SIGKILL, in a new process ---------------------------------------------------
+def test_a_killed_run_with_a_set_argument_resumes_in_a_new_process(tmp_path):
+    """A function task given a set of names: its spec's fingerprint followed the set's
+    iteration order, i.e. the process's str hash seed, so after a SIGKILL the resume (a new
+    process) refused the run as another workflow ('args [...] -> [...]'), every time."""
+    wf = write_wf(tmp_path, (
+        "workflow = [Pipeline([\n"
+        "    Stage([Task(function=sorted, args=({'alpha', 'beta', 'gamma', 'delta', 'eps'},), name='f')]),\n"
+        "    Stage([Task(executable='/bin/sh', name='wait', arguments=['-c', "
+        "'touch ../../../../started; while [ ! -e ../../../../go ]; do sleep 0.02; done'])]),\n"
+        "], name='p')]\n"))
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONHASHSEED="1")
+    first = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        first.kill()  # SIGKILL the driver; its task is killed by the resume
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stderr.close()
+    (tmp_path / "go").touch()
+    env["PYTHONHASHSEED"] = "2"  # what a new process gets anyway (random): made certain here
+    r = subprocess.run([sys.executable, "-m", "shoal", "run", str(wf), "--resume"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 done" in r.stdout, r.stdout

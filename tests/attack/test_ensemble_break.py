@@ -170,3 +170,60 @@ def test_a_killed_run_with_a_set_argument_resumes_in_a_new_process(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2 done" in r.stdout, r.stdout
+
+
+ENTK_SET_SCRIPT = '''
+import sys
+from shoal.entk import AppManager, Pipeline, Stage, Task
+
+pipes = set()
+for i in range(8):                       # unnamed pipelines in a set, as EnTK scripts write them
+    p = Pipeline()
+    s = Stage()
+    tasks = set()
+    for j in range(2):
+        t = Task()
+        t.executable = '/bin/sh'
+        t.arguments = ['-c', 'touch ../../../../started; while [ ! -e ../../../../go ]; do sleep 0.02; done; '
+                             'echo %d %d' % (i, j)]
+        tasks.add(t)
+    s.add_tasks(tasks)
+    p.add_stages(s)
+    pipes.add(p)
+appman = AppManager(resource_desc={'resource': 'local.localhost', 'cpus': 2}, resume=len(sys.argv) > 1)
+appman.workflow = pipes
+appman.run()
+print('done', appman.report.done)
+'''
+
+
+def test_an_entk_set_of_unnamed_pipelines_resumes_after_sigkill(tmp_path):
+    """``appman.workflow = set([...])`` / ``s.add_tasks(set([...]))``: a set of these objects
+    iterates in address order, another one in every process, so the unnamed pipelines and tasks
+    got other p<i>/t<k> after a crash and AppManager(resume=True) refused the run as another
+    workflow (or, with look-alike pipelines, would have mixed them up)."""
+    script = tmp_path / "entk_sets.py"
+    script.write_text(ENTK_SET_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        first.kill()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stderr.close()
+    (tmp_path / "go").touch()
+    r = subprocess.run([sys.executable, str(script), "resume"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "done 16" in r.stdout
+    for i in range(8):  # p<i> is the i-th pipeline the script created, t<j> its j-th task
+        for j in range(2):
+            assert (tmp_path / f"entk.sandbox/p{i}/s0/t{j}/stdout").read_text().split() == [str(i), str(j)]

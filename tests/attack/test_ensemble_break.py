@@ -227,3 +227,41 @@ def test_an_entk_set_of_unnamed_pipelines_resumes_after_sigkill(tmp_path):
     for i in range(8):  # p<i> is the i-th pipeline the script created, t<j> its j-th task
         for j in range(2):
             assert (tmp_path / f"entk.sandbox/p{i}/s0/t{j}/stdout").read_text().split() == [str(i), str(j)]
+
+
+# -- what reaches the user's terminal ----------------------------------------------------------
+ESCAPES = r"ok\033]0;PWNED\007\033[2J\033]52;c;ZWNobyBoaQ==\007\233"
+
+
+def test_escape_sequences_in_stderr_or_a_crafted_journal_do_not_reach_the_terminal(tmp_path):
+    """A failed task's stderr tail (and a crafted journal's text: a trust boundary) was printed
+    raw by ``shoal run``'s report and ``shoal status``: escape sequences set the terminal's
+    title, cleared the screen, wrote the clipboard (OSC 52).  Now shown as ``\\x1b``."""
+    wf = write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/sh', name='evil', arguments="
+                            f"['-c', r\"printf '{ESCAPES}' >&2; exit 3\"])])], name='p')]\n")
+    r = shoal_cli("run", wf, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "\\x1b]0;PWNED" in r.stdout
+    db = sqlite3.connect(tmp_path / "run.db")  # a crafted journal: escapes where shoal wrote plain text
+    db.execute("UPDATE meta SET value=? WHERE key='driver'",
+               ('{"pid": 1, "host": "h\\u001b]0;HOST\\u0007", "start": 0, "since": 0}',))
+    db.execute("UPDATE tasks SET reason=?", ("r\x1b[2J",))
+    db.commit()
+    db.close()
+    s = shoal_cli("status", "run.db", cwd=tmp_path)
+    assert s.returncode == 0, s.stderr
+    for out in (r.stdout, s.stdout):
+        assert not any(c in out for c in "\x1b\x07\x9b"), out
+    assert "\\x1b[2J" in s.stdout and "PWNED" in s.stdout
+
+
+def test_an_entk_reference_built_from_uids_says_why(tmp_path):
+    """EnTK gives objects a uid at creation, so scripts write
+    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); in shoal the uids are None until
+    the run, and the task waited for 'None.None.None' until the run was declared stuck."""
+    from shoal.entk import EnsembleError, Pipeline, Stage, Task
+
+    p, s, t = Pipeline(), Stage(), Task()
+    t2 = Task()
+    with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
+        t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]

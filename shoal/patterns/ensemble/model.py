@@ -575,6 +575,10 @@ def _entk_input(task, field: str, text: str, mode: Staging) -> Input:
                             "not exist in shoal; name the file by its path")
     src = entk_ref(src)
     ref = parse_ref(src)
+    if ref is not None and "None" in ref[0].split("."):
+        raise EnsembleError(f"task {task.label}: {field} {text!r} names None: EnTK gives objects a uid when "
+                            "they are created, shoal when the run starts; name them (p.name = 'sim', "
+                            "s.name = ..., t.name = ...) and build the reference from the names")
     if src.startswith("$") and ref is None:
         raise EnsembleError(f"task {task.label}: {field} {text!r}: not a reference "
                             "'$Pipeline_<p>_Stage_<s>_Task_<t>/file'")

@@ -88,9 +88,7 @@ def portable_dumps(obj, *, by_value: bool = False) -> bytes | None:
 
 
 def _memory(obj) -> SharedArray:
-    if isinstance(obj, BestCell):
-        return obj._slots
-    return obj._board if isinstance(obj, Channel) else obj
+    return obj._memory() if isinstance(obj, _OnOneArray) else obj
 
 
 def portable_as(replica, handle) -> None:
@@ -246,7 +244,26 @@ def _attach(token, pid, fd, shape, dtype) -> SharedArray:
     return SharedArray._attach(token, pid, fd, shape, dtype)
 
 
-class BestCell:
+class _OnOneArray:
+    """An object whose state is one SharedArray (``_memory()``): ``close()`` closes it, and
+    a backend's replica of a pilot-level object leaves this machine as that object's
+    handle (``portable_as``); anything else pickles as its array (which stays local)."""
+
+    def _memory(self) -> SharedArray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._memory().close()
+
+    def __reduce_ex__(self, protocol):
+        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level object
+            call = _leaving_as(getattr(self._memory(), "_token", None), _OnOneArray)
+            if call is not None:
+                return call
+        return super().__reduce_ex__(protocol)
+
+
+class BestCell(_OnOneArray):
     """The best value found so far (max or min), shared by the driver and all workers."""
 
     def __init__(self, slots: int, sense: Sense | str = Sense.MAX, *, initial: float | None = None):
@@ -295,15 +312,8 @@ class BestCell:
                 a[me] = value
         return bool(better)
 
-    def close(self) -> None:
-        self._slots.close()
-
-    def __reduce_ex__(self, protocol):
-        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level cell
-            call = _leaving_as(getattr(self._slots, "_token", None), BestCell)
-            if call is not None:
-                return call
-        return super().__reduce_ex__(protocol)
+    def _memory(self) -> SharedArray:
+        return self._slots
 
     def __repr__(self) -> str:
         return f"<shoal.BestCell {self.sense.value} {self.value}>"
@@ -312,7 +322,7 @@ class BestCell:
 _HEADER = 3  # int64 words in front of each Channel slot: sequence, acknowledged, length
 
 
-class Channel:
+class Channel(_OnOneArray):
     """Small messages from tasks to the driver: one slot per process, lock-free.
 
     ``put(blob)`` (in a task) fills this worker's slot, or returns False while
@@ -361,15 +371,8 @@ class Channel:
                 h[1] = h[0]
         return out
 
-    def close(self) -> None:
-        self._board.close()
-
-    def __reduce_ex__(self, protocol):
-        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level channel
-            call = _leaving_as(getattr(self._board, "_token", None), Channel)
-            if call is not None:
-                return call
-        return super().__reduce_ex__(protocol)
+    def _memory(self) -> SharedArray:
+        return self._board
 
 
 class LocalShared:

@@ -46,7 +46,7 @@ class Kind(enum.IntEnum):
     DEFINE = 3  # u32 fn id + u16 name length + name (utf-8) + cloudpickle(fn)
     CANCEL = 4  # msgpack [task ids]
     STEAL = 5  # msgpack [thief endpoint, thief generation]
-    LOOT = 6  # msgpack [victim, [task message, ...]]   (a steal answer; may be empty)
+    LOOT = 6  # msgpack [victim, thief generation, [task message, ...]]   (a steal answer; may be empty)
     MOVED = 7  # msgpack [thief, generation, [task ids]]  (victim -> owner)
     STARTED = 8  # msgpack [task id, endpoint]            (only for tasks with a timeout)
     DIED = 9  # msgpack [endpoint, generation]          (driver -> workers)

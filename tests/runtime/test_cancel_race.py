@@ -12,48 +12,22 @@ in its outbox).  The tasks write a side-effect file, the reference nobody here w
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
-import os
 import queue
 import random
 import threading
 import time
 
 import pytest
+from rt_tasks import mark, ran, until
 
 import shoal
 from shoal.runtime.worker import STATUS_DEPTH
 
 
-def mark(path: str, i: int) -> int:
-    """Append ``i`` to ``path`` (O_APPEND: one write per task, whole lines)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d\n" % i)
-    finally:
-        os.close(fd)
-    return i
-
-
 def big_after_mark(path: str, i: int, size: int) -> bytes:
     mark(path, i)
     return bytes(size)
-
-
-def ran(path: str) -> collections.Counter:
-    if not os.path.exists(path):
-        return collections.Counter()
-    with open(path) as f:
-        return collections.Counter(int(x) for x in f.read().split())
-
-
-def until(cond, limit: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.001)
 
 
 def idle(backend) -> bool:

@@ -66,6 +66,9 @@ class Lifecycle:
         spec = {
             "endpoint": ep,
             "generation": self.generation[ep],
+            # every endpoint's current generation: older ones are dead (a request one of them
+            # left in a ring is not answered; loans.LoanBook.dead)
+            "generations": [[e, g] for e, g in self.generation.items() if e != ep],
             "cpu": cpu,
             "real_cpu": self.topology.real_cpu(cpu),
             "node": node,

@@ -296,7 +296,7 @@ class Pumping:
                 self.latest_stats[ep] = reply
                 self.stats_cond.notify_all()
         elif kind == Kind.LOOT:
-            victim, msgs = wire.decode_control(msg)
+            victim, _, msgs = wire.decode_control(msg)
             with self.loot_cond:
                 waited = victim in self.loot_wait
                 if waited:

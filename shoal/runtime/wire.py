@@ -229,6 +229,17 @@ class Unloadable:
     def __call__(self, *args, **kwargs):
         raise UnpicklingError(self.message)
 
+    @classmethod
+    def quarantined(cls, name: str, message: str) -> Unloadable:
+        """The stand-in a replacement worker gets for a quarantined function (its DEFINE
+        is never sent again): a task of it that reaches the worker anyway (stolen from a
+        worker that had loaded it) fails with ``message`` instead of waiting forever for
+        a DEFINE that never comes."""
+        self = cls.__new__(cls)
+        self.__qualname__ = self.__name__ = name
+        self.message = message
+        return self
+
 
 def encode_define(fn_id: int, blob: bytes, name: str = "") -> bytes:
     raw = name.encode("utf-8", "replace")[:0xFFFF]

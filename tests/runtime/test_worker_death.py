@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import sys
 import tempfile
 
 import pytest
@@ -101,6 +102,75 @@ def test_a_steal_answer_to_a_killed_thief_is_not_run_by_its_replacement(tmp_path
         assert not lost, f"tasks that never started were lost: {lost}"
         assert worker_stats(pilot, thief)["stale_loot_dropped"] > 0, "the scenario did not happen"
         assert pilot.submit(mark, path, -2).result(60) == -2
+
+
+HALF_KILLER = """
+import os, sys, time
+main = sys.modules.get("__main__")
+if getattr(getattr(main, "__spec__", None), "name", "") == "shoal.runtime.worker":
+    try:
+        os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        pass  # the second worker to import it lives
+    else:  # the first dies while loading, once the other has loaded it and queued tasks
+        deadline = time.monotonic() + 60
+        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os._exit(9)
+
+def held(path, i, gate):  # (gate: another file than the module's)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, b"%d\\n" % i)
+    os.close(fd)
+    return i
+"""
+
+
+def test_tasks_of_a_quarantined_function_stolen_by_a_replacement_settle(tmp_path, monkeypatch):
+    """One worker dies loading a function (its module's import kills it), so the function
+    is quarantined and replacements never get its DEFINE; the other worker had loaded it
+    and holds a queue of its tasks, from which the replacement steals.  Every task
+    settles (its value, or SerializationError); before, the stolen ones waited in the
+    replacement for a DEFINE that never came: a hang."""
+    marker, gate, held, path = (str(tmp_path / n) for n in ("marker", "gate", "held", "marks"))
+    (tmp_path / "half_killer_mod.py").write_text(HALF_KILLER.format(marker=marker, gate=gate))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import half_killer_mod
+
+    try:
+        with shoal.Pilot(2) as pilot:
+            backend = pilot._backend
+            futs = [pilot.submit(half_killer_mod.held, path, i, held) for i in range(60)]
+            until(lambda: os.path.exists(marker), what="a worker loads the module first")
+            until(lambda: any(backend._running_on(f.task_id) for f in futs),
+                  what="the other worker runs a task of it")
+            live = backend._running_on(next(f for f in futs if backend._running_on(f.task_id)).task_id)
+            dying = next(ep for ep in backend.endpoints if ep != live)
+            release(gate)  # the first importer dies; its replacement steals from the live one
+            until(lambda: backend.generation[dying] == 1, what="the death is handled")
+
+            def stolen() -> bool:
+                with backend.lock:
+                    return any(t.where == dying for t in backend.tasks.values())
+
+            until(stolen, what="the replacement steals tasks of the quarantined function")
+            release(held)
+            _, not_done = cf.wait(futs, timeout=60)
+            assert not not_done, f"{len(not_done)} tasks of the quarantined function hang"
+            runs = ran(path)
+            for i, f in enumerate(futs):
+                exc = f.exception()
+                if exc is None:
+                    assert f.result() == i and runs[i] == 1
+                else:
+                    assert isinstance(exc, shoal.SerializationError), repr(exc)
+                    assert "half_killer_mod.held" in str(exc) and runs[i] == 0
+            assert pilot.submit(mark, path, -2).result(60) == -2
+    finally:
+        sys.modules.pop("half_killer_mod", None)
 
 
 def _cancel_storm_with_a_kill(path: str) -> None:

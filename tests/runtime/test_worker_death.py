@@ -22,7 +22,10 @@ import pytest
 from rt_tasks import mark, ran, release, until
 
 import shoal
+from shoal.queues import Push
+from shoal.runtime import wire
 from shoal.runtime.health import proc_state
+from shoal.runtime.wire import Kind
 
 
 def deaf_until(gate: str, started: str) -> int:
@@ -37,6 +40,13 @@ def deaf_until(gate: str, started: str) -> int:
     return shoal.current_worker().id
 
 
+def mark_after(path: str, i: int, gate: str) -> int:
+    """``mark`` once ``gate`` exists (at once if ``gate`` ends in ``.none``)."""
+    if not gate.endswith(".none"):
+        until(lambda: os.path.exists(gate), what=gate)
+    return mark(path, i)
+
+
 def stopped(pid: int) -> bool:
     return proc_state(pid) in ("T", "t")
 
@@ -45,13 +55,13 @@ def worker_stats(pilot, ep: int) -> dict:
     return next(w for w in pilot.stats()["workers"] if w.get("worker") == ep)
 
 
-def settle_and_check(futs, path: str) -> list:
+def settle_and_check(futs, path: str, retried=()) -> list:
     """Every future settles; a task with a value ran exactly once, one that failed ran at
     most once (``WorkerLost``: it may have started on the dead worker); none twice."""
     _, not_done = cf.wait(futs, timeout=120)
     assert not not_done, f"{len(not_done)} futures never settled"
     runs = ran(path)
-    twice = sorted(i for i, n in runs.items() if n > 1)
+    twice = sorted(i for i, n in runs.items() if n > 1 and i not in retried)
     assert not twice, f"{len(twice)} tasks ran twice, e.g. {twice[:10]}"
     lost = []
     for f in futs:
@@ -101,6 +111,76 @@ def test_a_steal_answer_to_a_killed_thief_is_not_run_by_its_replacement(tmp_path
         lost = settle_and_check(futs, path)
         assert not lost, f"tasks that never started were lost: {lost}"
         assert worker_stats(pilot, thief)["stale_loot_dropped"] > 0, "the scenario did not happen"
+        assert pilot.submit(mark, path, -2).result(60) == -2
+
+
+def mark_then_wait(path: str, i: int, gate: str) -> int:
+    """``mark`` (the side effect), then block until ``gate`` exists."""
+    mark(path, i)
+    until(lambda: os.path.exists(gate), what=gate)
+    return i
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_stolen_task_started_on_a_killed_thief_is_lost_not_re_run(tmp_path, retries):
+    """The thief had started a stolen task (its side effect done) when it was killed, and
+    the victim's MOVED telling the driver so was still in the victim's outbox (its ring to
+    the driver full).  The dead thief's status cell lists the task: it fails with
+    WorkerLost, as the driver's own tasks on a dead worker do.  Before, the driver went
+    by where it *thought* the task was (the victim), and re-ran it when the MOVED came.
+    With ``retries=1`` it runs once more, not twice more (the retry and the late MOVED
+    each re-placed it)."""
+    path = str(tmp_path / "marks")
+    gate = lambda i: str(tmp_path / f"gate{i}")  # noqa: E731 - one gate file per task
+    with shoal.Pilot(2) as pilot:
+        backend = pilot._backend
+        release(gate(-1))
+        pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
+        pilot.stats()  # both workers loaded mark_then_wait
+        blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
+        until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
+        victim = backend._running_on(blocker.task_id)
+        thief = next(ep for ep in backend.endpoints if ep != victim)
+        futs = []
+        for i in range(20):
+            f = pilot.options(retries=retries).submit(mark_then_wait, path, i, gate(i))
+            f.arg = i
+            futs.append(f)
+        with backend.lock:
+            on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
+            on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
+        assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
+        vpid = backend.procs[victim].pid
+        with backend.consume_lock:  # the pump reads nothing: the victim's ring stays full
+            os.kill(vpid, signal.SIGSTOP)
+            until(lambda: stopped(vpid), what="the victim stopped")
+            ring = backend.matrix.ring(victim, 0)  # filled for it while it cannot push
+            for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
+                while ring.push(junk) is Push.OK:  # (the pump ignores a WAKE)
+                    pass
+            os.kill(vpid, signal.SIGCONT)
+            for i in on_thief:
+                release(gate(i))  # the thief runs its own tasks, then steals from the victim
+            stolen = {futs[i].task_id: i for i in on_victim}
+            until(lambda: any(backend._running_on(t) == thief for t in stolen),
+                  what="the thief runs a stolen task")
+            started = next(i for t, i in stolen.items() if backend._running_on(t) == thief)
+            os.kill(vpid, signal.SIGSTOP)  # its MOVED waits in its outbox
+            until(lambda: stopped(vpid), what="the victim stopped again")
+            os.kill(backend.procs[thief].pid, signal.SIGKILL)
+        until(lambda: backend.generation[thief] == 1, what="the thief's death is handled")
+        os.kill(vpid, signal.SIGCONT)  # now the MOVED reaches the driver
+        for i in [*range(20), 1000]:
+            release(gate(i))
+        assert not cf.wait(futs, timeout=120).not_done
+        others = [f for f in futs if f.arg != started]
+        assert not settle_and_check(others, path, retried={started})
+        assert ran(path)[started] == 1 + retries
+        if retries:
+            assert futs[started].result(60) == started
+        else:
+            assert isinstance(futs[started].exception(60), shoal.WorkerLost)
+        assert blocker.result(60) == 1000
         assert pilot.submit(mark, path, -2).result(60) == -2
 
 

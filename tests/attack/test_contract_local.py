@@ -209,8 +209,9 @@ def test_force_cancel_of_a_task_that_just_finished(tmp_path):
 
 def test_force_cancel_races_the_end_of_the_task(tmp_path):
     """force cancel of tasks that end at about the moment it is called: when it says
-    True the future is cancelled; every other task has its result or WorkerLost; the
-    pilot still works; at most one task per forced kill is lost."""
+    True the future is cancelled; every other task has its result (a forced kill takes
+    no other task: the worker is frozen and looked at again before it is killed); the
+    pilot still works."""
     path = str(tmp_path / "marks")
     with shoal.Pilot(2) as pilot:
         pilot.submit(mark, path, -1).result(60)
@@ -229,8 +230,7 @@ def test_force_cancel_races_the_end_of_the_task(tmp_path):
                 assert f.cancelled()
         settle_all(futs)
         lost = [f for f in futs if not f.cancelled() and f.exception() is not None]
-        assert all(isinstance(f.exception(), shoal.WorkerLost) for f in lost)
-        assert len(lost) <= forced
+        assert not lost, [repr(f.exception()) for f in lost[:3]]  # no collateral: nothing nests here
         runs = ran(path)
         for f in futs:
             if not f.cancelled() and f.exception() is None:

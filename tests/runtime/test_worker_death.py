@@ -184,6 +184,43 @@ def test_a_stolen_task_started_on_a_killed_thief_is_lost_not_re_run(tmp_path, re
         assert pilot.submit(mark, path, -2).result(60) == -2
 
 
+def test_force_cancel_never_kills_a_task_started_after_the_forced_one_ended(tmp_path, monkeypatch):
+    """``pilot.cancel(fut, force=True)`` found the task running, and before the kill the
+    task ended and its worker started the next one.  The kill must not take that one
+    (WorkerLost for a task nobody cancelled): force cancel freezes the worker and looks
+    again, and says False as for a finished task.  The window is made certain here: the
+    first look is wrapped to let the task end and the next one start before it returns."""
+    path = str(tmp_path / "marks")
+    gate_a, gate_b = str(tmp_path / "a"), str(tmp_path / "b")
+    with shoal.Pilot(1) as pilot:
+        backend = pilot._backend
+        a = pilot.submit(mark_then_wait, path, 0, gate_a)
+        b = pilot.submit(mark_then_wait, path, 1, gate_b)
+        until(lambda: backend._running_on(a.task_id), what="a runs")
+        pid = backend.procs[1].pid
+        look = backend._running_on
+        first = []
+
+        def running_on(tid: int) -> int:
+            ep = look(tid)
+            if tid == a.task_id and not first:
+                first.append(ep)
+                release(gate_a)  # a ends, and the worker starts b
+                until(lambda: look(b.task_id) == ep, what="b runs")
+            return ep
+
+        monkeypatch.setattr(backend, "_running_on", running_on)
+        said = pilot.cancel(a, force=True)
+        monkeypatch.undo()
+        release(gate_b)
+        assert first == [1]
+        assert not said, "force cancel said True for a task that had ended"
+        assert a.result(60) == 0
+        assert b.result(60) == 1, "the task started after the forced one was killed with it"
+        assert backend.procs[1].pid == pid and proc_state(pid) not in ("T", "t")
+        assert ran(path) == {0: 1, 1: 1}
+
+
 HALF_KILLER = """
 import os, sys, time
 main = sys.modules.get("__main__")

@@ -37,15 +37,26 @@ import time
 import types
 
 _CACHE: dict = {}
+WMAX = 128  # the countdown's longest window (entries): a level is found at most this far past
+#             ``cap`` (loops.REC_MARGIN leaves 200 frames)
+
+
+def _windows() -> tuple[float, float]:
+    """(fast, slow): a window that took less than ``fast`` seconds doubles, one that took
+    more than ``slow`` halves -- the clock is read every ~POLL_S/8..POLL_S whatever a
+    node costs (with ``POLL_S = 0``, as tests set it, the window stays at ``TICK``)."""
+    from .engine import POLL_S
+
+    return POLL_S / 8, POLL_S + 0.0001
 
 _SOURCE = '''
-def build(ex, clock, TICK, cap, {params}):
-    tick = TICK
-    entries = 0  # level entries counted in whole TICK windows (poll_rec)
+def build(ex, clock, TICK, cap, fast, slow, {params}):
+    tick = W = TICK  # the countdown and its window (poll_rec adapts it)
+    entries = 0  # level entries counted in whole windows (poll_rec)
+    t0 = clock()  # when the window began
 
     def rec_{name}(it, d):
         nonlocal tick
-        i = -1  # (a poll reads it: this level is on no child yet)
         if tick:
             tick -= 1
         elif poll_rec(d):  # too deep: the iterative loop lists this level
@@ -53,27 +64,34 @@ def build(ex, clock, TICK, cap, {params}):
             return {zero}
         {count0}
         for child in it:
-            i += 1
             {accept}
             {recurse}
         {ret}
 
     def poll_rec(d):
-        nonlocal tick, entries
-        entries += TICK - tick + 1
-        tick = TICK
-        if d > cap:  # (checked here only: at most TICK levels past cap)
+        nonlocal tick, entries, W, t0
+        entries += W - tick + 1
+        now = clock()
+        if now - t0 < fast:  # light nodes: a longer window (fewer of these calls)
+            if W < WMAX:
+                W += W
+        elif now - t0 > slow and W > 1:  # heavy nodes: a shorter one (polls on time)
+            W >>= 1
+        tick = W
+        t0 = now
+        if d > cap:  # (checked here only: at most WMAX levels past cap)
             return True
-        if clock() >= ex.next_poll:
+        if now >= ex.next_poll:
             ex.seen = entries
             ex.poll(None, None)
+            t0 = clock()
         return False
 
     def run(it):
         try:
             {run}
         finally:  # (the first entry lists the base's children: no node)
-            ex.rec_nodes = entries + TICK - tick - 1
+            ex.rec_nodes = entries + W - tick - 1
         return count
 
     return run
@@ -113,19 +131,20 @@ def count_loop(ex):
             recurse=f"count += {rec}" if acall else rec,
             ret="return count" if acall else "", zero="0" if acall else "",
             run=(f"count = rec_{name}(it, 1)" if acall else
-                 f"rec_{name}(it, 1)\n            count = entries + TICK - tick - 1"))
-        ns: dict = {}
+                 f"rec_{name}(it, 1)\n            count = entries + W - tick - 1"))
+        ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop {name}: {kcall}, {acall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
-        loops.register_recursions(build)
+        loops.register_recursions(build, lazy=True)
     cap = ex.rec_cap()
-    return build(ex, time.perf_counter, loops.TICK, cap, **values)
+    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), **values)
 
 
 _BNB_SOURCE = '''
-def build(ex, clock, TICK, cap, inf, {params}):
-    tick = TICK
-    entries = 0  # level entries counted in whole TICK windows (poll_rec)
+def build(ex, clock, TICK, cap, fast, slow, inf, {params}):
+    tick = W = TICK  # the countdown and its window (poll_rec adapts it)
+    entries = 0  # level entries counted in whole windows (poll_rec)
+    t0 = clock()  # when the window began
     pr = leaves = 0  # children pruned; visited children with no children
     lim, slim = ex.lim, ex.slim
 
@@ -163,22 +182,30 @@ def build(ex, clock, TICK, cap, inf, {params}):
             rec_bnb(iter(kids), d + 1)
 
     def poll_rec(d):
-        nonlocal tick, entries, lim, slim
-        entries += TICK - tick + 1
-        tick = TICK
-        if d > cap:  # (checked here only: at most TICK levels past cap)
+        nonlocal tick, entries, lim, slim, W, t0
+        entries += W - tick + 1
+        now = clock()
+        if now - t0 < fast:  # light nodes: a longer window (fewer of these calls)
+            if W < WMAX:
+                W += W
+        elif now - t0 > slow and W > 1:  # heavy nodes: a shorter one (polls on time)
+            W >>= 1
+        tick = W
+        t0 = now
+        if d > cap:  # (checked here only: at most WMAX levels past cap)
             return True
-        if clock() >= ex.next_poll:
+        if now >= ex.next_poll:
             ex.seen = entries + leaves
             ex.poll(None, None)
             lim, slim = ex.lim, ex.slim
+            t0 = clock()
         return False
 
     def run(it):
         try:
             rec_bnb(it, 1)
         finally:  # a visited node has children (an entry: the first lists the base's) or none
-            ex.rec_nodes, ex.rec_pruned = entries + TICK - tick - 1 + leaves, pr
+            ex.rec_nodes, ex.rec_pruned = entries + W - tick - 1 + leaves, pr
 
     return run
 '''
@@ -214,8 +241,8 @@ def bnb_loop(ex, cap: int):
             pruned="b <= lim or b < slim" if ordered else "b <= lim",
             cut="break  # the rest of the level is pruned too" if pl else "continue",
             better="v > lim and v >= slim" if ordered else "v > lim")
-        ns: dict = {}
+        ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop bnb: {bcall}, {ocall}, {kcall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
         loops.register_recursions(build)
-    return build(ex, time.perf_counter, loops.TICK, cap, math.inf, **values)
+    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), math.inf, **values)

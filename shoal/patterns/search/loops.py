@@ -207,9 +207,12 @@ class CountLoops:
                 j = sum(1 for _ in self.children(parent)) - len(rest) - 1
         except Exception as exc:
             raise SearchError(f"children() raised {exc!r} at {where(path, parent)}") from exc
-        if j < -1:
-            raise SearchError(f"children() is not deterministic: {where(path, parent)} has "
-                              f"fewer children on a second call than were listed")
+        if j < -1:  # fewer children on this call than were listed: the names are lost
+            if self.spec.coordination is Coordination.INDEXED:  # (and they are the work)
+                raise SearchError(f"children() is not deterministic: {where(path, parent)} "
+                                  "has fewer children on a second call than were listed; "
+                                  "coordination='indexed' needs the same children each time")
+            j = -1
         self.rdrained[it] = j
         if keep:
             self.pending.extend((path + (j + 1 + r,), c) for r, c in enumerate(rest))

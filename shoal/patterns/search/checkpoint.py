@@ -50,6 +50,7 @@ import os
 import pickle
 import stat
 import time
+from pickle import _Pickler as _PurePickler  # pure-Python: its dispatch table extends
 
 from .control import slot, stopped
 from .engine import Explorer
@@ -77,11 +78,11 @@ def fingerprint(kind: str, root, *options) -> str:
     return h.hexdigest()
 
 
-class _CanonicalPickler(pickle._Pickler):
+class _CanonicalPickler(_PurePickler):
     """pickle's pure-Python pickler with sets, frozensets and dicts in a canonical order
     (the C pickler cannot be told: ``reducer_override`` is not consulted for them)."""
 
-    dispatch = dict(pickle._Pickler.dispatch)
+    dispatch = dict(_PurePickler.dispatch)
 
     def _save_set(self, obj):
         self.save_reduce(type(obj), (sorted(obj, key=_canonical),), obj=obj)

@@ -16,6 +16,8 @@ import time
 import psutil
 import pytest
 
+from shoal.ensemble import Pipeline, Stage, Task
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -265,3 +267,21 @@ def test_an_entk_reference_built_from_uids_says_why(tmp_path):
     t2 = Task()
     with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
         t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+
+
+# -- staging -------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="r-ens3 (launcher.stage_in): a Staging.MOVE input is unlinked from "
+                   "the sandbox before the move is retried, and the move then fails: the user's only copy is "
+                   "lost on every retry or resume; /work/wt/notes/r-break3.md F4")
+def test_a_moved_input_survives_a_retry(tmp_path):
+    from shoal.ensemble import Input, Staging, run
+
+    src = tmp_path / "input.txt"
+    src.write_text("precious\n")
+    t = Task(executable="/bin/sh", name="t", retries=1, inputs=[Input(str(src), "in.txt", Staging.MOVE)],
+             arguments=["-c", "if [ -e ../../../../once ]; then cat in.txt; else touch ../../../../once; exit 1; fi"])
+    report = run(Pipeline([Stage([t])], name="p"), journal=str(tmp_path / "run.db"))
+    kept = [p for p in (src, tmp_path / "run.sandbox/p/s0/t/in.txt") if p.exists()]
+    assert kept, "the input file is gone: moved into the sandbox by attempt 1, deleted by attempt 2"
+    assert report.ok, report.failures
+    assert (tmp_path / "run.sandbox/p/s0/t/stdout").read_text() == "precious\n"

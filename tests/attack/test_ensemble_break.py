@@ -285,3 +285,27 @@ def test_a_moved_input_survives_a_retry(tmp_path):
     assert kept, "the input file is gone: moved into the sandbox by attempt 1, deleted by attempt 2"
     assert report.ok, report.failures
     assert (tmp_path / "run.sandbox/p/s0/t/stdout").read_text() == "precious\n"
+
+
+# -- adaptivity ------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="r-ens3 (walker.py): a stage a post_exec adds to a pipeline that has "
+                   "already finished is dropped without a word; /work/wt/notes/r-break3.md F5")
+def test_a_stage_added_to_a_finished_pipeline_is_not_dropped_silently(tmp_path):
+    from shoal.ensemble import EnsembleError, run
+
+    fast = Pipeline([Stage([Task(executable="/bin/true")])], name="fast")
+    gate = tmp_path / "fast-done"
+
+    def grow():  # EnTK style: no argument, reaches the other pipeline through the closure
+        fast.add_stages(Stage([Task(executable="/bin/sh", arguments=["-c", f"touch {tmp_path}/late"])],
+                              name="late"))
+
+    slow = Pipeline([Stage([Task(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])], post_exec=grow)], name="slow")
+    fast.stages[0].post_exec = lambda: gate.touch()  # slow's stage ends only after fast has ended
+    try:
+        report = run([fast, slow], journal=str(tmp_path / "run.db"))
+    except EnsembleError as exc:  # refusing it, naming the stage, is as good as running it
+        assert "late" in str(exc) and "fast" in str(exc)
+        return
+    assert (tmp_path / "late").exists(), f"stage fast.late never ran and nothing said so: {report}"

@@ -101,3 +101,10 @@ def test_an_unpicklable_root_is_not_sent_to_a_coordination_that_cannot_help():
             backtracking.count(pilot, _LockedNode(0), _locked_kids, coordination="indexed")
     assert "cannot be pickled" in str(info.value)
     assert "use coordination='indexed'" not in str(info.value)
+
+
+def test_true_is_not_a_checkpoint_interval(tmp_path):
+    """checkpoint_interval=True passed the number check as 1 second."""
+    with shoal.Pilot(1) as pilot:
+        with pytest.raises(ValueError, match="checkpoint_interval must be a positive number"):
+            backtracking.count(pilot, 0, _kids, checkpoint=str(tmp_path / "c"), checkpoint_interval=True)

@@ -149,7 +149,7 @@ class SearchCheckpoint:
     def __init__(self, path, interval: float, kind: str, digest: str):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a file path, got {path!r}")
-        if not isinstance(interval, (int, float)) or not interval > 0:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
             raise ValueError(f"checkpoint_interval must be a positive number of seconds, "
                              f"got {interval!r}")
         self.path = os.fspath(path)

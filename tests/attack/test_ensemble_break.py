@@ -309,3 +309,17 @@ def test_a_stage_added_to_a_finished_pipeline_is_not_dropped_silently(tmp_path):
         assert "late" in str(exc) and "fast" in str(exc)
         return
     assert (tmp_path / "late").exists(), f"stage fast.late never ran and nothing said so: {report}"
+
+
+def test_a_timeout_of_a_month_or_more_runs_the_program_on_a_dask_node(tmp_path):
+    """``timeout=1e9`` ("never") made the node's wait call poll() with more milliseconds than a C
+    int holds: OverflowError on the node, the program killed right after its start.  The
+    node-side function is called directly (the same call a dask worker makes)."""
+    from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
+
+    for timeout in (3e6, 1e9):
+        spec = ExecSpec(uid="p.s.t", executable="/bin/sh", arguments=("-c", "sleep 0.1; echo ok"),
+                        sandbox=str(tmp_path / f"sb{int(timeout)}"), cwd=str(tmp_path), timeout=timeout)
+        out = run_executable(spec)
+        assert (out.ended, out.exit_code) == (Ended.EXITED, 0), out
+        assert (tmp_path / f"sb{int(timeout)}" / "stdout").read_text() == "ok\n"

@@ -323,3 +323,19 @@ def test_a_timeout_of_a_month_or_more_runs_the_program_on_a_dask_node(tmp_path):
         out = run_executable(spec)
         assert (out.ended, out.exit_code) == (Ended.EXITED, 0), out
         assert (tmp_path / f"sb{int(timeout)}" / "stdout").read_text() == "ok\n"
+
+
+def test_walltime_nan_is_refused_and_slurm_day_format_is_read(tmp_path):
+    """walltime=float('nan') was accepted and never enforced (a NaN deadline compares False);
+    docs/hpc.md promises 'D-HH:MM:SS' everywhere, which run() refused."""
+    from shoal.ensemble import EnsembleError, parse_walltime, run
+
+    with pytest.raises(EnsembleError, match="walltime must be > 0"):
+        run(Pipeline([Stage([Task(executable="/bin/true")])]), journal=str(tmp_path / "r.db"),
+            walltime=float("nan"))
+    assert parse_walltime("1-00:00:00") == 86400
+    assert parse_walltime("2-12") == 2.5 * 86400
+    assert parse_walltime("1:30") == 90  # MM:SS, as Slurm reads it
+    for bad in ("-1:00:00", "1-", "a-1:00", "1-2:3:4:5"):
+        with pytest.raises(EnsembleError, match="D-HH:MM:SS"):
+            parse_walltime(bad)

@@ -339,3 +339,11 @@ def test_walltime_nan_is_refused_and_slurm_day_format_is_read(tmp_path):
     for bad in ("-1:00:00", "1-", "a-1:00", "1-2:3:4:5"):
         with pytest.raises(EnsembleError, match="D-HH:MM:SS"):
             parse_walltime(bad)
+
+
+def test_a_yaml_file_that_is_not_utf8_is_a_file_line_error(tmp_path):
+    """A Latin-1 or binary file passed as workflow.yaml: raw UnicodeDecodeError traceback, exit 1."""
+    (tmp_path / "wf.yaml").write_bytes(b"pipelines:\n  - name: caf\xe9\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "wf.yaml:2: not a UTF-8 text file (byte 0xe9" in r.stderr, r.stderr

@@ -108,3 +108,25 @@ def test_true_is_not_a_checkpoint_interval(tmp_path):
     with shoal.Pilot(1) as pilot:
         with pytest.raises(ValueError, match="checkpoint_interval must be a positive number"):
             backtracking.count(pilot, 0, _kids, checkpoint=str(tmp_path / "c"), checkpoint_interval=True)
+
+
+def test_a_save_cut_by_sigkill_leaves_no_temporary_file_behind(tmp_path):
+    """A driver SIGKILLed while writing its checkpoint left '.<name>.<pid>.tmp' (as big as the
+    frontier) beside it forever: every later run has another pid.  The next run of the search
+    removes this host's temporaries whose driver is gone; a live driver's stay."""
+    import socket
+
+    ck = tmp_path / "s.ckpt"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is gone
+    host = socket.gethostname()
+    stale = tmp_path / f".s.ckpt.{host}.{dead.pid}.tmp"
+    live = tmp_path / f".s.ckpt.{host}.{os.getppid()}.tmp"  # a live process: not ours to remove
+    other = tmp_path / f".s.ckpt.another-host.{dead.pid}.tmp"
+    for p in (stale, live, other):
+        p.write_bytes(b"half a pickle")
+    with shoal.Pilot(1) as pilot:
+        assert backtracking.count(pilot, 0, _kids, checkpoint=str(ck), checkpoint_interval=0.01) == \
+            backtracking.count(pilot, 0, _kids)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert not ck.exists()

@@ -163,6 +163,8 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.pump_errors = 0
         self.cancels_refused = 0  # cancel() said False: a worker's ring had no room for it
         self.taken_back = 0  # tasks taken back from stopped workers and re-placed (stopped.py)
+        # tasks whose holder died, to re-place through the handshake (stopped.py _re_place)
+        self.orphans: list[_Task] = []
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)

@@ -193,8 +193,12 @@ class Lifecycle:
                 elif task.where == ep:
                     if self.functions.quarantined and self.functions.is_quarantined(task.fn):
                         broken.append(task)
+                    elif task.cancelling:
+                        self._dispatch(task)  # behind a CANCEL_IF_QUEUED: a cancel() decides
                     else:
-                        self._dispatch(task)
+                        # Not to be sent again blindly: it may have left for a thief whose
+                        # victim's MOVED died in the victim's outbox (stopped.py _re_place).
+                        self.orphans.append(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()

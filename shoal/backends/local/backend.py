@@ -34,7 +34,7 @@ draining them) before ``lock``.
 Failure rules: a worker's status cell lists the driver tasks it was running;
 when it dies those fail with ``WorkerLost`` (``TaskTimeout`` for the one that
 overran) unless ``retries`` remain, and every other task it held is
-resubmitted quietly.  A stopped worker keeps only what it runs (stopped.py).
+re-placed through the cancel handshake (stopped.py ``_re_place``), never run twice.  A stopped worker keeps only what it runs (stopped.py).
 A result that arrives twice (a re-run) is delivered once.
 
 Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is

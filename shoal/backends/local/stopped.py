@@ -1,4 +1,11 @@
-"""Tasks queued on a stopped worker: taken back and re-placed on live workers.
+"""Tasks queued on a stopped (or dead) worker: taken back and re-placed on live workers.
+
+The same handshake (``_re_place``) re-places the tasks a *dead* worker held queued
+(lifecycle.py) and those a late MOVED names a dead thief for (pump.py): the dead one
+may have handed them to a thief just before it died, its MOVED lost in its outbox, and
+a blind re-send ran each twice (tests/runtime/test_worker_death.py).  A task a live
+worker already runs stays there; one queued there is dropped there and runs under its
+new id once.
 
 A SIGSTOPped worker (or one held in a debugger) reads nothing: the tasks queued in its
 ring or deque neither run nor time out (a deadline starts at STARTED, which it never

@@ -1,6 +1,7 @@
 """Enforce ARCHITECTURE.md's import direction with an AST scan of every module under shoal/.
 
-Layers, bottom to top: leaf modules (``shoal/_*.py``), ``queues``, ``runtime``,
+Layers, bottom to top: leaf modules (``shoal/_*.py``: they import only the stdlib and
+other leaves, so any layer may use them: patterns too, e.g. ``shoal._room``), ``queues``, ``runtime``,
 ``backends``, ``pilot``, ``patterns``/``workloads``, ``dashboard`` (beside them:
 the pilot starts it, handing it the backend), ``cli``.  Every import
 statement anywhere in a file (also inside functions and ``if TYPE_CHECKING``)
@@ -97,8 +98,9 @@ RULES = [
     ),
     (
         "shoal.patterns",
-        lambda n: _is_root(n) or _within(n, "shoal.patterns"),
-        "patterns import only the public package shoal and shoal.patterns",
+        lambda n: _is_root(n) or _within(n, "shoal.patterns") or _is_leaf(n),
+        "patterns import only the public package shoal, shoal.patterns and leaf modules "
+        "(stdlib-only utilities such as shoal._room, shared with the runtime)",
     ),
     (
         "shoal.dashboard",
@@ -184,6 +186,11 @@ def test_resolver(module, is_package, source, expected):
         ("shoal.patterns.ensemble", {"shoal", "shoal.patterns.base"}, True),
         ("shoal.patterns.ensemble", {"shoal.runtime.future"}, False),
         ("shoal.patterns.ensemble", {"shoal.backends.local"}, False),
+        ("shoal.patterns.search.room", {"shoal._room"}, True),  # a leaf: stdlib only
+        ("shoal.patterns.search.room", {"shoal.runtime.worker"}, False),
+        ("shoal._room", {"types", "shoal._errors"}, True),
+        ("shoal._room", {"shoal.runtime"}, False),  # a leaf that is not a leaf
+        ("shoal._room", {"shoal"}, False),
         ("shoal.workloads.dl", {"shoal", "shoal.patterns"}, True),
         ("shoal.workloads.dl", {"shoal.queues"}, False),
         ("shoal.cli", {"shoal.backends", "shoal.runtime.topology"}, True),

@@ -51,6 +51,7 @@ import threading
 import time
 from collections import deque
 
+from .._room import in_room
 from ..queues import RingMatrix
 from . import context, policy, wire
 from .future import Future, set_local_exception, set_local_result
@@ -710,24 +711,6 @@ _STACK = 112 << 20  # main-thread stack wanted: Linux leaves >= 128 MiB below it
 _STACK_PER_LEVEL = 1100  # bytes of C stack one recursion level may take (generous)
 
 
-def _call(fn):
-    return fn()
-
-
-# The task loop runs from the base of a frame-stack chunk of its own.  CPython 3.11 keeps
-# frames in 16 KiB chunks: a call that crosses a chunk's end gets a fresh one (mmap) and
-# its return frees it (munmap), so a user's recursion that sat on such a boundary at the
-# worker's stack depth paid 2 syscalls and a page fault per call (a user-written spawn
-# UTS ran 1.26x slower on 1 worker than the same loop in the driver, and reached 1.53x
-# instead of 1.85x on 2).  The code object below reserves stack it never uses, so its frame
-# cannot fit in 16 KiB: CPython gives it a 256 KiB chunk with the frame at the base, and the
-# worker's tasks run in the ~120 KiB after it.  The same trick as
-# shoal/patterns/search/room.py, whose docstring has the evidence (runtime cannot import
-# patterns; paid once per worker here, not once per task).
-_run_in_room = type(_call)(_call.__code__.replace(co_stacksize=_call.__code__.co_stacksize + 17_000,
-                                                  co_name="_run_in_room"), globals(), "_run_in_room")
-
-
 def _room_for_deep_joins() -> None:
     """Deep help-first joins nest Python frames, so workers allow deep recursion, but
     never deeper than the C stack can hold: C-level recursion (repr, pickle, a Python
@@ -766,7 +749,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(POKE, worker.on_signal)
     os.register_at_fork(after_in_child=worker.after_fork)
     _room_for_deep_joins()
-    _run_in_room(worker.run)
+    # the task loop runs from the base of a frame-stack chunk of its own (shoal/_room.py:
+    # a user's recursion that sat on a chunk boundary at the worker's stack depth paid
+    # 2 syscalls and a page fault per call); once per worker, not once per task
+    in_room(worker.run)
     if worker.forked:
         _exit_forked(worker.ep)
     if worker.tracer is not None:

@@ -105,6 +105,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     """
     from .engine import Engine
 
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise EnsembleError(f"run(): workers must be an integer >= 1 (the cores to use), got {workers!r}")
+    if type(gpus) is not int or gpus < 0:
+        raise EnsembleError(f"run(): gpus must be an integer >= 0 (GPUs to hand out), got {gpus!r}")
     if resource is not None:
         from .resource import Resource, resource_pilot
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import runpy
 import shlex
@@ -56,6 +57,36 @@ def load_workflow(path: str):
     if "workflow" not in namespace:
         raise EnsembleError(f"{path} defines no 'workflow' (a Pipeline, a list of them, or a function)")
     return namespace["workflow"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.1 <= value < math.inf:  # 0 or less would spin (or raise in time.sleep); nan never compares
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0.1, got {text!r}")
+    return value
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -121,11 +152,11 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
                        help="start a fresh run; a journal already there is kept as <name>.<date>.db")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --resume: run FAILED and CANCELED tasks (and those skipped for them) again")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=_positive_int, default=None,
                         help="cores to use (default: all usable); with --dask: shoal workers per dask worker")
     parser.add_argument("--dask", default=None, metavar="ADDRESS",
                         help="run on the dask cluster whose scheduler is at ADDRESS (tcp://host:8786)")
-    parser.add_argument("--gpus", type=int, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
+    parser.add_argument("--gpus", type=_count, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
     parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
     parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")
     parser.add_argument("--pickle-values", action="store_true",
@@ -162,7 +193,7 @@ def add_status(subparsers: argparse._SubParsersAction) -> None:
                     "their stderr tails, and whether the run's driver is alive (works while a run writes).",
     )
     parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
-    parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+    parser.add_argument("--watch", nargs="?", type=_seconds, const=2.0, default=None, metavar="SECONDS",
                         help="refresh every SECONDS (default 2) until the run ends")
     parser.add_argument("--json", action="store_true", help="machine-readable (RunStatus.to_dict())")
     parser.set_defaults(handler=_status)

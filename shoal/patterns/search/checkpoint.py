@@ -44,10 +44,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import io
 import math
 import os
 import pickle
+import stat
 import time
+from pickle import _Pickler as _PurePickler  # pure-Python: its dispatch table extends
 
 from .control import slot, stopped
 from .engine import Explorer
@@ -61,16 +64,73 @@ CLOCK_EVERY = 64  # a chunk looks at the clock (and the cells) once per this man
 
 def fingerprint(kind: str, root, *options) -> str:
     """A digest naming one search: its skeleton, root and the functions and options that
-    change the answer (a function by reference where pickle can, else by its name)."""
+    change the answer (a function by reference where pickle can, else by its code).
+
+    The same search gives the same digest in every process: sets, frozensets and dicts are
+    written in a canonical order (their pickle follows hash order, and str hashes change
+    per process: a root or a ``partial`` holding a set of names would otherwise make every
+    resume after a kill "another search")."""
     h = hashlib.sha256(kind.encode())
     for x in (root, *options):
-        try:
-            blob = pickle.dumps(x, 5)
-        except Exception:
-            blob = repr(getattr(x, "__qualname__", type(x).__qualname__)).encode()
+        blob = _canonical(x)
         h.update(len(blob).to_bytes(8, "little"))
         h.update(blob)
     return h.hexdigest()
+
+
+class _CanonicalPickler(_PurePickler):
+    """pickle's pure-Python pickler with sets, frozensets and dicts in a canonical order
+    (the C pickler cannot be told: ``reducer_override`` is not consulted for them)."""
+
+    dispatch = dict(_PurePickler.dispatch)
+
+    def _save_set(self, obj):
+        self.save_reduce(type(obj), (sorted(obj, key=_canonical),), obj=obj)
+
+    def _save_dict(self, obj):
+        self.save_reduce(dict, (sorted(obj.items(), key=lambda kv: _canonical(kv[0])),), obj=obj)
+
+    dispatch[set] = _save_set
+    dispatch[frozenset] = _save_set
+    dispatch[dict] = _save_dict
+
+
+def _canonical(x) -> bytes:
+    """``x`` as bytes that do not depend on the process (hash seed, object addresses)."""
+    buf = io.BytesIO()
+    try:
+        _CanonicalPickler(buf, 5).dump(x)
+        return buf.getvalue()
+    except Exception:  # RecursionError too (the pure-Python pickler nests deeper than C's)
+        try:
+            return pickle.dumps(x, 5)
+        except Exception:
+            return _by_code(x)
+
+
+def _by_code(x) -> bytes:
+    """What cannot be pickled by reference (a lambda, a closure): its name and its code,
+    with the code's constants, the closure's values and the defaults where they pickle."""
+    parts = [type(x).__qualname__, getattr(x, "__module__", None), getattr(x, "__qualname__", None)]
+    fn = getattr(x, "__func__", x)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        parts.append(_code_parts(code))
+        cells = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+        parts += [_canonical(v) for v in (*cells, *(fn.__defaults__ or ()))]
+    return repr(parts).encode()
+
+
+def _code_parts(code):
+    return (code.co_code, code.co_names, tuple(_code_parts(c) if hasattr(c, "co_code") else
+                                              _canonical(c) for c in code.co_consts))
+
+
+def _filled(cell) -> bool:
+    try:
+        return cell.cell_contents is not cell  # raises ValueError for an empty cell
+    except ValueError:
+        return False
 
 
 def make(path, interval, kind: str, root, *options):
@@ -93,9 +153,31 @@ class SearchCheckpoint:
             raise ValueError(f"checkpoint_interval must be a positive number of seconds, "
                              f"got {interval!r}")
         self.path = os.fspath(path)
+        self._check_path()
         self.interval = float(interval)
         self.kind, self.digest = kind, digest
         self.saves = 0
+
+    def _check_path(self) -> None:
+        """Refuse, before the search starts, a path no save could write: a directory, a FIFO
+        or device (opening it to load would block), a missing or read-only directory (the
+        first save, ``interval`` seconds in, would fail)."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            raise SearchError(f"checkpoint {self.path!r}: {exc.strerror}") from None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise SearchError(f"checkpoint {self.path!r} is a directory; give a file path such as "
+                              f"{os.path.join(self.path, 'search.ckpt')!r}")
+        if mode is not None and not stat.S_ISREG(mode):
+            raise SearchError(f"checkpoint {self.path!r} is not a regular file (a FIFO or a device)")
+        if not os.path.isdir(directory):
+            raise SearchError(f"checkpoint {self.path!r}: directory {directory} does not exist; create it first")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise SearchError(f"checkpoint {self.path!r}: directory {directory} is not writable")
 
     def load(self) -> tuple[Tally, list] | None:
         """(Tally so far, units left) from the file, or None when there is none."""

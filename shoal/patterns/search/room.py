@@ -1,55 +1,15 @@
 """Room on CPython's frame stack for the hot loops: ``in_room(fn, *args)``.
 
-Why: since 3.11 CPython keeps Python frames on a per-thread *data stack* made of
-chunks (16 KiB normally).  A call that does not fit in the current chunk gets a
-fresh one from ``mmap``, and the return that empties it gives it back with
-``munmap`` (CPython issue gh-142183, "Calls across stack chunks perform badly",
-fixed upstream in 2026 by caching one chunk per thread, gh-145789; 3.11 and 3.12 keep
-it).  A recursion or a loop that keeps
-calling across such a boundary pays two system calls and a page fault per call:
-the search loops ran 2-10x slower at some stack depths and not at others (the
-"unexplained ~10x slowdown" of the recursive count loop on UTS seen only inside
-``bench_search.py``'s ``main()``: a few frames more above the search moved the
-boundary into the hot loop; knapsack's recursion measured 2.3x slower with two
-more local variables, 259,000 ``mmap``/``munmap`` pairs under strace).
-
-How: ``in_room`` is a function whose frame reserves ``ROOM_WORDS`` slots of
-evaluation stack it never uses (its code object's ``co_stacksize`` is raised).
-That frame cannot fit in a 16 KiB chunk, so CPython gives it a chunk of its own,
-sized to the next power of two that also holds ``MINIMUM_OVERHEAD`` (1,000
-slots) more: 256 KiB, of which the reserved frame takes a little over half.  The
-frame sits at the chunk's base, so the chunk lives as long as the call; every
-frame the loop pushes lands in the ~120 KiB left after it (~400 levels of the
-recursive loops) with no boundary to cross.  A nested ``in_room`` (a task run
-while another joins on the same worker) never fits in that remainder (it is
-smaller than the reserved frame), so it always starts a fresh chunk: each loop
-has its full room.  The cost is one ``mmap``/``munmap`` pair per call (a task),
-and pages are touched only as deep as the loop goes.
-
-Alternatives rejected: a smaller recursion depth (the boundary can be anywhere,
-also at depth 3); padding frames chosen by probing (the data stack's position is
-not visible from Python); raising the chunk size (a CPython build constant).
-On other implementations or versions the reserved stack is merely unused.
+The search loops run from the base of a frame-stack chunk of their own, so a
+recursion never calls across a chunk boundary (CPython 3.11/3.12's
+mmap/munmap per call, gh-142183).  The implementation, its evidence and the
+alternatives rejected are in the leaf module ``shoal/_room.py``, which the
+worker's task loop (``shoal/runtime/worker.py``) uses too; this module is the
+search package's name for it.
 """
 
 from __future__ import annotations
 
-import types
+from shoal._room import ROOM_WORDS, in_room
 
-ROOM_WORDS = 17_000  # reserved slots: 8 * (17,000 + 1,000) bytes > 128 KiB -> a 256 KiB chunk
-
-
-def _call(fn, *args):
-    return fn(*args)
-
-
-def _roomy(f, name: str):
-    code = f.__code__.replace(co_stacksize=f.__code__.co_stacksize + ROOM_WORDS, co_name=name,
-                              co_qualname=name)
-    g = types.FunctionType(code, f.__globals__, name)
-    g.__qualname__ = name  # (pickles by reference, as room.in_room)
-    return g
-
-
-in_room = _roomy(_call, "in_room")
-in_room.__doc__ = "``fn(*args)`` from the base of a fresh 256 KiB frame-stack chunk (module doc)."
+__all__ = ["ROOM_WORDS", "in_room"]

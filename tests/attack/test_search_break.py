@@ -1,0 +1,81 @@
+"""Breaking issue 15's search skeletons the way users and attackers use them (fourth round).
+
+Checkpoints with real SIGKILLed driver processes, hostile checkpoint paths.  Each test failed
+before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import shoal
+from shoal.patterns import backtracking
+from shoal.patterns.search import SearchError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _driver(args, seed: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONHASHSEED=seed)
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "search_ck_driver.py"), *map(str, args)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_a_killed_search_over_sets_of_names_resumes_in_a_new_process(tmp_path):
+    """A root holding a frozenset of strings: its plain pickle follows the per-process hash
+    order, so the checkpoint's digest differed in every new process and the rerun after a
+    SIGKILL was refused as 'another search' (every run)."""
+    n = 17
+    ck, out = tmp_path / "s.ckpt", tmp_path / "out.json"
+    first = _driver([n, ck, out], seed="1")
+    try:
+        deadline, seen, last = time.monotonic() + 120, 0, None
+        while seen < 2:  # two checkpoints written: the file holds a real frontier
+            assert first.poll() is None, first.stdout.read().decode()[-2000:] + " -- make n bigger"
+            assert time.monotonic() < deadline, "no checkpoint written"
+            m = os.stat(ck).st_mtime_ns if ck.exists() else None
+            if m is not None and m != last:
+                seen, last = seen + 1, m
+            time.sleep(0.01)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stdout.close()
+    assert ck.exists()
+    second = _driver([n, ck, out], seed="2")  # another process, another hash seed
+    text = second.communicate(timeout=300)[0].decode()
+    assert second.returncode == 0, text[-2000:]
+    res = json.loads(out.read_text())
+    assert res == {"count": 2 ** n, "resumed": True}
+    assert not ck.exists()
+
+
+def _kids(n):
+    return [n + 1, n + 2] if n < 12 else []
+
+
+@pytest.mark.parametrize("what", ["missing-dir", "directory", "fifo"])
+def test_a_checkpoint_path_no_save_could_write_is_refused_before_the_search(tmp_path, what):
+    """Before: a missing directory failed with a raw FileNotFoundError naming a temporary file
+    ``interval`` seconds into the search (60 s by default); a directory gave a raw
+    IsADirectoryError; a FIFO blocked the call forever in open()."""
+    path = {"missing-dir": tmp_path / "nope" / "s.ckpt", "directory": tmp_path, "fifo": tmp_path / "fifo"}[what]
+    if what == "fifo":
+        os.mkfifo(path)
+    with shoal.Pilot(1) as pilot:
+        with pytest.raises(SearchError, match="checkpoint") as info:
+            backtracking.count(pilot, 0, _kids, checkpoint=str(path), checkpoint_interval=0.01)
+        assert {"missing-dir": "does not exist", "directory": "is a directory",
+                "fifo": "not a regular file"}[what] in str(info.value)
+        assert backtracking.count(pilot, 0, _kids) > 0  # the pilot is fine afterwards

@@ -34,9 +34,6 @@ def write_wf(tmp_path, body: str, name: str = "wf.py"):
 
 
 # -- the journal is a trust boundary -------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="r-ens3 (launcher.kill_leftover / journal.take_over): a crafted "
-                   "journal's RUNNING row makes --resume SIGKILL any process whose pid and start time it "
-                   "names; /work/wt/notes/r-break3.md F1")
 def test_a_crafted_journal_cannot_make_resume_kill_a_stranger(tmp_path):
     wf = write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/true')])])]\n")
     victim = subprocess.Popen(["sleep", "300"], start_new_session=True)  # not started by shoal
@@ -270,9 +267,6 @@ def test_an_entk_reference_built_from_uids_says_why(tmp_path):
 
 
 # -- staging -------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="r-ens3 (launcher.stage_in): a Staging.MOVE input is unlinked from "
-                   "the sandbox before the move is retried, and the move then fails: the user's only copy is "
-                   "lost on every retry or resume; /work/wt/notes/r-break3.md F4")
 def test_a_moved_input_survives_a_retry(tmp_path):
     from shoal.ensemble import Input, Staging, run
 

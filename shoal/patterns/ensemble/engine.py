@@ -245,8 +245,8 @@ class Engine:
         restore = self._catch_signals()
         try:
             if self.resume:
-                for _uid, pid, start in self.journal.take_over(self.retry_failed):
-                    kill_leftover(pid, start)
+                for uid, pid, start in self.journal.take_over(self.retry_failed):
+                    kill_leftover(pid, start, uid, self.launcher.sandbox_of(uid) if isinstance(uid, str) else None)
             while True:
                 before = self._moves()
                 if self.interrupted and not self.draining:

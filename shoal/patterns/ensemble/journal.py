@@ -15,7 +15,8 @@ DONE written exactly once.
 Resume: rows in a terminal state (DONE, FAILED, SKIPPED, CANCELED) are kept
 and their tasks are not run again; rows left RUNNING by a killed driver are
 turned back to PENDING (their processes, if still alive — pid and start time
-both match — are killed first) and run again.  Tasks never journaled are
+both match, and the process carries the task's SHOAL_TASK and SHOAL_SANDBOX —
+are killed first) and run again.  Tasks never journaled are
 simply pending.  Function results are stored in a data format (values.py:
 msgpack, never code) so ``when=`` and stage ``post_exec`` callbacks see the
 same values after a resume; pickle is an explicit opt-in (a trust boundary).
@@ -492,7 +493,8 @@ class Journal:
         self.db.execute("INSERT OR REPLACE INTO stages VALUES (?,?,?)", (uid, pipeline, state.value))
 
     def take_over(self, retry_failed: bool = False) -> list[tuple[str, int, float]]:
-        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid.
+        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid,
+        as the journal holds them (unchecked: ``launcher.kill_leftover`` trusts none of them).
 
         ``retry_failed``: FAILED, CANCELED and dependency-SKIPPED rows -> PENDING with their
         attempts reset (so they get their retries again), and the failed/skipped stage and

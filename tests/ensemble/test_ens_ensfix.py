@@ -1,0 +1,88 @@
+"""Regression tests for the ensemble findings F1/F4/F5/F6/F7/F8 of r-break3 (issue 14, fourth round).
+
+Real processes throughout: `shoal run` as a subprocess SIGKILLed by its own task, real victims
+for the leftover-kill check, real SQLite journals.  The attack tests themselves are in
+tests/attack/test_ensemble_break.py (their xfail marks removed with each fix)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
+from shoal.patterns.ensemble.launcher import kill_leftover
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def shoal_cli(*args, cwd, timeout=120):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "shoal", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=cwd)
+
+
+# -- F4: a moved input is the only copy -------------------------------------------------------
+def test_a_moved_input_survives_the_resume_after_its_driver_was_killed(tmp_path):
+    """Attempt 1 moves input.txt into the sandbox, then SIGKILLs its own driver; the --resume
+    stages again: before the fix it unlinked the moved file (the only copy) and then failed to
+    move the (gone) source: FAILED (staging), the data lost everywhere."""
+    src = tmp_path / "input.txt"
+    src.write_text("precious\n")
+    (tmp_path / "wf.py").write_text(
+        "from shoal.ensemble import Input, Pipeline, Stage, Staging, Task\n"
+        f"workflow = [Pipeline([Stage([Task(executable='/bin/sh', name='t', inputs=[Input({str(src)!r}, "
+        "'in.txt', Staging.MOVE)], arguments=['-c', 'if [ -e ../../../../once ]; then cat in.txt; "
+        "else touch ../../../../once; kill -9 $PPID; exit 1; fi'])], name='s')], name='p')]\n")
+    first = shoal_cli("run", "wf.py", cwd=tmp_path)
+    assert first.returncode == -9, first.stderr  # the task killed its driver mid-run
+    assert not src.exists() and (tmp_path / "run.sandbox/p/s/t/in.txt").exists()
+    second = shoal_cli("run", "wf.py", "--resume", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "run.sandbox/p/s/t/stdout").read_text() == "precious\n"
+
+
+def test_a_missing_source_leaves_what_an_earlier_attempt_staged(tmp_path):
+    """COPY and LINK: the target was unlinked before the source was checked; a vanished source
+    now fails the staging without destroying the earlier attempt's copy."""
+    from shoal.patterns.ensemble.launcher import LaunchError, stage_in
+    from shoal.patterns.ensemble.model import Input, Staging
+
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "in.txt").write_text("kept\n")
+    for mode in (Staging.COPY, Staging.LINK, Staging.MOVE):
+        (box / "in.txt").write_text("kept\n")
+        inp = Input(str(tmp_path / "gone.txt"), "in.txt", mode)
+        if mode is Staging.MOVE:
+            stage_in([(inp, str(tmp_path / "gone.txt"))], str(box))  # moved in before: kept as it is
+        else:
+            with pytest.raises(LaunchError, match="gone.txt"):
+                stage_in([(inp, str(tmp_path / "gone.txt"))], str(box))
+        assert (box / "in.txt").read_text() == "kept\n", mode
+
+
+# -- F1: a resume kills only a process that proves it is the task's ----------------------------
+def test_kill_leftover_needs_the_tasks_own_environment(tmp_path):
+    box = str(tmp_path / "p/s/t")
+    env = dict(os.environ, SHOAL_TASK="p.s.t", SHOAL_SANDBOX=box)
+    procs = [subprocess.Popen(["sleep", "60"], env=e, start_new_session=True)
+             for e in (env, dict(env, SHOAL_TASK="p.s.u"), dict(os.environ))]
+    try:
+        starts = [psutil.Process(p.pid).create_time() for p in procs]
+        assert not kill_leftover(procs[1].pid, starts[1], "p.s.t", box)  # another task's
+        assert not kill_leftover(procs[2].pid, starts[2], "p.s.t", box)  # a stranger
+        assert not kill_leftover(procs[0].pid, starts[0] + 5, "p.s.t", box)  # the pid reused
+        assert not kill_leftover(procs[0].pid, starts[0], "p.s.t", box + "x")  # another sandbox
+        for pid in (1, 0, -1, os.getpid(), "1", None):
+            assert not kill_leftover(pid, 0.0, "p.s.t", box)
+        assert all(p.poll() is None for p in procs)
+        assert kill_leftover(procs[0].pid, starts[0], "p.s.t", box)  # the task's own: killed
+        assert procs[0].wait(30) == -9
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -113,6 +113,8 @@ class Explorer(CountLoops, BnBLoop):
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.backtracks = 0  # BUDGET: backtracks since the last split
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
+        self.pending: list | None = None  # the lazy count loop: (path, node) units left here
+        self.rdrained: dict | None = None  # ... and its drained levels: iterator -> index
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         # several machines: keep RESERVE of this task's subtrees on offer for the runtime's
@@ -273,6 +275,8 @@ class Explorer(CountLoops, BnBLoop):
         the recursive loop, whose levels are read from its frames only now (loops.py)."""
         if iters is not None:
             return self.split(iters, idx, want, whole_level)
+        if self.pending is not None:  # the lazy count loop (loops.dfs_count_gen)
+            return self.lazy_split(want)
         its, idx = self.rec_levels()
         keys, loops, rs = list(its), self._rec_loop_idx, self.rskips
         # siblings already taken after the child each level is on (earlier splits)
@@ -293,6 +297,11 @@ class Explorer(CountLoops, BnBLoop):
         is taken and the others' takes go to ``self.skips``; with ``skips`` (the recursive
         loop, whose indices are the true ones) every level's takes are counted there.
         """
+        if self.pending:  # units of the lazy count loop: shallower than any level here
+            left = self.ship_pending(1 if whole_level else want)
+            if whole_level or left <= 0:
+                return
+            want = left
         shipped = 0
         deepest = len(idx) - 1 if skips is None else -1
         if skips is None:

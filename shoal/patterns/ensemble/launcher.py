@@ -126,6 +126,8 @@ def stage_in(pairs, sandbox: str) -> None:
             dst = inside(sandbox, inp.target)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             dst = inside(sandbox, inp.target)  # makedirs cannot have followed a link: re-check
+            if inp.mode is Staging.MOVE and not os.path.lexists(src) and os.path.lexists(dst):
+                continue  # moved in by an earlier attempt (a retry, a resume): the only copy, keep it
             if os.path.lexists(dst):
                 if os.path.isdir(dst) and not os.path.islink(dst):
                     shutil.rmtree(dst)

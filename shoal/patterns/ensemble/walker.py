@@ -57,6 +57,7 @@ type-checks it without an adapter).
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -81,7 +82,7 @@ class Intake(Protocol):
 
 
 class _StageRun:
-    __slots__ = ("stage", "uid", "pipe", "tasks", "exhausted", "outstanding", "failed", "names", "index")
+    __slots__ = ("stage", "uid", "pipe", "tasks", "exhausted", "outstanding", "failed", "names", "named", "index")
 
     def __init__(self, stage: Stage, uid: str, pipe: _PipeRun):
         self.stage, self.uid, self.pipe = stage, uid, pipe
@@ -90,6 +91,7 @@ class _StageRun:
         self.outstanding = 0  # pulled from the iterator, not yet terminal
         self.failed = 0
         self.names: set[str] = set()  # explicit task names seen (duplicates are errors)
+        self.named: set[int] = set()  # positions of the explicitly named tasks whose name is a t<i>
         self.index = 0
 
 
@@ -102,6 +104,18 @@ class _PipeRun:
         self.stage: _StageRun | None = None
         self.stopped = False
         self.failed = False
+
+
+_DEFAULT_RE = re.compile(r"[pt](0|[1-9][0-9]*)")  # the form of a default name (p3, t12)
+
+
+def _takes_default(name: str, prefix: str, position: int, named: set[int]) -> bool:
+    """An explicit ``name`` equal to the default name of an earlier unnamed sibling (``<prefix><k>``
+    with k < ``position`` and sibling k not explicitly named): two would share one uid."""
+    if not name.startswith(prefix) or not _DEFAULT_RE.fullmatch(name):
+        return False
+    k = int(name[1:])
+    return k < position and k not in named
 
 
 class Item:
@@ -142,6 +156,7 @@ class Walker:
         self.specs = specs if specs is not None else {}  # id(task) -> (task, spec): see _add_task
         self.pipes: list[_PipeRun] = []
         self.pipe_names: set[str] = set()
+        self.pipes_named: set[int] = set()  # positions of the explicitly named pipelines named like p<i>
         self.pipe_count = 0
         self.workflow_done = False
         self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
@@ -204,11 +219,18 @@ class Walker:
         if not isinstance(pipeline, Pipeline):
             raise EnsembleError(f"workflow item {self.pipe_count} is {pipeline!r}, not a Pipeline")
         name = pipeline.name or f"p{self.pipe_count}"
-        self.pipe_count += 1
         if pipeline.name is not None:
-            if name in self.pipe_names:
-                raise EnsembleError(f"pipeline name {name!r} is used twice; pipeline names must be unique")
+            if name in self.pipe_names or _takes_default(name, "p", self.pipe_count, self.pipes_named):
+                raise EnsembleError(f"pipeline name {name!r} is used twice; pipeline names must be unique "
+                                    "(an unnamed pipeline at position i is named p<i>)")
             self.pipe_names.add(name)
+            if _DEFAULT_RE.fullmatch(name):
+                self.pipes_named.add(self.pipe_count)
+        elif name in self.pipe_names:
+            raise EnsembleError(f"pipeline name {name!r} is used twice: it is the default name of the "
+                                f"unnamed pipeline {self.pipe_count} and another pipeline's explicit name; "
+                                "name that pipeline")
+        self.pipe_count += 1
         pipeline.uid = name
         pipeline.validate()
         self.pipes.append(_PipeRun(pipeline, name))
@@ -279,9 +301,16 @@ class Walker:
         if not isinstance(task, Task):
             raise EnsembleError(f"stage {srun.uid}: task {srun.index} is {task!r}, not a Task")
         if task.name is not None:
-            if task.name in srun.names:
-                raise EnsembleError(f"stage {srun.uid}: task name {task.name!r} is used twice")
+            if task.name in srun.names or _takes_default(task.name, "t", srun.index, srun.named):
+                raise EnsembleError(f"stage {srun.uid}: task name {task.name!r} is used twice (names "
+                                    "must be unique, and an unnamed task at position i is named t<i>)")
             srun.names.add(task.name)
+            if _DEFAULT_RE.fullmatch(task.name):
+                srun.named.add(srun.index)
+        elif f"t{srun.index}" in srun.names:
+            raise EnsembleError(f"stage {srun.uid}: task name 't{srun.index}' is used twice: it is the "
+                                f"default name of the unnamed task {srun.index} and another task's explicit "
+                                "name; name that task")
         task.uid = f"{srun.uid}.{task.name or f't{srun.index}'}"
         srun.index += 1
         task.validate()

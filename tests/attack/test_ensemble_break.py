@@ -282,8 +282,6 @@ def test_a_moved_input_survives_a_retry(tmp_path):
 
 
 # -- adaptivity ------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="r-ens3 (walker.py): a stage a post_exec adds to a pipeline that has "
-                   "already finished is dropped without a word; /work/wt/notes/r-break3.md F5")
 def test_a_stage_added_to_a_finished_pipeline_is_not_dropped_silently(tmp_path):
     from shoal.ensemble import EnsembleError, run
 

@@ -830,6 +830,7 @@ class Engine:
             self.journal.close()
 
     def _close_resources(self) -> None:
+        self.walker.close()  # finished pipelines take stages again
         if self.runners is not None:
             self.runners.close()
             self.runners = None

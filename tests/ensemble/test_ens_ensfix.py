@@ -13,7 +13,6 @@ import sys
 import psutil
 import pytest
 
-from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
 from shoal.patterns.ensemble.launcher import kill_leftover
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

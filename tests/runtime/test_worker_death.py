@@ -221,6 +221,57 @@ def test_force_cancel_never_kills_a_task_started_after_the_forced_one_ended(tmp_
         assert ran(path) == {0: 1, 1: 1}
 
 
+def test_tasks_a_killed_victim_had_handed_to_a_thief_run_once(tmp_path):
+    """The victim answered a steal (LOOT in the thief's ring) and was SIGKILLed with its
+    MOVED for those tasks still in its outbox (its ring to the driver full): the driver
+    believes the tasks were on the dead victim, but the thief has them, one already
+    started.  Re-placing them goes through cancel()'s handshake (every worker is told to
+    drop the old ids, the status slots are read): each runs exactly once.  Before, the
+    driver re-sent them all and the thief ran them too: every one ran twice."""
+    path = str(tmp_path / "marks")
+    gate = lambda i: str(tmp_path / f"gate{i}")  # noqa: E731 - one gate file per task
+    with shoal.Pilot(2) as pilot:
+        backend = pilot._backend
+        release(gate(-1))
+        pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
+        pilot.stats()  # both workers loaded mark_then_wait
+        blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
+        until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
+        victim = backend._running_on(blocker.task_id)
+        thief = next(ep for ep in backend.endpoints if ep != victim)
+        futs = []
+        for i in range(20):
+            f = pilot.submit(mark_then_wait, path, i, gate(i))
+            f.arg = i
+            futs.append(f)
+        with backend.lock:
+            on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
+            on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
+        assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
+        vpid = backend.procs[victim].pid
+        with backend.consume_lock:
+            os.kill(vpid, signal.SIGSTOP)
+            until(lambda: stopped(vpid), what="the victim stopped")
+            ring = backend.matrix.ring(victim, 0)
+            for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
+                while ring.push(junk) is Push.OK:
+                    pass
+            os.kill(vpid, signal.SIGCONT)
+            for i in on_thief:
+                release(gate(i))
+            stolen = {futs[i].task_id: i for i in on_victim}
+            until(lambda: any(backend._running_on(t) == thief for t in stolen),
+                  what="the thief runs a stolen task")
+            os.kill(vpid, signal.SIGKILL)  # its MOVED dies in its outbox
+        until(lambda: backend.generation[victim] == 1, what="the victim's death is handled")
+        for i in [*range(20), 1000]:
+            release(gate(i))
+        assert not cf.wait(futs, timeout=120).not_done
+        assert not settle_and_check(futs, path)
+        assert isinstance(blocker.exception(60), shoal.WorkerLost)
+        assert pilot.submit(mark, path, -2).result(60) == -2
+
+
 HALF_KILLER = """
 import os, sys, time
 main = sys.modules.get("__main__")

@@ -7,10 +7,11 @@ never re-imported.  They inherit the segment, the doorbells and the read end of 
 worker exits at once.  The segment is a memfd, so no /dev/shm name exists to leak.
 
 A death (the pump sees the pidfd) is handled under ``consume_lock`` then ``lock``: what
-the worker sent before dying is drained, its running driver tasks (its status cell)
-fail or retry, everything else it held is re-sent elsewhere, the other workers are told
-(``DIED``), and a replacement of the next generation is started (with backoff when
-starting fails).  A function that kills a worker while it is unpickled is quarantined.
+the worker sent before dying is drained, its running driver tasks (its status cell,
+wherever the driver thought they were) fail or retry, everything else it held is
+re-placed elsewhere through the cancel handshake (``orphans``, stopped.py: it may have
+handed some to a thief just before), the other workers are told (``DIED``), and a
+replacement of the next generation is started (with backoff when starting fails).  A function that kills a worker while it is unpickled is quarantined.
 
 ``close`` waits for (or cancels) the outstanding work, tells the workers to stop, and
 tears down; in a forked child (at-fork hook) the parent's pilot is closed without
@@ -193,8 +194,12 @@ class Lifecycle:
                 elif task.where == ep:
                     if self.functions.quarantined and self.functions.is_quarantined(task.fn):
                         broken.append(task)
+                    elif task.cancelling:
+                        self._dispatch(task)  # behind a CANCEL_IF_QUEUED: a cancel() decides
                     else:
-                        self._dispatch(task)
+                        # Not to be sent again blindly: it may have left for a thief whose
+                        # victim's MOVED died in the victim's outbox (stopped.py _re_place).
+                        self.orphans.append(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()

@@ -52,7 +52,9 @@ Queueing behind (``_may_queue``): while the run's finished attempts average unde
 QUEUE_BELOW_S and no walltime is set, a 1-core local executable may be placed on a CPU whose
 current task is another such executable; it is journaled RUNNING in that pass, like any task
 placed, and its runner starts it as soon as the current one ends, without a driver pass in
-between.  Measured (2,000 x ``/bin/true``, 2 cores, issue 14's fifth round): the runners waited
+between; if the current one outlives the runner's quick window (5 ms) instead, the runner
+answers the queued task BOUNCED and the engine places it again (first in line), so a task
+never waits behind one of unknown length while another CPU frees up.  Measured (2,000 x ``/bin/true``, 2 cores, issue 14's fifth round): the runners waited
 15% of their time for the driver, and the driver made one pass, one commit and one wake-up
 per task; with queueing, a pass handles several tasks and the Python process's CPU per task
 fell from ~0.24 to ~0.17 ms.  A queued task shows as running in ``shoal status`` for the
@@ -105,7 +107,7 @@ from .model import (
 from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
-from .runners import NOT_STARTED, QUICK_S, Event, Runners
+from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
@@ -521,11 +523,19 @@ class Engine:
                         item.deadline = item.t0 + item.task.timeout
                 if id(item) not in exited:
                     self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
+                    self.sched.mark_long(item.grant)  # nothing more queues behind it
                 if stopping:
                     self.runners.kill(a)
                 return
             self.sched.release(item.grant)
-            if a is NOT_STARTED:
+            if a is BOUNCED and not (stopping or self.draining):  # queued behind a long task:
+                self.journal.unstart(item.uid)  # PENDING until placed again, first in line
+                item.attempt -= 1
+                item.grant = item.deadline = None
+                self.waiting[id(item)] = item
+                self.waiting.move_to_end(id(item), last=False)
+                self.moves += 1
+            elif a is NOT_STARTED or a is BOUNCED:
                 self.journal.unstart(item.uid)
             elif isinstance(a, LaunchError):
                 self._ended(item, Failure(a.kind, a.message, attempt=item.attempt))

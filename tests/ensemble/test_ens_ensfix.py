@@ -13,6 +13,7 @@ import sys
 import psutil
 import pytest
 
+from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
 from shoal.patterns.ensemble.launcher import kill_leftover
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

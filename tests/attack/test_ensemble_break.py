@@ -282,8 +282,6 @@ def test_a_moved_input_survives_a_retry(tmp_path):
 
 
 # -- adaptivity ------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="r-ens3 (walker.py): a stage a post_exec adds to a pipeline that has "
-                   "already finished is dropped without a word; /work/wt/notes/r-break3.md F5")
 def test_a_stage_added_to_a_finished_pipeline_is_not_dropped_silently(tmp_path):
     from shoal.ensemble import EnsembleError, run
 
@@ -343,8 +341,6 @@ def test_a_yaml_file_that_is_not_utf8_is_a_file_line_error(tmp_path):
     assert "wf.yaml:2: not a UTF-8 text file (byte 0xe9" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="r-ens3 (engine._catch_signals): the drain handler replaces a SIGINT "
-                   "the caller ignores (trap '' INT, background jobs of scripts); /work/wt/notes/r-break3.md F6")
 def test_a_sigint_the_caller_ignores_stays_ignored(tmp_path):
     write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/sh', arguments=['-c', "
                        "'touch ../../../../started; sleep 1'])])])]\n")
@@ -396,9 +392,6 @@ def test_resume_of_a_journal_with_values_shoal_never_writes_is_one_line(tmp_path
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="r-ens3 (walker.py): an explicit name equal to another pipeline's or "
-                   "task's positional default (p1, t1) makes one of them vanish, report ok; "
-                   "/work/wt/notes/r-break3.md F8")
 @pytest.mark.parametrize("case", ["pipeline", "task"])
 def test_an_explicit_name_equal_to_a_default_name_loses_no_work(tmp_path, case):
     from shoal.ensemble import EnsembleError, run

@@ -13,6 +13,7 @@ import sys
 import psutil
 import pytest
 
+from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
 from shoal.patterns.ensemble.launcher import kill_leftover
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -85,3 +86,68 @@ def test_kill_leftover_needs_the_tasks_own_environment(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+# -- F8: an explicit name equal to a positional default -----------------------------------------
+def _exe(name=None):
+    return Task(executable="/bin/true", name=name)
+
+
+@pytest.mark.parametrize("wf, words", [
+    ([Pipeline([Stage([_exe()])]), Pipeline([Stage([_exe()])], name="p0")],
+     "pipeline name 'p0' is used twice: pipeline 1 is named 'p0', which pipeline 0 (unnamed) has as its default"),
+    ([Pipeline([Stage([_exe()]), Stage([_exe()], name="s0")], name="x")],
+     "pipeline x: stage name 's0' is used twice: stage 1 is named 's0', which stage 0 (unnamed)"),
+    ([Pipeline([Stage([_exe()], name="s1"), Stage([_exe()])], name="x")],
+     "pipeline x: stage name 's1' is used twice: stage 0 is named 's1' and stage 1 (unnamed) gets 's1'"),
+    ([Pipeline([Stage([_exe(), _exe("t0")], name="s")], name="x")],
+     "stage x.s: task name 't0' is used twice: task 1 is named 't0', which task 0 (unnamed)"),
+])
+def test_an_explicit_name_equal_to_a_default_name_is_refused_naming_both(tmp_path, wf, words):
+    with pytest.raises(EnsembleError) as err:
+        run(wf, journal=str(tmp_path / "run.db"))
+    assert words in str(err.value)
+
+
+def test_names_that_only_look_like_defaults_are_fine(tmp_path):
+    """t01, t-1, a later position's default (t5 among 2 tasks), and a name equal to the default of
+    a position that is itself named: no clash."""
+    wf = [Pipeline([Stage([_exe("t01"), _exe("t5"), _exe(), _exe("t-1")]),
+                    Stage([_exe("t1"), _exe("t0")])], name="x")]
+    report = run(wf, journal=str(tmp_path / "run.db"))
+    assert report.ok and report.done == 6, report
+
+
+# -- F5: a stage added to a pipeline that has finished -----------------------------------------
+def test_a_stage_added_to_a_finished_pipeline_is_refused_and_the_pipeline_is_plain_again(tmp_path):
+    """EnTK drops such a stage silently (its WFprocessor skips completed pipelines); shoal did too.
+    Now the add_stages call itself raises, naming the stage and the pipeline; after the run the
+    pipeline object takes stages again (the user may build another workflow from it)."""
+    gate = tmp_path / "a-done"
+    a = Pipeline([Stage([_exe()], post_exec=lambda: gate.touch())], name="a")
+
+    def grow():
+        a.add_stages(Stage([_exe()]))
+
+    b = Pipeline([Stage([Task(executable="/bin/sh", arguments=["-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])],
+                        post_exec=grow)], name="b")
+    with pytest.raises(EnsembleError) as err:
+        run([a, b], journal=str(tmp_path / "run.db"))
+    text = str(err.value)
+    assert "stage a.s1 cannot be added to pipeline a: the pipeline has finished" in text, text
+    assert type(a.stages) is list and len(a.stages) == 1
+    a.add_stages(Stage([_exe()]))  # outside a run: fine again
+    assert len(a.stages) == 2
+
+
+def test_a_pipeline_growing_itself_from_its_last_stage_still_runs(tmp_path):
+    """The EnTK adaptive idiom (a stage's post_exec adds the next stage to its own pipeline)."""
+    p = Pipeline(name="loop")
+
+    def more():
+        if len(p.stages) < 3:
+            p.add_stages(Stage([_exe()], post_exec=more))
+
+    p.add_stages(Stage([_exe()], post_exec=more))
+    report = run(p, journal=str(tmp_path / "run.db"))
+    assert report.ok and report.done == 3, report

@@ -295,7 +295,11 @@ class Engine:
                     with contextlib.suppress(OSError):
                         os.write(self.wake_w, b"x")
 
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # the caller ignores it (trap '' INT, a
+                continue  # script's background job, nohup): it stays ignored
+            old[sig] = signal.signal(sig, handler)
 
         def restore():
             for sig, h in old.items():
@@ -826,6 +830,7 @@ class Engine:
             self.journal.close()
 
     def _close_resources(self) -> None:
+        self.walker.close()  # finished pipelines take stages again
         if self.runners is not None:
             self.runners.close()
             self.runners = None

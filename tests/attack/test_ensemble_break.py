@@ -407,3 +407,21 @@ def test_an_explicit_name_equal_to_a_default_name_loses_no_work(tmp_path, case):
         assert "twice" in str(exc) or "used" in str(exc)
         return
     assert report.done == 2, report
+
+
+def test_entk_task_from_dict(tmp_path):
+    """EnTK's documented constructor ``Task(from_dict={...})`` was a TypeError (unexpected keyword)."""
+    from shoal.entk import AppManager, EnsembleError
+
+    t = Task(from_dict={"name": "hello", "executable": "/bin/echo", "arguments": ["hi"],
+                        "cpu_reqs": {"cpu_processes": 1, "cpu_threads": 2},
+                        "uid": "task.0001", "state": "DESCRIBED"})  # to_dict() bookkeeping: dropped
+    assert (t.executable, t.arguments, t.cores, t.uid) == ("/bin/echo", ["hi"], 2, None)
+    with pytest.raises(EnsembleError, match="did you mean 'executable'"):
+        Task(from_dict={"executabel": "/bin/echo"})
+    p = Pipeline(name="p")
+    p.add_stages(Stage().add_tasks(t))
+    am = AppManager(journal=str(tmp_path / "entk.db"))
+    am.workflow = [p]
+    am.run()
+    assert (tmp_path / "entk.sandbox/p/s0/hello/stdout").read_text() == "hi\n"

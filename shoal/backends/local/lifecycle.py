@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -158,7 +159,10 @@ class Lifecycle:
         loading = status[STATUS_LOADING]
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
-        if loading:  # it died unpickling a function: no other worker gets that DEFINE again
+        if loading and (proc.returncode != -signal.SIGKILL or self.functions.strike(loading)):
+            # It died unpickling a function: no other worker gets that DEFINE again.  A
+            # SIGKILL may be somebody else's (a user, force cancel of another task): the
+            # function is quarantined at its second such death (an OOM kill repeats).
             self._quarantine(loading, ep, proc)
         overran = self.timed_out.pop(ep, None)
         with self.stats_cond:

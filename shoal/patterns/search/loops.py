@@ -153,6 +153,7 @@ class CountLoops:
         self.visit(node, len(base), base)
         run = shapes.count_loop(self)
         self.rnode = node  # the parent of the recursion's first level (lazy_level)
+        self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0
         count = 0
         try:

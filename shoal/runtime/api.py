@@ -124,6 +124,11 @@ class Backend(Protocol):
     def cancel_pending(self) -> int:
         """Cancel every task no worker has started; how many were cancelled."""
 
+    def cancel_many(self, futs: list[Future]) -> list[bool]:
+        """``Pilot.cancel_many``: each of ``futs``' own ``cancel()`` answer, in order, with
+        the round trips shared (dask: one claim round for all of them; local: each
+        future's cancel, a shared-memory handshake with nothing to share)."""
+
     def cancel_children(self, fut: Future) -> None:
         """``fut`` runs on: drop its spawned children that have not started."""
 

@@ -82,3 +82,186 @@ def test_run_refuses_a_workers_or_gpus_count_that_is_not_one(tmp_path):
                       (dict(gpus=-1), "gpus must be an integer >= 0")):
         with pytest.raises(EnsembleError, match=words):
             run(wf, journal=str(tmp_path / "run.db"), **kw)
+
+
+# -- YAML workflows --------------------------------------------------------------------------
+def test_yaml_merge_keys_give_shared_task_settings(tmp_path):
+    """``<<: *defaults`` (YAML's merge key, the usual way to share settings) was a raw
+    yaml ConstructorError traceback, exit 1.  Explicit keys override merged ones."""
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n"
+        "  - name: p\n"
+        "    stages:\n"
+        "      - name: s\n"
+        "        tasks:\n"
+        "          - &sim\n"
+        "            name: a\n"
+        "            executable: /bin/sh\n"
+        "            arguments: ['-c', 'echo $X $OMP_NUM_THREADS']\n"
+        "            environment: {X: from-a}\n"
+        "            cores: 1\n"
+        "          - <<: *sim\n"
+        "            name: b\n"
+        "            environment: {X: from-b}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run.sandbox/p/s/a/stdout").read_text().split() == ["from-a", "1"]
+    assert (tmp_path / "run.sandbox/p/s/b/stdout").read_text().split() == ["from-b", "1"]
+
+
+@pytest.mark.parametrize("value, line, words", [
+    ("[!!python/name:os.system x]", 6, "cannot read"),
+    ("!custom /bin/echo", 6, "cannot read '!custom'"),
+])
+def test_yaml_tags_it_cannot_read_are_file_line_errors(tmp_path, value, line, words):
+    key = "arguments" if value.startswith("[") else "executable"
+    extra = "" if key == "executable" else "            executable: /bin/echo\n"
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n  - stages:\n      - tasks:\n          - name: t\n" + extra
+        + ("" if extra else "\n") + f"            {key}: {value}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"wf.yaml:{line}:" in r.stderr and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("gen", ["replicas: 100000000000000000000000",
+                                 "replicas: 100\n            sweep: {" + ", ".join(
+                                     f"{c}: [0,1,2,3,4,5,6,7,8,9]" for c in "abcdefg") + "}"])
+def test_a_generator_bigger_than_memory_is_refused_before_it_is_built(tmp_path, gen):
+    """Before: ``replicas: 10**23`` -> raw OverflowError; a sweep of 10**9 combinations grew the
+    driver until the machine ran out of memory (~1.2 KB per copy, built before anything runs)."""
+    (tmp_path / "wf.yaml").write_text(
+        "pipelines:\n  - stages:\n      - tasks:\n          - executable: /bin/true\n"
+        "            name: 'r{i}'\n" + f"            {gen}\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "wf.yaml:4:" in r.stderr and "GiB of driver memory" in r.stderr, r.stderr
+
+
+# -- resume after a SIGKILL, in a new process ---------------------------------------------------
+def test_a_killed_run_with_a_set_argument_resumes_in_a_new_process(tmp_path):
+    """A function task given a set of names: its spec's fingerprint followed the set's
+    iteration order, i.e. the process's str hash seed, so after a SIGKILL the resume (a new
+    process) refused the run as another workflow ('args [...] -> [...]'), every time."""
+    wf = write_wf(tmp_path, (
+        "workflow = [Pipeline([\n"
+        "    Stage([Task(function=sorted, args=({'alpha', 'beta', 'gamma', 'delta', 'eps'},), name='f')]),\n"
+        "    Stage([Task(executable='/bin/sh', name='wait', arguments=['-c', "
+        "'touch ../../../../started; while [ ! -e ../../../../go ]; do sleep 0.02; done'])]),\n"
+        "], name='p')]\n"))
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONHASHSEED="1")
+    first = subprocess.Popen([sys.executable, "-m", "shoal", "run", str(wf)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        first.kill()  # SIGKILL the driver; its task is killed by the resume
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stderr.close()
+    (tmp_path / "go").touch()
+    env["PYTHONHASHSEED"] = "2"  # what a new process gets anyway (random): made certain here
+    r = subprocess.run([sys.executable, "-m", "shoal", "run", str(wf), "--resume"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 done" in r.stdout, r.stdout
+
+
+ENTK_SET_SCRIPT = '''
+import sys
+from shoal.entk import AppManager, Pipeline, Stage, Task
+
+pipes = set()
+for i in range(8):                       # unnamed pipelines in a set, as EnTK scripts write them
+    p = Pipeline()
+    s = Stage()
+    tasks = set()
+    for j in range(2):
+        t = Task()
+        t.executable = '/bin/sh'
+        t.arguments = ['-c', 'touch ../../../../started; while [ ! -e ../../../../go ]; do sleep 0.02; done; '
+                             'echo %d %d' % (i, j)]
+        tasks.add(t)
+    s.add_tasks(tasks)
+    p.add_stages(s)
+    pipes.add(p)
+appman = AppManager(resource_desc={'resource': 'local.localhost', 'cpus': 2}, resume=len(sys.argv) > 1)
+appman.workflow = pipes
+appman.run()
+print('done', appman.report.done)
+'''
+
+
+def test_an_entk_set_of_unnamed_pipelines_resumes_after_sigkill(tmp_path):
+    """``appman.workflow = set([...])`` / ``s.add_tasks(set([...]))``: a set of these objects
+    iterates in address order, another one in every process, so the unnamed pipelines and tasks
+    got other p<i>/t<k> after a crash and AppManager(resume=True) refused the run as another
+    workflow (or, with look-alike pipelines, would have mixed them up)."""
+    script = tmp_path / "entk_sets.py"
+    script.write_text(ENTK_SET_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        first.kill()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stderr.close()
+    (tmp_path / "go").touch()
+    r = subprocess.run([sys.executable, str(script), "resume"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "done 16" in r.stdout
+    for i in range(8):  # p<i> is the i-th pipeline the script created, t<j> its j-th task
+        for j in range(2):
+            assert (tmp_path / f"entk.sandbox/p{i}/s0/t{j}/stdout").read_text().split() == [str(i), str(j)]
+
+
+# -- what reaches the user's terminal ----------------------------------------------------------
+ESCAPES = r"ok\033]0;PWNED\007\033[2J\033]52;c;ZWNobyBoaQ==\007\233"
+
+
+def test_escape_sequences_in_stderr_or_a_crafted_journal_do_not_reach_the_terminal(tmp_path):
+    """A failed task's stderr tail (and a crafted journal's text: a trust boundary) was printed
+    raw by ``shoal run``'s report and ``shoal status``: escape sequences set the terminal's
+    title, cleared the screen, wrote the clipboard (OSC 52).  Now shown as ``\\x1b``."""
+    wf = write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/sh', name='evil', arguments="
+                            f"['-c', r\"printf '{ESCAPES}' >&2; exit 3\"])])], name='p')]\n")
+    r = shoal_cli("run", wf, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "\\x1b]0;PWNED" in r.stdout
+    db = sqlite3.connect(tmp_path / "run.db")  # a crafted journal: escapes where shoal wrote plain text
+    db.execute("UPDATE meta SET value=? WHERE key='driver'",
+               ('{"pid": 1, "host": "h\\u001b]0;HOST\\u0007", "start": 0, "since": 0}',))
+    db.execute("UPDATE tasks SET reason=?", ("r\x1b[2J",))
+    db.commit()
+    db.close()
+    s = shoal_cli("status", "run.db", cwd=tmp_path)
+    assert s.returncode == 0, s.stderr
+    for out in (r.stdout, s.stdout):
+        assert not any(c in out for c in "\x1b\x07\x9b"), out
+    assert "\\x1b[2J" in s.stdout and "PWNED" in s.stdout
+
+
+def test_an_entk_reference_built_from_uids_says_why(tmp_path):
+    """EnTK gives objects a uid at creation, so scripts write
+    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); in shoal the uids are None until
+    the run, and the task waited for 'None.None.None' until the run was declared stuck."""
+    from shoal.entk import EnsembleError, Pipeline, Stage, Task
+
+    p, s, t = Pipeline(), Stage(), Task()
+    t2 = Task()
+    with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
+        t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]

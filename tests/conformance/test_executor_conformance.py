@@ -424,6 +424,25 @@ def test_cancelled_task_never_runs(pilot, gate, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("q")], "a cancelled task ran"
 
 
+def test_cancel_many_answers_like_cancel(pilot, gate, tmp_path):
+    """``pilot.cancel_many(futs)`` gives each future's ``cancel()`` answer, in order: False
+    for running and finished tasks, True for queued ones, which never run."""
+    done = pilot.submit(t.inc, 1)
+    assert done.result(60) == 2
+    blockers = started_blockers(pilot, gate, tmp_path)
+    queued = [pilot.submit(t.touch, str(tmp_path / f"q{i}")) for i in range(4)]
+    answers = pilot.cancel_many([*blockers, *queued, done])
+    assert answers == [False] * len(blockers) + [True] * 4 + [False]
+    assert all(f.cancelled() for f in queued) and not any(f.cancelled() for f in blockers)
+    assert pilot.cancel_many(queued) == [True] * 4  # cancelled before: True again
+    t.release(gate)
+    assert [b.result(60) for b in blockers] == [gate] * len(blockers)
+    assert pilot.submit(t.inc, 2).result(60) == 3  # runs after anything queued before it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("q")], "a cancelled task ran"
+    with pytest.raises(TypeError, match="shoal.Futures"):
+        pilot.cancel_many([object()])
+
+
 def test_running_is_reported(pilot, gate, tmp_path):
     """``Future.running()`` turns True once a worker runs the task."""
     [fut] = started_blockers(pilot, gate, tmp_path, 1)

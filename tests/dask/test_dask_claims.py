@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 
+import pytest
+
 from shoal.backends.dask.claims import Claims, Fate, Verdict
 
 
@@ -99,3 +101,60 @@ def _race_once(keys):
     for k in keys:
         ran = k in submitted and not submitted[k].cancelled()
         assert ran == (verdicts[k] is Verdict.STARTED), k
+
+
+def test_a_round_the_driver_gave_up_on_takes_nothing():
+    """A stopped worker answers a claim round after the driver said False: the round must
+    take nothing (the task then runs; before, its late tombstone refused it and the future
+    ended cancelled).  The give-up may arrive before or after the round itself."""
+    c = Claims()
+    queued = cf.Future()
+    c.start("q", lambda: queued)
+    c.give_up(7, ["q", "t"])  # the give-up overtook the round
+    assert c.cancel(["q", "t"], round_id=7) == {"q": Verdict.STARTED, "t": Verdict.STARTED}
+    assert not queued.cancelled() and "t" not in c.entries
+    assert c.cancel(["t"], round_id=8) == {"t": Verdict.TAKEN}  # the round came first
+    c.give_up(8, ["t"])
+    assert "t" not in c.entries  # its tombstone is lifted: a start is not refused
+    assert c.start("t", lambda: cf.Future()) is not None
+
+
+def test_a_round_past_its_deadline_takes_nothing():
+    from shoal.backends.dask import node
+
+    token = "deadline-test"
+    try:
+        assert node.cancel_keys(token, ["k"], 1, deadline=0.0) == {"k": Verdict.STARTED.value}
+        assert "k" not in node.claims_of(token).entries
+        assert node.cancel_keys(token, ["k"], 2, deadline=None) == {"k": Verdict.TAKEN.value}
+    finally:
+        with node._lock:
+            node._claims.pop(token, None)
+
+
+def test_the_scheduler_function_travels_by_value(tmp_path):
+    """``locate`` runs on the scheduler, which need not have shoal installed: it is pickled
+    by value (an interpreter without shoal loads and calls it) and imports nothing of shoal."""
+    import os
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from shoal.backends.dask import cancel, on_scheduler
+
+    assert cancel.on_scheduler is on_scheduler
+    blob = cloudpickle.dumps(on_scheduler.locate)
+    probe = ("import pickle, sys, importlib.util, types\n"
+             "assert importlib.util.find_spec('shoal') is None, 'shoal importable here'\n"
+             "locate = pickle.loads(sys.stdin.buffer.read())\n"
+             "sched = types.SimpleNamespace(tasks={}, workers={})\n"
+             "print(locate(['k'], {}, 'c', dask_scheduler=sched)['k'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    base = getattr(sys, "_base_executable", sys.executable)
+    out = subprocess.run([base, "-c", probe], input=blob, capture_output=True, cwd=tmp_path,
+                         env=env, timeout=60)
+    if b"No module named 'cloudpickle'" in out.stderr:
+        pytest.skip("the base interpreter has no cloudpickle")
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().strip() == 'missing'

@@ -80,7 +80,8 @@ def test_cancel_in_the_node_queue_never_runs(cluster, tmp_path):
         # the dask worker's second thread took it into the node runtime (1 shoal worker, busy)
         wait_until(lambda: _inflight(pilot) == 2, 60, "the node runtime to hold the second task")
         waiting = pilot.submit(t.touch, str(tmp_path / "waiting"))  # still in dask's queue
-        assert blocker.running() and not queued.running() and not waiting.running()
+        wait_until(blocker.running, 30, "RUNNING from the node's event")
+        assert not queued.running() and not waiting.running()
         assert not blocker.cancel(), "cancel() of a running task must be False"
         assert queued.cancel() and queued.cancelled()
         assert waiting.cancel() and waiting.cancelled()
@@ -192,3 +193,28 @@ def test_claims_do_not_grow_with_finished_tasks(cluster):
 
         wait_until(lambda: round_then_entries() < 200, 60,
                    "the claims of released tasks to be pruned")
+
+
+def test_cancel_many_is_one_claim_round(cluster, tmp_path):
+    """``pilot.cancel_many`` on a dask pilot: one claim round for every pending future (a
+    loop of ``cancel()`` pays one each); the answers are ``cancel()``'s."""
+    gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
+    with _pilot(cluster) as pilot:
+        blocker = pilot.submit(t.wait_for, gate, started=started)
+        wait_until(lambda: os.path.exists(started), 60, "the blocker to start")
+        queued = [pilot.submit(t.touch, str(tmp_path / f"q{i}")) for i in range(8)]
+        backend, rounds = pilot._backend, []
+        real = backend._round
+
+        async def counted(*args):
+            rounds.append(1)
+            return await real(*args)
+
+        backend._round = counted
+        with blocker._condition:  # as if its STARTED event were still on its way
+            blocker._state = "PENDING"
+        assert pilot.cancel_many([blocker, *queued]) == [False] + [True] * 8
+        assert len(rounds) == 1
+        t.release(gate)
+        assert blocker.result(60) == gate
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("q")], "a cancelled task ran"

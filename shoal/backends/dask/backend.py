@@ -90,27 +90,23 @@ from ...runtime.api import check_options, check_resources, settle
 from ...runtime.future import Future
 from ...runtime.mapping import map_iter
 from .balance import Balancer
+from .cancel import CancelPaths, _force_cancelled
 from .cells import CellHub
-from .claims import CANCELLED, Verdict
+from .claims import CANCELLED
 from .errors import gone, unpicklable, unwrap
 from .jobs import JobPolicy, JobWatch
 from .node import (
     NodeConfig,
     NodePlugin,
-    cancel_keys,
     cpu_slices,
-    force_keys,
-    forget_keys,
     probe,
     run_batch,
     run_task,
-    started_keys,
 )
 from .provider import Provider, make_cluster
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
-CLAIM_TIMEOUT_S = 30.0  # a cancel's claim round (claims.py) gives up after this long: not cancelled
 
 
 class Owned(enum.Enum):
@@ -140,7 +136,7 @@ class _Coarse:
                         self.name, 0, self.resources, claim=False)
 
 
-class DaskBackend:
+class DaskBackend(CancelPaths):
     """Tasks on a dask.distributed cluster, each dask worker running a node-local shoal runtime."""
 
     kind = "dask"
@@ -202,6 +198,7 @@ class DaskBackend:
             raise
         self.hub = CellHub(self.client, self.token)
         self.hub.subscribe()  # before any task: node events (cells, lent results) come on it
+        self.hub.on_started = self._on_started
         self.shared = self.hub  # SharedFactory: cluster cells, per-node arrays, channels
         self.balancer = Balancer(self)
         self.topology = None  # each host has its own; see stats()
@@ -222,6 +219,9 @@ class DaskBackend:
         self._cancel_cb = self._cancel
         self._probe_cb = self._probe
         self._claimed: set[str] = set()  # keys a claim round took back: they never run
+        self._claiming: dict[str, int] = {}  # keys in a claim round now -> how many rounds
+        self._rounds = itertools.count(1)
+        self._withheld: dict[str, tuple] = {}  # outcomes _flush got during a key's claim round
         self._batches: set[str] = set()  # keys of pending map batches (run_batch)
         self.counters = {"submitted": 0, "completed": 0, "failed": 0, "cancelled": 0}
 
@@ -370,113 +370,6 @@ class DaskBackend:
         except Exception:  # pragma: no cover - the cluster went away: nothing left to cancel
             pass
 
-    def _probe(self, fut: Future, cancel: bool = False) -> bool:
-        """``Future.cancel()``'s question: does the task run (or did it)?  Answered by a
-        claim round on every dask worker (claims.py), which also makes sure a task it
-        reports not started never starts.  ``running()``'s: one question to every dask
-        worker (a started task's future goes RUNNING; the hot path sends no message)."""
-        dfut = self._dask_of.get(fut)
-        if dfut is None or dfut.key in self._claimed:
-            return False
-        if cancel:
-            return not self._claim([fut])
-        if self.client.status != "running" or self._on_client_loop():
-            return False
-        try:
-            replies = self.client.run(started_keys, self.token, [dfut.key], on_error="return",
-                                      callback_timeout=CLAIM_TIMEOUT_S)
-        except Exception:  # no answer: not known to run
-            return False
-        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
-            return False
-        with fut._condition:
-            if fut._state == "PENDING":
-                fut._state = "RUNNING"
-        return True
-
-    def _claim(self, futs) -> list[Future]:
-        """One claim round for ``futs``: those taken back (they never run; the caller
-        cancels them).  The others run or ran somewhere: their tombstones are lifted."""
-        keys = {}
-        for f in futs:
-            d = self._dask_of.get(f)
-            if d is not None and not f.done():
-                keys[d.key] = f
-        if not keys:
-            return []
-        if self.client.status != "running":
-            taken = list(keys)  # no cluster: nothing of ours runs any more
-        elif self._on_client_loop():
-            return []  # a round trip from the loop that answers it would deadlock: say started
-        else:
-            try:
-                replies = self.client.run(cancel_keys, self.token, list(keys), on_error="return",
-                                          callback_timeout=CLAIM_TIMEOUT_S)
-            except Exception:  # no answer in time: maybe started; lift what was planted
-                replies, taken = None, []
-            if replies is not None:
-                started = {k for rep in replies.values() if isinstance(rep, dict)
-                           for k, v in rep.items() if v == Verdict.STARTED.value}
-                taken = [k for k in keys if k not in started]
-            refused = [k for k in keys if k not in set(taken)]
-            if refused:
-                self.client.loop.add_callback(self._forget_async, refused)
-        with self._lock:
-            self._claimed.update(taken)
-        return [keys[k] for k in taken]
-
-    async def _forget_async(self, keys: list[str]) -> None:
-        try:
-            await self.client.run(forget_keys, self.token, keys, on_error="ignore",
-                                  asynchronous=True)
-        except Exception:  # pragma: no cover - the cluster went away
-            pass
-
-    def _on_client_loop(self) -> bool:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return running is getattr(self.client.loop, "asyncio_loop", running)
-
-    def cancel_pending(self) -> int:
-        """``shutdown(cancel_futures=True)``: cancel every task no shoal worker started, in
-        one claim round (claims.py); running tasks finish.  Returns how many."""
-        with self._lock:
-            futs = [f for f, _ in self._pending.values()]
-        return sum(f.cancel() for f in self._claim(futs))
-
-    def cancel_children(self, fut: Future) -> None:
-        """No-op: a task's spawned children live in its node's runtime, which the driver
-        does not address by task id; they finish with their parent."""
-
-    def force_cancel(self, fut: Future) -> bool:
-        """``pilot.cancel(fut, force=True)``: cancel ``fut`` even while a shoal worker runs
-        it, by killing and replacing that worker on its node (the local backend's force
-        cancel, there; other tasks that worker ran get ``WorkerLost`` or their retries).
-        False for a task that finished, or a map batch (no single task to stop)."""
-        if fut.cancel():
-            return True
-        dfut = self._dask_of.get(fut)
-        if (fut.done() or dfut is None or self.client.status != "running"
-                or self._on_client_loop()):
-            return False
-        with self._lock:
-            self._claimed.add(dfut.key)  # its run_task returns CANCELLED: _flush cancels it
-        try:
-            replies = self.client.run(force_keys, self.token, [dfut.key], on_error="return",
-                                      callback_timeout=CLAIM_TIMEOUT_S)
-        except Exception:
-            replies = {}
-        if not any(isinstance(r, list) and dfut.key in r for r in replies.values()):
-            with self._lock:
-                self._claimed.discard(dfut.key)
-            return False
-        if not _force_cancelled(fut):  # finished meanwhile
-            return fut.cancelled()
-        self._cancel(fut)
-        return True
-
     # -- resources ---------------------------------------------------------------------
 
     def _resources(self, resources) -> dict:
@@ -598,31 +491,40 @@ class DaskBackend:
             for f, d in others:
                 ok, value = await self._outcome(d)
                 settled.append((f, d, ok, value))
-            refused = []  # keys a node refused to start (a claim round took them back)
+            refused = []  # keys a node refused to start (the pilot closed there)
+            withheld = []
             with self._lock:
                 for f, d, ok, value in settled:
-                    self._pending.pop(d.key, None)
-                    self._claimed.discard(d.key)
+                    key = d.key
+                    self._pending.pop(key, None)
                     if self._needs:
-                        self._needs.pop(d.key, None)
-                    batch = d.key in self._batches
-                    self._batches.discard(d.key)
-                    if ok and type(value) is str and value == CANCELLED:
+                        self._needs.pop(key, None)
+                    batch = key in self._batches
+                    self._batches.discard(key)
+                    refusal = ok and type(value) is str and value == CANCELLED
+                    if refusal or d.status == "cancelled":
+                        if key in self._claimed:
+                            withheld.append(f)  # taken back by a claim round: it cancels f
+                            continue
+                        if key in self._claiming:  # the round decides (_unclaim)
+                            self._withheld[key] = (f, ok, value, refusal)
+                            withheld.append(f)
+                            continue
+                    self._claimed.discard(key)
+                    if refusal:
                         refused.append(f)
                         continue
                     if ok and batch and type(value) is tuple and value[2] is not None:
                         ok = False  # a map item raised: its batch failed (the error rides along)
                     self.counters["completed" if ok else "failed"] += 1
             for f in refused:
-                # Claimed by a cancel() or force cancel still under way: it settles the
-                # future (cancelling it here too would race with it).  Otherwise (the
-                # pilot closed on that node; a claim round that timed out after planting
-                # its tombstones) nobody else will: cancelled here.
-                if self._dask_of[f].key not in self._claimed and _force_cancelled(f):
+                # Nobody cancelled it (its pilot closed on that node; or a claim round
+                # gave up after the node had taken it back, docs/guide.md): it never ran.
+                if _force_cancelled(f):
                     with self._lock:
                         self.counters["cancelled"] += 1
             for f, _, ok, value in settled:
-                if value is not _SKIP and f not in refused:
+                if value is not _SKIP and f not in refused and f not in withheld:
                     settle(f, ok, value)
 
     async def _outcome(self, dfut):
@@ -753,21 +655,6 @@ class DaskBackend:
 
 
 _SKIP = object()
-
-
-def _force_cancelled(fut: Future) -> bool:
-    """Cancel ``fut`` also when RUNNING (``Future.cancel`` refuses that); False if it
-    finished first."""
-    with fut._condition:
-        if fut._state == "RUNNING":
-            fut._state = "PENDING"
-    if not cf.Future.cancel(fut):
-        return False
-    try:
-        fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED: wait() sees it
-    except RuntimeError:  # another thread notified it first
-        pass
-    return True
 
 
 def _failed(exc: BaseException) -> Future:

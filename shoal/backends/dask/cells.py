@@ -193,6 +193,7 @@ class CellHub:
         self._subscribed = False
         self._lock = threading.Lock()
         self.on_lent = None  # the Balancer's handler of {"lent": id, "ok", "value"} messages
+        self.on_started = None  # the backend's handler of {"started": [dask keys]} (node.py)
         self._pinged = threading.Event()
 
     def subscribe(self, timeout: float = 10.0) -> None:
@@ -233,6 +234,10 @@ class CellHub:
         msg = event[1]
         if "ping" in msg:
             self._pinged.set()
+            return
+        if "started" in msg:
+            if self.on_started is not None:
+                self.on_started(msg["started"])
             return
         if "lent" in msg:
             if self.on_lent is not None:

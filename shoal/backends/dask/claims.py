@@ -4,52 +4,73 @@ The stdlib promise: ``Future.cancel()`` returns True only if the call will never
 False once it runs or ran.  On dask a task passes through the scheduler, a dask worker's
 queue, a dask thread (``run_task``) and its node runtime's queue before a shoal worker
 starts it, and ``client.cancel`` only *asks* dask to forget it (a dask thread that already
-entered ``run_task`` runs on).  So both sides go through one per-process registry, keyed by
-the dask key, in each dask worker (``Claims``, one per pilot token)::
+entered ``run_task`` runs on).  So the driver asks the scheduler where the task is, and
+then the one dask worker holding it, through a per-process registry keyed by the dask key
+in each dask worker (``Claims``, one per pilot token)::
 
-    driver: Future.cancel() ─► DaskBackend._probe ─► client.run(cancel_keys, keys)  (every worker)
-                                                        │ under the claims lock, per key:
+    driver: Future.cancel() ─► cancel.py _round
+      1 run_on_scheduler(locate): per key, atomically (the scheduler's loop is one thread):
+          on no worker (queued, waiting, no-worker) -> cancelled there now: TAKEN
+          ran (memory, erred)                       -> STARTED
+          processing on W                           -> ask W:
+      2 client.run(cancel_keys, workers=[W])          │ under the claims lock, per key:
     dask thread: run_task ─► Claims.start(key, submit)  │  absent      -> tombstone, TAKEN
         tombstone?  -> return CANCELLED (never runs)    │  tombstone   -> TAKEN
         else submit to the node runtime, remember its   │  local fut.  -> fut.cancel(): True TAKEN
         local future (or STARTED for a map batch)       │                  (the local backend's own
     run_task returns ─► Claims.finish(key) -> DONE      │                  promise), False STARTED
                                                         │  STARTED/DONE -> STARTED
+      3 locate again with {key: W}: still processing on W (or in memory there: the refusal)
+          -> cancelled at the scheduler now: TAKEN; moved (dask's work stealing took it from
+          W's queue, or W died and dask re-runs it) -> ask the new holder (back to 2)
 
-The driver's ``cancel()`` returns True only when no worker answered STARTED (then it
-releases the dask future); otherwise False, and it lifts the tombstones it planted
-(``forget_keys``) so a re-run after a worker death is not refused.  A tombstone also stops
-a task that arrives at a node after the claim round (still in the scheduler, in transit,
-or in the dask worker's own queue): it returns ``CANCELLED`` without running.
+``cancel()`` returns True only for TAKEN.  W not answering within ``CLAIM_TIMEOUT_S``
+(stopped, killed mid-round, partitioned) means STARTED: False, the safe answer (the task
+may run; its result or dask's re-run elsewhere arrives).  Only W is asked, so a stopped
+worker delays only the cancels of the tasks it holds.  A round that reaches W after the
+driver gave up takes nothing: it carries a deadline (W's wall clock), and the driver
+sends ``give_up`` (the round id is void there, its tombstones lifted; either message may
+arrive first).
 
-The same registry answers ``Future.running()`` (``started``: a shoal worker runs or ran
-the key here; nothing changes) and ``pilot.cancel(fut, force=True)`` (node.py
-``force_keys``: the node runtime force-cancels the local future, killing and replacing
-the shoal worker that runs it).  ``close_node`` drops a pilot's claims with its runtime;
-its later tasks return ``CANCELLED`` there without a registry.
+``Future.running()`` asks nobody: node.py's watcher publishes STARTED on the pilot's topic
+once a shoal worker starts a node-queued task, and the driver marks the future RUNNING
+(a few milliseconds after the start; a task that finishes first never shows RUNNING).
+``pilot.cancel(fut, force=True)`` asks only the holder too (node.py ``force_keys``: the
+node runtime force-cancels the local future, killing and replacing the shoal worker that
+runs it).  ``close_node`` drops a pilot's claims with its runtime; its later tasks return
+``CANCELLED`` there without a registry.
 
 Invariants: a key's entry moves only absent -> tombstone (-> absent, ``forget``), absent ->
 local future/STARTED -> DONE (-> absent, ``prune``); a local future may be cancelled in place.
 All moves happen under ``Claims.lock``, so a start and a cancel of one key on one node are
-ordered, and the loser sees the winner's entry.  DONE
-entries are dropped once dask no longer holds the key's result on this worker (the driver
-then holds the settled future: its ``cancel()`` answers False without asking); a missing
-entry with dask's key state ``memory``/``error`` still answers STARTED.
+ordered, and the loser sees the winner's entry.  The scheduler cancels a key only in the
+same event-loop step in which it saw the key on no worker, or still on the worker that took
+it back.  DONE entries are dropped once dask no longer holds the key's result on this
+worker (the driver then holds the settled future: its ``cancel()`` answers False without
+asking); a missing entry with dask's key state ``memory``/``error`` still answers STARTED.
 
 Rejected:
+* Asking every dask worker in one ``client.run`` round with tombstones everywhere (the
+  previous design): one stopped worker made every ``cancel()`` and ``running()`` wait the
+  round's 30 s timeout, and a worker killed during the round counted as "not holding", so
+  ``cancel()`` said True for a started task whose re-run elsewhere then met a tombstone.
 * Asking the node only after ``client.cancel`` (cancel first, then see who ran it): a task
   found running must still deliver its result, but dask has dropped its future by then.
 * The driver as the only authority (each node asks "may I run key K?" before starting):
   a round trip per task on the hot path, for an operation (cancel) that is rare.
 * A scheduler plugin holding the claims: the scheduler would need shoal importable, which
-  a user's ``dask scheduler`` need not have.
+  a user's ``dask scheduler`` need not have (``on_scheduler.locate`` travels by value).
 * Trusting dask's task state alone (``executing`` = started): a dask thread that entered
   ``run_task`` may still wait in the node runtime's queue, where a cancel can take it back.
+* ``running()`` as a round trip (~1.2 ms a call, every dask worker asked): a poll over
+  thousands of futures took seconds.
 
-Left open (documented in docs/guide.md): a dask worker that *joins* between the claim
-round and the scheduler's release never saw the tombstone and could start the task; and a
-cancel issued on the client's event loop (a done-callback) cannot wait for a round trip, so
-it answers False (the conservative answer: the task may run, its result arrives).
+Left open (documented in docs/guide.md): a cancel issued on the client's event loop (a
+done-callback) cannot wait for a round trip, so it answers False (the conservative answer:
+the task may run, its result arrives); a holder whose clock runs behind the driver's by
+more than the 0.5 s margin, answering just before the driver gives up, may take back a
+queued task after the driver said False: the future then ends cancelled although the task
+never ran (not "True and it ran").
 """
 
 from __future__ import annotations
@@ -60,6 +81,7 @@ from collections import deque
 
 CANCELLED = "shoal:cancelled-before-start"  # run_task/run_batch's value for a refused key
 _PRUNE_EVERY = 64  # finished keys between two prunings of DONE entries
+_VOID_KEEP = 4096  # abandoned round ids remembered (a round arrives within seconds, or never)
 
 
 class Fate(enum.Enum):
@@ -83,6 +105,8 @@ class Claims:
         self.entries: dict[str, object] = {}  # dask key -> local Future | Fate
         self.done: deque[str] = deque()  # DONE keys, oldest first (pruned from the front)
         self.finished = 0
+        self.void: set[int] = set()  # claim rounds the driver gave up on (they change nothing)
+        self.voided: deque[int] = deque()  # the same, oldest first (bounded)
 
     def start(self, key: str, submit):
         """``run_task``: claim ``key`` and call ``submit()`` (the node runtime's local
@@ -103,12 +127,15 @@ class Claims:
             if held is not None and self.finished % _PRUNE_EVERY == 0:
                 self.prune(held)
 
-    def cancel(self, keys, state=None) -> dict[str, Verdict]:
+    def cancel(self, keys, state=None, round_id: int | None = None) -> dict[str, Verdict]:
         """The driver's claim round: each key is taken back (tombstone or the local
         future's own cancel) or reported started.  ``state(key)``: dask's state of the key
-        on this worker (None when it holds none), for DONE entries already pruned."""
+        on this worker (None when it holds none), for DONE entries already pruned.  A round
+        the driver already gave up on (``void``: it answered False meanwhile) takes nothing."""
         out = {}
         with self.lock:
+            if round_id is not None and round_id in self.void:
+                return {key: Verdict.STARTED for key in keys}
             for key in keys:
                 entry = self.entries.get(key)
                 if entry is None:
@@ -137,6 +164,18 @@ class Claims:
                         and (entry.running() or entry.done() and not entry.cancelled())):
                     out.append(key)
         return out
+
+    def give_up(self, round_id: int, keys) -> None:
+        """The driver gave up waiting for round ``round_id`` (this worker did not answer in
+        time) and answered False: if the round has not run here yet it never takes
+        anything; if it has, its tombstones are lifted (a local future it cancelled stays
+        cancelled: its ``run_task`` returns ``CANCELLED``, docs/guide.md)."""
+        with self.lock:
+            self.void.add(round_id)
+            self.voided.append(round_id)
+            while len(self.voided) > _VOID_KEEP:
+                self.void.discard(self.voided.popleft())
+            self.forget(keys)
 
     def forget(self, keys) -> None:
         """Lift tombstones of keys whose cancel was refused elsewhere (they run)."""

@@ -63,11 +63,12 @@ from ...runtime.shared import portable_dumps
 from ...runtime.topology import topology as get_topology
 from ..local import LocalBackend
 from .cells import drop_pilot, publish, register_worker
-from .claims import CANCELLED, Claims, Fate
+from .claims import CANCELLED, Claims, Fate, Verdict
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
 _FN_CACHE = 256
 _REAP_EVERY_S = 10.0
+WATCH_S = 0.002  # how often the started watcher looks at tasks queued in node runtimes
 TB_ATTR = "_shoal_remote_tb"
 
 
@@ -116,6 +117,10 @@ _reaper: threading.Thread | None = None
 _claims: dict[str, Claims] = {}  # pilot token -> its tasks' claims in this process (claims.py)
 _closed: set[str] = set()  # tokens of pilots closed here: no runtime of theirs starts again
 
+
+_watched: dict[tuple[str, str], object] = {}  # (token, key) -> node-queued local future
+_watch_cv = threading.Condition()
+_watcher: threading.Thread | None = None
 
 _slices: dict[str, dict[str, tuple[int, ...]]] = {}  # pilot token -> {dask worker: its CPUs}
 
@@ -251,6 +256,7 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
             key, lambda: node.backend.submit(fn, args, kwargs, timeout=timeout))
         if local is None:
             return CANCELLED
+        _watch(cfg.token, key, local)
         try:
             return local.result()
         except CancelledError:
@@ -264,6 +270,46 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
         _leave(node, pinned)
         if key is not None:
             _finish(cfg.token, key, worker)
+
+
+def _watch(token: str, key: str, local) -> None:
+    """Tell the driver (the pilot's topic) once a shoal worker starts ``local``: its
+    ``Future.running()`` then reads a local state instead of asking the cluster.  One
+    watcher thread per process looks at the tasks queued in node runtimes every
+    ``WATCH_S`` while there are any; a task that finishes first sends nothing."""
+    global _watcher
+    with _watch_cv:
+        _watched[(token, key)] = local
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch_loop, name="shoal-dask-started",
+                                        daemon=True)
+            _watcher.start()
+        _watch_cv.notify()
+
+
+def _watch_loop() -> None:
+    while True:
+        with _watch_cv:
+            while not _watched:
+                _watch_cv.wait()
+            items = list(_watched.items())
+        started: dict[str, list[str]] = {}
+        seen = []
+        for (token, key), local in items:
+            try:
+                if local.done():
+                    seen.append((token, key))
+                elif local.running():
+                    started.setdefault(token, []).append(key)
+                    seen.append((token, key))
+            except Exception:  # noqa: BLE001 - a runtime closing under us: stop watching it
+                seen.append((token, key))
+        with _watch_cv:
+            for item in seen:
+                _watched.pop(item, None)
+        for token, keys in started.items():
+            publish(token, {"started": keys})
+        time.sleep(WATCH_S)
 
 
 def _current() -> tuple[str | None, object]:
@@ -293,9 +339,13 @@ def _finish(token: str, key: str, worker) -> None:
         claims.finish(key, None if tasks is None else tasks.__contains__)
 
 
-def cancel_keys(token: str, keys: list[str], dask_worker=None) -> dict[str, str]:
-    """``client.run`` on every dask worker (the driver's ``cancel()``, claims.py): take each
-    key back here, or report it started; ``{key: Verdict value}``."""
+def cancel_keys(token: str, keys: list[str], round_id: int | None = None,
+                deadline: float | None = None, dask_worker=None) -> dict[str, str]:
+    """``client.run`` on the dask worker the scheduler says holds ``keys`` (the driver's
+    ``cancel()``, claims.py): take each key back here, or report it started;
+    ``{key: Verdict value}``.  ``deadline`` (the driver's ``time.time()``): a round
+    arriving later than that (this worker was stopped) takes nothing, since the driver
+    answered False by then."""
     tasks = getattr(getattr(dask_worker, "state", None), "tasks", None)
 
     def state(key):
@@ -305,8 +355,19 @@ def cancel_keys(token: str, keys: list[str], dask_worker=None) -> dict[str, str]
     with _lock:
         if token in _closed:
             return {}  # nothing of that pilot runs here any more
-    out = claims_of(token).cancel(keys, state)
+    if deadline is not None and time.time() > deadline:
+        return {k: Verdict.STARTED.value for k in keys}
+    out = claims_of(token).cancel(keys, state, round_id)
     return {k: v.value for k, v in out.items()}
+
+
+def give_up_round(token: str, round_id: int, keys: list[str]) -> None:
+    """``client.run`` after the driver stopped waiting for this worker's answer to round
+    ``round_id``: it takes nothing if it comes later; its tombstones are lifted."""
+    with _lock:
+        claims = _claims.get(token)
+    if claims is not None:
+        claims.give_up(round_id, keys)
 
 
 def started_keys(token: str, keys: list[str]) -> list[str]:

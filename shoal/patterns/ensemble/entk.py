@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import difflib
 
-from .model import EnsembleError, Pipeline
+from .model import EnsembleError, Pipeline, in_creation_order
 
 _LOCAL = {"local.localhost", "local", "localhost", "local.localhost_anaconda"}
 _RESOURCE_KEYS = {"resource", "walltime", "cpus", "gpus", "memory", "project", "queue",
@@ -114,8 +114,9 @@ class AppManager:
         if isinstance(pipelines, Pipeline):
             pipelines = [pipelines]
         if isinstance(pipelines, set | frozenset):
-            # a set has no order; EnTK scripts write set([p1, p2]): keep creation order by name/id
-            pipelines = sorted(pipelines, key=lambda p: (p.name is None, p.name or "", id(p)))
+            # a set has no order; EnTK scripts write set([p1, p2]): the order they were created in
+            # (the same in every run of the script, so unnamed pipelines keep their p<i> on resume)
+            pipelines = in_creation_order(pipelines)
         pipelines = list(pipelines)
         for p in pipelines:
             if not isinstance(p, Pipeline):

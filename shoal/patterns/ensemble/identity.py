@@ -31,14 +31,36 @@ from .model import Pipeline, Task
 
 
 def fingerprint(value) -> str:
-    """A stable short hash of plain data (by its data encoding), else its type's name."""
+    """A stable short hash of plain data (by its data encoding), else its type's name.
+
+    Stable across processes: a set's elements are encoded in a canonical order (their
+    iteration order follows str hashes, which change per process, so a function task given
+    a set of names had another spec in every process and its run could never be resumed)."""
     from .values import _pack
 
     try:
-        blob = _pack(value)
+        blob = _pack(_canonical(value))
     except (TypeError, ValueError, OverflowError):
         return f"<{type(value).__qualname__}>"
     return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def _canonical(value):
+    """``value`` with every set/frozenset replaced by ``(tag, its elements sorted by their
+    encoding)``; other containers rebuilt only when they hold one."""
+    from .values import _pack
+
+    t = type(value)
+    if t is set or t is frozenset:
+        items = [_canonical(x) for x in value]
+        return (f"\0{t.__name__}", sorted(items, key=_pack))
+    if t is list or t is tuple:
+        items = [_canonical(x) for x in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else t(items)
+    if t is dict:
+        items = {k: _canonical(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    return value
 
 
 def task_spec(task: Task) -> dict:

@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import enum
 import inspect
+import itertools
 import math
 import os
 import re
@@ -42,6 +43,17 @@ REF_RE = re.compile(r"^\$([^./\s$]+)\.([^./\s$]+)\.([^./\s$]+)(?:/(.*))?$")
 # a reference inside a longer argument (a shell line): "$p.s.t" or "$p.s.t/some/path"
 EMBEDDED_REF_RE = re.compile(r"\$([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)"
                              r"((?:/[A-Za-z0-9_\-.+@%=,]+)*)")
+
+
+_CREATED = itertools.count()  # creation order of Tasks/Stages/Pipelines: how a set of them is ordered
+# (EnTK scripts write add_tasks(set([...])) and workflow = set([p1, p2]); a set iterates in hash
+# order, and these objects hash by address: another order in every process, so positional names
+# p<i>/t<k> and a resume would not match the run they continue)
+
+
+def in_creation_order(items) -> list:
+    """A set or frozenset of model objects as a list in the order they were created."""
+    return sorted(items, key=lambda x: getattr(x, "_order", 0))
 
 
 class EnsembleError(shoal.ShoalError, ValueError):
@@ -175,6 +187,7 @@ class Task:
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_out: Sequence[tuple[str, str]] = ()  # (file in the sandbox, destination) copied before DONE
     uid: str | None = dataclasses.field(default=None, init=False)
+    _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _TASK_ATTRS:
@@ -342,10 +355,13 @@ class Stage:
     after: Sequence[Any] = ()
     when: Callable[[Any], bool] | None = None
     uid: str | None = dataclasses.field(default=None, init=False)
+    _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _STAGE_ATTRS:
             raise _unknown_attr(self, name, _STAGE_ATTRS, {})
+        if name == "tasks" and isinstance(value, set | frozenset):
+            value = in_creation_order(value)  # EnTK's s.tasks = set([...])
         object.__setattr__(self, name, value)
 
     def add_tasks(self, *tasks) -> Stage:
@@ -388,9 +404,11 @@ class Pipeline:
     name: str | None = None
     after: Sequence[Any] = ()
     uid: str | None = dataclasses.field(default=None, init=False)
+    _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.stages = list(self.stages)
+        stages = self.stages
+        self.stages = in_creation_order(stages) if isinstance(stages, set | frozenset) else list(stages)
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _PIPELINE_ATTRS:
@@ -426,6 +444,8 @@ def as_pipelines(workflow) -> Iterable[Pipeline]:
         )
     if not isinstance(workflow, Iterable):
         raise EnsembleError(f"a workflow is a Pipeline or an iterable of them, got {workflow!r}")
+    if isinstance(workflow, set | frozenset):
+        return in_creation_order(workflow)
     return workflow
 
 
@@ -464,7 +484,7 @@ def _flatten(items, cls, what: str) -> list:
         if isinstance(item, cls):
             out.append(item)
         elif isinstance(item, list | tuple | set | frozenset):
-            for x in item:
+            for x in (in_creation_order(item) if isinstance(item, set | frozenset) else item):
                 if not isinstance(x, cls):
                     raise EnsembleError(f"{what}: expected {cls.__name__} objects, got {x!r}")
                 out.append(x)
@@ -555,6 +575,10 @@ def _entk_input(task, field: str, text: str, mode: Staging) -> Input:
                             "not exist in shoal; name the file by its path")
     src = entk_ref(src)
     ref = parse_ref(src)
+    if ref is not None and "None" in ref[0].split("."):
+        raise EnsembleError(f"task {task.label}: {field} {text!r} names None: EnTK gives objects a uid when "
+                            "they are created, shoal when the run starts; name them (p.name = 'sim', "
+                            "s.name = ..., t.name = ...) and build the reference from the names")
     if src.startswith("$") and ref is None:
         raise EnsembleError(f"task {task.label}: {field} {text!r}: not a reference "
                             "'$Pipeline_<p>_Stage_<s>_Task_<t>/file'")

@@ -11,10 +11,20 @@ journal file, which is what ``shoal status`` prints.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 from .journal import Journal, open_readonly
 from .model import EnsembleError, Pipeline, Stage, TaskState
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: control characters (escape sequences that set the window
+    title, clear the screen or write the clipboard) shown as ``\\x1b``, not obeyed.  Failure
+    tails are a task's stderr, and a journal is whatever its author wrote (a trust boundary)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def _uid(ref) -> str:
@@ -193,7 +203,7 @@ class Report:
             lines += [f"    | {t}" for t in tail]
         if len(self.failures) > 20:
             lines.append(f"... and {len(self.failures) - 20} more failures")
-        return "\n".join(lines)
+        return printable("\n".join(lines))
 
     def __str__(self) -> str:
         if self.drained:

@@ -37,6 +37,7 @@ import time
 
 from .journal import open_readonly
 from .model import TaskState
+from .report import printable
 
 _STATES = (TaskState.PENDING, TaskState.RUNNING, TaskState.DONE, TaskState.FAILED,
            TaskState.SKIPPED, TaskState.CANCELED)
@@ -258,7 +259,7 @@ class RunStatus:
         more = self.counts[TaskState.FAILED] - min(len(self.failures), max_failures)
         if more > 0:
             lines.append(f"... and {more} more failures")
-        return "\n".join(lines)
+        return printable("\n".join(lines))
 
     def _driver_line(self) -> str:
         d = self.driver

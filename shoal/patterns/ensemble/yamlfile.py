@@ -82,7 +82,11 @@ class _Loader:
         return EnsembleError(f"{self.path}:{line}: {where}: {message}")
 
     def value(self, node):
-        return self.constructor.construct_object(node, deep=True)
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # a tag SafeLoader does not know (!!python/..., !custom)
+            raise self.error(node, "value", f"cannot read {node.tag!r} here: "
+                             f"{getattr(exc, 'problem', None) or exc}") from None
 
     def mapping(self, node, where: str, keys: dict[str, str]) -> dict[str, tuple[object, object]]:
         """{key: (key node, value node)}; unknown and duplicate keys are errors."""
@@ -264,6 +268,7 @@ class _Loader:
         axes: list[tuple[str, list]] = []
         if "replicas" in keys:
             n = self.integer(keys["replicas"][1], f"{where}.replicas", 1)
+            _check_copies(self, node, where, n)
             axes.append(("i", list(range(n))))
         if "sweep" in keys:
             snode = keys["sweep"][1]
@@ -276,6 +281,7 @@ class _Loader:
                     raise self.error(snode, f"{where}.sweep.{name}", f"expected a non-empty list of values, "
                                      f"got {values!r}")
                 axes.append((name, values))
+        _check_copies(self, node, where, math.prod(len(values) for _, values in axes))
         plain = MappingNode(node.tag, [(kn, vn) for kn, vn in node.value
                                        if kn.value not in ("replicas", "sweep")], node.start_mark, node.end_mark)
         refs_before = len(self.refs)
@@ -433,6 +439,27 @@ class _Loader:
         return Input(source, target, mode)
 
 
+COPY_BYTES = 2048  # driver memory per generated task (measured ~1.2 KB: the Task, its uid, its spec)
+
+
+def _check_copies(loader, node, where: str, n: int) -> None:
+    """Refuse a generator whose copies cannot fit in this machine's memory *before* building
+    them (``replicas: 100000000`` or a sweep of ten 10-value lists would otherwise grow the
+    driver until the OOM killer or swap stops it, with no word said)."""
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except Exception:  # pragma: no cover - psutil is a dependency
+        return
+    if n * COPY_BYTES > available // 2:
+        raise loader.error(node, where, f"this generator stands for {n:,} tasks, about "
+                           f"{n * COPY_BYTES / 2**30:,.1f} GiB of driver memory before anything runs "
+                           f"({available / 2**30:.1f} GiB available); YAML generators are expanded up "
+                           "front: for more, generate the tasks lazily in a Python workflow (a Stage's "
+                           "tasks may be a generator)")
+
+
 def _product(axes) -> list[tuple]:
     import itertools
 
@@ -476,6 +503,45 @@ def _substitute(template: Task, env: dict) -> Task:
     return dataclasses.replace(template, **changes)
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _merge_keys(node, seen: set, path: str) -> None:
+    """Expand YAML merge keys in place (``<<: *defaults`` or ``<<: [*a, *b]``): the merged
+    mappings' keys come after the mapping's own, and only those it does not set itself (the
+    first of several merged mappings wins), so the schema walk sees plain mappings and a key
+    set twice explicitly is still an error.  Anchors are shared nodes: each is expanded once."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, SequenceNode):
+        for child in node.value:
+            _merge_keys(child, seen, path)
+    if not isinstance(node, MappingNode):
+        return
+    own, merged = [], []
+    for knode, vnode in node.value:
+        _merge_keys(vnode, seen, path)
+        if knode.tag != _MERGE:
+            own.append((knode, vnode))
+            continue
+        sources = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
+        for src in sources:
+            if not isinstance(src, MappingNode):
+                raise EnsembleError(f"{path}:{src.start_mark.line + 1}: '<<' merges a mapping "
+                                    "(an anchor like *defaults) or a list of them")
+            _merge_keys(src, seen, path)
+            merged.extend(src.value)
+    if len(own) == len(node.value):
+        return
+    taken = {k.value for k, _ in own if isinstance(k, ScalarNode)}
+    for knode, vnode in merged:
+        if not (isinstance(knode, ScalarNode) and knode.value in taken):
+            taken.add(knode.value)
+            own.append((knode, vnode))
+    node.value = own
+
+
 def load_yaml(path: str) -> list[Pipeline]:
     """The pipelines a YAML workflow file describes; ``EnsembleError`` with ``file:line:`` if invalid."""
     if yaml is None:  # pragma: no cover
@@ -493,6 +559,7 @@ def load_yaml(path: str) -> list[Pipeline]:
         raise EnsembleError(f"{path}:{line}: not valid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise EnsembleError(f"{path}: not valid YAML: {exc}") from None
+    _merge_keys(root, set(), path)
     here = os.path.dirname(os.path.abspath(path))
     if here not in sys.path:
         sys.path.insert(0, here)  # 'module:function' next to the file imports (workers inherit sys.path)

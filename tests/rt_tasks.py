@@ -5,16 +5,49 @@ clusters put tests/ on their PYTHONPATH, see tests/dask_cluster.py).
 One module for tests/runtime, tests/dask and tests/conformance: a behaviour's task is written
 once.  Tasks that must still be running when the test acts block on a file the test creates
 (``wait_for``), never on a sleep that is assumed to outlast the test's next step.
+
+Side effects as the reference for "it ran" (the cancel and failure tests): ``mark`` appends
+the task's number to a file with ``O_APPEND`` (one whole line per run, from any process),
+``ran`` counts the lines, ``until`` waits (bounded) for a condition such as a mark.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
 import time
 
 import shoal
+
+
+def mark(path: str, i: int) -> int:
+    """Append ``i`` to ``path`` (O_APPEND: one write per run, whole lines); ``i`` as the result."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"%d\n" % i)
+    finally:
+        os.close(fd)
+    return i
+
+
+def ran(path: str) -> collections.Counter:
+    """How many times each number was ``mark``ed in ``path`` (empty if nothing ran)."""
+    if not os.path.exists(path):
+        return collections.Counter()
+    with open(path) as f:
+        return collections.Counter(int(x) for x in f.read().split())
+
+
+def until(cond, limit: float = 60.0, what: str = "condition", pause: float = 0.002) -> None:
+    """Wait until ``cond()`` is true, polling every ``pause`` s; TimeoutError(``what``)
+    after ``limit`` s (a test never waits forever, and never assumes work is slow)."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(pause)
 
 
 def inc(x):

@@ -15,7 +15,9 @@ Rules (what issue 11 found without them):
   (its module's import calls ``os._exit``, a segfault in ``__setstate__``) is
   dropped: its DEFINE is not sent to replacements (each one died of it before:
   ~200 deaths in 15 s), its queued tasks fail, and submitting it again fails at
-  once with ``SerializationError``.
+  once with ``SerializationError``.  A replacement gets a stand-in DEFINE instead
+  (``wire.Unloadable.quarantined``): a task of it stolen from a worker that had
+  loaded it fails there with that error (it waited forever for the DEFINE).
 * A function's entry keeps it alive, so its ``id()`` is not reused by another.
 
 Owner: the driver; ``define`` and ``quarantine`` run under the backend's lock,
@@ -93,8 +95,13 @@ class FunctionTable:
         for key, (fid, fn) in list(self.ids.items()):
             if fid == fn_id:
                 del self.ids[key]
-                message = why(qualified(fn))
+                name = qualified(fn)
+                message = why(name)
                 self.quarantined[key] = (fn, message)
+                # Replacements get a stand-in instead: a task of it stolen from a worker
+                # that had loaded it must fail there, not wait for this DEFINE forever.
+                stub = wire.pickle.dumps(wire.Unloadable.quarantined(name, message))
+                self.defines[fn_id] = wire.encode_define(fn_id, stub, name)
                 return message
         return None
 

@@ -11,7 +11,7 @@ Data flow::
     thief side   request() ─► Steal(victim)             the loop sends STEAL, pokes the victim
                  loot(victim, n) / wake() / fed()        answers, WAKEs, work from elsewhere
     victim side  answer(thief, gen, deque, busy, depth, serialize)
-                   ─► Send(thief, LOOT, [me, msgs]) + Send(owner, MOVED, ...) per other owner
+                   ─► Send(thief, LOOT, [me, gen, msgs]) + Send(owner, MOVED, ...) per other owner
                       + Fail(tid, CancelledError) for cancelled tasks found on the way
                  spawned(deque, depth, serialize) ─► the same, to a thief turned away before
     owner side   result(tid, ok, value) ─► Settle(task, ok, value)    a loan comes home
@@ -41,7 +41,10 @@ State (one book per worker, worker thread only):
   HUNGRY), mirrored into the worker's status word by ``SetHunger``.
 
 Invariants: a task is in exactly one place: a deque, a LOOT in flight, or a
-running stack; its owner's loan names the holder it was last told about.  A
+running stack; its owner's loan names the holder it was last told about.  A LOOT
+in flight belongs to the generation it answers (the thief's, from its STEAL): if
+that generation dies, its replacement drops the LOOT (``Worker.on_loot``) and the
+owners re-run the tasks, as for any task the dead one held.  A
 victim that hands on another owner's task tells that owner (MOVED) in the same
 answer; so when a holder dies, either the owner's loan names it (re-run on DIED)
 or a MOVED naming it is on the way (re-run on arrival, the death being known).
@@ -239,11 +242,15 @@ class CancelledIds(set):
 class LoanBook:
     """The stealing protocol's state of one worker (worker thread only; no I/O)."""
 
-    def __init__(self, me: int, victims: list[int]):
+    def __init__(self, me: int, victims: list[int], dead: dict[int, int] | None = None):
         self.me = me
         self.victims = victims  # whom to ask, in order (policy.victim_order)
         self.loans: dict[int, Loan] = {}
-        self.dead: dict[int, int] = {}  # endpoint -> newest dead generation
+        # endpoint -> newest dead generation: from the driver's DIED, and for a replacement
+        # the deaths before it started (``dead``): a steal request a dead thief left in my
+        # ring is not answered, as its answer would be dropped (Worker.on_loot) with my
+        # tasks in it, and no DIED for that thief will ever come to re-run them.
+        self.dead: dict[int, int] = dict(dead or {})
         self.cancelled = CancelledIds()  # ids of serialized tasks to drop
         self.owed: list[tuple[int, int]] = []  # (thief, gen) I answered with nothing
         self.pending: int | None = None  # victim of the STEAL in flight
@@ -348,7 +355,7 @@ class LoanBook:
                     if loan is not None:
                         loan.holder, loan.gen = thief, gen
         deque.extendleft(reversed(keep))
-        out.append(Send(thief, Kind.LOOT, [self.me, loot]))
+        out.append(Send(thief, Kind.LOOT, [self.me, gen, loot]))
         for owner, ids in moved.items():
             out.append(Send(owner, Kind.MOVED, [thief, gen, ids]))
         if thief:  # the driver's export asks again by itself
@@ -374,7 +381,7 @@ class LoanBook:
         out = self.answer(thief, gen, deque, True, depth, serialize)
         for i, act in enumerate(out):
             if type(act) is Send and act.kind == Kind.LOOT:
-                if not act.body[1]:
+                if not act.body[2]:
                     del out[i]  # nothing after all: still owed (answer put it back)
                 break
         return out

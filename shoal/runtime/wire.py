@@ -46,7 +46,7 @@ class Kind(enum.IntEnum):
     DEFINE = 3  # u32 fn id + u16 name length + name (utf-8) + cloudpickle(fn)
     CANCEL = 4  # msgpack [task ids]
     STEAL = 5  # msgpack [thief endpoint, thief generation]
-    LOOT = 6  # msgpack [victim, [task message, ...]]   (a steal answer; may be empty)
+    LOOT = 6  # msgpack [victim, thief generation, [task message, ...]]   (a steal answer; may be empty)
     MOVED = 7  # msgpack [thief, generation, [task ids]]  (victim -> owner)
     STARTED = 8  # msgpack [task id, endpoint]            (only for tasks with a timeout)
     DIED = 9  # msgpack [endpoint, generation]          (driver -> workers)
@@ -228,6 +228,17 @@ class Unloadable:
 
     def __call__(self, *args, **kwargs):
         raise UnpicklingError(self.message)
+
+    @classmethod
+    def quarantined(cls, name: str, message: str) -> Unloadable:
+        """The stand-in a replacement worker gets for a quarantined function (its DEFINE
+        is never sent again): a task of it that reaches the worker anyway (stolen from a
+        worker that had loaded it) fails with ``message`` instead of waiting forever for
+        a DEFINE that never comes."""
+        self = cls.__new__(cls)
+        self.__qualname__ = self.__name__ = name
+        self.message = message
+        return self
 
 
 def encode_define(fn_id: int, blob: bytes, name: str = "") -> bytes:

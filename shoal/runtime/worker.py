@@ -143,7 +143,8 @@ class Worker:
         order = policy.victim_order(self.ep - 1, self.node_of, rng)
         self.victims = [v + 1 for v in order]
         # the stealing protocol's state (loans, dead generations, cancels, requests)
-        self.book = LoanBook(self.ep, self.victims)
+        dead = {ep: gen - 1 for ep, gen in spec.get("generations", []) if gen}  # before I started
+        self.book = LoanBook(self.ep, self.victims, dead)
         self.cancelled = self.book.cancelled  # ids of serialized tasks to drop (hot-path alias)
         self.owed = self.book.owed  # thieves turned away, answered at the next spawn (alias)
         self.victims_tried: list[int] = []  # first victims asked, in order (for locality tests)
@@ -152,7 +153,7 @@ class Worker:
                 "tasks_run", "spawned", "steal_requests_sent", "steal_requests_local",
                 "steal_requests_remote", "steal_requests_answered",
                 "steal_requests_failed", "stolen_local", "stolen_remote", "tasks_given",
-                "steal_answers_given", "messages_in", "messages_out",
+                "steal_answers_given", "messages_in", "messages_out", "stale_loot_dropped",
             ),
             0,
         )
@@ -489,7 +490,7 @@ class Worker:
         if not actions:
             return  # asked before it died; its replacement asks for itself
         self.carry(actions)
-        given = next(len(a.body[1]) for a in actions if type(a) is Send and a.kind == Kind.LOOT)
+        given = next(len(a.body[2]) for a in actions if type(a) is Send and a.kind == Kind.LOOT)
         self.c["steal_answers_given"] += 1
         self.c["tasks_given"] += given
         if self.tracer is not None and given:
@@ -511,7 +512,16 @@ class Worker:
         except Exception:
             return None  # unpicklable: it simply stays here
 
-    def on_loot(self, victim: int, msgs: list) -> None:
+    def on_loot(self, victim: int, gen: int, msgs: list) -> None:
+        if gen != self.gen:
+            # An answer to my dead predecessor, still in the ring from ``victim`` (it was
+            # sent before the victim heard of the death).  Its tasks are not mine: their
+            # owners re-run them (loans.LoanBook.died, the driver's MOVED of a dead
+            # generation).  Run here too, each ran twice (issue 13: 1 run in 8 of the
+            # SIGKILL cancel storm).  Not a ``loot`` event either: an answer to a request
+            # of mine from that victim may still be on its way.
+            self.c["stale_loot_dropped"] += len(msgs)
+            return
         self.carry(self.book.loot(victim, len(msgs)))
         if not msgs:
             self.c["steal_requests_failed"] += 1

@@ -21,17 +21,9 @@ import time
 import traceback
 
 import pytest
+from rt_tasks import mark, ran, until
 
 import shoal
-
-
-def mark(path: str, i: int) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d\n" % i)
-    finally:
-        os.close(fd)
-    return i
 
 
 def mark_sleep(path: str, i: int, s: float) -> int:
@@ -45,21 +37,6 @@ def mark_gated(path: str, i: int, gate: str) -> int:
     while not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.001)
     return mark(path, i)
-
-
-def ran(path: str) -> collections.Counter:
-    if not os.path.exists(path):
-        return collections.Counter()
-    with open(path) as f:
-        return collections.Counter(int(x) for x in f.read().split())
-
-
-def until(cond, limit: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.002)
 
 
 def settle_all(futs) -> None:
@@ -167,22 +144,18 @@ def test_cancel_from_done_callbacks(tmp_path):
     assert not errors, errors[:3]
 
 
-@pytest.mark.parametrize("sig", [
-    "SIGSTOP",
-    pytest.param("SIGKILL", marks=pytest.mark.xfail(strict=False, reason=(
-        "open finding: about 1 run in 8, a task's side effect appears twice after a worker "
-        "is SIGKILLed (cancel() answers were all right).  Suspected: a task the killed worker "
-        "had stolen and finished, its result not yet sent, is run again by its victim when "
-        "the loan comes home, where the driver's own tasks on a dead worker fail with "
-        "WorkerLost; not yet confirmed"))),
-])
+@pytest.mark.parametrize("sig", ["SIGSTOP", "SIGKILL"])
 def test_cancel_storm_while_workers_are_stopped_or_killed(tmp_path, sig):
     """4 threads cancel half of 4,000 tasks while a worker is SIGSTOPped (then resumed)
     or SIGKILLed (then replaced).  A True still means never ran; every other task ran
     once or was lost with its worker (WorkerLost)."""
     path = str(tmp_path / "marks")
     with shoal.Pilot(2) as pilot:
-        pilot.submit(mark, path, -1).result(60)
+        # Both workers have loaded mark_sleep (a STATS is answered after the DEFINE before
+        # it): a worker killed while unpickling a function gets the function quarantined,
+        # and this test is about the cancel storm, not about that rule.
+        pilot.submit(mark_sleep, path, -1, 0).result(60)
+        pilot.stats()
         backend = pilot._backend
         futs = []
         for i in range(4000):
@@ -236,8 +209,9 @@ def test_force_cancel_of_a_task_that_just_finished(tmp_path):
 
 def test_force_cancel_races_the_end_of_the_task(tmp_path):
     """force cancel of tasks that end at about the moment it is called: when it says
-    True the future is cancelled; every other task has its result or WorkerLost; the
-    pilot still works; at most one task per forced kill is lost."""
+    True the future is cancelled; every other task has its result (a forced kill takes
+    no other task: the worker is frozen and looked at again before it is killed); the
+    pilot still works."""
     path = str(tmp_path / "marks")
     with shoal.Pilot(2) as pilot:
         pilot.submit(mark, path, -1).result(60)
@@ -256,8 +230,7 @@ def test_force_cancel_races_the_end_of_the_task(tmp_path):
                 assert f.cancelled()
         settle_all(futs)
         lost = [f for f in futs if not f.cancelled() and f.exception() is not None]
-        assert all(isinstance(f.exception(), shoal.WorkerLost) for f in lost)
-        assert len(lost) <= forced
+        assert not lost, [repr(f.exception()) for f in lost[:3]]  # no collateral: nothing nests here
         runs = ran(path)
         for f in futs:
             if not f.cancelled() and f.exception() is None:

@@ -52,9 +52,9 @@ N = 3  # workers 1..N; endpoint 0 is the driver
 class SimWorker:
     """One incarnation (endpoint, generation) of a worker: its book, deque and tasks."""
 
-    def __init__(self, ep: int, gen: int):
+    def __init__(self, ep: int, gen: int, dead: dict | None = None):
         self.ep, self.gen = ep, gen
-        self.book = LoanBook(ep, [v for v in range(1, N + 1) if v != ep])
+        self.book = LoanBook(ep, [v for v in range(1, N + 1) if v != ep], dead)
         self.deque: deque = deque()
         self.seq = task_id_base(ep, gen)
         self.scopes = [Scope(None) for _ in range(3)]  # "parents" whose children it spawns
@@ -72,6 +72,7 @@ class LoansMachine(RuleBasedStateMachine):
         self.deliveries: dict[int, int] = {}  # serial -> results that reached its future
         self.serial = 0
         self.deaths = 0
+        self.runs: dict[int, int] = {}  # serial -> runs of its serialized copies (thieves)
 
     # -- carrying actions out (what Worker.carry does) -----------------------------
 
@@ -185,7 +186,9 @@ class LoansMachine(RuleBasedStateMachine):
         """The worker dies; the driver tells the others and starts a replacement."""
         old = self.workers[ep]
         self.deaths += 1
-        self.workers[ep] = SimWorker(ep, old.gen + 1)
+        # the replacement knows every death before it (the driver's spec, "generations")
+        dead = {e: w.gen - 1 for e, w in self.workers.items() if e != ep and w.gen}
+        self.workers[ep] = SimWorker(ep, old.gen + 1, dead)
         self.rings[(0, ep)].clear()  # the driver resets its ring to the dead endpoint
         for other in range(1, N + 1):
             if other != ep:
@@ -199,7 +202,9 @@ class LoansMachine(RuleBasedStateMachine):
         if kind == Kind.STEAL:
             self.carry(w, book.answer(body[0], body[1], w.deque, busy, depth, self.serialize))
         elif kind == Kind.LOOT:
-            victim, msgs = body
+            victim, gen, msgs = body
+            if gen != w.gen:
+                return  # an answer to a dead predecessor: its owners re-run it (Worker.on_loot)
             self.carry(w, book.loot(victim, len(msgs)))
             for m in reversed(msgs):
                 w.deque.append(WireTask(m, m[0]))
@@ -223,12 +228,14 @@ class LoansMachine(RuleBasedStateMachine):
             if w.any_cancel and task.scope.is_cancelled():
                 fut.cancel()
                 return
+            self.runs[fut.serial] = self.runs.get(fut.serial, 0) + 1
             self.settle(fut, True, fut.serial)
         else:
             tid, serial = task.msg
             if w.book.cancelled and tid in w.book.cancelled:
                 self.carry(w, w.book.drop(tid))
                 return
+            self.runs[serial] = self.runs.get(serial, 0) + 1
             self.deliver(w, tid, True, serial)
 
     # -- the promise -------------------------------------------------------------------
@@ -300,9 +307,9 @@ def test_a_joining_victim_keeps_its_lone_task():
     fut = Future.local((1 << OWNER_SHIFT) | 1)
     dq = deque([LocalTask(abs, (1,), {}, fut, None, False)])
     acts = book.answer(2, 0, dq, False, 1, lambda t, th, g: b"x")
-    assert acts == [Send(2, Kind.LOOT, [1, []])] and len(dq) == 1
+    assert acts == [Send(2, Kind.LOOT, [1, 0, []])] and len(dq) == 1
     acts = book.answer(2, 0, dq, True, 1, lambda t, th, g: b"x")
-    assert acts == [Send(2, Kind.LOOT, [1, [b"x"]])] and not dq
+    assert acts == [Send(2, Kind.LOOT, [1, 0, [b"x"]])] and not dq
     assert list(book.loans) == [fut.task_id]
 
 
@@ -325,6 +332,24 @@ def test_a_late_result_for_a_dead_generation_settles_nothing():
     m.teardown()  # w3 runs the replacement's task: its own value, delivered once
     assert task_id_base(1, 0) != task_id_base(1, 1)
     assert (task_id_base(3, 7) + 1) >> OWNER_SHIFT == 3
+
+
+def test_a_steal_answer_to_a_dead_thief_is_not_run_by_its_replacement():
+    """w1 answers w2's request (LOOT in the ring to endpoint 2) and w2 dies before reading
+    it: w1 re-runs its loan (DIED), and w2's replacement must drop the answer meant for
+    its predecessor.  It ran it too: every such task ran twice (issue 13's SIGKILL storm;
+    real processes: tests/runtime/test_worker_death.py)."""
+    m = LoansMachine()
+    m.start()
+    m.spawn(1, 0, False)
+    m.steal(2)
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), True, 1)  # LOOT [1, gen 0, [task]]
+    m.die(2)
+    m.handle(m.workers[1], m.rings[(0, 1)].popleft(), False, 0)  # DIED: w1 re-runs its loan
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)  # the replacement reads the LOOT
+    assert not m.workers[2].deque
+    m.teardown()
+    assert m.runs == {1: 1}
 
 
 def test_cancelling_a_loan_that_came_home_sends_nothing_to_myself():

@@ -12,7 +12,6 @@ Real worker processes, real SIGSTOP/SIGCONT; every wait is bounded.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import os
 import random
@@ -20,18 +19,9 @@ import signal
 import time
 
 import pytest
+from rt_tasks import mark, ran, until
 
 import shoal
-
-
-def mark(path: str, i: int) -> int:
-    """Append ``i`` to ``path`` (O_APPEND: one whole line per run)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"%d\n" % i)
-    finally:
-        os.close(fd)
-    return i
 
 
 def pid_after(seconds: float) -> int:
@@ -44,21 +34,6 @@ def wait_for_file(path: str) -> int:
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.005)
     return os.getpid()
-
-
-def ran(path: str) -> collections.Counter:
-    if not os.path.exists(path):
-        return collections.Counter()
-    with open(path) as f:
-        return collections.Counter(int(x) for x in f.read().split())
-
-
-def until(cond, limit: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.01)
 
 
 def worker_queue_empty(pilot, ep: int) -> bool:

@@ -360,7 +360,9 @@ class DaskBackend(CancelPaths):
             if dfut is not None:
                 self._pending.pop(dfut.key, None)  # close() must not wait for it
                 self._batches.discard(dfut.key)
-                self._claimed.discard(dfut.key)
+                if dfut.key in self._claimed:  # the scheduler cancelled it (or the node will)
+                    self._claimed.discard(dfut.key)
+                    dfut = None
         if dfut is not None and self.client.status == "running":
             self.client.loop.add_callback(self._cancel_async, dfut)
 

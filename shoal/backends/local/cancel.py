@@ -42,6 +42,7 @@ import time
 from ..._errors import WorkerLost
 from ...runtime import wire
 from ...runtime.future import Future
+from ...runtime.health import proc_state
 from ...runtime.wire import Kind
 from ...runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS
 
@@ -183,24 +184,40 @@ class Cancelling:
         return True
 
     def force_cancel(self, fut: Future) -> bool:
-        """Cancel ``fut`` even while it runs: kill and replace the worker running it."""
+        """Cancel ``fut`` even while it runs: kill and replace the worker running it.
+
+        The worker is frozen (SIGSTOP) and its status cell read again before the kill:
+        between the first look and the kill the task could end and the worker start
+        another, which the kill then took with it (WorkerLost for a task nobody
+        cancelled).  Frozen, the cell cannot change: the task still runs there (killed,
+        True) or it ended (the worker goes on, False, as for a finished task).  What the
+        kill still takes: the driver tasks on the same stack (a task waiting in a
+        help-first join for which the worker ran this one, or one run inside this one's
+        join) fail with WorkerLost or retry; its queued tasks run elsewhere."""
         if fut.cancel():
             return True
+        tid = fut.task_id
         with self.lock:
-            task = self.tasks.get(fut.task_id)
-            ep = self._running_on(fut.task_id) if task is not None else 0
+            task = self.tasks.get(tid)
+            ep = self._running_on(tid) if task is not None else 0
             if not ep or self.closed:
                 return False
-            del self.tasks[fut.task_id]
+            proc = self.procs[ep]
+        resume = _freeze(proc)
+        with self.lock:
+            task = self.tasks.get(tid)
+            if (task is None or self.closed or self.procs.get(ep) is not proc
+                    or self._running_on(tid) != ep or proc.poll() is not None):
+                if resume:
+                    _signal(proc, signal.SIGCONT)
+                return False  # it ended meanwhile (or its worker died: WorkerLost says so)
+            del self.tasks[tid]
             if task.placed:
                 self.placement.finished(task.placed - 1)
                 task.placed = 0
             self.forced[ep] = fut.task_id
         _force_cancelled(fut)  # outside the lock: its done callbacks may submit
-        try:
-            self.procs[ep].send_signal(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal(proc, signal.SIGKILL)
         return True
 
     def cancel_children(self, fut: Future) -> None:
@@ -232,6 +249,28 @@ class Cancelling:
         with self.lock:
             futs = list(self.waiting.values()) + [t.future for t in self.tasks.values()]
         return sum(1 for fut in futs if fut.cancel())
+
+
+def _signal(proc, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _freeze(proc, limit: float = 5.0) -> bool:
+    """SIGSTOP ``proc`` and wait (bounded) until it is stopped or gone, so its status cell
+    holds still.  True if this call stopped it (the caller resumes it); False if it was
+    stopped already (a debugger's: left as it is) or is gone."""
+    if proc.poll() is not None or proc_state(proc.pid) in ("T", "t"):
+        return False
+    _signal(proc, signal.SIGSTOP)
+    deadline = time.monotonic() + limit
+    while proc_state(proc.pid) not in ("T", "t", None) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            break  # (uninterruptible sleep?) read the cell anyway: at worst the old window
+        os.sched_yield()
+    return True
 
 
 def _force_cancelled(fut: Future) -> None:

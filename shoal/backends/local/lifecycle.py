@@ -66,6 +66,9 @@ class Lifecycle:
         spec = {
             "endpoint": ep,
             "generation": self.generation[ep],
+            # every endpoint's current generation: older ones are dead (a request one of them
+            # left in a ring is not answered; loans.LoanBook.dead)
+            "generations": [[e, g] for e, g in self.generation.items() if e != ep],
             "cpu": cpu,
             "real_cpu": self.topology.real_cpu(cpu),
             "node": node,
@@ -179,10 +182,16 @@ class Lifecycle:
                 if task.placed == ep:
                     self.placement.finished(ep - 1)
                     task.placed = 0
-                if task.where == ep:
-                    if tid in running or tid == overran:
-                        lost.append(task)
-                    elif self.functions.quarantined and self.functions.is_quarantined(task.fn):
+                if tid in running or (tid == overran and task.where == ep):
+                    # Whatever ``where`` says: a task it stole is in its status cell before
+                    # the victim's MOVED reaches us (that may wait in the victim's outbox
+                    # behind a full ring); it started here, so it fails (or retries) and is
+                    # never silently re-run when the MOVED comes.
+                    if task.where != ep:
+                        task.lost_on = (ep, dead_gen)  # that MOVED is then moot (pump.py)
+                    lost.append(task)
+                elif task.where == ep:
+                    if self.functions.quarantined and self.functions.is_quarantined(task.fn):
                         broken.append(task)
                     else:
                         self._dispatch(task)

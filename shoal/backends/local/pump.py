@@ -276,6 +276,8 @@ class Pumping:
                     if task is None and tid in self.recently_cancelled:
                         self._send(thief, wire.encode_control(Kind.CANCEL, [tid]))
                     if task is not None:
+                        if task.lost_on is not None and task.lost_on == (thief, gen):
+                            continue  # it died running there: failed or retried already
                         task.where = thief
                         if self.generation[thief] != gen:
                             self._dispatch(task)  # the thief died since: send it elsewhere
@@ -296,7 +298,7 @@ class Pumping:
                 self.latest_stats[ep] = reply
                 self.stats_cond.notify_all()
         elif kind == Kind.LOOT:
-            victim, msgs = wire.decode_control(msg)
+            victim, _, msgs = wire.decode_control(msg)
             with self.loot_cond:
                 waited = victim in self.loot_wait
                 if waited:

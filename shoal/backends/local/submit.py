@@ -55,7 +55,7 @@ class _Task:
     """Driver-side record of one outstanding task."""
 
     __slots__ = ("future", "msg", "retries", "timeout", "placed", "where", "fn", "queued", "queued_in",
-                 "cancelling")
+                 "cancelling", "lost_on")
 
     def __init__(self, future, msg, retries, timeout, fn):
         self.future = future
@@ -70,6 +70,9 @@ class _Task:
         # cancel() told the workers to drop it (CANCEL_IF_QUEUED) and has not found it
         # running: a re-send (a worker died) must carry that too; True also once cancelled
         self.cancelling = False
+        # (endpoint, generation) of a dead worker that had started it after stealing it, the
+        # victim's MOVED still on its way: that MOVED must not re-place it (lifecycle.py)
+        self.lost_on = None
 
     @property
     def name(self) -> str:

@@ -6,7 +6,11 @@ journaled RUNNING before its process is spawned or its function submitted,
 DONE before any successor may start.  Writes are grouped: one scheduling pass
 journals all the tasks it is about to start in one transaction, and one
 reaping pass all the tasks that ended, so the cost is two commits per batch,
-not per task.
+not per task.  DONE rows wait in memory until the next statement on the journal (the
+pass's commit, or any read or other write, which sees them first) and then go to SQLite in one
+``executemany``: one statement for the whole reap cycle instead of one per task, with nothing
+reordered (the rows are flushed before anything else touches the database) and each task's
+DONE written exactly once.
 
 Resume: rows in a terminal state (DONE, FAILED, SKIPPED, CANCELED) are kept
 and their tasks are not run again; rows left RUNNING by a killed driver are
@@ -230,6 +234,8 @@ class Journal:
         if not os.path.isdir(parent):
             raise JournalError(f"journal {path!r}: directory {parent} does not exist; create it first")
         check_journal_file(self.path)
+        self._db: _Conn | None = None
+        self._done: list[tuple] = []  # DONE rows not yet given to SQLite: see ``db``
         self.lock = DriverLock(self.path)
         if lock:
             self.lock.acquire()
@@ -281,6 +287,21 @@ class Journal:
         except BaseException:
             self.db.close()
             raise
+
+    @property
+    def db(self) -> _Conn | None:
+        """The connection, with every pending DONE row written first: whatever runs next on it
+        (a read, another write, the commit) sees them, in the order ``done`` was called."""
+        if self._done:
+            rows, self._done = self._done, []
+            self._db.executemany(
+                f"UPDATE tasks SET state='{TaskState.DONE.value}', finished=?, result=?, exit_code=?, "
+                "outputs=?, failure=NULL, reason=NULL, pid=NULL WHERE uid=?", rows)
+        return self._db
+
+    @db.setter
+    def db(self, conn: _Conn | None) -> None:
+        self._db = conn
 
     def _meta_or_none(self, key: str) -> str | None:
         try:
@@ -418,13 +439,11 @@ class Journal:
 
     def done(self, uid: str, now: float, *, result=None, exit_code: int | None = None,
              outputs: list[str] | None = None) -> None:
+        """Record ``uid`` DONE (once per task; the caller commits).  The row is written with the
+        other DONE rows of the pass, before the next statement on the journal (``db``)."""
         self._tx()
-        self.db.execute(
-            "UPDATE tasks SET state=?, finished=?, result=?, exit_code=?, outputs=?, failure=NULL, "
-            "reason=NULL, pid=NULL WHERE uid=?",
-            (TaskState.DONE.value, now, encode(result, self.values), exit_code,
-             "\n".join(outputs) if outputs else None, uid),
-        )
+        self._done.append((now, encode(result, self.values), exit_code, "\n".join(outputs) if outputs else None,
+                           uid))
 
     def failed(self, uid: str, failure: Failure, now: float, *, final: bool) -> None:
         """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry."""

@@ -16,8 +16,8 @@ task's files and the child they start.  Data flow per task::
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
-Spawning: glibc's ``posix_spawn`` in the C helper (spawn.py: the child opens
-its files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
+Spawning: vfork + execve in the C helper (spawn.py: the child opens its
+files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
 start_new_session=True)`` (vfork+exec in CPython 3.10+); never pinning the
 driver: the runner thread that calls it is pinned (runners.py), and the
 vfork-style child inherits the calling thread's mask.
@@ -260,7 +260,7 @@ class Launcher:
         self._which: dict[str, str | None] = {}
         self._procs: dict[int, subprocess.Popen] = {}  # pid -> Popen, until reaped
         self._null: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # stdin, shared
-        self._spawner = Spawner.load(self._null)  # glibc posix_spawn; None: subprocess.Popen
+        self._spawner = Spawner.load(self._null)  # the C vfork helper; None: subprocess.Popen
         self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
         self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
 

@@ -37,8 +37,10 @@ Invariants:
     ``busy`` stays true until every submitted job has posted its last event, and a drain
     waits on that count, not on the engine's own bookkeeping;
   * a task granted CPUs S is spawned by the runner of min(S); the Scheduler never grants a CPU
-    twice, so a runner has at most one child at a time and its queue is at most one job deep
-    in steady state;
+    to two running tasks, so a runner has at most one child at a time; its queue holds at most
+    the next job besides the current one (the Scheduler's queueing behind, which the engine
+    asks for while tasks are short: the runner goes from one child to the next without waiting
+    for a driver pass, and the driver starts that task's timeout clock at its SPAWNED);
   * the child's mask: S when S is a subset of this process's CPUs, else unpinned (synthetic
     topologies name CPUs this host lacks); the runner changes its own mask only for such a
     child and restores it right after the spawn.

@@ -341,8 +341,6 @@ def test_a_yaml_file_that_is_not_utf8_is_a_file_line_error(tmp_path):
     assert "wf.yaml:2: not a UTF-8 text file (byte 0xe9" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="r-ens3 (engine._catch_signals): the drain handler replaces a SIGINT "
-                   "the caller ignores (trap '' INT, background jobs of scripts); /work/wt/notes/r-break3.md F6")
 def test_a_sigint_the_caller_ignores_stays_ignored(tmp_path):
     write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/sh', arguments=['-c', "
                        "'touch ../../../../started; sleep 1'])])])]\n")

@@ -188,3 +188,26 @@ def test_resume_of_a_journal_with_values_shoal_never_writes(tmp_path, sql, rc):
     if rc == 2:
         assert "journal run.db is damaged or was not written by shoal (" in r.stderr, r.stderr
         assert r.stderr.strip().splitlines()[-1].startswith("shoal: error: journal run.db is damaged"), r.stderr
+
+
+# -- F6: a signal the caller ignores stays ignored ------------------------------------------------
+def test_ignored_signals_stay_ignored_during_and_after_a_run(tmp_path):
+    """The drain handler replaced an inherited SIG_IGN (the first SIGINT of a `trap '' INT` caller
+    stopped the run, exit 130).  In process: SIGTERM ignored, SIGINT Python's default."""
+    import signal
+
+    seen = {}
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        def look():
+            seen["term"] = signal.getsignal(signal.SIGTERM)
+            seen["int"] = signal.getsignal(signal.SIGINT)
+
+        report = run(Pipeline([Stage([_exe()], post_exec=look)]), journal=str(tmp_path / "run.db"))
+        assert report.ok
+        assert seen["term"] is signal.SIG_IGN  # left alone during the run
+        assert seen["int"] not in (signal.SIG_IGN, signal.default_int_handler)  # the drain handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGTERM, old)

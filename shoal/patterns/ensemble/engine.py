@@ -281,7 +281,8 @@ class Engine:
 
     def _catch_signals(self):
         """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
-        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        journal, report); a second one aborts at once.  One the caller ignores (SIG_IGN) is left
+        ignored.  Main thread only; returns the undo."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         import signal
@@ -295,7 +296,10 @@ class Engine:
                     with contextlib.suppress(OSError):
                         os.write(self.wake_w, b"x")
 
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # a signal the caller ignores stays ignored (`trap '' INT`, a script's background job, nohup-
+        # style launchers): Python keeps an inherited SIG_IGN for SIGINT, and so does the drain
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+               if signal.getsignal(sig) is not signal.SIG_IGN}
 
         def restore():
             for sig, h in old.items():

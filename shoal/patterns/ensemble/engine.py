@@ -296,10 +296,11 @@ class Engine:
                     with contextlib.suppress(OSError):
                         os.write(self.wake_w, b"x")
 
-        # a signal the caller ignores stays ignored (`trap '' INT`, a script's background job, nohup-
-        # style launchers): Python keeps an inherited SIG_IGN for SIGINT, and so does the drain
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
-               if signal.getsignal(sig) is not signal.SIG_IGN}
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # the caller ignores it (trap '' INT, a
+                continue  # script's background job, nohup): it stays ignored
+            old[sig] = signal.signal(sig, handler)
 
         def restore():
             for sig, h in old.items():

@@ -383,8 +383,6 @@ def test_status_of_a_journal_with_values_shoal_never_writes_is_one_line(tmp_path
     assert "journal run.db is damaged or was not written by shoal" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="r-ens3 (journal.py/walker.py readers): --resume of a journal holding "
-                   "values shoal never writes is a Python traceback, exit 1; /work/wt/notes/r-break3.md F7")
 @pytest.mark.parametrize("sql", [CRAFTED[1], CRAFTED[3]])
 def test_resume_of_a_journal_with_values_shoal_never_writes_is_one_line(tmp_path, sql):
     _crafted_journal(tmp_path, sql)

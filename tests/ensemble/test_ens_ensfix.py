@@ -151,3 +151,63 @@ def test_a_pipeline_growing_itself_from_its_last_stage_still_runs(tmp_path):
     p.add_stages(Stage([_exe()], post_exec=more))
     report = run(p, journal=str(tmp_path / "run.db"))
     assert report.ok and report.done == 3, report
+
+
+# -- F7: --resume of a journal holding values shoal never writes -------------------------------
+@pytest.mark.parametrize("sql, rc", [
+    ("UPDATE meta SET value='x' WHERE key='sessions'", 2),
+    ("UPDATE meta SET value='-4' WHERE key='sessions'", 2),
+    ("UPDATE tasks SET state='bogus'", 2),
+    ("UPDATE tasks SET state='running', attempt='zz'", 2),
+    ("UPDATE tasks SET state='running', attempt=-1", 2),
+    ("UPDATE tasks SET state='failed', failure='bogus'", 2),
+    ("UPDATE tasks SET spec=x'00ff'", 2),
+    ("UPDATE meta SET value='[1]' WHERE key='plan'", 2),
+    ("UPDATE meta SET value='{\"uid\": 1' WHERE key='plan'", 2),
+    ("UPDATE meta SET value='[' || replace(hex(zeroblob(5000)), '00', '[') WHERE key='plan'", 2),
+    ("UPDATE stages SET state='nope'", 0),  # read only for a stage after= (none here)
+    ("UPDATE tasks SET state='running', pid='x', pid_start='y'", 0),  # not a pid: nothing killed, re-run
+    ("UPDATE tasks SET state='running', pid=1, pid_start=0", 0),
+    ("UPDATE tasks SET outputs=5", 0),
+])
+def test_resume_of_a_journal_with_values_shoal_never_writes(tmp_path, sql, rc):
+    """Each was a ValueError/TypeError/RecursionError traceback (exit 1) from deep in the engine or
+    the report; now one 'journal ... is damaged' line and exit 2, or a run that ignores a value
+    it never acts on."""
+    (tmp_path / "wf.py").write_text("from shoal.ensemble import Pipeline, Stage, Task\n"
+                                    "workflow = [Pipeline([Stage([Task(executable='/bin/true')])])]\n")
+    assert shoal_cli("run", "wf.py", cwd=tmp_path).returncode == 0
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "run.db")
+    db.execute(sql)
+    db.commit()
+    db.close()
+    r = shoal_cli("run", "wf.py", "--resume", cwd=tmp_path)
+    assert r.returncode == rc and "Traceback" not in r.stderr, r.stderr
+    if rc == 2:
+        assert "journal run.db is damaged or was not written by shoal (" in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("shoal: error: journal run.db is damaged"), r.stderr
+
+
+# -- F6: a signal the caller ignores stays ignored ------------------------------------------------
+def test_ignored_signals_stay_ignored_during_and_after_a_run(tmp_path):
+    """The drain handler replaced an inherited SIG_IGN (the first SIGINT of a `trap '' INT` caller
+    stopped the run, exit 130).  In process: SIGTERM ignored, SIGINT Python's default."""
+    import signal
+
+    seen = {}
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        def look():
+            seen["term"] = signal.getsignal(signal.SIGTERM)
+            seen["int"] = signal.getsignal(signal.SIGINT)
+
+        report = run(Pipeline([Stage([_exe()], post_exec=look)]), journal=str(tmp_path / "run.db"))
+        assert report.ok
+        assert seen["term"] is signal.SIG_IGN  # left alone during the run
+        assert seen["int"] not in (signal.SIG_IGN, signal.default_int_handler)  # the drain handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGTERM, old)

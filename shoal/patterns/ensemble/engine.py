@@ -281,7 +281,8 @@ class Engine:
 
     def _catch_signals(self):
         """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
-        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        journal, report); a second one aborts at once.  One the caller ignores (SIG_IGN) is left
+        ignored.  Main thread only; returns the undo."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         import signal

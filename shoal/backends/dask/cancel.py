@@ -267,13 +267,14 @@ class CancelPaths:
     def cancel_many(self, futs: list[Future]) -> list[bool]:
         """``Pilot.cancel_many``: ``Future.cancel()``'s answers, with one claim round for
         all the pending ones (instead of one round trip each)."""
-        pending = [f for f in futs if f._state == "PENDING" and f._prober is not None]
-        self._claim(pending)  # the taken ones are in _claimed: their cancel() asks nobody
+        mine = [f for f in futs if f._state == "PENDING" and f._prober is not None
+                and self._dask_of.get(f) is not None]  # another pilot's: its own cancel()
+        asked = set(map(id, mine))
+        self._claim(mine)  # the taken ones are in _claimed: their cancel() asks nobody
         out = []
         for f in futs:
             d = self._dask_of.get(f)
-            if f._state == "PENDING" and f._prober is not None and (
-                    d is None or d.key not in self._claimed):
+            if id(f) in asked and f._state == "PENDING" and d.key not in self._claimed:
                 out.append(False)  # the round found it started (or could not ask): runs
             else:
                 out.append(f.cancel())

@@ -156,6 +156,14 @@ class CancelPaths:
         bounded on its own, so it is refused wherever dask sends it; the next ``locate``
         then cancels it if it is on no worker or on one of those that took it."""
         rid = next(self._rounds)
+        won: set[str] = set()  # keys this round cancelled (never given up: see the end)
+        report = decided
+
+        def decided(key: str, took: bool) -> None:
+            if took:
+                won.add(key)
+            report(key, took)
+
         claimed: dict[str, list[str]] = {}  # key -> the dask workers that took it back
         asked_all: set[str] = set()
         todo, left_on = list(keys), {}  # left_on: worker -> keys to give up there at the end
@@ -222,7 +230,11 @@ class CancelPaths:
             for k in todo:
                 decided(k, False)
             for k, addrs in claimed.items():
-                if k not in self._claimed:  # taken there, then started elsewhere, or undecided
+                # taken there, then started elsewhere, or undecided: give up (the node runs
+                # it after all).  Not ``self._claimed``: a concurrent cancel() of the same
+                # future empties that, and a give_up of a key this round cancelled at the
+                # scheduler would revive a task whose cancel() said True (r-break4).
+                if k not in won:
                     for addr in addrs:
                         left_on.setdefault(addr, []).append(k)
         finally:

@@ -114,7 +114,7 @@ class Claims:
         self.finished = 0
         self.void: set[int] = set()  # claim rounds the driver gave up on (they change nothing)
         self.voided: deque[int] = deque()  # the same, oldest first (bounded)
-        self.taken: dict[str, int] = {}  # key -> round that cancelled its queued local future
+        self.taken: dict[str, set[int]] = {}  # key -> rounds that took its queued local future
         self.revive: set[str] = set()  # such keys whose round the driver gave up on: re-submit
         self.changed = threading.Condition(self.lock)  # taken/revive moved (run_task waits)
 
@@ -161,17 +161,19 @@ class Claims:
                 elif entry.cancel():  # the node runtime's future: its cancel() keeps the local
                     out[key] = Verdict.TAKEN  # promise; run_task waits for the round's end
                     if round_id is not None:
-                        self.taken[key] = round_id
+                        self.taken.setdefault(key, set()).add(round_id)
                 else:
                     out[key] = Verdict.STARTED
         return out
 
     def settle_taken(self, key: str, wanted, poll_s: float = 0.02) -> bool:
-        """``run_task`` whose local future a claim round cancelled: True when that round was
-        given up (the driver answered False: the caller submits the task again, it runs),
-        False when the cancel stands (dask released the key here: ``wanted()`` turned
-        false, as the driver's confirming ``locate`` cancelled it at the scheduler; or a
-        take no round owns, such as a force cancel).  Waits for whichever comes first."""
+        """``run_task`` whose local future a claim round cancelled: True when every round
+        that took it was given up (the driver answered False: the caller submits the task
+        again, it runs), False when the cancel stands (dask released the key here:
+        ``wanted()`` turned false, as the driver's confirming ``locate`` cancelled it at the
+        scheduler; or a take no round owns, such as a force cancel).  Waits for whichever
+        comes first; a round that confirmed never sends ``give_up`` for the key, so a
+        revival cannot outrun its release."""
         with self.lock:
             while True:
                 if key in self.revive:
@@ -207,10 +209,13 @@ class Claims:
             self.voided.append(round_id)
             while len(self.voided) > _VOID_KEEP:
                 self.void.discard(self.voided.popleft())
-            for key in keys:  # a queued local future it took back runs after all
-                if self.taken.get(key) == round_id:
-                    del self.taken[key]
-                    self.revive.add(key)
+            for key in keys:  # a queued local future it took back runs after all, unless
+                rounds = self.taken.get(key)  # another round took it too (it may confirm)
+                if rounds is not None and round_id in rounds:
+                    rounds.discard(round_id)
+                    if not rounds:
+                        del self.taken[key]
+                        self.revive.add(key)
             self.changed.notify_all()
             self.forget(keys)
 

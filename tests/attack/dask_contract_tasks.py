@@ -50,6 +50,12 @@ def queued_in_node(token: str, keys: list[str]) -> list[str]:
             and not e.running() and not e.done()]
 
 
+def known(keys: list[str], dask_worker=None) -> list[str]:
+    """``client.run``: the keys among ``keys`` this dask worker still has a task state for
+    (a task whose thread is still inside ``run_task`` keeps one)."""
+    return [k for k in keys if k in dask_worker.state.tasks]
+
+
 def slow_replies(delay_s: float) -> None:
     """``client.run``: this dask worker answers every claim round ``delay_s`` late, after
     it has taken the keys back (a GC pause, a SIGSTOP, a slow link on the reply path)."""

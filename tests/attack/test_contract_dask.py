@@ -35,6 +35,29 @@ def cluster():
     c.close()
 
 
+@pytest.fixture(scope="module")
+def narrow():
+    """One dask worker of 3 threads (its node runtime: 1 shoal worker): a blocker runs, the
+    next 2 tasks wait in the node runtime's queue, each in a dask thread inside run_task."""
+    from distributed import LocalCluster
+
+    c = LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address=None)
+    yield c
+    c.close()
+
+
+def _node_queued(pilot, marks: str, gate: str, n: int = 2):
+    """(blocker, ``n`` futures whose tasks wait in the node runtime's queue)."""
+    be = pilot._backend
+    blocker = pilot.submit(dt.gated, marks, "b", gate)
+    wait_until(lambda: "b" in dt.started(marks), 60, "the blocker to start")
+    queued = [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(n)]
+    keys = [be._dask_of[q].key for q in queued]
+    wait_until(lambda: sorted(sum(be.client.run(dt.queued_in_node, be.token, keys).values(),
+                                  [])) == sorted(keys), 60, "the tasks queued in the node runtime")
+    return blocker, queued
+
+
 def test_cancel_many_answers_like_cancel_for_foreign_duplicate_and_done_futures(cluster, tmp_path):
     """``pilot.cancel_many`` given a pending future of ANOTHER pilot (a second dask pilot on
     the same cluster, and a local pilot), a duplicate, and a finished future.  Before: the
@@ -61,7 +84,7 @@ def test_cancel_many_answers_like_cancel_for_foreign_duplicate_and_done_futures(
     assert not {"fq", "lq", "own"} & set(ran), f"a future cancel_many called cancelled ran: {ran}"
 
 
-def test_a_holder_answering_late_never_turns_false_into_cancelled(monkeypatch, tmp_path):
+def test_a_holder_answering_late_never_turns_false_into_cancelled(narrow, monkeypatch, tmp_path):
     """The dask worker holding queued tasks takes them back (from its node runtime's queue)
     and then answers after the driver gave up waiting (its event loop stalls: a GC pause, a
     SIGSTOP between taking and replying, a slow link).  ``cancel()`` says False, so each
@@ -69,20 +92,9 @@ def test_a_holder_answering_late_never_turns_false_into_cancelled(monkeypatch, t
     futures ended CANCELLED after ``cancel()`` had said False (4 of 4 in each run)."""
     monkeypatch.setattr(dcancel, "CLAIM_TIMEOUT_S", 1.0)
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
-    from distributed import LocalCluster
-
-    # one dask worker of 3 threads and 1 shoal worker: the blocker runs, 2 tasks wait in
-    # the node runtime's queue (each in a dask thread, inside run_task)
-    with LocalCluster(n_workers=1, threads_per_worker=3, processes=True,
-                      dashboard_address=None) as c, \
-            shoal.Pilot(backend="dask", cluster=c, workers=1) as pilot:
+    with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
         be = pilot._backend
-        blocker = pilot.submit(dt.gated, marks, "b", gate)
-        wait_until(lambda: "b" in dt.started(marks), 60, "the blocker to start")
-        queued = [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(2)]
-        keys = [be._dask_of[q].key for q in queued]
-        wait_until(lambda: sorted(sum(be.client.run(dt.queued_in_node, be.token, keys).values(),
-                                      [])) == sorted(keys), 60, "both queued in the node runtime")
+        blocker, queued = _node_queued(pilot, marks, gate)
         be.client.run(dt.slow_replies, 2.0)
         try:
             answers = [q.cancel() for q in queued]
@@ -101,25 +113,75 @@ def test_a_holder_answering_late_never_turns_false_into_cancelled(monkeypatch, t
     assert sorted(dt.started(marks)) == ["b", "q0", "q1"]
 
 
-def test_results_arrive_after_cancel_false_even_on_a_prompt_take(tmp_path):
-    """The normal path still takes: the same queued tasks, the holder answering at once:
-    True, and they never run (the node's ``run_task`` returns once dask releases the key)."""
+def test_a_prompt_take_from_the_node_queue_still_cancels(narrow, tmp_path):
+    """The normal path still takes: the same node-queued tasks, the holder answering at
+    once: True, they never run, and the dask threads they held come back (``run_task``
+    returns once dask released the key there, claims.py ``settle_taken``)."""
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
-    from distributed import LocalCluster
-
-    with LocalCluster(n_workers=1, threads_per_worker=3, processes=True,
-                      dashboard_address=None) as c, \
-            shoal.Pilot(backend="dask", cluster=c, workers=1) as pilot:
-        be = pilot._backend
-        blocker = pilot.submit(dt.gated, marks, "b", gate)
-        wait_until(lambda: "b" in dt.started(marks), 60, "the blocker to start")
-        queued = [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(2)]
-        keys = [be._dask_of[q].key for q in queued]
-        wait_until(lambda: sorted(sum(be.client.run(dt.queued_in_node, be.token, keys).values(),
-                                      [])) == sorted(keys), 60, "both queued in the node runtime")
+    with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
+        blocker, queued = _node_queued(pilot, marks, gate)
+        keys = [pilot._backend._dask_of[q].key for q in queued]
         assert [q.cancel() for q in queued] == [True, True]
-        after = pilot.submit(t.inc, 41)  # the dask threads the taken tasks held come back
+        client = pilot._backend.client  # their dask threads come back: dask forgets the keys
+        wait_until(lambda: not sum(client.run(dt.known, keys).values(), []), 60,
+                   "the taken tasks' run_task to return")
         t.release(gate)
-        assert blocker.result(60) == "b" and after.result(60) == 42
+        assert blocker.result(60) == "b"
         assert all(q.cancelled() for q in queued)
     assert dt.started(marks) == ["b"]
+
+
+def _cancel_all(pilot, queued, answers, lock, seed: float, many: bool) -> None:
+    """One thread's cancels of every future in ``queued``, in a random order (``many``:
+    one ``cancel_many`` call, with two duplicates); answers appended per index."""
+    import random
+
+    order = list(range(len(queued)))
+    random.Random(seed).shuffle(order)
+    if many:
+        order += order[:2]
+        got = pilot.cancel_many([queued[i] for i in order])
+    else:
+        got = [queued[i].cancel() for i in order]
+    with lock:
+        for i, a in zip(order, got, strict=True):
+            answers[i].append(a)
+
+
+def test_threads_cancelling_the_same_futures_agree_with_what_ran(narrow, tmp_path):
+    """4 threads cancel the same futures (node-queued, in dask's queues) in random orders,
+    one of them through ``cancel_many`` with duplicates, while the gate opens at a random
+    moment.  Per future: a True from any thread => cancelled and it never ran; a False =>
+    not cancelled and its result arrives.  (A version of this round revived a task a
+    concurrent cancel() had confirmed: a round must give up only keys it did not cancel.)"""
+    import random
+    import threading
+
+    rnd = random.Random(13)
+    for r in range(3):
+        marks, gate = str(tmp_path / f"marks{r}"), str(tmp_path / f"gate{r}")
+        with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
+            blocker, queued = _node_queued(pilot, marks, gate)
+            queued += [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(2, 6)]
+            answers: dict[int, list[bool]] = {i: [] for i in range(len(queued))}
+            lock = threading.Lock()
+
+            threads = [threading.Thread(target=_cancel_all, args=(
+                pilot, queued, answers, lock, rnd.random(), k == 0)) for k in range(4)]
+            threading.Timer(rnd.random() * 0.05, t.release, (gate,)).start()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(60)
+            assert not any(th.is_alive() for th in threads), "a cancel() hung"
+            t.release(gate)
+            assert blocker.result(60) == "b"
+            for i, q in enumerate(queued):
+                if True in answers[i]:
+                    assert q.cancelled(), (r, i, answers[i], q)
+                else:
+                    assert q.result(60) == f"q{i}", (r, i, answers[i], q)
+        ran = set(dt.started(marks))
+        for i, q in enumerate(queued):
+            assert (f"q{i}" in ran) == (not q.cancelled()), (r, i, answers[i], q, sorted(ran))
+            assert not (True in answers[i] and False in answers[i]), (r, i, answers[i])

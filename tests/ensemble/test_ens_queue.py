@@ -27,17 +27,34 @@ def _rows(journal):
                 db.execute("SELECT uid, state, started, finished FROM tasks")}
 
 
-def test_a_queued_task_s_timeout_counts_from_its_own_start(tmp_path, always_queue):
-    """B (0.3 s of work, timeout 1 s) waits behind A (1.5 s) on the only CPU: its clock starts
-    when its runner starts it, not when it was queued (it would be killed at once then)."""
+def test_a_task_bounced_from_behind_a_long_one_runs_once_with_its_own_timeout(tmp_path, always_queue,
+                                                                           monkeypatch):
+    """B (0.3 s of work, timeout 1 s) is queued behind A (1.5 s) on the only CPU; once A outlives
+    the quick window, B is bounced back, waits for A in the engine (nothing queues behind a long
+    task), then runs with its attempt count unchanged and its timeout counted from its own
+    start (it would be killed at once if its clock had started when it was first placed)."""
+    from shoal.patterns.ensemble import runners
+
+    bounced = []
+    real = engine.Engine._take_event
+
+    def spy(self, kind, item, a, *rest):
+        if a is runners.BOUNCED:
+            bounced.append(item.uid)
+        return real(self, kind, item, a, *rest)
+
+    monkeypatch.setattr(engine.Engine, "_take_event", spy)
     quick = [Task(executable="/bin/true", name=f"q{i}") for i in range(3)]
     a = Task(executable="/bin/sleep", arguments=["1.5"], name="a")
     b = Task(executable="/bin/sleep", arguments=["0.3"], name="b", timeout=1.0)
     journal = str(tmp_path / "run.db")
     report = run(Pipeline([Stage(quick + [a, b])], name="p"), journal=journal, cores=1)
     assert report.ok and report.done == 5, report.failures
+    assert bounced == ["p.s0.b"], bounced
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        assert db.execute("SELECT attempt FROM tasks WHERE uid='p.s0.b'").fetchone() == (1,)
     rows = _rows(journal)
-    assert rows["p.s0.b"][1] < rows["p.s0.a"][2], "b was not queued behind a: the test proves nothing"
+    assert rows["p.s0.b"][1] >= rows["p.s0.a"][2] - 0.01, "b started before a ended on the only CPU"
 
 
 def _interrupt(results) -> bool:  # a when=, evaluated by the driver right before the task may start
@@ -88,3 +105,19 @@ def test_no_queueing_under_a_walltime_or_for_long_tasks(tmp_path):
     rows = sorted(_rows(journal).values(), key=lambda r: r[1])
     for before, after in zip(rows, rows[1:], strict=False):
         assert after[1] >= before[2] - 0.01, "a task was journaled running before the one ahead ended"
+
+
+def test_nothing_waits_behind_a_long_task_while_another_cpu_works(tmp_path, always_queue):
+    """A task queued behind one that turns out long (it outlives the runner's 5 ms quick
+    window) is bounced back and placed again, and nothing more queues behind the long one:
+    the 20 short tasks and B all end before A (2 s) does, on the other CPU."""
+    first = [Task(executable="/bin/true", name=f"q{i}") for i in range(2)]  # the run's mean: short
+    a = Task(executable="/bin/sleep", arguments=["2"], name="a")
+    short = [Task(executable="/bin/true", name=f"s{i}") for i in range(20)]
+    b = Task(executable="/bin/sleep", arguments=["0.2"], name="b")
+    journal = str(tmp_path / "run.db")
+    report = run(Pipeline([Stage(first + [a] + short + [b])], name="p"), journal=journal, cores=2)
+    assert report.ok and report.done == 24, report.failures
+    rows = _rows(journal)
+    late = {uid: f - rows["p.s0.a"][2] for uid, (_, _, f) in rows.items() if uid != "p.s0.a" and f > rows["p.s0.a"][2]}
+    assert not late, f"tasks that waited behind the long one: {late}"

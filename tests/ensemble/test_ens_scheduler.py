@@ -112,6 +112,7 @@ def test_queueing_behind_keeps_one_task_per_cpu(reqs, queueable, ncpu, patience,
             waiting.append(r)
     fifo: dict[int, list] = {c: [] for c in range(ncpu)}  # what each CPU's runner holds, in order
     started = []  # grants whose task runs now
+    long = set()  # keys of started grants marked long (their runner bounces what is queued)
     steps = 0
     while waiting or started or any(fifo.values()):
         steps += 1
@@ -130,6 +131,7 @@ def test_queueing_behind_keeps_one_task_per_cpu(reqs, queueable, ncpu, patience,
                 assert len(fifo[c]) == 1, "queued behind nothing, or two queued on one CPU"
                 holder = fifo[c][0]
                 assert holder in started and len(holder.cpus) == 1 and queueable[holder.key]
+                assert holder.key not in long, "queued behind a task known to be long"
                 fifo[c].append(p)
             else:
                 for c in p.cpus:
@@ -142,6 +144,17 @@ def test_queueing_behind_keeps_one_task_per_cpu(reqs, queueable, ncpu, patience,
         assert held.isdisjoint(sched.free_cpus)
         assert sum(p.memory for p in started) <= 1000
         queued = [q[1] for q in fifo.values() if len(q) > 1]
+        singles = [p for p in started if len(p.cpus) == 1 and p.key not in long]
+        if singles and rng.random() < 0.2:  # a task outlives the quick window: marked long, and
+            p = rng.choice(singles)  # what waits behind it is bounced back to the waiting list
+            long.add(p.key)
+            sched.mark_long(p)
+            q = fifo[p.cpus[0]]
+            if len(q) > 1:
+                back = q.pop()
+                sched.release(back)
+                waiting.insert(0, Request(back.key, *reqs[back.key], True))
+            continue
         if queued and rng.random() < 0.2:  # a queued grant answered NOT_STARTED (a drain)
             p = rng.choice(queued)
             fifo[p.cpus[0]].remove(p)

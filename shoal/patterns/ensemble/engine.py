@@ -52,7 +52,9 @@ Queueing behind (``_may_queue``): while the run's finished attempts average unde
 QUEUE_BELOW_S and no walltime is set, a 1-core local executable may be placed on a CPU whose
 current task is another such executable; it is journaled RUNNING in that pass, like any task
 placed, and its runner starts it as soon as the current one ends, without a driver pass in
-between.  Measured (2,000 x ``/bin/true``, 2 cores, issue 14's fifth round): the runners waited
+between; if the current one outlives the runner's quick window (5 ms) instead, the runner
+answers the queued task BOUNCED and the engine places it again (first in line), so a task
+never waits behind one of unknown length while another CPU frees up.  Measured (2,000 x ``/bin/true``, 2 cores, issue 14's fifth round): the runners waited
 15% of their time for the driver, and the driver made one pass, one commit and one wake-up
 per task; with queueing, a pass handles several tasks and the Python process's CPU per task
 fell from ~0.24 to ~0.17 ms.  A queued task shows as running in ``shoal status`` for the
@@ -105,7 +107,7 @@ from .model import (
 from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
-from .runners import NOT_STARTED, QUICK_S, Event, Runners
+from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
@@ -243,8 +245,8 @@ class Engine:
         restore = self._catch_signals()
         try:
             if self.resume:
-                for _uid, pid, start in self.journal.take_over(self.retry_failed):
-                    kill_leftover(pid, start)
+                for uid, pid, start in self.journal.take_over(self.retry_failed):
+                    kill_leftover(pid, start, uid, self.launcher.sandbox_of(uid) if isinstance(uid, str) else None)
             while True:
                 before = self._moves()
                 if self.interrupted and not self.draining:
@@ -279,7 +281,8 @@ class Engine:
 
     def _catch_signals(self):
         """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
-        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        journal, report); a second one aborts at once.  One the caller ignores (SIG_IGN) is left
+        ignored.  Main thread only; returns the undo."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         import signal
@@ -293,7 +296,11 @@ class Engine:
                     with contextlib.suppress(OSError):
                         os.write(self.wake_w, b"x")
 
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # the caller ignores it (trap '' INT, a
+                continue  # script's background job, nohup): it stays ignored
+            old[sig] = signal.signal(sig, handler)
 
         def restore():
             for sig, h in old.items():
@@ -521,11 +528,19 @@ class Engine:
                         item.deadline = item.t0 + item.task.timeout
                 if id(item) not in exited:
                     self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
+                    self.sched.mark_long(item.grant)  # nothing more queues behind it
                 if stopping:
                     self.runners.kill(a)
                 return
             self.sched.release(item.grant)
-            if a is NOT_STARTED:
+            if a is BOUNCED and not (stopping or self.draining):  # queued behind a long task:
+                self.journal.unstart(item.uid)  # PENDING until placed again, first in line
+                item.attempt -= 1
+                item.grant = item.deadline = None
+                self.waiting[id(item)] = item
+                self.waiting.move_to_end(id(item), last=False)
+                self.moves += 1
+            elif a is NOT_STARTED or a is BOUNCED:
                 self.journal.unstart(item.uid)
             elif isinstance(a, LaunchError):
                 self._ended(item, Failure(a.kind, a.message, attempt=item.attempt))
@@ -816,6 +831,7 @@ class Engine:
             self.journal.close()
 
     def _close_resources(self) -> None:
+        self.walker.close()  # finished pipelines take stages again
         if self.runners is not None:
             self.runners.close()
             self.runners = None

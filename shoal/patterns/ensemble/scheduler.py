@@ -150,6 +150,12 @@ class Scheduler:
         if self.memory_total:
             self.free_memory += p.memory
 
+    def mark_long(self, p: Grant) -> None:
+        """``p``'s task outlived the quick window: nothing more queues behind it (what was
+        queued is bounced back by its runner and released by the engine)."""
+        if len(p.cpus) == 1:
+            self.single.discard(p.cpus[0])
+
     def forget(self, key: Hashable) -> None:
         """``key`` left the waiting list without being placed (skipped, cancelled)."""
         self.overtaken.pop(key, None)

@@ -221,8 +221,13 @@ class Explorer(CountLoops, BnBLoop):
             self.ctl[self.me, NODES] += live - self.reported
             self.reported = live
 
-    def poll(self, iters, idx) -> None:
-        """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+    def poll(self, frontier) -> None:
+        """Read Control (stop flag, incumbent, hunger) and split if work is wanted.
+
+        ``frontier``: None for the recursive loops (their levels are read from their frames
+        on a split), else a function returning the iterative loop's ``(iters, idx)``, called
+        only when a split happens: building them costs O(depth), and a poll that copied them
+        every time made a 100,000-level chain quadratic (r-break3's F2)."""
         self.report()
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
@@ -236,7 +241,7 @@ class Explorer(CountLoops, BnBLoop):
                     self.ctl[self.me, STOP] = 1
                     raise _Stopped
                 if self.reserve is not None and self.split_ok:
-                    self.keep_reserve(iters, idx)
+                    self.keep_reserve(*_levels(frontier))
         cell = self.cell
         if cell is not None:
             g = cell.value
@@ -251,12 +256,12 @@ class Explorer(CountLoops, BnBLoop):
                 offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
                 if offered < hungry:
                     # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split_at(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.split_at(*_levels(frontier), max(2, hungry - offered), whole_level=False)
                     self.stale = 0
                 else:
                     self.stale += 1
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split_at(iters, idx, 1, whole_level=False)
+                        self.split_at(*_levels(frontier), 1, whole_level=False)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
 
@@ -391,7 +396,7 @@ class Explorer(CountLoops, BnBLoop):
         if self.spec.coordination is Coordination.INDEXED:
             node = None
         else:
-            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+            check_picklable(node, path, "a split-off subtree may be stolen by another process", subtree=True)
         self.spawn_unit(node, path)
 
     def ship_bundle(self, units: list) -> None:
@@ -403,7 +408,7 @@ class Explorer(CountLoops, BnBLoop):
             path, node = units[0]
             return self.ship(node, path)
         for path, node in units:
-            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+            check_picklable(node, path, "a split-off subtree may be stolen by another process", subtree=True)
         self.ctl[self.me, SPAWNED] += 1
         self.futs.append(shoal.spawn(bundle_task, self.spec, units))
         self.tally.splits += 1
@@ -513,3 +518,9 @@ def _spawn_children(ex: Explorer, node, path: tuple) -> None:
                 return
             continue
         ex.ship(child, cpath)
+
+
+def _levels(frontier) -> tuple:
+    """A poll's ``(iters, idx)``: built by the iterative loop's ``frontier`` only now, or
+    ``(None, None)`` for the recursive loops."""
+    return (None, None) if frontier is None else frontier()

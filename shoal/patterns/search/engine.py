@@ -74,6 +74,7 @@ POLL_S = 0.0002  # seconds between two reads of Control by a running task
 BUNDLE = 8  # subtrees per stolen task when counting a list-children tree (ship_bundle)
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
+BARREN_DEPTH = 256  # a split that found nothing waits (stack depth // this) polls
 _EMPTY = iter(())
 
 
@@ -114,6 +115,7 @@ class Explorer(CountLoops, BnBLoop):
         self.next_poll = 0.0
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
+        self.barren = 0  # polls to skip before the next hungry split (split_for)
         self.backtracks = 0  # BUDGET: backtracks since the last split
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.pending: list | None = None  # the lazy count loop: (path, node) units left here
@@ -252,18 +254,32 @@ class Explorer(CountLoops, BnBLoop):
             hungry = self.hungry()
             if not hungry:
                 self.stale = 0
+            elif self.barren:  # the last split found nothing on a deep stack (split_for)
+                self.barren -= 1
             else:
                 offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
                 if offered < hungry:
                     # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split_at(*_levels(frontier), max(2, hungry - offered), whole_level=False)
+                    self.split_for(frontier, max(2, hungry - offered))
                     self.stale = 0
                 else:
                     self.stale += 1
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split_at(*_levels(frontier), 1, whole_level=False)
+                        self.split_for(frontier, 1)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
+
+    def split_for(self, frontier, want: int) -> None:
+        """A hungry worker's split.  One that ships nothing scanned the whole stack for
+        siblings, O(depth): on a deep stack the next is tried only after
+        depth // BARREN_DEPTH polls, so a 200,000-level chain with a thief waiting is not
+        quadratic (r-break3's F2: 40 s instead of ~1 s); trees under BARREN_DEPTH levels
+        (every benchmark's) never wait."""
+        iters, idx = _levels(frontier)
+        before = self.tally.splits
+        self.split_at(iters, idx, want, whole_level=False)
+        if self.tally.splits == before and iters is not None:
+            self.barren = len(iters) // BARREN_DEPTH
 
     def keep_reserve(self, iters, idx) -> None:
         """Several machines: keep ``RESERVE`` of this task's shallowest subtrees spawned and

@@ -91,7 +91,7 @@ class _StageRun:
         self.outstanding = 0  # pulled from the iterator, not yet terminal
         self.failed = 0
         self.names: set[str] = set()  # explicit task names seen (duplicates are errors)
-        self.named: set[int] = set()  # positions of the explicitly named tasks whose name is a t<i>
+        self.named: set[int] = set()  # positions of the explicitly named tasks (their default is unused)
         self.index = 0
 
 
@@ -156,7 +156,7 @@ class Walker:
         self.specs = specs if specs is not None else {}  # id(task) -> (task, spec): see _add_task
         self.pipes: list[_PipeRun] = []
         self.pipe_names: set[str] = set()
-        self.pipes_named: set[int] = set()  # positions of the explicitly named pipelines named like p<i>
+        self.pipes_named: set[int] = set()  # positions of the explicitly named pipelines
         self.pipe_count = 0
         self.workflow_done = False
         self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
@@ -224,8 +224,7 @@ class Walker:
                 raise EnsembleError(f"pipeline name {name!r} is used twice; pipeline names must be unique "
                                     "(an unnamed pipeline at position i is named p<i>)")
             self.pipe_names.add(name)
-            if _DEFAULT_RE.fullmatch(name):
-                self.pipes_named.add(self.pipe_count)
+            self.pipes_named.add(self.pipe_count)
         elif name in self.pipe_names:
             raise EnsembleError(f"pipeline name {name!r} is used twice: it is the default name of the "
                                 f"unnamed pipeline {self.pipe_count} and another pipeline's explicit name; "
@@ -305,8 +304,7 @@ class Walker:
                 raise EnsembleError(f"stage {srun.uid}: task name {task.name!r} is used twice (names "
                                     "must be unique, and an unnamed task at position i is named t<i>)")
             srun.names.add(task.name)
-            if _DEFAULT_RE.fullmatch(task.name):
-                srun.named.add(srun.index)
+            srun.named.add(srun.index)
         elif f"t{srun.index}" in srun.names:
             raise EnsembleError(f"stage {srun.uid}: task name 't{srun.index}' is used twice: it is the "
                                 f"default name of the unnamed task {srun.index} and another task's explicit "

@@ -15,7 +15,9 @@ Rules (what issue 11 found without them):
   (its module's import calls ``os._exit``, a segfault in ``__setstate__``) is
   dropped: its DEFINE is not sent to replacements (each one died of it before:
   ~200 deaths in 15 s), its queued tasks fail, and submitting it again fails at
-  once with ``SerializationError``.  A replacement gets a stand-in DEFINE instead
+  once with ``SerializationError``.  A worker *SIGKILLed* while loading it counts
+  only at the second such death (the first SIGKILL may be a user's or another
+  task's force cancel; an OOM kill repeats).  A replacement gets a stand-in DEFINE instead
   (``wire.Unloadable.quarantined``): a task of it stolen from a worker that had
   loaded it fails there with that error (it waited forever for the DEFINE).
 * A function's entry keeps it alive, so its ``id()`` is not reused by another.
@@ -50,6 +52,7 @@ class FunctionTable:
         self.seen: OrderedDict = OrderedDict()  # id(fn) -> fn, lambdas seen once
         self.defines: dict[int, bytes] = {}  # fn id -> DEFINE message (for replacements)
         self.quarantined: dict[int, tuple[object, str]] = {}  # id(fn) -> (fn, why)
+        self.struck: set[int] = set()  # fn ids a worker was SIGKILLed loading, once
         self.next_id = 1
 
     def check(self, fn) -> None:
@@ -87,6 +90,14 @@ class FunctionTable:
             if fid == fn_id:
                 return fn
         return None
+
+    def strike(self, fn_id: int) -> bool:
+        """A worker was SIGKILLed while loading ``fn_id``: True the second time (then
+        quarantine it; the first kill may have been somebody else's signal)."""
+        if fn_id in self.struck:
+            return True
+        self.struck.add(fn_id)
+        return False
 
     def quarantine(self, fn_id: int, why) -> str | None:
         """Drop function ``fn_id`` for good; ``why(name)`` says what it did.  Returns the

@@ -152,8 +152,8 @@ def test_cancel_storm_while_workers_are_stopped_or_killed(tmp_path, sig):
     path = str(tmp_path / "marks")
     with shoal.Pilot(2) as pilot:
         # Both workers have loaded mark_sleep (a STATS is answered after the DEFINE before
-        # it): a worker killed while unpickling a function gets the function quarantined,
-        # and this test is about the cancel storm, not about that rule.
+        # it): this test is about the cancel storm, not about a kill while a function loads
+        # (tests/runtime/test_worker_death.py has those).
         pilot.submit(mark_sleep, path, -1, 0).result(60)
         pilot.stats()
         backend = pilot._backend

@@ -33,6 +33,13 @@ class _Cell:  # an incumbent that never improves: every node is explored
         pass
 
 
+def record(monkeypatch, shipped: list) -> None:
+    """Ship nothing: record each split-off task's units ``[(path, node), ...]``, a
+    single subtree's or a bundle's (``Explorer.run_units`` explores them)."""
+    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append([(path, node)]))
+    monkeypatch.setattr(E.Explorer, "ship_bundle", lambda self, units: shipped.append(list(units)))
+
+
 def _optimise_kw(goal) -> dict:
     if goal is not M.Goal.OPTIMISE:
         return {}
@@ -51,24 +58,28 @@ def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_de
         monkeypatch.setattr(L, "REC_DEPTH", rec_depth)
         monkeypatch.setattr(B, "REC_DEPTH", rec_depth)
     shipped = []
-    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+    record(monkeypatch, shipped)
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
     spec = M.SearchSpec(root=(), children=children, goal=goal, control=None,
                         **_optimise_kw(goal))
-    total = tasks = 0
-    todo = [((), ())]
+    total = tasks = bundles = 0
+    todo = [[((), ())]]
     while todo:
-        node, path = todo.pop()
-        assert node == path  # a node is its own path in this tree
-        assert M.replay(spec, path) == node
-        ex = E.Explorer(spec, path, ctl, 0, split=True)
-        ex.dfs(node)
+        units = todo.pop()
+        for path, node in units:
+            assert node == path  # a node is its own path in this tree
+            assert M.replay(spec, path) == node
+        ex = E.Explorer(spec, units[0][0], ctl, 0, split=True)
+        ex.run_units(units)
         total += ex.tally.nodes
         tasks += 1
+        bundles += len(units) > 1
         todo.extend(shipped)
         shipped.clear()
     assert total == full_count(())
     assert tasks > 20  # the splits happened
+    if goal is M.Goal.COUNT and children is tree:  # lists: a split ships bundles of subtrees
+        assert bundles > 5
 
 
 def test_count_per_depth_in_process():
@@ -150,15 +161,16 @@ def _run_tasks(spec, ctl, shipped) -> tuple[int, int, int]:
     """Every task of ``spec`` in this process (the shipped ones too): (nodes, tasks,
     pending units explored)."""
     total = tasks = pending = 0
-    todo = [(spec.root, ())]
+    todo = [[((), spec.root)]]
     while todo:
-        node, path = todo.pop()
-        assert node.path == path
-        ex = E.Explorer(spec, path, ctl, 0, split=True)
+        given = todo.pop()
+        for path, node in given:
+            assert node.path == path
+        ex = E.Explorer(spec, given[0][0], ctl, 0, split=True)
         orig, units = ex._count_gen_unit, []
         ex._count_gen_unit = lambda nd, _o=orig, _u=units: (_u.append(nd), _o(nd))[1]
-        ex.dfs(node)
-        pending += len(units) - 1
+        ex.run_units(given)
+        pending += len(units) - len(given)
         total += ex.tally.nodes
         assert ex.tally.count == ex.tally.nodes
         tasks += 1
@@ -186,7 +198,7 @@ def test_lazy_count_loop_names_nodes_it_cannot_compare(monkeypatch, rec_depth):
 
     monkeypatch.setattr(E.Explorer, "split_at", sometimes)
     shipped = []
-    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+    record(monkeypatch, shipped)
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: 2 wanted
     spec = M.SearchSpec(root=Opaque(()), children=otree, goal=M.Goal.COUNT, control=None)
     total, tasks, pending = _run_tasks(spec, ctl, shipped)

@@ -26,6 +26,7 @@ from shoal.queues import Push
 from shoal.runtime import wire
 from shoal.runtime.health import proc_state
 from shoal.runtime.wire import Kind
+from shoal.runtime.worker import STATUS_LOADING
 
 
 def deaf_until(gate: str, started: str) -> int:
@@ -221,6 +222,57 @@ def test_force_cancel_never_kills_a_task_started_after_the_forced_one_ended(tmp_
         assert ran(path) == {0: 1, 1: 1}
 
 
+def test_tasks_a_killed_victim_had_handed_to_a_thief_run_once(tmp_path):
+    """The victim answered a steal (LOOT in the thief's ring) and was SIGKILLed with its
+    MOVED for those tasks still in its outbox (its ring to the driver full): the driver
+    believes the tasks were on the dead victim, but the thief has them, one already
+    started.  Re-placing them goes through cancel()'s handshake (every worker is told to
+    drop the old ids, the status slots are read): each runs exactly once.  Before, the
+    driver re-sent them all and the thief ran them too: every one ran twice."""
+    path = str(tmp_path / "marks")
+    gate = lambda i: str(tmp_path / f"gate{i}")  # noqa: E731 - one gate file per task
+    with shoal.Pilot(2) as pilot:
+        backend = pilot._backend
+        release(gate(-1))
+        pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
+        pilot.stats()  # both workers loaded mark_then_wait
+        blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
+        until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
+        victim = backend._running_on(blocker.task_id)
+        thief = next(ep for ep in backend.endpoints if ep != victim)
+        futs = []
+        for i in range(20):
+            f = pilot.submit(mark_then_wait, path, i, gate(i))
+            f.arg = i
+            futs.append(f)
+        with backend.lock:
+            on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
+            on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
+        assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
+        vpid = backend.procs[victim].pid
+        with backend.consume_lock:
+            os.kill(vpid, signal.SIGSTOP)
+            until(lambda: stopped(vpid), what="the victim stopped")
+            ring = backend.matrix.ring(victim, 0)
+            for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
+                while ring.push(junk) is Push.OK:
+                    pass
+            os.kill(vpid, signal.SIGCONT)
+            for i in on_thief:
+                release(gate(i))
+            stolen = {futs[i].task_id: i for i in on_victim}
+            until(lambda: any(backend._running_on(t) == thief for t in stolen),
+                  what="the thief runs a stolen task")
+            os.kill(vpid, signal.SIGKILL)  # its MOVED dies in its outbox
+        until(lambda: backend.generation[victim] == 1, what="the victim's death is handled")
+        for i in [*range(20), 1000]:
+            release(gate(i))
+        assert not cf.wait(futs, timeout=120).not_done
+        assert not settle_and_check(futs, path)
+        assert isinstance(blocker.exception(60), shoal.WorkerLost)
+        assert pilot.submit(mark, path, -2).result(60) == -2
+
+
 HALF_KILLER = """
 import os, sys, time
 main = sys.modules.get("__main__")
@@ -288,6 +340,79 @@ def test_tasks_of_a_quarantined_function_stolen_by_a_replacement_settle(tmp_path
             assert pilot.submit(mark, path, -2).result(60) == -2
     finally:
         sys.modules.pop("half_killer_mod", None)
+
+
+SLOW_LOADER = """
+import os, sys, time
+main = sys.modules.get("__main__")
+if getattr(getattr(main, "__spec__", None), "name", "") == "shoal.runtime.worker":
+    try:
+        os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        pass
+    else:  # the first worker to load it takes its time (the test kills it meanwhile)
+        deadline = time.monotonic() + 60
+        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+def ident(x):
+    return x
+"""
+
+SELF_KILLER = """
+import os, signal, sys
+main = sys.modules.get("__main__")
+if getattr(getattr(main, "__spec__", None), "name", "") == "shoal.runtime.worker":
+    os.kill(os.getpid(), signal.SIGKILL)  # as an OOM kill would, every time
+
+def ident(x):
+    return x
+"""
+
+
+def test_a_worker_sigkilled_while_loading_a_function_does_not_quarantine_it(tmp_path, monkeypatch):
+    """Somebody SIGKILLs a worker (a user, an OOM kill of something else) while it unpickles
+    a function: the function is not condemned for it.  Before, it was quarantined for the
+    pilot's life and every task of it failed with SerializationError (this is what the
+    SIGKILL cancel storm hit when its kill landed in a DEFINE)."""
+    marker, gate = str(tmp_path / "marker"), str(tmp_path / "gate")
+    (tmp_path / "slow_loader_mod.py").write_text(SLOW_LOADER.format(marker=marker, gate=gate))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_loader_mod
+
+    try:
+        with shoal.Pilot(2) as pilot:
+            backend = pilot._backend
+            futs = [pilot.submit(slow_loader_mod.ident, i) for i in range(20)]
+            until(lambda: os.path.exists(marker), what="a worker loads the module")
+            until(lambda: any(backend.matrix.status(ep)[STATUS_LOADING] for ep in backend.endpoints),
+                  what="its status cell names the function")
+            ep = next(ep for ep in backend.endpoints if backend.matrix.status(ep)[STATUS_LOADING])
+            os.kill(backend.procs[ep].pid, signal.SIGKILL)
+            until(lambda: backend.generation[ep] == 1, what="the death is handled")
+            release(gate)
+            assert [f.result(60) for f in futs] == list(range(20))
+            assert not backend.functions.quarantined
+    finally:
+        sys.modules.pop("slow_loader_mod", None)
+
+
+def test_a_function_whose_loading_is_sigkilled_twice_is_quarantined(tmp_path, monkeypatch):
+    """A function whose import gets its worker SIGKILLed every time (an OOM kill) is
+    quarantined at the second death: its tasks fail, replacements stop dying of it."""
+    (tmp_path / "self_killer_mod.py").write_text(SELF_KILLER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import self_killer_mod
+
+    try:
+        with shoal.Pilot(2) as pilot:
+            err = pilot.submit(self_killer_mod.ident, 1).exception(60)
+            assert isinstance(err, shoal.SerializationError), err
+            assert "self_killer_mod.ident" in str(err) and "quarantined" in str(err)
+            assert pilot.submit(abs, -3).result(60) == 3
+            assert pilot.stats()["driver"]["worker_deaths"] <= 4
+    finally:
+        sys.modules.pop("self_killer_mod", None)
 
 
 def _cancel_storm_with_a_kill(path: str) -> None:

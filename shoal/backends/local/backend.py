@@ -34,7 +34,7 @@ draining them) before ``lock``.
 Failure rules: a worker's status cell lists the driver tasks it was running;
 when it dies those fail with ``WorkerLost`` (``TaskTimeout`` for the one that
 overran) unless ``retries`` remain, and every other task it held is
-resubmitted quietly.  A stopped worker keeps only what it runs (stopped.py).
+re-placed through the cancel handshake (stopped.py ``_re_place``), never run twice.  A stopped worker keeps only what it runs (stopped.py).
 A result that arrives twice (a re-run) is delivered once.
 
 Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is
@@ -163,6 +163,8 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.pump_errors = 0
         self.cancels_refused = 0  # cancel() said False: a worker's ring had no room for it
         self.taken_back = 0  # tasks taken back from stopped workers and re-placed (stopped.py)
+        # tasks whose holder died, to re-place through the handshake (stopped.py _re_place)
+        self.orphans: list[_Task] = []
         self.deaths = 0
         self.messages_in = 0
         self.generation = dict.fromkeys(self.endpoints, 0)

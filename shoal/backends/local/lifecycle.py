@@ -7,10 +7,11 @@ never re-imported.  They inherit the segment, the doorbells and the read end of 
 worker exits at once.  The segment is a memfd, so no /dev/shm name exists to leak.
 
 A death (the pump sees the pidfd) is handled under ``consume_lock`` then ``lock``: what
-the worker sent before dying is drained, its running driver tasks (its status cell)
-fail or retry, everything else it held is re-sent elsewhere, the other workers are told
-(``DIED``), and a replacement of the next generation is started (with backoff when
-starting fails).  A function that kills a worker while it is unpickled is quarantined.
+the worker sent before dying is drained, its running driver tasks (its status cell,
+wherever the driver thought they were) fail or retry, everything else it held is
+re-placed elsewhere through the cancel handshake (``orphans``, stopped.py: it may have
+handed some to a thief just before), the other workers are told (``DIED``), and a
+replacement of the next generation is started (with backoff when starting fails).  A function that kills a worker while it is unpickled is quarantined.
 
 ``close`` waits for (or cancels) the outstanding work, tells the workers to stop, and
 tears down; in a forked child (at-fork hook) the parent's pilot is closed without
@@ -26,6 +27,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -157,7 +159,10 @@ class Lifecycle:
         loading = status[STATUS_LOADING]
         for i in range(RingMatrix.STATUS_WORDS):
             status[i] = 0
-        if loading:  # it died unpickling a function: no other worker gets that DEFINE again
+        if loading and (proc.returncode != -signal.SIGKILL or self.functions.strike(loading)):
+            # It died unpickling a function: no other worker gets that DEFINE again.  A
+            # SIGKILL may be somebody else's (a user, force cancel of another task): the
+            # function is quarantined at its second such death (an OOM kill repeats).
             self._quarantine(loading, ep, proc)
         overran = self.timed_out.pop(ep, None)
         with self.stats_cond:
@@ -193,8 +198,12 @@ class Lifecycle:
                 elif task.where == ep:
                     if self.functions.quarantined and self.functions.is_quarantined(task.fn):
                         broken.append(task)
+                    elif task.cancelling:
+                        self._dispatch(task)  # behind a CANCEL_IF_QUEUED: a cancel() decides
                     else:
-                        self._dispatch(task)
+                        # Not to be sent again blindly: it may have left for a thief whose
+                        # victim's MOVED died in the victim's outbox (stopped.py _re_place).
+                        self.orphans.append(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()

@@ -99,6 +99,8 @@ class Pumping:
         idle = 0
         while True:
             got = self._drain_inboxes()
+            if self.orphans:
+                self._re_place_orphans()  # stopped.py
             if self.staged:
                 with self.lock:
                     if self.staged:
@@ -157,7 +159,7 @@ class Pumping:
     def _readable(self) -> bool:
         if self.closed:
             return True
-        if self.staged:
+        if self.staged or self.orphans:
             return True
         for _, box in self.inboxes:
             if box.ring.readable():
@@ -280,7 +282,10 @@ class Pumping:
                             continue  # it died running there: failed or retried already
                         task.where = thief
                         if self.generation[thief] != gen:
-                            self._dispatch(task)  # the thief died since: send it elsewhere
+                            # the thief died since: re-placed through the handshake after
+                            # this round (it may have handed the task on before dying)
+                            self.orphans.append(task)
+                            self.doorbell.ring()
         elif kind == Kind.STARTED:
             tid, where = wire.decode_control(msg)
             task = self.tasks.get(tid)

@@ -1,4 +1,11 @@
-"""Tasks queued on a stopped worker: taken back and re-placed on live workers.
+"""Tasks queued on a stopped (or dead) worker: taken back and re-placed on live workers.
+
+The same handshake (``_re_place``) re-places the tasks a *dead* worker held queued
+(lifecycle.py) and those a late MOVED names a dead thief for (pump.py): the dead one
+may have handed them to a thief just before it died, its MOVED lost in its outbox, and
+a blind re-send ran each twice (tests/runtime/test_worker_death.py).  A task a live
+worker already runs stays there; one queued there is dropped there and runs under its
+new id once.
 
 A SIGSTOPped worker (or one held in a debugger) reads nothing: the tasks queued in its
 ring or deque neither run nor time out (a deadline starts at STARTED, which it never
@@ -87,7 +94,22 @@ class TakingBack:
             cands = [t for t in self.tasks.values()
                      if t.where == ep and not t.cancelling and t.future._state == _PENDING
                      and t.future.task_id not in held]
-            if not cands:
+        moved = self._re_place(cands)
+        self.taken_back += moved or 0
+        return moved or 0
+
+    def _re_place(self, cands: list) -> int | None:
+        """Re-place ``cands`` (tasks whose holder is stopped or dead, as far as the driver
+        knows) without ever running one twice: cancel()'s handshake under the old ids,
+        then a new id for each that no worker runs.  A task another worker got meanwhile
+        (stolen before the driver heard: a MOVED still on its way, or lost with a dead
+        victim) and already runs there stays there (``where`` follows it); one queued
+        there is dropped there.  Returns how many were re-placed; None when a worker's
+        ring had no room for the cancels (nothing was done)."""
+        with self.lock:
+            cands = [t for t in cands if not t.cancelling and t.future._state == _PENDING
+                     and self.tasks.get(t.future.task_id) is t]
+            if not cands or self.closing:
                 return 0
             for task in cands:
                 box = task.queued_in
@@ -99,18 +121,24 @@ class TakingBack:
                     for i in range(0, len(ids), _IDS_PER_MESSAGE)]
             boxes = [self.out[e] for e in self.endpoints if e not in self.down]
             if not all(box.room_for(msgs) for box in boxes):
-                return 0  # a ring is full even in its reserve: try at the next check
+                return None  # a ring is full even in its reserve
             for box in boxes:
                 box.send_urgent(msgs)  # then the doorbell: a fence before the slots are read
-        running = {t.future.task_id for t in cands if self._run_state(t.future.task_id)}
+        running = {}
+        for task in cands:
+            ep = self._run_state(task.future.task_id)
+            if ep:
+                running[task.future.task_id] = ep
         self._drain_to_marks()  # a task that finished is FINISHED now, not re-run
         moved = 0
         with self.lock:
             for task in cands:
                 old = task.future.task_id
-                if (old in running or task.cancelling or task.future._state != _PENDING
-                        or self.tasks.get(old) is not task):
-                    continue  # it runs, a user's cancel() decides about it, or it settled
+                if task.cancelling or task.future._state != _PENDING or self.tasks.get(old) is not task:
+                    continue  # a user's cancel() decides about it, or it settled
+                if old in running:
+                    task.where = running[old]  # it runs there: a death there accounts for it
+                    continue
                 new = next(self.ids)
                 _, flags, fn_id, _ = _unpack_task(task.msg)
                 task.msg = _pack_task(wire.TASK, flags, fn_id, new) + task.msg[wire.TASK_HDR.size:]
@@ -123,8 +151,23 @@ class TakingBack:
                     self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
                 self._dispatch(task)
                 moved += 1
-            self.taken_back += moved
         return moved
+
+    def _re_place_orphans(self) -> None:
+        """Tasks whose holder died, found at its death or by a late MOVED (the pump, after
+        a drain round: the handshake drains the rings itself).  If the cancels do not
+        fit, they are sent plainly (the old way: a thief that has one runs it too)."""
+        with self.lock:
+            cands, self.orphans = self.orphans, []
+            for task in cands:  # a cancel() is deciding about these: sent behind its cancel
+                if task.cancelling and self.tasks.get(task.future.task_id) is task:
+                    self._dispatch(task)
+            cands = [t for t in cands if not t.cancelling]
+        if self._re_place(cands) is None:
+            with self.lock:
+                for task in cands:
+                    if task.future._state == _PENDING and self.tasks.get(task.future.task_id) is task:
+                        self._dispatch(task)
 
     def _slot_ids(self, ep: int) -> set[int]:
         """The driver tasks ``ep`` has claimed or runs (its status slots up to the claim)."""

@@ -245,8 +245,8 @@ class Engine:
         restore = self._catch_signals()
         try:
             if self.resume:
-                for _uid, pid, start in self.journal.take_over(self.retry_failed):
-                    kill_leftover(pid, start)
+                for uid, pid, start in self.journal.take_over(self.retry_failed):
+                    kill_leftover(pid, start, uid, self.launcher.sandbox_of(uid) if isinstance(uid, str) else None)
             while True:
                 before = self._moves()
                 if self.interrupted and not self.draining:
@@ -281,7 +281,8 @@ class Engine:
 
     def _catch_signals(self):
         """SIGINT (Ctrl-C) / SIGTERM: drain like the walltime (kill what runs, leave it PENDING,
-        journal, report); a second one aborts at once.  Main thread only; returns the undo."""
+        journal, report); a second one aborts at once.  One the caller ignores (SIG_IGN) is left
+        ignored.  Main thread only; returns the undo."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         import signal
@@ -830,6 +831,7 @@ class Engine:
             self.journal.close()
 
     def _close_resources(self) -> None:
+        self.walker.close()  # finished pipelines take stages again
         if self.runners is not None:
             self.runners.close()
             self.runners = None

@@ -137,7 +137,10 @@ class CountLoops:
         (``_deep_level``).
         """
         base0 = self.base
-        self.pending, self.rdrained = [], {}
+        owned = self.pending is None  # (else a bundle task's units: engine.bundle_task)
+        if owned:
+            self.pending = []
+        self.rdrained = {}
         try:
             self._count_gen_unit(node)
             while self.pending:
@@ -145,7 +148,9 @@ class CountLoops:
                 self._count_gen_unit(nd)
         finally:
             self.base = base0
-            self.pending = self.rdrained = None
+            self.rdrained = None
+            if owned:
+                self.pending = None
 
     def _count_gen_unit(self, node) -> None:
         """One unit (``node`` at ``self.base``) of ``dfs_count_gen``."""
@@ -153,6 +158,7 @@ class CountLoops:
         self.visit(node, len(base), base)
         run = shapes.count_loop(self)
         self.rnode = node  # the parent of the recursion's first level (lazy_level)
+        self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0
         count = 0
         try:

@@ -16,10 +16,10 @@ the same for ``bnb.dfs_bnb_rec`` (and decides the sense, ``prune_level`` and
 - **the poll check is a countdown** (``tick``) at level entry; every level entry
   is one node (each child of a generator level is recursed into), so the node count
   is the entries counted per window in ``poll_rec`` -- no per-level node sum;
-- **the countdown's window adapts** (``W``, ``TICK`` .. ``WMAX``): ``poll_rec``
-  reads the clock, doubles the window while a window takes less than ``POLL_S / 8``
-  and halves it when one takes more than ``POLL_S``, so light nodes pay one
-  ``poll_rec`` call per up to 128 nodes, heavy ones still poll on time;
+- **the countdown's window adapts** (``W``: 1 .. ``WMAX``, ``TICK`` at first):
+  ``poll_rec`` reads the clock, doubles the window while a window takes less than
+  ``POLL_S / 8`` and halves it when one takes more than ``POLL_S`` + 0.1 ms, so light
+  nodes pay one ``poll_rec`` call per up to 128 nodes, heavy ones still poll on time;
 - **the count loop keeps no child index** (lazy splitting): a split, a hand-over to
   the iterative loop or an error finds a level's index from its frame
   (``loops.CountLoops.lazy_level``: drain the level's iterator, count its parent's

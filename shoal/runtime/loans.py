@@ -247,9 +247,10 @@ class LoanBook:
         self.victims = victims  # whom to ask, in order (policy.victim_order)
         self.loans: dict[int, Loan] = {}
         # endpoint -> newest dead generation: from the driver's DIED, and for a replacement
-        # the deaths before it started (``dead``): a steal request a dead thief left in my
-        # ring is not answered, as its answer would be dropped (Worker.on_loot) with my
-        # tasks in it, and no DIED for that thief will ever come to re-run them.
+        # the deaths before it started (``dead``, its own predecessor included): a steal
+        # request a dead thief left in my ring is not answered, as its answer would be
+        # dropped (Worker.on_loot) with my tasks in it and no DIED for that thief will
+        # ever come to re-run them; a MOVED of my task to a dead one re-runs it at once.
         self.dead: dict[int, int] = dict(dead or {})
         self.cancelled = CancelledIds()  # ids of serialized tasks to drop
         self.owed: list[tuple[int, int]] = []  # (thief, gen) I answered with nothing

@@ -187,7 +187,9 @@ class LoansMachine(RuleBasedStateMachine):
         old = self.workers[ep]
         self.deaths += 1
         # the replacement knows every death before it (the driver's spec, "generations")
-        dead = {e: w.gen - 1 for e, w in self.workers.items() if e != ep and w.gen}
+        # (its own predecessor included: a MOVED of its task to that one re-runs it at once)
+        dead = {e: w.gen if e == ep else w.gen - 1 for e, w in self.workers.items()
+                if e == ep or w.gen}
         self.workers[ep] = SimWorker(ep, old.gen + 1, dead)
         self.rings[(0, ep)].clear()  # the driver resets its ring to the dead endpoint
         for other in range(1, N + 1):
@@ -350,6 +352,26 @@ def test_a_steal_answer_to_a_dead_thief_is_not_run_by_its_replacement():
     assert not m.workers[2].deque
     m.teardown()
     assert m.runs == {1: 1}
+
+
+def test_a_dead_thiefs_request_answered_with_its_replacements_task_reruns_it():
+    """Hypothesis found it (the long run): w1 dies with a STEAL in the ring to w2; w2 steals
+    a task from w1's replacement, then answers the stale STEAL (DIED not read yet) with that
+    task, and tells the owner (the replacement) MOVED to endpoint 1 generation 0.  The
+    replacement drops the LOOT (not its generation) and must re-run its task on the MOVED:
+    it knows its own predecessor is dead.  Before, the task was lost."""
+    m = LoansMachine()
+    m.start()
+    m.steal(1)  # STEAL [1, 0] in the ring to w2
+    m.steal(2)  # STEAL [2, 0] in the ring to w1
+    m.die(1)
+    m.spawn(1, 0, False)  # the replacement's task X
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), True, 1)  # it gives X to w2
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)  # the stale STEAL: owed
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)  # the LOOT with X
+    m.spawn(2, 0, False)  # w2 answers the owed (dead) thief with X: MOVED(1, 0, [X]) to w1
+    assert m.rings[(0, 2)], "w2 has not read DIED yet"
+    m.teardown()  # the replacement drops the LOOT (generation 0) and re-runs X on the MOVED
 
 
 def test_cancelling_a_loan_that_came_home_sends_nothing_to_myself():

@@ -26,7 +26,7 @@ from shoal.queues import Push
 from shoal.runtime import wire
 from shoal.runtime.health import proc_state
 from shoal.runtime.wire import Kind
-from shoal.runtime.worker import STATUS_LOADING
+from shoal.runtime.worker import STATUS_DEPTH, STATUS_LOADING
 
 
 def deaf_until(gate: str, started: str) -> int:
@@ -340,6 +340,35 @@ def test_tasks_of_a_quarantined_function_stolen_by_a_replacement_settle(tmp_path
             assert pilot.submit(mark, path, -2).result(60) == -2
     finally:
         sys.modules.pop("half_killer_mod", None)
+
+
+def test_a_worker_killed_while_the_pilot_closes_has_its_queued_tasks_run(tmp_path):
+    """close() waits for the outstanding work; a worker killed meanwhile has its queued
+    tasks re-placed (through the handshake) and close() returns once they ran."""
+    import threading
+
+    path = str(tmp_path / "marks")
+    gate = str(tmp_path / "gate")
+    pilot = shoal.Pilot(2)
+    backend = pilot._backend
+    futs = []
+    for i in range(20):
+        f = pilot.submit(mark_then_wait, path, i, gate)
+        f.arg = i
+        futs.append(f)
+    until(lambda: all(backend.matrix.status(ep)[STATUS_DEPTH] for ep in backend.endpoints),
+          what="both workers run a task")
+    closer = threading.Thread(target=pilot.close)
+    closer.start()
+    until(lambda: backend.closing, what="close() began")
+    ep = backend.endpoints[0]
+    os.kill(backend.procs[ep].pid, signal.SIGKILL)
+    until(lambda: backend.generation[ep] == 1 or backend.closed, what="the death is handled")
+    release(gate)
+    closer.join(60)
+    assert not closer.is_alive(), "close() hangs: the dead worker's queued tasks went nowhere"
+    lost = settle_and_check(futs, path)
+    assert len(lost) == 1, lost  # the one it was running
 
 
 SLOW_LOADER = """

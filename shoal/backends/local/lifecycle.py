@@ -68,9 +68,10 @@ class Lifecycle:
         spec = {
             "endpoint": ep,
             "generation": self.generation[ep],
-            # every endpoint's current generation: older ones are dead (a request one of them
-            # left in a ring is not answered; loans.LoanBook.dead)
-            "generations": [[e, g] for e, g in self.generation.items() if e != ep],
+            # every endpoint's current generation (this one's included): older ones are dead
+            # (a request one of them left in a ring is not answered, a MOVED naming one
+            # re-runs at once; loans.LoanBook.dead)
+            "generations": [[e, g] for e, g in self.generation.items()],
             "cpu": cpu,
             "real_cpu": self.topology.real_cpu(cpu),
             "node": node,

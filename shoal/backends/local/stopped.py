@@ -109,7 +109,7 @@ class TakingBack:
         with self.lock:
             cands = [t for t in cands if not t.cancelling and t.future._state == _PENDING
                      and self.tasks.get(t.future.task_id) is t]
-            if not cands or self.closing:
+            if not cands:
                 return 0
             for task in cands:
                 box = task.queued_in

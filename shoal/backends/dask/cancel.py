@@ -248,6 +248,12 @@ class CancelPaths:
         if key in self._claimed or fut.cancelled():
             return True
         entry = self._pending.get(key)
+        if entry is not None and entry[1].status == "cancelled" and getattr(
+                entry[1]._state.exception, "reason", None) == on_scheduler.REASON:
+            # another round's locate cancelled it, and dask's report outran that round's
+            # reply (different comms): taken, never runs.  Before (r-break4): False here,
+            # while the other thread's cancel() said True for the same future.
+            return True
         if entry is None or entry[1].status != "pending":
             return False
         return None
@@ -285,8 +291,10 @@ class CancelPaths:
         self._claim(mine)  # the taken ones are in _claimed: their cancel() asks nobody
         out = []
         for f in futs:
-            d = self._dask_of.get(f)
-            if id(f) in asked and f._state == "PENDING" and d.key not in self._claimed:
+            # _claimed first: a concurrent cancel() sets CANCELLED before it drops the key
+            # from _claimed, so reading the state first could see PENDING and then no key
+            taken = id(f) not in asked or self._dask_of[f].key in self._claimed
+            if not taken and f._state == "PENDING":
                 out.append(False)  # the round found it started (or could not ask): runs
             else:
                 out.append(f.cancel())

@@ -148,6 +148,9 @@ def _cancel_all(pilot, queued, answers, lock, seed: float, many: bool) -> None:
             answers[i].append(a)
 
 
+@pytest.mark.xfail(strict=False, reason="r-break4 F6 (open): under CPU load about 1 run in 12 one "
+                   "thread's cancel() says False for a future the others cancelled (it never runs); "
+                   "the confirming locate saw the key STARTED; /work/wt/notes/r-break4.md")
 def test_threads_cancelling_the_same_futures_agree_with_what_ran(narrow, tmp_path):
     """4 threads cancel the same futures (node-queued, in dask's queues) in random orders,
     one of them through ``cancel_many`` with duplicates, while the gate opens at a random

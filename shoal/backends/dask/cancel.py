@@ -58,7 +58,9 @@ class CancelPaths:
         if dfut is None or dfut.key in self._claimed:
             return False
         if cancel:
-            return not self._claim([fut])
+            # a concurrent cancel() may cancel fut during the round (then _claim skips it or
+            # its round finds the key gone): not running, the caller's cancel() says True
+            return not self._claim([fut]) and not fut.cancelled()
         return False
 
     def _on_started(self, keys) -> None:

@@ -130,7 +130,13 @@ class Claims:
     def finish(self, key: str, held=None) -> None:
         """``run_task`` returned (it ran, or its local future was taken back)."""
         with self.lock:
-            if self.entries.get(key) is not Fate.TOMBSTONE:
+            entry = self.entries.get(key)
+            if entry is not None and not isinstance(entry, Fate) and entry.cancelled():
+                # taken back from the node queue and not revived: it never ran here.  A
+                # round arriving later must hear TAKEN (DONE answered STARTED, and a
+                # concurrent cancel() of the same future said False, r-break4)
+                self.entries[key] = Fate.TOMBSTONE
+            elif entry is not Fate.TOMBSTONE:
                 self.entries[key] = Fate.DONE
                 self.done.append(key)
             self.finished += 1

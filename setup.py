@@ -16,7 +16,7 @@ setup(
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
         ),
-        Extension(  # posix_spawn + a short wait without the GIL (ensemble/spawn.py)
+        Extension(  # vfork + exec + a short wait without the GIL (ensemble/spawn.py)
             "shoal.patterns.ensemble._spawn",
             ["shoal/patterns/ensemble/_spawn.c"],
             extra_compile_args=["-O2"],

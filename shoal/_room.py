@@ -56,8 +56,10 @@ def _call(fn, *args):
 
 
 def _roomy(f, name: str):
-    code = f.__code__.replace(co_stacksize=f.__code__.co_stacksize + ROOM_WORDS, co_name=name,
-                              co_qualname=name)
+    names = {"co_name": name}
+    if hasattr(f.__code__, "co_qualname"):  # 3.11+ (3.10's replace() has no such keyword)
+        names["co_qualname"] = name
+    code = f.__code__.replace(co_stacksize=f.__code__.co_stacksize + ROOM_WORDS, **names)
     g = types.FunctionType(code, f.__globals__, name)
     g.__qualname__ = name  # (pickles by reference, as shoal._room.in_room)
     return g

@@ -10,6 +10,7 @@ zero-filled chunk per crossing call (gh-142183).
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import resource
 import sys
@@ -63,3 +64,40 @@ def test_the_witness_sees_a_thrash_outside_the_room():
 def test_a_worker_runs_its_tasks_in_the_room():
     with shoal.Pilot(1) as pilot:
         assert pilot.submit(worst_faults).result(timeout=60) < 200  # 4,096 without (this failed)
+
+
+def _other_pythons() -> list[str]:
+    """Other CPython 3.10+ interpreters on this machine (PATH, and pyenv's versions)."""
+    import glob
+    import shutil
+    import subprocess
+
+    found = {shutil.which(f"python3.{minor}") for minor in range(10, 15)}
+    found |= set(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1*/bin/python3")))
+    usable = []
+    for exe in sorted(p for p in found if p):
+        try:
+            ok = subprocess.run([exe, "-c", "import sys; assert sys.version_info >= (3, 10)"],
+                                capture_output=True, timeout=30).returncode == 0
+        except OSError:
+            ok = False
+        if ok:
+            usable.append(exe)
+    return usable
+
+
+def test_the_leaf_works_on_every_supported_python():
+    """shoal/_room.py is stdlib only, and the worker imports it, so it must load on every
+    Python shoal supports (>= 3.10).  Before: 3.10's ``code.replace`` has no
+    ``co_qualname`` and the import raised TypeError (a worker could not start there)."""
+    import subprocess
+
+    pythons = _other_pythons()  # found here, not at collection: it runs each of them
+    if not pythons:
+        pytest.skip("no other Python 3.10+ interpreter here (PATH or ~/.pyenv/versions)")
+    path = os.path.join(os.path.dirname(shoal.__file__), "_room.py")
+    code = ("import runpy, sys; m = runpy.run_path(sys.argv[1]); "
+            "assert m['in_room'](divmod, 7, 2) == (3, 1); print(sys.version_info[:2])")
+    for exe in pythons:
+        out = subprocess.run([exe, "-c", code, path], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"{exe}: {out.stderr}"

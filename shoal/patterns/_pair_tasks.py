@@ -19,6 +19,12 @@ Invariants:
 * Counters live in a ``SharedArray`` with one row per worker process; only that
   worker writes its row (the single-writer rule of the rings), so there are no
   lost updates and no messages.  Loads per item likewise (one row per worker).
+  They count the work each worker did, so a subtree that runs again after its
+  worker was killed (a lost loan comes home and its victim re-runs it) counts
+  twice there.  The run's pairs and tiles are therefore counted along the join
+  tree instead: every ``tile_task`` returns ``(pairs, tiles, part)`` summed from
+  its children's returns, and a lost task's return never arrives, so the root's
+  (or the blocks') sum counts each leaf of the result exactly once.
 * Children are spawned newest-last in *reverse* Z order, so the owner (which
   pops the newest) walks its region in Z order while a thief (which takes the
   oldest half) gets the far end of the curve: each side keeps its own rows.
@@ -235,9 +241,10 @@ class RunState:
             if tri:
                 lower = np.tril_indices(len(rows), -1)
                 tile[lower] = tile.T[lower]
+        pairs = pairs_in(region)
         self.ctr[Counter.TILES] += 1
-        self.ctr[Counter.PAIRS] += pairs_in(region)
-        return self.emit(region, tile)
+        self.ctr[Counter.PAIRS] += pairs
+        return pairs, 1, self.emit(region, tile)
 
     def _block(self, rows, cols, region):
         import numpy as np
@@ -339,11 +346,16 @@ def probe_task(run: Run) -> int:
     return sizeof(st.item(0, 0))
 
 
+NOTHING = (0, 0, None)  # what an aborted tile_task returns
+
+
 def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
-    """Compute ``region``: split and spawn while big, compute in place when a leaf."""
+    """Compute ``region``: split and spawn while big, compute in place when a leaf.
+    Returns ``(pairs, tiles, part)``: the pairs and leaf tiles of this region's result,
+    each once (see the module doc), and the tiles (callback) or top-k partial it yields."""
     st = state(run)
     if st.flags[RunFlag.ABORT]:
-        return None
+        return NOTHING
     if origin[0] > 0 and origin[0] != st.worker:
         st.ctr[Counter.STOLEN] += 1
         st.ctr[Counter.STOLEN_LOCAL if origin[1] == st.node else Counter.STOLEN_REMOTE] += 1
@@ -370,4 +382,4 @@ def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
         for f in futs:
             f.cancel()
         raise
-    return st.merge(parts)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), st.merge([p[2] for p in parts])

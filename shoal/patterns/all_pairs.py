@@ -20,10 +20,13 @@ Data flow::
          flight; each block is tiled the same way and returns its tiles / its
          per-row top-k candidates; the driver hands them on and forgets them.
 
-Invariants: every pair ``(i, j)`` (``i <= j`` when symmetric) is computed by
-exactly one leaf; per-worker counters and per-item load counts are written
-only by the worker that owns their row; the result's ``.stats`` adds them up
-after the root task (or the last block) finished, so nothing is counted twice.
+Invariants: every pair ``(i, j)`` (``i <= j`` when symmetric) is in exactly one
+leaf; per-worker counters and per-item load counts are written only by the
+worker that owns their row, and ``.stats`` adds them up after the root task (or
+the last block) finished.  They count work done: a subtree that runs again after
+its worker was killed counts twice in them.  ``stats.pairs`` and ``stats.tiles``
+are the result's, each once: summed along the join tree (tile_task returns
+them), where a lost task's share never arrives.
 
 Rejected alternatives: one task per pair or per row (a row task needs every
 other item, so each item is loaded ~n times; see benchmarks/bench_all_pairs.py);
@@ -71,7 +74,7 @@ class AllPairsStats:
     n: int
     m: int
     symmetric: bool
-    pairs: int  # pairs computed (i <= j only, when symmetric)
+    pairs: int  # pairs in the result, each once (i <= j only, when symmetric)
     tile: int  # leaf tile edge used
     workers: int
     seconds: float  # wall time of the parallel part (after the probe)
@@ -82,12 +85,13 @@ class AllPairsStats:
     cache_hits: int
     cache_misses: int
     cache_evictions: int
-    tiles: int  # leaves computed
+    tiles: int  # leaf tiles of the result, each once
     tiles_stolen: int  # tile tasks that ran on another worker than their spawner
     tiles_stolen_warm: int  # ... where the thief already held some of their items
     tiles_stolen_local: int  # ... thief on the spawner's NUMA node
     tiles_stolen_remote: int
-    per_worker: list  # one dict of the counters above per worker
+    per_worker: list  # one dict of the counters above per worker: the work each did (a
+    #                   tile run again after a worker was lost counts in both rows)
     item_loads: object = dataclasses.field(repr=False, default=None)  # ndarray: loads of each item
 
     def summary(self) -> str:
@@ -286,9 +290,11 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         total = n * (n + 1) // 2 if symmetric and other is None else n * m
         with Ticker("all_pairs", _sampler(counters, total), rates=("pairs", "tiles"),
                     line=("tiles", "pairs_per_s", "percent_done", "cache_hit_rate")) as ticker:
-            topk = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker)
+            topk, pairs, tiles = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k,
+                                      largest, ticker)
         seconds = time.perf_counter() - t0
-        stats = _stats(counters.array, loads.array, n, m, symmetric, tile, workers, seconds, n_items)
+        stats = _stats(counters.array, loads.array, n, m, symmetric, tile, workers, seconds, n_items,
+                       pairs, tiles)
         flags.array[RunFlag.DONE] = 1
 
         if mode is Output.ARRAY:
@@ -317,7 +323,7 @@ def _sampler(counters, total_pairs: int):
     def sample() -> dict:
         t = counters.array.sum(axis=0)
         hits, misses = int(t[Counter.HITS]), int(t[Counter.MISSES])
-        pairs = int(t[Counter.PAIRS])
+        pairs = min(int(t[Counter.PAIRS]), total_pairs)  # work redone after a lost worker
         return {"tiles": int(t[Counter.TILES]), "pairs": pairs, "pairs_total": total_pairs,
                 "percent_done": round(100.0 * pairs / total_pairs, 2) if total_pairs else 100.0,
                 "cache_hits": hits, "cache_misses": misses,
@@ -353,11 +359,11 @@ def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
 
 
 def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker):
-    """Run the tile tasks; returns the top-k result (or None)."""
+    """Run the tile tasks; returns ``(the top-k result or None, pairs, tiles)``."""
     import numpy as np
 
     if n == 0 or m == 0:
-        return _topk_result(n, top_k, None) if mode is Output.TOPK else None
+        return (_topk_result(n, top_k, None) if mode is Output.TOPK else None), 0, 0
     origin = (0, -1)  # the driver: the root task is placed, not stolen
     if mode in (Output.ARRAY, Output.MEMMAP):
         root = (TileKind.TRIANGLE, 0, n, 0, n) if symmetric else (TileKind.RECT, 0, n, 0, m)
@@ -368,14 +374,15 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
         except BaseException:  # Ctrl-C: compute() raises ABORT, so the spawned tiles stop
             fut.cancel()
             raise
-        fut.result()
-        return None
+        pairs, tiles, _ = fut.result()
+        return None, pairs, tiles
     size = tile
     while (2 * size) ** 2 <= STREAM_BLOCK_PAIRS:
         size *= 2
     todo = iter(blocks(n, m, size, symmetric))
     pending: set = set()
     found = [np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)]
+    pairs = tiles = 0
     try:
         while True:
             while len(pending) < 2 * workers:
@@ -388,7 +395,9 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
             done, pending = cf.wait(pending, timeout=ticker.timeout(), return_when=cf.FIRST_COMPLETED)
             ticker.tick()
             for fut in done:
-                part = fut.result()
+                block_pairs, block_tiles, part = fut.result()
+                pairs += block_pairs
+                tiles += block_tiles
                 if mode is Output.CALLBACK:
                     for i0, j0, t in part:
                         out(i0, j0, t)
@@ -401,7 +410,7 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
         for fut in pending:
             fut.cancel()
         raise
-    return _topk_result(n, top_k, found) if mode is Output.TOPK else None
+    return (_topk_result(n, top_k, found) if mode is Output.TOPK else None), pairs, tiles
 
 
 def _topk_result(n, k, found):
@@ -419,13 +428,14 @@ def _topk_result(n, k, found):
     return values
 
 
-def _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items) -> AllPairsStats:
+def _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items, pairs, tiles) -> AllPairsStats:
+    """The run's stats: ``pairs``/``tiles`` as the join tree counted them (each once), the
+    rest from the per-worker counters (work done)."""
     import numpy as np
 
     ctr = np.array(ctr)
     total = ctr.sum(axis=0)
     per_item = np.array(loads).sum(axis=0)[:n_items] if n_items else np.zeros(0, np.int64)
-    pairs = int(total[Counter.PAIRS])
     names = {c: c.name.lower() for c in Counter}
     per_worker = [{"worker": w, **{names[c]: int(ctr[w, c]) for c in Counter}} for w in range(1, ctr.shape[0])]
     return AllPairsStats(
@@ -434,7 +444,7 @@ def _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items) -> AllP
         loads=int(per_item.sum()), loads_per_item=float(per_item.mean()) if per_item.size else 0.0,
         max_loads_per_item=int(per_item.max()) if per_item.size else 0,
         cache_hits=int(total[Counter.HITS]), cache_misses=int(total[Counter.MISSES]),
-        cache_evictions=int(total[Counter.EVICTIONS]), tiles=int(total[Counter.TILES]),
+        cache_evictions=int(total[Counter.EVICTIONS]), tiles=tiles,
         tiles_stolen=int(total[Counter.STOLEN]), tiles_stolen_warm=int(total[Counter.STOLEN_WARM]),
         tiles_stolen_local=int(total[Counter.STOLEN_LOCAL]),
         tiles_stolen_remote=int(total[Counter.STOLEN_REMOTE]),

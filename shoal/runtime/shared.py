@@ -33,6 +33,7 @@ machine into *that* machine's replica.  Anything else raises ``NodeBound`` there
 from __future__ import annotations
 
 import enum
+import math
 import mmap
 import os
 import pickle
@@ -88,9 +89,7 @@ def portable_dumps(obj, *, by_value: bool = False) -> bytes | None:
 
 
 def _memory(obj) -> SharedArray:
-    if isinstance(obj, BestCell):
-        return obj._slots
-    return obj._board if isinstance(obj, Channel) else obj
+    return obj._memory() if isinstance(obj, _OnOneArray) else obj
 
 
 def portable_as(replica, handle) -> None:
@@ -119,6 +118,65 @@ def _leaving_as(token: str | None, kind: type):
 _ATTACHED_MAX = 64  # attached copies the cache keeps alive; older ones live while used
 
 
+_CHECK_FROM = 16 << 20  # smaller arrays skip the memory check (reading /proc costs ~0.15 ms)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**40:.2f} TiB" if n >= 2**40 else f"{n / 2**30:.2f} GiB"
+
+
+def memory_for_shared() -> tuple[int, int | None]:
+    """``(available, limit)``: bytes of memory a new SharedArray can get now (MemAvailable
+    plus free swap), and the memory cgroup's limit (None when there is none or it is not
+    readable).  A memfd's pages live in RAM or swap only: the kernel's internal tmpfs that
+    holds them has no size limit, so /dev/shm's free space says nothing about them."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        available = info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError, IndexError):  # pragma: no cover - not Linux
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    limit = None
+    candidates = ["/sys/fs/cgroup/memory/memory.limit_in_bytes"]  # cgroup v1
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("0::"):  # cgroup v2
+                    candidates.insert(0, f"/sys/fs/cgroup{line[3:].strip().rstrip('/')}/memory.max")
+    except OSError:  # pragma: no cover
+        pass
+    for path in candidates:
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 says "no limit" with ~2^63
+            limit = int(text)
+            break
+    return available, limit
+
+
+def check_fits(shape: tuple, dtype, nbytes: int, available: int, limit: int | None) -> None:
+    """MemoryError, before anything is allocated, for an array that cannot fit.
+
+    A memfd is sparse until written, so without this an 8 TB array "succeeded" on a
+    24 GiB machine and failed later, in whichever process wrote the pages (an OOM kill,
+    or SIGBUS).  Refused: more than the memory available now (RAM the kernel can free,
+    and free swap) or than the memory cgroup's limit.  Pure: the numbers are given."""
+    over = nbytes > available or (limit is not None and nbytes > limit)
+    if not over:
+        return
+    have = f"{_gib(available)} available now"
+    if limit is not None:
+        have += f", the memory cgroup's limit is {_gib(limit)}"
+    raise MemoryError(
+        f"SharedArray: unable to allocate {_gib(nbytes)} ({nbytes:,} bytes) for an array with "
+        f"shape {shape} and data type {dtype}: this machine has {have}. Shared memory lives "
+        "in RAM (or swap), not in a file: use a smaller shape or dtype, free memory, or keep "
+        "data larger than memory in a file (numpy.memmap)")
+
+
 class SharedArray:
     """A numpy array in shared memory; pass it to tasks as an argument (driver creates it)."""
 
@@ -129,9 +187,11 @@ class SharedArray:
         if any((not isinstance(n, int)) or n < 0 for n in self.shape):
             raise ValueError(f"SharedArray shape must be non-negative ints, got {shape!r}")
         self.dtype = np.dtype(dtype)
-        nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        nbytes = max(1, math.prod(self.shape) * self.dtype.itemsize)  # Python ints: no wrap
         if not hasattr(os, "memfd_create"):  # pragma: no cover - non-Linux
             raise OSError("SharedArray needs Linux memfd_create")
+        if nbytes >= _CHECK_FROM:
+            check_fits(self.shape, self.dtype, nbytes, *memory_for_shared())
         self._token = uuid.uuid4().hex
         # the name carries the token: an attacher checks it, because the creator's fd
         # number is reused once this array is closed (a late task must not map the next one)
@@ -246,7 +306,26 @@ def _attach(token, pid, fd, shape, dtype) -> SharedArray:
     return SharedArray._attach(token, pid, fd, shape, dtype)
 
 
-class BestCell:
+class _OnOneArray:
+    """An object whose state is one SharedArray (``_memory()``): ``close()`` closes it, and
+    a backend's replica of a pilot-level object leaves this machine as that object's
+    handle (``portable_as``); anything else pickles as its array (which stays local)."""
+
+    def _memory(self) -> SharedArray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._memory().close()
+
+    def __reduce_ex__(self, protocol):
+        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level object
+            call = _leaving_as(getattr(self._memory(), "_token", None), _OnOneArray)
+            if call is not None:
+                return call
+        return super().__reduce_ex__(protocol)
+
+
+class BestCell(_OnOneArray):
     """The best value found so far (max or min), shared by the driver and all workers."""
 
     def __init__(self, slots: int, sense: Sense | str = Sense.MAX, *, initial: float | None = None):
@@ -295,15 +374,8 @@ class BestCell:
                 a[me] = value
         return bool(better)
 
-    def close(self) -> None:
-        self._slots.close()
-
-    def __reduce_ex__(self, protocol):
-        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level cell
-            call = _leaving_as(getattr(self._slots, "_token", None), BestCell)
-            if call is not None:
-                return call
-        return super().__reduce_ex__(protocol)
+    def _memory(self) -> SharedArray:
+        return self._slots
 
     def __repr__(self) -> str:
         return f"<shoal.BestCell {self.sense.value} {self.value}>"
@@ -312,7 +384,7 @@ class BestCell:
 _HEADER = 3  # int64 words in front of each Channel slot: sequence, acknowledged, length
 
 
-class Channel:
+class Channel(_OnOneArray):
     """Small messages from tasks to the driver: one slot per process, lock-free.
 
     ``put(blob)`` (in a task) fills this worker's slot, or returns False while
@@ -361,15 +433,8 @@ class Channel:
                 h[1] = h[0]
         return out
 
-    def close(self) -> None:
-        self._board.close()
-
-    def __reduce_ex__(self, protocol):
-        if getattr(_leaving, "on", False):  # a replica goes as its pilot-level channel
-            call = _leaving_as(getattr(self._board, "_token", None), Channel)
-            if call is not None:
-                return call
-        return super().__reduce_ex__(protocol)
+    def _memory(self) -> SharedArray:
+        return self._board
 
 
 class LocalShared:

@@ -67,6 +67,40 @@ def test_a_task_carrying_300_pilot_level_arrays(cluster):
                 a.close()
 
 
+def _marks(path: str) -> list[str]:
+    """The lines ``at.improvers``' leaves wrote: ``value machine``, one per offer."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def _improve_then_stop(pilot, n: int, path: str, timeout: float, meanwhile=lambda: None):
+    """Run ``at.improvers`` (``n`` leaves offer 10..10+n-1 to a pilot-wide best, then wait
+    for a stop flag) until leaves wait on both machines and work was lent; call
+    ``meanwhile()``, then raise the flag.  Every leaf must stop and the driver's best end
+    exactly at the maximum; returns the values offered (one per offer)."""
+    best = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+    flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+    try:
+        fut = pilot.submit(at.improvers, best, flag, n, path)
+        try:
+            wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1
+                       and len({ln.split()[1] for ln in _marks(path)}) == 2, 60,
+                       "leaves waiting on both machines")
+            meanwhile()
+        finally:
+            flag.offer(1.0)
+        got = fut.result(timeout)
+        assert [g[0] for g in got] == ["stopped"] * n
+        wait_until(lambda: best.value == 10.0 + n - 1, 30,
+                   f"the driver's best to reach {10 + n - 1} (it is {best.value})")
+        return [float(ln.split()[0]) for ln in _marks(path)]
+    finally:
+        best.close()
+        flag.close()
+
+
 def test_lent_leaves_improve_the_best_while_the_driver_stops(cluster, tmp_path):
     """A spawn program's leaves offer 10..10+n-1 to a pilot-wide best and wait for a stop
     flag; the balancer lends some to the other machine.  The driver raises the flag once
@@ -74,33 +108,9 @@ def test_lent_leaves_improve_the_best_while_the_driver_stops(cluster, tmp_path):
     best (some on the borrower, after the stop): every leaf stops, and the driver's best
     ends exactly at the maximum, whichever machine offered it and when."""
     n = 8
-    path = str(tmp_path / "marks")
-
-    def lines():
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return f.read().splitlines()
-
     with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
-        best = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-        flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-        try:
-            fut = pilot.submit(at.improvers, best, flag, n, path)
-            try:
-                wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1
-                           and len({ln.split()[1] for ln in lines()}) == 2, 60,
-                           "leaves waiting on both machines")
-            finally:
-                flag.offer(1.0)
-            got = fut.result(60)
-            assert [g[0] for g in got] == ["stopped"] * n
-            assert sorted(float(ln.split()[0]) for ln in lines()) == [10.0 + i for i in range(n)]
-            wait_until(lambda: best.value == 10.0 + n - 1, 30,
-                       f"the driver's best to reach {10 + n - 1} (it is {best.value})")
-        finally:
-            best.close()
-            flag.close()
+        offered = _improve_then_stop(pilot, n, str(tmp_path / "marks"), 60)
+        assert sorted(offered) == [10.0 + i for i in range(n)]
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 
 
@@ -115,42 +125,20 @@ def test_the_borrower_dies_holding_moved_replicas(tmp_path):
     from distributed import Client
 
     n = 6
-    path = str(tmp_path / "marks")
-
-    def lines():
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return f.read().splitlines()
-
     cluster = local_cluster(2)
     try:
         with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot, \
                 Client(cluster, set_as_default=False) as client:
-            best = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-            flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
-            try:
-                fut = pilot.submit(at.improvers, best, flag, n, path)
-                try:
-                    wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1
-                               and len({ln.split()[1] for ln in lines()}) == 2, 60,
-                               "leaves waiting on both machines")
-                    pids = client.run(os.getpid)
-                    lender = {a for a, keys in client.processing().items() if keys}
-                    borrower = [pid for a, pid in pids.items() if a not in lender]
-                    assert len(borrower) == 1, (pids, lender)
-                    os.kill(borrower[0], signal.SIGKILL)
-                finally:
-                    flag.offer(1.0)
-                got = fut.result(90)
-                assert [g[0] for g in got] == ["stopped"] * n
-                offered = {float(ln.split()[0]) for ln in lines()}
-                assert offered == {10.0 + i for i in range(n)}
-                wait_until(lambda: best.value == 10.0 + n - 1, 30,
-                           f"the driver's best to reach {10 + n - 1} (it is {best.value})")
-            finally:
-                best.close()
-                flag.close()
+
+            def kill_the_borrower():
+                pids = client.run(os.getpid)
+                lender = {a for a, keys in client.processing().items() if keys}
+                borrower = [pid for a, pid in pids.items() if a not in lender]
+                assert len(borrower) == 1, (pids, lender)
+                os.kill(borrower[0], signal.SIGKILL)
+
+            offered = _improve_then_stop(pilot, n, str(tmp_path / "marks"), 90, kill_the_borrower)
+            assert set(offered) == {10.0 + i for i in range(n)}
     finally:
         cluster.close()
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")

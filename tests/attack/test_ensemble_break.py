@@ -16,6 +16,8 @@ import time
 import psutil
 import pytest
 
+from shoal.ensemble import Pipeline, Stage, Task
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -32,9 +34,6 @@ def write_wf(tmp_path, body: str, name: str = "wf.py"):
 
 
 # -- the journal is a trust boundary -------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="r-ens3 (launcher.kill_leftover / journal.take_over): a crafted "
-                   "journal's RUNNING row makes --resume SIGKILL any process whose pid and start time it "
-                   "names; /work/wt/notes/r-break3.md F1")
 def test_a_crafted_journal_cannot_make_resume_kill_a_stranger(tmp_path):
     wf = write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/true')])])]\n")
     victim = subprocess.Popen(["sleep", "300"], start_new_session=True)  # not started by shoal
@@ -265,3 +264,162 @@ def test_an_entk_reference_built_from_uids_says_why(tmp_path):
     t2 = Task()
     with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
         t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+
+
+# -- staging -------------------------------------------------------------------------------------
+def test_a_moved_input_survives_a_retry(tmp_path):
+    from shoal.ensemble import Input, Staging, run
+
+    src = tmp_path / "input.txt"
+    src.write_text("precious\n")
+    t = Task(executable="/bin/sh", name="t", retries=1, inputs=[Input(str(src), "in.txt", Staging.MOVE)],
+             arguments=["-c", "if [ -e ../../../../once ]; then cat in.txt; else touch ../../../../once; exit 1; fi"])
+    report = run(Pipeline([Stage([t])], name="p"), journal=str(tmp_path / "run.db"))
+    kept = [p for p in (src, tmp_path / "run.sandbox/p/s0/t/in.txt") if p.exists()]
+    assert kept, "the input file is gone: moved into the sandbox by attempt 1, deleted by attempt 2"
+    assert report.ok, report.failures
+    assert (tmp_path / "run.sandbox/p/s0/t/stdout").read_text() == "precious\n"
+
+
+# -- adaptivity ------------------------------------------------------------------------------
+def test_a_stage_added_to_a_finished_pipeline_is_not_dropped_silently(tmp_path):
+    from shoal.ensemble import EnsembleError, run
+
+    fast = Pipeline([Stage([Task(executable="/bin/true")])], name="fast")
+    gate = tmp_path / "fast-done"
+
+    def grow():  # EnTK style: no argument, reaches the other pipeline through the closure
+        fast.add_stages(Stage([Task(executable="/bin/sh", arguments=["-c", f"touch {tmp_path}/late"])],
+                              name="late"))
+
+    slow = Pipeline([Stage([Task(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])], post_exec=grow)], name="slow")
+    fast.stages[0].post_exec = lambda: gate.touch()  # slow's stage ends only after fast has ended
+    try:
+        report = run([fast, slow], journal=str(tmp_path / "run.db"))
+    except EnsembleError as exc:  # refusing it, naming the stage, is as good as running it
+        assert "late" in str(exc) and "fast" in str(exc)
+        return
+    assert (tmp_path / "late").exists(), f"stage fast.late never ran and nothing said so: {report}"
+
+
+def test_a_timeout_of_a_month_or_more_runs_the_program_on_a_dask_node(tmp_path):
+    """``timeout=1e9`` ("never") made the node's wait call poll() with more milliseconds than a C
+    int holds: OverflowError on the node, the program killed right after its start.  The
+    node-side function is called directly (the same call a dask worker makes)."""
+    from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
+
+    for timeout in (3e6, 1e9):
+        spec = ExecSpec(uid="p.s.t", executable="/bin/sh", arguments=("-c", "sleep 0.1; echo ok"),
+                        sandbox=str(tmp_path / f"sb{int(timeout)}"), cwd=str(tmp_path), timeout=timeout)
+        out = run_executable(spec)
+        assert (out.ended, out.exit_code) == (Ended.EXITED, 0), out
+        assert (tmp_path / f"sb{int(timeout)}" / "stdout").read_text() == "ok\n"
+
+
+def test_walltime_nan_is_refused_and_slurm_day_format_is_read(tmp_path):
+    """walltime=float('nan') was accepted and never enforced (a NaN deadline compares False);
+    docs/hpc.md promises 'D-HH:MM:SS' everywhere, which run() refused."""
+    from shoal.ensemble import EnsembleError, parse_walltime, run
+
+    with pytest.raises(EnsembleError, match="walltime must be > 0"):
+        run(Pipeline([Stage([Task(executable="/bin/true")])]), journal=str(tmp_path / "r.db"),
+            walltime=float("nan"))
+    assert parse_walltime("1-00:00:00") == 86400
+    assert parse_walltime("2-12") == 2.5 * 86400
+    assert parse_walltime("1:30") == 90  # MM:SS, as Slurm reads it
+    for bad in ("-1:00:00", "1-", "a-1:00", "1-2:3:4:5"):
+        with pytest.raises(EnsembleError, match="D-HH:MM:SS"):
+            parse_walltime(bad)
+
+
+def test_a_yaml_file_that_is_not_utf8_is_a_file_line_error(tmp_path):
+    """A Latin-1 or binary file passed as workflow.yaml: raw UnicodeDecodeError traceback, exit 1."""
+    (tmp_path / "wf.yaml").write_bytes(b"pipelines:\n  - name: caf\xe9\n")
+    r = shoal_cli("run", "wf.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "wf.yaml:2: not a UTF-8 text file (byte 0xe9" in r.stderr, r.stderr
+
+
+def test_a_sigint_the_caller_ignores_stays_ignored(tmp_path):
+    write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/sh', arguments=['-c', "
+                       "'touch ../../../../started; sleep 1'])])])]\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(["bash", "-c", f"trap '' INT; exec {sys.executable} -m shoal run wf.py"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(2)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+
+
+CRAFTED = [
+    "UPDATE meta SET value='[]' WHERE key='driver'",
+    "UPDATE meta SET value='x' WHERE key='sessions'",
+    "UPDATE meta SET value='[1]' WHERE key='plan'",
+    "UPDATE tasks SET state='bogus'",
+    "UPDATE meta SET value='{\"pid\": \"x\", \"since\": \"abc\"}' WHERE key='driver'",
+]
+
+
+def _crafted_journal(tmp_path, sql: str):
+    write_wf(tmp_path, "workflow = [Pipeline([Stage([Task(executable='/bin/true')])])]\n")
+    assert shoal_cli("run", "wf.py", cwd=tmp_path).returncode == 0
+    db = sqlite3.connect(tmp_path / "run.db")
+    db.execute(sql)
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("sql", CRAFTED)
+def test_status_of_a_journal_with_values_shoal_never_writes_is_one_line(tmp_path, sql):
+    """Before: AttributeError / ValueError / TypeError tracebacks, exit 1 (docs: journal problems are
+    one 'shoal: error: journal ...' line and exit 2)."""
+    _crafted_journal(tmp_path, sql)
+    r = shoal_cli("status", "run.db", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "journal run.db is damaged or was not written by shoal" in r.stderr
+
+
+@pytest.mark.parametrize("sql", [CRAFTED[1], CRAFTED[3]])
+def test_resume_of_a_journal_with_values_shoal_never_writes_is_one_line(tmp_path, sql):
+    _crafted_journal(tmp_path, sql)
+    r = shoal_cli("run", "wf.py", "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", ["pipeline", "task"])
+def test_an_explicit_name_equal_to_a_default_name_loses_no_work(tmp_path, case):
+    from shoal.ensemble import EnsembleError, run
+
+    if case == "pipeline":
+        wf = [Pipeline([Stage([Task(executable="/bin/true")])], name="p1"),
+              Pipeline([Stage([Task(executable="/bin/true")])])]  # its default name is p1
+    else:
+        wf = [Pipeline([Stage([Task(executable="/bin/true", name="t1"), Task(executable="/bin/true")])])]
+    try:
+        report = run(wf, journal=str(tmp_path / "run.db"))
+    except EnsembleError as exc:  # refusing the clash, naming it, is as good as running both
+        assert "twice" in str(exc) or "used" in str(exc)
+        return
+    assert report.done == 2, report
+
+
+def test_entk_task_from_dict(tmp_path):
+    """EnTK's documented constructor ``Task(from_dict={...})`` was a TypeError (unexpected keyword)."""
+    from shoal.entk import AppManager, EnsembleError
+
+    t = Task(from_dict={"name": "hello", "executable": "/bin/echo", "arguments": ["hi"],
+                        "cpu_reqs": {"cpu_processes": 1, "cpu_threads": 2},
+                        "uid": "task.0001", "state": "DESCRIBED"})  # to_dict() bookkeeping: dropped
+    assert (t.executable, t.arguments, t.cores, t.uid) == ("/bin/echo", ["hi"], 2, None)
+    with pytest.raises(EnsembleError, match="did you mean 'executable'"):
+        Task(from_dict={"executabel": "/bin/echo"})
+    p = Pipeline(name="p")
+    p.add_stages(Stage().add_tasks(t))
+    am = AppManager(journal=str(tmp_path / "entk.db"))
+    am.workflow = [p]
+    am.run()
+    assert (tmp_path / "entk.sandbox/p/s0/hello/stdout").read_text() == "hi\n"

@@ -10,6 +10,7 @@ enable them.  ``SHOAL_SCREENSHOTS=DIR`` saves each page's screenshot there (docs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -28,9 +29,11 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """One headless Chromium per module, with a fresh profile; a new page per test."""
+@contextlib.contextmanager
+def chromium(profile, extra_args=(), **options):
+    """A headless Chromium context (playwright's persistent context) on the profile folder
+    ``profile``, with ``CHROMIUM_ARGS`` and ``extra_args``; the calling test skips, saying how
+    to enable it, when Chromium or playwright is absent."""
     path = chromium_path()
     if path is None:
         pytest.skip("Chromium is not installed: run scripts/install-chromium (needs root and apt) "
@@ -39,13 +42,21 @@ def browser(tmp_path_factory):
                                    reason="playwright is not installed: pip install 'shoal[dev]'")
     with sync_api.sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=path, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 800})
+            str(profile), executable_path=path, headless=True, args=[*CHROMIUM_ARGS, *extra_args],
+            **options)
         ctx.set_default_timeout(30_000)
         try:
             yield ctx
         finally:
             ctx.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium per module, with a fresh profile; a new page per test."""
+    with chromium(tmp_path_factory.mktemp("chromium-profile"),
+                  viewport={"width": 1400, "height": 800}) as ctx:
+        yield ctx
 
 
 @pytest.fixture

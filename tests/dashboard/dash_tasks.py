@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 import urllib.request
 
@@ -41,6 +43,32 @@ def is_solution(n: int, node: tuple) -> bool:
 def get_state(url: str) -> dict:
     with urllib.request.urlopen(url.rstrip("/") + "/api/state", timeout=10) as r:
         return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def in_background(fn, *args, timeout: float = 120.0, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in a thread; yield an Event that is set when it has ended.
+    On leaving, the thread is joined (bounded) and what it raised is raised here."""
+    done = threading.Event()
+    errors: list = []
+
+    def go():
+        try:
+            fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        thread.join(timeout)
+    assert not thread.is_alive(), f"{fn.__name__} still running after {timeout} s"
+    if errors:
+        raise errors[0]
 
 
 def wait_for(predicate, timeout: float = 30.0, every: float = 0.1):

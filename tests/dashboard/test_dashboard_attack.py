@@ -132,29 +132,18 @@ def test_a_real_browser_on_a_rebound_name_reads_nothing(tmp_path):
     # DNS rebinding as a browser does it: Chromium resolves evil.example to 127.0.0.1
     # (--host-resolver-rules), opens the attacker's page there and fetches /api/state from
     # it (same origin as far as the browser knows).  Before: 200 and the whole state.
-    from chromium import CHROMIUM_ARGS, chromium_path
+    from chromium import chromium
 
-    path = chromium_path()
-    if path is None:
-        pytest.skip("Chromium is not installed: run scripts/install-chromium (needs root and apt) "
-                    "to enable the browser tests")
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed: pip install 'shoal[dev]'")
-    with shoal.Pilot(1, dashboard=0) as pilot, sync_api.sync_playwright() as pw:
+    with shoal.Pilot(1, dashboard=0) as pilot, chromium(
+            tmp_path / "profile", ["--host-resolver-rules=MAP evil.example 127.0.0.1"]) as ctx:
         port = urllib.parse.urlsplit(pilot.dashboard_url).port
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=path, headless=True,
-            args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP evil.example 127.0.0.1"])
-        try:
-            page = ctx.new_page()
-            resp = page.goto(f"http://evil.example:{port}/workers")
-            assert resp.status == 403
-            got = page.evaluate("fetch('/api/state').then(r => r.status)")
-            assert got == 403
-            resp = page.goto(pilot.dashboard_url + "api/state")  # the user's own tab: fine
-            assert resp.status == 200 and '"pilot"' in resp.text()
-        finally:
-            ctx.close()
+        page = ctx.new_page()
+        resp = page.goto(f"http://evil.example:{port}/workers")
+        assert resp.status == 403
+        got = page.evaluate("fetch('/api/state').then(r => r.status)")
+        assert got == 403
+        resp = page.goto(pilot.dashboard_url + "api/state")  # the user's own tab: fine
+        assert resp.status == 200 and '"pilot"' in resp.text()
 
 
 @pytest.mark.parametrize("interval", [0, -1, float("nan"), float("inf"), "1"])

@@ -16,7 +16,7 @@ import time
 
 import pytest
 from chromium import browser, page, screenshot  # noqa: F401  (fixtures)
-from dash_tasks import is_solution, nap, slow_queens_children
+from dash_tasks import in_background, is_solution, nap, slow_queens_children
 
 import shoal
 from shoal.dashboard import Dashboard
@@ -124,20 +124,8 @@ def _workflow(n_ok: int, seconds: float):
 
 def test_journal_page_while_a_run_writes_it_and_after(page, tmp_path):
     db = str(tmp_path / "run.db")
-    done = threading.Event()
-    errors: list = []
-
-    def go():
-        try:
-            run(_workflow(24, 0.25), journal=db, workers=2)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=go)
-    with Dashboard(journal=db, address=0) as dash:
-        worker.start()
+    with Dashboard(journal=db, address=0) as dash, \
+            in_background(run, _workflow(24, 0.25), journal=db, workers=2) as done:
         page.goto(dash.url + "journal")
         page.wait_for_selector("#journal-summary .count-done")
         done_js = "() => Number(document.querySelector('#journal-summary .count-done').textContent)"
@@ -156,8 +144,6 @@ def test_journal_page_while_a_run_writes_it_and_after(page, tmp_path):
         assert "disk quota exceeded" in tail and HOSTILE in tail
         assert page.evaluate("() => document.body.dataset.pwned") is None
         screenshot(page, "dashboard-journal.png")
-    worker.join()
-    assert not errors
 
 
 def test_journal_page_over_a_bad_path_says_what_is_wrong(page, tmp_path):

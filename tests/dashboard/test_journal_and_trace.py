@@ -7,10 +7,9 @@ from __future__ import annotations
 import html.parser
 import os
 import sqlite3
-import threading
 
 import pytest
-from dash_tasks import get_state, nap, wait_for
+from dash_tasks import get_state, in_background, nap, wait_for
 
 import shoal
 from shoal.cli import main
@@ -43,20 +42,8 @@ def test_finished_journal_counts_pipelines_stages_and_failures(tmp_path):
 
 def test_journal_page_state_while_a_run_writes_it(tmp_path):
     db = str(tmp_path / "run.db")
-    done = threading.Event()
-    errors = []
-
-    def go():
-        try:
-            run(_workflow(12, 0.3), journal=db, workers=2)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            done.set()
-
-    t = threading.Thread(target=go)
-    with Dashboard(journal=db, address=0) as dash:
-        t.start()
+    with Dashboard(journal=db, address=0) as dash, \
+            in_background(run, _workflow(12, 0.3), journal=db, workers=2) as done:
         first = wait_for(lambda: (s := get_state(dash.url)["journal"]) and not s["error"]
                          and s["counts"]["done"] >= 1 and s)
         assert not first["finished"]
@@ -64,8 +51,6 @@ def test_journal_page_state_while_a_run_writes_it(tmp_path):
         done.wait(60)
         last = wait_for(lambda: (s := get_state(dash.url)["journal"])["finished"] and s)
         assert last["counts"]["done"] == 12 and last["counts"]["failed"] == 1
-    t.join()
-    assert not errors
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory", "not-sqlite", "other-sqlite"])

@@ -79,6 +79,14 @@ def test_a_killed_worker_is_shown_replaced():
         assert pilot.submit(my_pid).result() in _worker_pids(pilot)  # the pilot goes on
 
 
+def _refuses_work(pilot) -> bool:
+    try:
+        pilot.submit(int)
+    except shoal.PilotClosed:
+        return True
+    return False
+
+
 def test_rows_stay_while_the_pilot_drains_its_work_at_close():
     pilot = shoal.Pilot(2, dashboard=0)
     url = pilot.dashboard_url
@@ -87,7 +95,7 @@ def test_rows_stay_while_the_pilot_drains_its_work_at_close():
     closer = threading.Thread(target=pilot.close)  # waits for the two tasks
     closer.start()
     try:
-        wait_for(lambda: pilot._backend.closing)
+        wait_for(lambda: _refuses_work(pilot))  # closing (the public sign: submit raises)
         seq = get_state(url)["pilot"]["seq"]
         threading.Event().wait(1.5)  # the sampler runs at least once while closing
         state = get_state(url)["pilot"]

@@ -8,10 +8,12 @@ cancel_futures=True)`` blocked 30 s; a holder killed during the round counted as
 holding", so ``cancel()`` said True for a task that had started, and the task's re-run on
 another worker met a tombstone and ended ``CancelledError``.
 
-Real LocalClusters (2 dask worker processes of 1 thread, 1 shoal worker each, a fresh
-cluster per test since each stops or kills a worker); every task blocks on a file the test
-creates after the stop/kill, and writes O_APPEND marks (the side effect checked).  The
-bounds asserted (10 s, against the 30 s before) are generous: the claim wait is 2 s here.
+Real clusters (2 dask worker processes of 1 thread, 1 shoal worker each, a fresh cluster
+per test since each stops or kills a worker: a LocalCluster in the default run, the
+command-line cluster of tests/dask_cluster.py with ``-m conformance_full``); every task
+blocks on a file the test creates after the stop/kill, and writes O_APPEND marks (the side
+effect checked).  The bounds asserted (10 s, against the 30 s before) are generous: the
+claim wait is 2 s here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import fail_tasks as ft
 import psutil
 import pytest
 import rt_tasks as t
-from dask_cluster import wait_until
+from dask_cluster import CliCluster, wait_until
 
 import shoal
 from shoal.backends.dask import cancel as dcancel
@@ -45,22 +47,38 @@ def _resource_tracker():
     resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
 
 
-@pytest.fixture
-def cluster():
-    from distributed import LocalCluster
+@pytest.fixture(params=["localcluster", pytest.param("cli", marks=pytest.mark.conformance_full)])
+def cluster(request):
+    """A fresh cluster of 2 dask workers of 1 thread: a LocalCluster, or (``-m
+    conformance_full``) `dask scheduler` + `dask worker` processes (tests/dask_cluster.py)."""
+    if request.param == "cli":
+        c = CliCluster(2)
+    else:
+        from distributed import LocalCluster
 
-    c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                         dashboard_address=None)
+    c.stopped = []  # pids a test SIGSTOPped: resumed before the close (else it hangs)
     try:
         yield c
     finally:
-        for w in c.workers.values():  # a stopped worker would hang the close
-            pid = getattr(getattr(w, "process", None), "pid", None)
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        for pid in c.stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         c.close()
+
+
+def _pilot(cluster):
+    if isinstance(cluster, CliCluster):
+        return shoal.Pilot(backend="dask", address=cluster.address, workers=1)
+    return shoal.Pilot(backend="dask", cluster=cluster, workers=1)
+
+
+def _stop(cluster, pid: int) -> None:
+    cluster.stopped.append(pid)
+    os.kill(pid, signal.SIGSTOP)
 
 
 def _holder(pilot, marks: str, name: str) -> int:
@@ -79,7 +97,7 @@ def _timed(fn, *args):
 
 def test_a_stopped_worker_bounds_cancel_running_and_shutdown(cluster, tmp_path):
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
-    pilot = shoal.Pilot(backend="dask", cluster=cluster, workers=1)
+    pilot = _pilot(cluster)
     try:
         a = pilot.submit(ft.marked_gate, marks, "a", gate)
         b = pilot.submit(ft.marked_gate, marks, "b", gate)
@@ -93,7 +111,7 @@ def test_a_stopped_worker_bounds_cancel_running_and_shutdown(cluster, tmp_path):
         finally:
             client.run = real_run
         stopped = _holder(pilot, marks, "b")
-        os.kill(stopped, signal.SIGSTOP)
+        _stop(cluster, stopped)
         queued = [pilot.submit(ft.marked_gate, marks, f"q{i}", gate) for i in range(4)]
         assert a.running() and not a.cancel()  # a runs on the worker that answers: at once
         # the claim round (what cancel() runs before the STARTED event is in) asks only the
@@ -104,12 +122,15 @@ def test_a_stopped_worker_bounds_cancel_running_and_shutdown(cluster, tmp_path):
         for q in queued:  # each on the scheduler, the answering worker or the stopped one
             answers[q], took = _timed(q.cancel)
             assert took < BOUND_S, f"cancel() took {took:.1f} s"
+        # force cancel asks only a's holder too (before: every worker, 30 s for the stopped one)
+        forced, took = _timed(lambda: pilot.cancel(a, force=True))
+        assert forced and a.cancelled() and took < BOUND_S, (forced, took)
         _, took = _timed(lambda: pilot.shutdown(wait=False, cancel_futures=True))
         assert took < BOUND_S, f"shutdown(wait=False) took {took:.1f} s"
         os.kill(stopped, signal.SIGCONT)
         t.release(gate)
         pilot.shutdown(wait=True)
-        assert a.result(0) == "a" and b.result(0) == "b"
+        assert b.result(0) == "b"
         ran = ft.starts(marks)
         for i, q in enumerate(queued):
             if q.cancelled():
@@ -130,12 +151,12 @@ def test_a_holder_killed_during_the_round_never_gives_true(cluster, tmp_path):
     round asks it, and W is SIGKILLed 1 s later.  Before: True, and dask's re-run on the
     other worker met the round's tombstone there and ended CancelledError."""
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
-    pilot = shoal.Pilot(backend="dask", cluster=cluster, workers=1)
+    pilot = _pilot(cluster)
     try:
         fut = pilot.submit(ft.marked_gate, marks, "a", gate)
         wait_until(lambda: "a" in ft.starts(marks), 60, "the task to start")
         holder = _holder(pilot, marks, "a")
-        os.kill(holder, signal.SIGSTOP)
+        _stop(cluster, holder)
         killer = threading.Timer(1.0, os.kill, (holder, signal.SIGKILL))
         killer.start()
         with fut._condition:  # as if the node's STARTED event were still on its way

@@ -90,3 +90,80 @@ def test_impossible_says_why():
     assert "2 GPUs" in sched.impossible(Request("k", 1, 2))
     assert "memory" in sched.impossible(Request("k", 1, 0, 101))
     assert sched.impossible(Request("k", 2, 1, 100)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests, st.lists(st.booleans(), min_size=40, max_size=40), st.integers(1, 6), st.integers(0, 3),
+       st.integers(0, 2**32 - 1))
+def test_queueing_behind_keeps_one_task_per_cpu(reqs, queueable, ncpu, patience, seed):
+    """place(queue=True), as the engine uses it for short local executables: a queueable 1-core
+    request may be granted a CPU whose holder is a queueable 1-core grant, at most one per CPU;
+    the runner of that CPU starts it when the holder ends (modelled here: a FIFO per CPU).
+    A CPU never runs two tasks at once, never hosts a queued grant behind anything else, is
+    never free while held, and a queued grant released before it started leaves its holder's
+    CPU held (the runner's NOT_STARTED after a drain)."""
+    rng = random.Random(seed)
+    sched = Scheduler(range(ncpu), gpus=2, memory=1000, patience=patience)
+    waiting = []
+    for i, (c, g, m) in enumerate(reqs):
+        q = queueable[i] and c == 1 and not g and not m
+        r = Request(i, c, g, m, q)
+        if sched.impossible(r) is None:
+            waiting.append(r)
+    fifo: dict[int, list] = {c: [] for c in range(ncpu)}  # what each CPU's runner holds, in order
+    started = []  # grants whose task runs now
+    long = set()  # keys of started grants marked long (their runner bounces what is queued)
+    steps = 0
+    while waiting or started or any(fifo.values()):
+        steps += 1
+        assert steps < 10_000
+        placed = sched.place(waiting, queue=True)
+        if waiting and not placed and not started and not any(fifo.values()):
+            raise AssertionError("idle scheduler placed nothing")
+        keys = {p.key for p in placed}
+        waiting = [r for r in waiting if r.key not in keys]
+        for p in placed:
+            req = reqs[p.key]
+            assert (len(p.cpus), len(p.gpus), p.memory) == (req[0], req[1], req[2])
+            if p.queued:
+                assert queueable[p.key] and len(p.cpus) == 1
+                (c,) = p.cpus
+                assert len(fifo[c]) == 1, "queued behind nothing, or two queued on one CPU"
+                holder = fifo[c][0]
+                assert holder in started and len(holder.cpus) == 1 and queueable[holder.key]
+                assert holder.key not in long, "queued behind a task known to be long"
+                fifo[c].append(p)
+            else:
+                for c in p.cpus:
+                    assert fifo[c] == [], "a CPU granted while held"
+                    fifo[c].append(p)
+                started.append(p)
+        running_cpus = [c for p in started for c in p.cpus]
+        assert len(running_cpus) == len(set(running_cpus)), "two tasks at once on one CPU"
+        held = {c for c, q in fifo.items() if q}
+        assert held.isdisjoint(sched.free_cpus)
+        assert sum(p.memory for p in started) <= 1000
+        queued = [q[1] for q in fifo.values() if len(q) > 1]
+        singles = [p for p in started if len(p.cpus) == 1 and p.key not in long]
+        if singles and rng.random() < 0.2:  # a task outlives the quick window: marked long, and
+            p = rng.choice(singles)  # what waits behind it is bounced back to the waiting list
+            long.add(p.key)
+            sched.mark_long(p)
+            q = fifo[p.cpus[0]]
+            if len(q) > 1:
+                back = q.pop()
+                sched.release(back)
+                waiting.insert(0, Request(back.key, *reqs[back.key], True))
+            continue
+        if queued and rng.random() < 0.2:  # a queued grant answered NOT_STARTED (a drain)
+            p = rng.choice(queued)
+            fifo[p.cpus[0]].remove(p)
+            sched.release(p)
+        elif started:  # a running task ends; its runner starts what was queued behind it
+            done = started.pop(rng.randrange(len(started)))
+            sched.release(done)
+            for c in done.cpus:
+                fifo[c].pop(0)
+                if fifo[c]:
+                    started.append(fifo[c][0])
+    assert sched.idle and sched.free_memory == 1000 and not sched.queued and not sched.single

@@ -89,20 +89,22 @@ def test_deep_trees_split_at_every_poll_in_process(monkeypatch, goal):
             deep[_name] += 1
             return _orig(self, it)
         monkeypatch.setattr(cls, meth, handed)
-    shipped = []
-    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append((node, path)))
+    shipped = []  # each split-off task's units [(path, node), ...] (a bundle: several)
+    monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append([(path, node)]))
+    monkeypatch.setattr(E.Explorer, "ship_bundle", lambda self, units: shipped.append(list(units)))
     kw = {} if goal is M.Goal.COUNT else dict(objective=value, bound=bound, cell=_Cell())
     spec = M.SearchSpec(root=(0, 0), children=gkids if goal is M.Goal.COUNT else kids,
                         goal=goal, control=None, **kw)
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
     nodes = tasks = 0
     best = (-np.inf, None, None)
-    todo = [((0, 0), ())]
+    todo = [[((), (0, 0))]]
     while todo:
-        node, path = todo.pop()
-        assert M.replay(spec, path) == node  # the path is the node's true path
-        ex = E.Explorer(spec, path, ctl, 0, split=True)
-        ex.dfs(node)
+        units = todo.pop()
+        for path, node in units:
+            assert M.replay(spec, path) == node  # the path is the node's true path
+        ex = E.Explorer(spec, units[0][0], ctl, 0, split=True)
+        ex.run_units(units)
         nodes += ex.tally.nodes
         if ex.tally.best_path is not None and ex.tally.best > best[0]:
             best = (ex.tally.best, ex.tally.best_path, ex.tally.best_node)

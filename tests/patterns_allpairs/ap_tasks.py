@@ -123,3 +123,42 @@ def gated_euclidean(gate, log, a, b):
     finally:
         os.close(fd)
     return euclidean(a[1], b[1])
+
+
+_thief_pairs = 0  # pairs this process computed as a thief (a worker other than the root's)
+
+
+def killable_compare(folder, a, b):
+    """``a * 1000 + b``, and a scripted fault.  The root task's worker, at its first pair
+    (0, 0), notes its pid in ``root`` and waits (bounded) until a thief exists, so the
+    other worker steals the far end of the matrix.  That thief, once it has computed 100
+    pairs (at least one whole leaf tile: a leaf has at most 64), claims ``thief`` (its
+    pid) and waits to be SIGKILLed; the test kills it and the stolen subtree runs again
+    elsewhere.  Only the first thief waits: a re-run computes straight through."""
+    import os
+    import time
+
+    global _thief_pairs
+    me = os.getpid()
+    root, thief = os.path.join(folder, "root"), os.path.join(folder, "thief")
+    if (a, b) == (0, 0) and not os.path.exists(root):
+        with open(root + ".tmp", "w") as f:
+            f.write(str(me))
+        os.rename(root + ".tmp", root)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(thief) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif os.path.exists(root) and not os.path.exists(thief):
+        with open(root) as f:
+            if int(f.read()) != me:
+                _thief_pairs += 1
+        if _thief_pairs > 100:
+            try:
+                fd = os.open(thief, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(me).encode())
+                os.close(fd)
+                time.sleep(120)  # until the test kills this process
+    return a * 1000 + b

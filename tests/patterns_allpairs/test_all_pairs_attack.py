@@ -72,3 +72,56 @@ def test_true_is_not_a_size(option):
     with shoal.Pilot(1) as pilot:
         with pytest.raises(ValueError, match=f"{option} must be a positive int"):
             all_pairs.compute(pilot, [1.0, 2.0], t.euclidean, **{option: True})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("out", ["array", "callback"])
+def test_a_tile_run_again_after_its_thief_was_killed_counts_once(tmp_path, out):
+    """A worker that stole the far end of the matrix is SIGKILLed after it finished at
+    least one leaf tile; the stolen subtree runs again elsewhere (the loan comes home).
+    The matrix was right, but before, ``stats.pairs`` counted the re-run tiles twice
+    (r-break: 86,252 for 80,200 pairs): it must be the pairs of the result, each once."""
+    import signal
+    import threading
+
+    n = 64
+    folder = str(tmp_path)
+    compare = functools.partial(t.killable_compare, folder)
+    thief = os.path.join(folder, "thief")
+    killed = []
+
+    def kill_the_thief():
+        deadline = time.monotonic() + 90
+        while not os.path.exists(thief) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the pid is written right after the file is made
+        if os.path.exists(thief):
+            with open(thief) as f:
+                pid = int(f.read())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    tiles = {}
+    with shoal.Pilot(2) as pilot:
+        killer = threading.Thread(target=kill_the_thief)
+        killer.start()
+        try:
+            if out == "array":
+                got = all_pairs.compute(pilot, list(range(n)), compare, tile=8)
+            else:
+                got = all_pairs.compute(pilot, list(range(n)), compare, tile=8,
+                                        out=lambda i0, j0, tile: tiles.__setitem__((i0, j0), tile))
+        finally:
+            killer.join()
+    assert killed, "no worker stole work from the blocked root task"
+    want = np.add.outer(np.arange(n) * 1000, np.arange(n)).astype(float)
+    want = np.triu(want) + np.triu(want, 1).T  # symmetric: (i, j) = compare(i, j) for i <= j
+    if out == "array":
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert len(tiles) == 64
+        for (i0, j0), tile in tiles.items():
+            np.testing.assert_array_equal(tile, want[i0:i0 + 8, j0:j0 + 8])
+    assert got.stats.pairs == n * (n + 1) // 2
+    assert got.stats.tiles == 36  # 8 x 8 tiles of a 64-item triangle: 8 + 28
+    assert sum(w["pairs"] for w in got.stats.per_worker) > got.stats.pairs  # the work redone

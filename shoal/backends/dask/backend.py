@@ -33,12 +33,15 @@ Two levels::
   future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
-* Cancel (the stdlib's promise: True only if the call never runs): ``cancel()``
-  asks every dask worker in one round trip, and each takes the task back (from
-  its node runtime's queue, or a tombstone for one it has not seen) or reports it
-  started (claims.py, with the alternatives rejected).  ``running()`` asks the
-  same way; ``shutdown(cancel_futures=True)`` claims all pending tasks in one
-  round; ``pilot.cancel(fut, force=True)`` has the node runtime kill and replace
+* Cancel (the stdlib's promise: True only if the call never runs; cancel.py):
+  ``cancel()`` asks the scheduler where the task is (one on no dask worker is
+  cancelled there at once) and then only the dask worker holding it, which takes
+  it back (from its node runtime's queue, or a tombstone for one it has not
+  started) or reports it started; no answer within ``CLAIM_TIMEOUT_S``: False
+  (claims.py, with the alternatives rejected).  ``running()`` asks nobody: the
+  nodes push STARTED events.  ``shutdown(cancel_futures=True)`` and
+  ``pilot.cancel_many`` claim all their tasks in one round;
+  ``pilot.cancel(fut, force=True)`` has the holder's node runtime kill and replace
   the shoal worker running the task.  Map batches (``_Coarse``) skip the round:
   only ``map_iter`` cancels them, and nobody reads its answer.
 * Close: ``close`` unregisters the pilot's ``NodePlugin``; its teardown stops the
@@ -360,7 +363,9 @@ class DaskBackend(CancelPaths):
             if dfut is not None:
                 self._pending.pop(dfut.key, None)  # close() must not wait for it
                 self._batches.discard(dfut.key)
-                self._claimed.discard(dfut.key)
+                if dfut.key in self._claimed:  # the scheduler cancelled it (or the node will)
+                    self._claimed.discard(dfut.key)
+                    dfut = None
         if dfut is not None and self.client.status == "running":
             self.client.loop.add_callback(self._cancel_async, dfut)
 

@@ -177,7 +177,7 @@ class CancelPaths:
                     if got in (on_scheduler.TAKEN, on_scheduler.STARTED):
                         decided(key, got == on_scheduler.TAKEN)
                     elif got == on_scheduler.MISSING:
-                        verdict = self._missing(key)
+                        verdict = self._missing(key, keys[key])
                         if verdict is not None:
                             decided(key, verdict)
                         elif key in asked_all:
@@ -230,10 +230,10 @@ class CancelPaths:
         for addr, ks in left_on.items():
             self.client.loop.add_callback(self._give_up, addr, rid, ks)
 
-    def _missing(self, key: str) -> bool | None:
+    def _missing(self, key: str, fut: Future) -> bool | None:
         """A key the scheduler does not know: taken (another round took it back), started
         (it finished, or dask dropped it), or None (its submit has not arrived yet)."""
-        if key in self._claimed:
+        if key in self._claimed or fut.cancelled():
             return True
         entry = self._pending.get(key)
         if entry is None or entry[1].status != "pending":

@@ -16,6 +16,7 @@ TAKEN = "taken"  # cancelled here: never runs
 STARTED = "started"  # ran (memory, erred) or may run: cancel() says False
 MISSING = "missing"  # not known to the scheduler (yet, or no more)
 WORKERS = "shoal:workers"  # locate's extra entry: the addresses of every connected dask worker
+CHUNK = 32  # keys per stimulus_cancel call
 REASON = "shoal: cancel() before any shoal worker started it"
 
 
@@ -48,11 +49,14 @@ def locate(keys, claimed, client, dask_scheduler=None):
             out[key] = STARTED
         if out[key] == TAKEN:
             cancel.append(key)
-    if cancel:
+    for i in range(0, len(cancel), CHUNK):
+        # (stimulus_cancel releases its whole key list once per key given: quadratic, so
+        # 1,600 keys in one call held the scheduler's loop for seconds)
+        part = cancel[i:i + CHUNK]
         try:
-            sched.stimulus_cancel(cancel, client, False, REASON, "")
+            sched.stimulus_cancel(part, client, False, REASON, "")
         except TypeError:  # pragma: no cover - distributed before 2024: (keys, client, force)
-            sched.stimulus_cancel(cancel, client, False)
+            sched.stimulus_cancel(part, client, False)
     out[WORKERS] = list(sched.workers)
     return out
 

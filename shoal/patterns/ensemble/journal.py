@@ -6,12 +6,17 @@ journaled RUNNING before its process is spawned or its function submitted,
 DONE before any successor may start.  Writes are grouped: one scheduling pass
 journals all the tasks it is about to start in one transaction, and one
 reaping pass all the tasks that ended, so the cost is two commits per batch,
-not per task.
+not per task.  DONE rows wait in memory until the next statement on the journal (the
+pass's commit, or any read or other write, which sees them first) and then go to SQLite in one
+``executemany``: one statement for the whole reap cycle instead of one per task, with nothing
+reordered (the rows are flushed before anything else touches the database) and each task's
+DONE written exactly once.
 
 Resume: rows in a terminal state (DONE, FAILED, SKIPPED, CANCELED) are kept
 and their tasks are not run again; rows left RUNNING by a killed driver are
 turned back to PENDING (their processes, if still alive — pid and start time
-both match — are killed first) and run again.  Tasks never journaled are
+both match, and the process carries the task's SHOAL_TASK and SHOAL_SANDBOX —
+are killed first) and run again.  Tasks never journaled are
 simply pending.  Function results are stored in a data format (values.py:
 msgpack, never code) so ``when=`` and stage ``post_exec`` callbacks see the
 same values after a resume; pickle is an explicit opt-in (a trust boundary).
@@ -225,11 +230,14 @@ class Journal:
                  values: Values = Values.DATA, lock: bool = True, new: bool = False,
                  sandbox: str | None = None):
         self.path = os.path.abspath(path)
+        self.given = path  # as the user named it, for messages
         self.values = values
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
             raise JournalError(f"journal {path!r}: directory {parent} does not exist; create it first")
         check_journal_file(self.path)
+        self._db: _Conn | None = None
+        self._done: list[tuple] = []  # DONE rows not yet given to SQLite: see ``db``
         self.lock = DriverLock(self.path)
         if lock:
             self.lock.acquire()
@@ -270,7 +278,7 @@ class Journal:
                         f"journal {path} stores results with pickle; resuming reads them, which runs code "
                         "the journal's author chose: pass values='pickle' (shoal run --pickle-values) "
                         "only if you trust this file")
-            self.session = int(self._meta("sessions") or 0) + 1
+            self.session = self._count(self._meta("sessions"), "meta sessions") + 1
             self.db.execute("BEGIN")
             self._set_meta("schema", SCHEMA_VERSION)
             self._set_meta("sessions", str(self.session))
@@ -281,6 +289,21 @@ class Journal:
         except BaseException:
             self.db.close()
             raise
+
+    @property
+    def db(self) -> _Conn | None:
+        """The connection, with every pending DONE row written first: whatever runs next on it
+        (a read, another write, the commit) sees them, in the order ``done`` was called."""
+        if self._done:
+            rows, self._done = self._done, []
+            self._db.executemany(
+                f"UPDATE tasks SET state='{TaskState.DONE.value}', finished=?, result=?, exit_code=?, "
+                "outputs=?, failure=NULL, reason=NULL, pid=NULL WHERE uid=?", rows)
+        return self._db
+
+    @db.setter
+    def db(self, conn: _Conn | None) -> None:
+        self._db = conn
 
     def _meta_or_none(self, key: str) -> str | None:
         try:
@@ -295,6 +318,29 @@ class Journal:
 
     def _set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    # -- reading values shoal wrote (the journal is a trust boundary) ------------------
+    # A journal is a file anyone may have written: every value a resume acts on is checked
+    # here, and one shoal never writes is a JournalError ("damaged", exit status 2 on the
+    # command line), never a ValueError/TypeError traceback from deep in the engine.
+    def damaged(self, what: str) -> JournalError:
+        return JournalError(f"journal {self.given} is damaged or was not written by shoal ({what})")
+
+    def _state(self, value, uid) -> TaskState:
+        try:
+            return TaskState(value)
+        except ValueError:
+            raise self.damaged(f"{uid}: state {str(value)[:60]!r}") from None
+
+    def _count(self, value, what: str) -> int:
+        """A count shoal writes (attempts, sessions): an int >= 0; NULL is 0."""
+        if value is None:
+            return 0
+        if isinstance(value, str) and value.isascii() and value.isdigit():
+            value = int(value)  # meta values are TEXT
+        if type(value) is not int or value < 0:
+            raise self.damaged(f"{what}: {str(value)[:60]!r} is not a count")
+        return value
 
     def _tx(self) -> None:
         if not self._in_tx:
@@ -333,11 +379,11 @@ class Journal:
     # -- reads ------------------------------------------------------------------------
     def state(self, uid: str) -> TaskState | None:
         row = self.db.execute("SELECT state FROM tasks WHERE uid=?", (uid,)).fetchone()
-        return TaskState(row[0]) if row else None
+        return self._state(row[0], uid) if row else None
 
     def attempt(self, uid: str) -> int:
         row = self.db.execute("SELECT attempt FROM tasks WHERE uid=?", (uid,)).fetchone()
-        return row[0] if row and row[0] else 0
+        return self._count(row[0], f"{uid}: attempt") if row else 0
 
     def result(self, uid: str):
         row = self.db.execute("SELECT state, result, exit_code, kind FROM tasks WHERE uid=?", (uid,)).fetchone()
@@ -357,18 +403,18 @@ class Journal:
 
     def stage_state(self, uid: str) -> TaskState | None:
         row = self.db.execute("SELECT state FROM stages WHERE uid=?", (uid,)).fetchone()
-        return TaskState(row[0]) if row else None
+        return self._state(row[0], uid) if row else None
 
     def counts(self) -> dict[TaskState, int]:
         rows = self.db.execute("SELECT state, count(*) FROM tasks GROUP BY state")
-        return {TaskState(s): n for s, n in rows}
+        return {self._state(s, "a task"): n for s, n in rows}
 
     def stage_counts(self) -> dict[str, dict[TaskState, int]]:
         out: dict[str, dict[TaskState, int]] = {}
         for stage, state, n in self.db.execute(
             "SELECT stage, state, count(*) FROM tasks GROUP BY stage, state ORDER BY min(rowid)"
         ):
-            out.setdefault(stage, {})[TaskState(state)] = n
+            out.setdefault(str(stage), {})[self._state(state, f"a task of stage {stage}")] = n
         return out
 
     def failures(self, limit: int | None = None) -> Iterator[dict]:
@@ -377,13 +423,17 @@ class Journal:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         for uid, kind, code, reason, tail, attempt in self.db.execute(sql, (TaskState.FAILED.value,)):
-            yield {"uid": uid, "kind": FailureKind(kind) if kind else None, "exit_code": code,
-                   "reason": reason, "stderr_tail": tail or "", "attempts": attempt}
+            try:
+                kind = FailureKind(kind) if kind else None
+            except ValueError:
+                raise self.damaged(f"{uid}: failure kind {str(kind)[:60]!r}") from None
+            yield {"uid": uid, "kind": kind, "exit_code": code, "reason": reason,
+                   "stderr_tail": tail or "", "attempts": attempt}
 
     def outputs(self) -> dict[str, list[str]]:
         out = {}
         for uid, text in self.db.execute("SELECT uid, outputs FROM tasks WHERE outputs IS NOT NULL"):
-            out[uid] = [p for p in text.split("\n") if p]
+            out[uid] = [p for p in str(text).split("\n") if p]
         return out
 
     def timings(self) -> tuple[float | None, float | None]:
@@ -418,13 +468,11 @@ class Journal:
 
     def done(self, uid: str, now: float, *, result=None, exit_code: int | None = None,
              outputs: list[str] | None = None) -> None:
+        """Record ``uid`` DONE (once per task; the caller commits).  The row is written with the
+        other DONE rows of the pass, before the next statement on the journal (``db``)."""
         self._tx()
-        self.db.execute(
-            "UPDATE tasks SET state=?, finished=?, result=?, exit_code=?, outputs=?, failure=NULL, "
-            "reason=NULL, pid=NULL WHERE uid=?",
-            (TaskState.DONE.value, now, encode(result, self.values), exit_code,
-             "\n".join(outputs) if outputs else None, uid),
-        )
+        self._done.append((now, encode(result, self.values), exit_code, "\n".join(outputs) if outputs else None,
+                           uid))
 
     def failed(self, uid: str, failure: Failure, now: float, *, final: bool) -> None:
         """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry."""
@@ -451,11 +499,32 @@ class Journal:
     def replay_row(self, uid: str) -> tuple[TaskState, int, str | None] | None:
         """(state, attempt, spec) of ``uid`` for a resume's replay; None if never journaled."""
         row = self.db.execute("SELECT state, attempt, spec FROM tasks WHERE uid=?", (uid,)).fetchone()
-        return (TaskState(row[0]), row[1] or 0, row[2]) if row else None
+        if row is None:
+            return None
+        if row[2] is not None and not isinstance(row[2], str):
+            raise self.damaged(f"{uid}: spec {str(row[2])[:60]!r}")
+        return self._state(row[0], uid), self._count(row[1], f"{uid}: attempt"), row[2]
 
     def plan(self) -> tuple[list | None, str | None]:
-        text = self._meta("plan")
-        return (json.loads(text) if text else None), self._meta("identity")
+        """(plan, identity) as ``identity.plan_of`` made them (a list of {"uid", "stages":
+        [{"uid", "tasks"}]}); JournalError if the journal holds anything else."""
+        text, identity = self._meta("plan"), self._meta("identity")
+        if identity is not None and not isinstance(identity, str):
+            raise self.damaged(f"meta identity {str(identity)[:60]!r}")
+        if not text:
+            return None, identity
+        try:
+            plan = json.loads(text)
+            ok = isinstance(plan, list) and all(
+                isinstance(p, dict) and isinstance(p.get("uid"), str) and isinstance(p.get("stages"), list)
+                and all(isinstance(st, dict) and isinstance(st.get("uid"), str)
+                        and (st.get("tasks") is None or type(st.get("tasks")) is int) for st in p["stages"])
+                for p in plan)
+        except (ValueError, TypeError, RecursionError):
+            ok = False
+        if not ok:
+            raise self.damaged(f"meta plan {str(text)[:60]!r}")
+        return plan, identity
 
     def set_plan(self, plan: list | None, identity: str | None) -> None:
         self._tx()
@@ -473,7 +542,8 @@ class Journal:
         self.db.execute("INSERT OR REPLACE INTO stages VALUES (?,?,?)", (uid, pipeline, state.value))
 
     def take_over(self, retry_failed: bool = False) -> list[tuple[str, int, float]]:
-        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid.
+        """On resume: RUNNING rows -> PENDING; returns (uid, pid, pid_start) of those with a pid,
+        as the journal holds them (unchecked: ``launcher.kill_leftover`` trusts none of them).
 
         ``retry_failed``: FAILED, CANCELED and dependency-SKIPPED rows -> PENDING with their
         attempts reset (so they get their retries again), and the failed/skipped stage and

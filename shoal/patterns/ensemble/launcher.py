@@ -16,8 +16,8 @@ task's files and the child they start.  Data flow per task::
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
-Spawning: glibc's ``posix_spawn`` in the C helper (spawn.py: the child opens
-its files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
+Spawning: vfork + execve in the C helper (spawn.py: the child opens its
+files, chdirs and calls setsid itself), else ``subprocess.Popen(cwd=...,
 start_new_session=True)`` (vfork+exec in CPython 3.10+); never pinning the
 driver: the runner thread that calls it is pinned (runners.py), and the
 vfork-style child inherits the calling thread's mask.
@@ -120,20 +120,26 @@ def inside(sandbox: str, rel: str) -> str:
 
 
 def stage_in(pairs, sandbox: str) -> None:
-    """Copy / link / move each ``(Input, resolved source path)`` into ``sandbox``."""
+    """Copy / link / move each ``(Input, resolved source path)`` into ``sandbox``.
+
+    Run again for every attempt (a retry, the re-run after a resume): what an earlier attempt
+    staged is replaced only once the source is known to be there, and a MOVE whose source is
+    gone keeps what the earlier attempt moved in — it is the only copy left."""
     for inp, src in pairs:
         try:
             dst = inside(sandbox, inp.target)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             dst = inside(sandbox, inp.target)  # makedirs cannot have followed a link: re-check
+            if not (os.path.exists(src) if inp.mode is Staging.LINK else os.path.lexists(src)):
+                if inp.mode is Staging.MOVE and os.path.lexists(dst):
+                    continue  # moved in by an earlier attempt of this task
+                raise FileNotFoundError(errno.ENOENT, "no such file", src)
             if os.path.lexists(dst):
                 if os.path.isdir(dst) and not os.path.islink(dst):
                     shutil.rmtree(dst)
                 else:
                     os.unlink(dst)
             if inp.mode is Staging.LINK:
-                if not os.path.exists(src):
-                    raise FileNotFoundError(errno.ENOENT, "no such file", src)
                 os.symlink(src, dst)
             elif inp.mode is Staging.MOVE:
                 shutil.move(src, dst)
@@ -260,7 +266,7 @@ class Launcher:
         self._which: dict[str, str | None] = {}
         self._procs: dict[int, subprocess.Popen] = {}  # pid -> Popen, until reaped
         self._null: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # stdin, shared
-        self._spawner = Spawner.load(self._null)  # glibc posix_spawn; None: subprocess.Popen
+        self._spawner = Spawner.load(self._null)  # the C vfork helper; None: subprocess.Popen
         self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
         self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
 
@@ -401,15 +407,29 @@ def process_start(pid: int) -> float:
         return time.time()
 
 
-def kill_leftover(pid: int, start: float | None) -> bool:
-    """Kill a process a previous (killed) driver started, if pid *and* start time still match
-    (``start=None``: a process of this driver, known to be ours)."""
+def kill_leftover(pid, start, uid: str, sandbox: str | None) -> bool:
+    """Kill a process a previous (killed) driver started for task ``uid`` — only one that proves
+    it is that task's.
+
+    The journal is a file anyone may have written (a trust boundary), and a process's pid and
+    start time are public (``/proc/<pid>/stat``), so they alone would let a crafted journal name
+    any process to kill.  The process must also carry the task's own environment as the spawn
+    set it (``/proc/<pid>/environ``: ``SHOAL_TASK=<uid>`` and ``SHOAL_SANDBOX=<its sandbox>``),
+    readable only for processes of the same user.  A program that cleared its environment
+    (``env -i``) is not killed: the rerun proceeds, as for a pid that was reused.  pid <= 1 and
+    this process are never killed."""
+    if type(pid) is not int or pid <= 1 or pid == os.getpid() or not isinstance(start, int | float) \
+            or not sandbox:
+        return False
     try:
         import psutil
 
         proc = psutil.Process(pid)
-        if start is not None and abs(proc.create_time() - start) > 1.0:
+        if abs(proc.create_time() - start) > 1.0:
             return False  # the pid was reused by an unrelated process
+        env = proc.environ()
+        if env.get("SHOAL_TASK") != uid or env.get("SHOAL_SANDBOX") != sandbox:
+            return False  # not the task's process: never kill a stranger
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:

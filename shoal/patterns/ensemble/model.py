@@ -594,5 +594,27 @@ class _EntkInput(Input):
 
 
 _TASK_ATTRS = _attrs(Task)
+_ENTK_STATE_KEYS = {"uid", "state", "state_history", "parent_stage", "parent_pipeline", "rts_uid", "exit_code",
+                    "path"}  # what EnTK's to_dict() adds: bookkeeping of a run, not a description
+
+
+def _task_init_with_from_dict(init):
+    """EnTK's ``Task(from_dict={...})``: the keys are assigned one by one as attributes (the same
+    checks and did-you-means as ``t.executable = ...``); a run's bookkeeping from EnTK's
+    ``to_dict()`` (uid, state, ...) is dropped, as EnTK drops it for a new task."""
+    def __init__(self, *args, from_dict=None, **kwargs):
+        init(self, *args, **kwargs)
+        if from_dict is None:
+            return
+        if not isinstance(from_dict, Mapping):
+            raise EnsembleError(f"Task(from_dict=...) takes a dict, got {from_dict!r}")
+        for key, value in from_dict.items():
+            if key not in _ENTK_STATE_KEYS:
+                setattr(self, key, value)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+Task.__init__ = _task_init_with_from_dict(Task.__init__)
 _STAGE_ATTRS = _attrs(Stage)
 _PIPELINE_ATTRS = _attrs(Pipeline)

@@ -194,7 +194,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
             if pidfd >= 0:
                 poller = select.poll()
                 poller.register(pidfd, select.POLLIN)
-                if poller.poll(int(left * 1000) + 1):
+                if poller.poll(min(int(left * 1000) + 1, _POLL_MAX_MS)):  # poll() takes a C int
                     _reap_group(proc)
             else:  # pragma: no cover
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -203,6 +203,9 @@ def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | No
         if pidfd >= 0:
             os.close(pidfd)
     return Ended.EXITED
+
+
+_POLL_MAX_MS = 2**31 - 1  # ~24.8 days: a longer timeout (timeout=1e9, "never") waits in slices
 
 
 def _reap_group(proc: subprocess.Popen) -> None:

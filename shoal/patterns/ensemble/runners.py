@@ -37,8 +37,14 @@ Invariants:
     ``busy`` stays true until every submitted job has posted its last event, and a drain
     waits on that count, not on the engine's own bookkeeping;
   * a task granted CPUs S is spawned by the runner of min(S); the Scheduler never grants a CPU
-    twice, so a runner has at most one child at a time and its queue is at most one job deep
-    in steady state;
+    to two running tasks, so a runner has at most one child at a time; its queue holds at most
+    the next job besides the current one (the Scheduler's queueing behind, which the engine
+    asks for while tasks are short: the runner goes from one child to the next without waiting
+    for a driver pass, and the driver starts that task's timeout clock at its SPAWNED);
+  * a queued job never waits behind a long child: once the current child outlives QUICK_S
+    its runner answers BOUNCED to what is queued and, until that child exits, ``submit``
+    answers BOUNCED to new jobs for that CPU (both under ``_lock``, so none slips in between);
+    the engine places a bounced task again;
   * the child's mask: S when S is a subset of this process's CPUs, else unpinned (synthetic
     topologies name CPUs this host lacks); the runner changes its own mask only for such a
     child and restores it right after the spawn.
@@ -69,6 +75,7 @@ class Event(enum.Enum):
 
 
 NOT_STARTED = "not started"  # the answer to a job taken after stop_new()
+BOUNCED = "bounced"  # a job queued behind a child that outlived QUICK_S: the engine places it again
 QUICK_S = 0.005  # a child that exits this soon is reported SPAWNED+EXITED with one wake-up
 
 
@@ -90,6 +97,7 @@ class Runners:
         self._jobs = 0  # submitted and not yet answered with their last event
         self.events: collections.deque = collections.deque()
         self._stop_new = False
+        self._long: set[int] = set()  # CPUs whose runner waits on a child that outlived QUICK_S
         self._queues: dict[int, queue.SimpleQueue] = {}
         self._threads: list[threading.Thread] = []
         for cpu in sorted(set(cpus)):
@@ -104,9 +112,13 @@ class Runners:
         or (pid, exit code) for a child that exited within QUICK_S and that ``launch`` reaped
         itself, its group killed first (the C spawn helper: spawn, wait, kill and reap in one call
         without the GIL; the pid was never published, so no kill can have aimed at it), or raises."""
-        with self._lock:
+        cpu = min(cpus)
+        with self._lock:  # the runner of a long child drains its queue under the same lock
+            if cpu in self._long:  # queued behind a long child: answered at once, never stuck there
+                self.events.append((Event.SPAWNED, item, BOUNCED, None))
+                return
             self._jobs += 1
-        self._queues[min(cpus)].put((item, frozenset(cpus), launch))
+            self._queues[cpu].put((item, frozenset(cpus), launch))
 
     @property
     def busy(self) -> bool:
@@ -180,12 +192,39 @@ class Runners:
                 self.events.append((Event.SPAWNED, item, pid, None))
             else:  # the engine journals the pid and its start now
                 self._post(Event.SPAWNED, item, pid, self._started(pid))
+                self._bounce(cpu, q)
                 with contextlib.suppress(ChildProcessError):
                     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: the pid stays ours
+                with self._lock:
+                    self._long.discard(cpu)
             with self._lock:
                 self._live.discard(pid)
             self._kill(pid)  # what the task left behind in its group dies with it (the zombie
             self._post(Event.EXITED, item, self._wait(pid), None, last=True)  # still holds the pgid)
+
+    def _bounce(self, cpu: int, q: queue.SimpleQueue) -> None:
+        """This CPU's child outlived QUICK_S: answer BOUNCED to the jobs queued behind it (and,
+        through ``submit``, to those that come while it runs), so the engine places them on a
+        CPU that frees up first instead of leaving them behind a task of unknown length."""
+        bounced = False
+        with self._lock:
+            self._long.add(cpu)
+            while True:
+                try:
+                    job = q.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:  # close(): keep the sentinel for after this child
+                    q.put(None)
+                    break
+                self.events.append((Event.SPAWNED, job[0], BOUNCED, None))
+                self._jobs -= 1
+                bounced = True
+        if bounced:
+            try:
+                self._wake()
+            except Exception:  # noqa: BLE001 - a wake-up that fails must not kill the runner
+                pass
 
     def _exited_soon(self, pid: int) -> bool:
         """True if ``pid`` exits within QUICK_S (it is not reaped here)."""

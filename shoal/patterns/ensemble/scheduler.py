@@ -17,7 +17,15 @@ Invariants:
     wide task cannot starve behind a stream of narrow ones;
   * locality: a multi-core request gets its cores from one NUMA node when
     one has room (best fit: the node with the fewest free cores that still
-    fits, which keeps big holes for big tasks), lowest CPU ids first.
+    fits, which keeps big holes for big tasks), lowest CPU ids first;
+  * queueing behind (only when ``place(..., queue=True)``, only for requests
+    marked ``queueable``: the engine's 1-core local executables, run one after
+    the other by the runner thread of their CPU): when no CPU is free, such a
+    request may be granted a CPU held by another queueable request, at most one
+    per CPU (``Grant.queued``).  Its runner starts it when the holder ends, so
+    the CPU still runs one task at a time; when the holder is released the CPU
+    passes to the queued grant instead of becoming free.  Nothing else is ever
+    granted a CPU that is held or has a grant queued on it.
 
 Rejected alternatives: EASY backfill with runtime estimates (estimates are
 optional here; the patience counter gives the same no-starvation guarantee
@@ -37,6 +45,7 @@ class Request:
     cores: int = 1
     gpus: int = 0
     memory: int = 0
+    queueable: bool = False  # may wait behind another queueable 1-core grant (see the invariants)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,7 @@ class Grant:
     cpus: tuple[int, ...]
     gpus: tuple[int, ...]
     memory: int
+    queued: bool = False  # placed behind the CPU's current holder: it starts when that one ends
 
 
 class Scheduler:
@@ -72,6 +82,8 @@ class Scheduler:
         self.free_gpus: set[int] = set(range(gpus))
         self.free_memory = memory
         self.overtaken: dict[Hashable, int] = {}  # head key -> how many overtook it
+        self.single: set[int] = set()  # CPUs held by a queueable (1-core) grant
+        self.queued: dict[int, Hashable] = {}  # CPU -> the key of the grant queued behind its holder
 
     # -- questions ---------------------------------------------------------------------
     def impossible(self, req: Request) -> str | None:
@@ -93,39 +105,72 @@ class Scheduler:
         return len(self.free_cpus) == len(self.cpus) and len(self.free_gpus) == self.gpu_count
 
     # -- actions -----------------------------------------------------------------------
-    def place(self, waiting: Sequence[Request]) -> list[Grant]:
-        """Place what fits from ``waiting`` (oldest first); the caller removes the placed keys."""
+    def place(self, waiting: Sequence[Request], *, queue: bool = False) -> list[Grant]:
+        """Place what fits from ``waiting`` (oldest first); the caller removes the placed keys.
+        ``queue``: queueable requests that find no free CPU may queue behind a holder."""
         placed: list[Grant] = []
         head: Request | None = None  # oldest request that did not fit
         for req in waiting:
-            if not self.free_cpus:
-                break
+            slot = None
             if not self.fits(req):
-                if head is None:
-                    head = req
-                continue
+                if queue and req.queueable and req.cores == 1 and not req.gpus and not req.memory:
+                    slot = self._slot()
+                if slot is None:
+                    if head is None:
+                        head = req
+                    if not self.free_cpus and not (queue and self._slot() is not None):
+                        break
+                    continue
             if head is not None:
                 if self.overtaken.get(head.key, 0) >= self.patience:
                     break  # reservation: nothing more overtakes the head
                 self.overtaken[head.key] = self.overtaken.get(head.key, 0) + 1
-            placed.append(self._take(req))
+            if slot is None:
+                placed.append(self._take(req))
+            else:
+                self.queued[slot] = req.key
+                placed.append(Grant(req.key, (slot,), (), 0, queued=True))
             self.overtaken.pop(req.key, None)
+            if not self.free_cpus and not (queue and self._slot() is not None):
+                break
         return placed
 
     def release(self, p: Grant) -> None:
+        if len(p.cpus) == 1 and p.cpus[0] in self.queued:
+            c = p.cpus[0]
+            if self.queued.pop(c) != p.key:  # the holder ended: the CPU passes to the queued grant
+                if self.memory_total:
+                    self.free_memory += p.memory
+                return
+            return  # the queued grant went away before it started: the CPU stays with its holder
+        if len(p.cpus) == 1:
+            self.single.discard(p.cpus[0])
         self.free_cpus.update(p.cpus)
         self.free_gpus.update(p.gpus)
         if self.memory_total:
             self.free_memory += p.memory
 
+    def mark_long(self, p: Grant) -> None:
+        """``p``'s task outlived the quick window: nothing more queues behind it (what was
+        queued is bounced back by its runner and released by the engine)."""
+        if len(p.cpus) == 1:
+            self.single.discard(p.cpus[0])
+
     def forget(self, key: Hashable) -> None:
         """``key`` left the waiting list without being placed (skipped, cancelled)."""
         self.overtaken.pop(key, None)
+
+    def _slot(self) -> int | None:
+        """The lowest CPU held by a queueable grant with nothing queued behind it yet."""
+        free = [c for c in self.single if c not in self.queued]
+        return min(free) if free else None
 
     def _take(self, req: Request) -> Grant:
         if req.cores == 1 and not req.gpus and self.one_node:  # the common case, what the rule below
             c = min(self.free_cpus)  # gives for it: the lowest free CPU
             self.free_cpus.discard(c)
+            if req.queueable:
+                self.single.add(c)
             if self.memory_total:
                 self.free_memory -= req.memory
             return Grant(req.key, (c,), (), req.memory)
@@ -138,6 +183,8 @@ class Scheduler:
         else:
             cpus = sorted(self.free_cpus)[: req.cores]
         gpus = sorted(self.free_gpus)[: req.gpus]
+        if req.queueable and req.cores == 1:
+            self.single.add(cpus[0])
         self.free_cpus.difference_update(cpus)
         self.free_gpus.difference_update(gpus)
         if self.memory_total:

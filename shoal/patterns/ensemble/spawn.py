@@ -1,36 +1,40 @@
-"""Starting one executable with glibc's ``posix_spawn``: the child sets itself up, no Python in between.
+"""Starting one executable with vfork + execve in C: the child sets itself up, no Python in between.
 
 Data flow (one call, on a runner thread; runners.py)::
 
     argv, envp, sandbox, stdin/stdout/stderr paths
-      -> file actions: fd 0 <- stdin file or /dev/null, fd 1/2 <- <sandbox>/stdout|stderr
-         (created, truncated), close every fd >= 3, chdir(sandbox)
-      -> attributes: new session (setsid: kill() reaches its process group), SIGPIPE and
-         SIGXFSZ back to their defaults (Python ignores them, and ignored signals survive
-         exec), an empty signal mask
-      -> posix_spawn -> pid, or the errno of the step that failed (exec included: glibc's
-         clone(CLONE_VFORK) reports it), raised as OSError
+      -> the child (vfork: it borrows the parent's memory until execve): setsid (kill() reaches
+         its process group), SIGPIPE and SIGXFSZ back to their defaults (Python ignores them,
+         and ignored signals survive exec), fd 0 <- stdin file or /dev/null, fd 1/2 <-
+         <sandbox>/stdout|stderr (created, truncated), close every fd >= 3, chdir(sandbox), an
+         empty signal mask, execve
+      -> pid, or the errno of the step that failed (the exec included: the child stores it in
+         the parent's memory before it _exits), raised as OSError
       -> wait up to ``quick_ms`` for the child: a child that exited by then has its group
          killed and is reaped in the same call -> (pid, wait status); else (pid, None)
 
-All of it is one call into the optional C helper ``_spawn`` (``_spawn.c``, built by setup.py),
-which releases the GIL once for the spawn and the quick wait; the child inherits the calling
-thread's CPU mask (the runner's pin).
+All of it is one call into the optional C helper ``_spawn`` (``_spawn.c``, built by setup.py;
+its header has the vfork safety rules), which releases the GIL once for the spawn and the quick
+wait; the child inherits the calling thread's CPU mask (the runner's pin).
 
 Why: ``subprocess.Popen`` does the same with a Python layer around ``_posixsubprocess``
 (an error pipe, fd bookkeeping, 64 signal resets in the child) and costs the spawning
 thread ~120-140 us of CPU per ``/bin/true``; the same posix_spawn steps through ctypes
 (this module until issue 14's fourth round) cost ~75-110 us plus a pidfd round from Python
-for the quick wait; the C call ~55-70 us, the wait included (1,000 serial spawns, same run).
+for the quick wait; glibc's ``posix_spawn`` called from C (the fourth round) ~55-70 us of the
+thread plus ~20 us in the child, which reset all 64 signal handlers one by one (execve resets
+the handled ones anyway) and mapped a fresh stack per call; this vfork child ~40 us less per
+task, thread and child together (1,000 serial spawns, old and new helper alternating).
 
-Availability: glibc >= 2.34 (``addchdir_np``, ``addclosefrom_np``) and a C compiler at install
-time.  Elsewhere ``Spawner.load`` returns None and the launcher uses ``subprocess.Popen``
-(same behaviour, slower); ``SHOAL_ENSEMBLE_POPEN=1`` forces that path (tests, comparisons).
+Availability: Linux and a C compiler at install time.  Elsewhere ``Spawner.load`` returns None
+and the launcher uses ``subprocess.Popen`` (same behaviour, slower);
+``SHOAL_ENSEMBLE_POPEN=1`` forces that path (tests, comparisons).
 
 Rejected alternatives: ``os.posix_spawn`` (no chdir action before Python 3.13: it would need
 a process-wide ``chdir`` around each spawn, visible to other threads); calling the private
 ``_posixsubprocess.fork_exec`` (its signature changes between Python versions); ctypes (above:
-a third of the runner's CPU per task went to the foreign-call layer).
+a third of the runner's CPU per task went to the foreign-call layer); ``clone3`` with
+``CLONE_CLEAR_SIGHAND`` (no glibc wrapper: the child would need a hand-made stack switch).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import json
 import socket
 import time
 
-from .journal import open_readonly
+from .journal import JournalError, open_readonly
 from .model import TaskState
 from .report import printable
 
@@ -125,6 +125,11 @@ class RunStatus:
         db = open_readonly(path)
         try:
             return cls._build(db, path, failures, time.time() if now is None else now)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            # a journal is a file anyone may have written (a trust boundary): what shoal never
+            # writes is a damaged journal, said in one line, not a traceback from deep in here
+            raise JournalError(f"journal {path} is damaged or was not written by shoal "
+                               f"({type(exc).__name__}: {printable(str(exc)[:200])})") from None
         finally:
             db.close()
 

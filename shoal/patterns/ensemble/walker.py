@@ -80,6 +80,90 @@ class Intake(Protocol):
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
 
 
+class _Names:
+    """The final names in one scope — the workflow's pipelines, a pipeline's stages, a stage's
+    tasks — explicit or the positional default ``<prefix><position>``; two items with one name
+    would share a uid and one of them would silently never run, so a clash is an error naming
+    both.  Only explicit names are stored (a million unnamed tasks cost nothing here)."""
+
+    __slots__ = ("prefix", "what", "explicit", "named")
+
+    def __init__(self, prefix: str, what: str):
+        self.prefix, self.what = prefix, what  # "t", "task"
+        self.explicit: dict[str, int] = {}  # explicit name -> position
+        self.named: set[int] = set()  # positions that have an explicit name
+
+    def claim(self, name: str | None, position: int, scope: str) -> str:
+        """The final name of the item at ``position``; EnsembleError if another item has it."""
+        w = self.what
+        if name is not None and not isinstance(name, str):
+            return str(name)  # validate() refuses it next, naming the field
+        if name is None:
+            name = f"{self.prefix}{position}"
+            other = self.explicit.get(name)
+            if other is not None:
+                raise EnsembleError(
+                    f"{scope}{w} name {name!r} is used twice: {w} {other} is named {name!r} and {w} "
+                    f"{position} (unnamed) gets {name!r} as its default name ({self.prefix}<position>); "
+                    f"rename {w} {other} or name {w} {position}")
+            return name
+        other = self.explicit.get(name)
+        if other == position:
+            return name  # the same item again (a stage that waited for its after=)
+        if other is not None:
+            raise EnsembleError(f"{scope}{w} name {name!r} is used twice ({w} {other} and {w} {position}); "
+                                f"{w} names must be unique")
+        digits = name[len(self.prefix):] if name.startswith(self.prefix) else ""
+        if digits.isdigit() and digits.isascii() and str(int(digits)) == digits:
+            k = int(digits)
+            if k < position and k not in self.named:
+                raise EnsembleError(
+                    f"{scope}{w} name {name!r} is used twice: {w} {position} is named {name!r}, which "
+                    f"{w} {k} (unnamed) has as its default name ({self.prefix}<position>); "
+                    f"rename {w} {position} or name {w} {k}")
+        self.explicit[name] = position
+        self.named.add(position)
+        return name
+
+
+class _Ended(list):
+    """A finished pipeline's ``stages`` for the rest of the run: adding a stage is refused.
+
+    EnTK-style adaptivity reaches other pipelines through closures (a no-argument
+    ``post_exec`` calling ``other.add_stages(s)``); a stage added to a pipeline whose last
+    stage has ended would never run (EnTK drops it silently too).  Re-opening the pipeline is
+    no answer: pipelines ``after=`` it may have started already.  ``Walker.close`` gives the
+    pipeline a plain list again when the run ends."""
+
+    __slots__ = ("uid",)
+
+    def __init__(self, stages, uid: str):
+        super().__init__(stages)
+        self.uid = uid
+
+    def _refuse(self, stages, position: int):
+        stages = list(stages)
+        names = ", ".join(f"{self.uid}.{getattr(s, 'name', None) or f's{position + i}'}"
+                          for i, s in enumerate(stages)) or "(none)"
+        raise EnsembleError(
+            f"stage {names} cannot be added to pipeline {self.uid}: the pipeline has finished (its last "
+            "stage ended; pipelines after= it may have started) and the stage would never run. Add a "
+            "pipeline's stages before its last stage ends (from its own stages' post_exec), or add a new "
+            "pipeline (ctx.add_pipeline in a post_exec(ctx))")
+
+    def append(self, stage):
+        self._refuse([stage], len(self))
+
+    def extend(self, stages):
+        self._refuse(stages, len(self))
+
+    def insert(self, index, stage):
+        self._refuse([stage], len(self))
+
+    def __iadd__(self, stages):
+        self._refuse(stages, len(self))
+
+
 class _StageRun:
     __slots__ = ("stage", "uid", "pipe", "tasks", "exhausted", "outstanding", "failed", "names", "index")
 
@@ -89,15 +173,16 @@ class _StageRun:
         self.exhausted = False
         self.outstanding = 0  # pulled from the iterator, not yet terminal
         self.failed = 0
-        self.names: set[str] = set()  # explicit task names seen (duplicates are errors)
+        self.names = _Names("t", "task")  # the tasks' final names (a clash is an error)
         self.index = 0
 
 
 class _PipeRun:
-    __slots__ = ("pipeline", "uid", "next_stage", "stage", "stopped", "failed")
+    __slots__ = ("pipeline", "uid", "next_stage", "stage", "stopped", "failed", "names")
 
     def __init__(self, pipeline: Pipeline, uid: str):
         self.pipeline, self.uid = pipeline, uid
+        self.names = _Names("s", "stage")  # the stages' final names
         self.next_stage = 0
         self.stage: _StageRun | None = None
         self.stopped = False
@@ -141,11 +226,12 @@ class Walker:
         self.replay = replay  # look each task up in the journal (resume)
         self.specs = specs if specs is not None else {}  # id(task) -> (task, spec): see _add_task
         self.pipes: list[_PipeRun] = []
-        self.pipe_names: set[str] = set()
+        self.pipe_names = _Names("p", "pipeline")  # the pipelines' final names
         self.pipe_count = 0
         self.workflow_done = False
         self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
         self.moves = 0  # progress counter (the engine's stuck check adds it to its own)
+        self.ended: list[Pipeline] = []  # finished pipelines whose stages are an _Ended list
 
     # -- the interface the engine calls -------------------------------------------------
     @property
@@ -199,16 +285,19 @@ class Walker:
             more = count_tasks([Pipeline(list(stages))])
             self.total = None if more is None else max(0, self.total + sign * more)
 
+    def close(self) -> None:
+        """The run is over (or aborted): finished pipelines take stages again (a plain list)."""
+        for pipeline in self.ended:
+            if type(pipeline.stages) is _Ended:
+                pipeline.stages = list(pipeline.stages)
+        self.ended.clear()
+
     # -- pulling ---------------------------------------------------------------------
     def _add_pipeline(self, pipeline: Pipeline) -> None:
         if not isinstance(pipeline, Pipeline):
             raise EnsembleError(f"workflow item {self.pipe_count} is {pipeline!r}, not a Pipeline")
-        name = pipeline.name or f"p{self.pipe_count}"
+        name = self.pipe_names.claim(pipeline.name or None, self.pipe_count, "")
         self.pipe_count += 1
-        if pipeline.name is not None:
-            if name in self.pipe_names:
-                raise EnsembleError(f"pipeline name {name!r} is used twice; pipeline names must be unique")
-            self.pipe_names.add(name)
         pipeline.uid = name
         pipeline.validate()
         self.pipes.append(_PipeRun(pipeline, name))
@@ -253,7 +342,7 @@ class Walker:
         stage = pipeline.stages[prun.next_stage]
         if not isinstance(stage, Stage):
             raise EnsembleError(f"pipeline {prun.uid}: stage {prun.next_stage} is {stage!r}, not a Stage")
-        name = stage.name or f"s{prun.next_stage}"
+        name = prun.names.claim(stage.name or None, prun.next_stage, f"pipeline {prun.uid}: ")
         stage.uid = f"{prun.uid}.{name}"
         stage.validate()
         for dep in stage.dependency_uids():
@@ -278,11 +367,7 @@ class Walker:
     def _add_task(self, srun: _StageRun, task: Task) -> None:
         if not isinstance(task, Task):
             raise EnsembleError(f"stage {srun.uid}: task {srun.index} is {task!r}, not a Task")
-        if task.name is not None:
-            if task.name in srun.names:
-                raise EnsembleError(f"stage {srun.uid}: task name {task.name!r} is used twice")
-            srun.names.add(task.name)
-        task.uid = f"{srun.uid}.{task.name or f't{srun.index}'}"
+        task.uid = f"{srun.uid}.{srun.names.claim(task.name or None, srun.index, f'stage {srun.uid}: ')}"
         srun.index += 1
         task.validate()
         why = self.intake.impossible(task)
@@ -353,3 +438,6 @@ class Walker:
             state = TaskState.FAILED if prun.failed else TaskState.DONE
         self.journal.stage(prun.uid, prun.uid, state)
         self.journal.commit()
+        if type(prun.pipeline.stages) is list:  # from now on a stage added to it is refused
+            prun.pipeline.stages = _Ended(prun.pipeline.stages, prun.uid)
+            self.ended.append(prun.pipeline)

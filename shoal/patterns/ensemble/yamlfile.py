@@ -547,10 +547,16 @@ def load_yaml(path: str) -> list[Pipeline]:
     if yaml is None:  # pragma: no cover
         raise EnsembleError("YAML workflow files need PyYAML: pip install pyyaml")
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise EnsembleError(f"workflow file {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise EnsembleError(f"{path}:{line}: not a UTF-8 text file (byte {data[exc.start]:#04x} at offset "
+                            f"{exc.start}); a YAML workflow is UTF-8 text") from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:

@@ -48,6 +48,7 @@ import io
 import math
 import os
 import pickle
+import socket
 import stat
 import time
 from pickle import _Pickler as _PurePickler  # pure-Python: its dispatch table extends
@@ -149,7 +150,7 @@ class SearchCheckpoint:
     def __init__(self, path, interval: float, kind: str, digest: str):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a file path, got {path!r}")
-        if not isinstance(interval, (int, float)) or not interval > 0:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
             raise ValueError(f"checkpoint_interval must be a positive number of seconds, "
                              f"got {interval!r}")
         self.path = os.fspath(path)
@@ -179,8 +180,31 @@ class SearchCheckpoint:
         if not os.access(directory, os.W_OK | os.X_OK):
             raise SearchError(f"checkpoint {self.path!r}: directory {directory} is not writable")
 
+    def _tmp_name(self, pid: int) -> str:
+        directory, base = os.path.split(os.path.abspath(self.path))
+        return os.path.join(directory, f".{base}.{_HOST}.{pid}.tmp")
+
+    def _sweep(self) -> None:
+        """Remove the temporary files of saves that a SIGKILL interrupted (a driver of this
+        host that is gone); a live driver's, or another host's, are left alone."""
+        directory, base = os.path.split(os.path.abspath(self.path))
+        prefix = f".{base}.{_HOST}."
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".tmp")]
+        except OSError:
+            return
+        for name in names:
+            pid = name[len(prefix):-4]
+            if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+                continue
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
     def load(self) -> tuple[Tally, list] | None:
         """(Tally so far, units left) from the file, or None when there is none."""
+        self._sweep()
         try:
             with open(self.path, "rb") as f:
                 blob = f.read()
@@ -208,7 +232,7 @@ class SearchCheckpoint:
 
             blob = cloudpickle.dumps(state)
         directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        tmp = self._tmp_name(os.getpid())
         try:
             with open(tmp, "wb") as f:
                 f.write(blob)
@@ -239,6 +263,20 @@ class SearchCheckpoint:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        self._sweep()
+
+
+_HOST = socket.gethostname().replace(os.sep, "_")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        return True
+    return True
 
 
 def next_units(frontier: list, window: int, in_flight: int) -> list:

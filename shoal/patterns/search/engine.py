@@ -71,6 +71,7 @@ from .model import (
 )
 
 POLL_S = 0.0002  # seconds between two reads of Control by a running task
+BUNDLE = 8  # subtrees per stolen task when counting a list-children tree (ship_bundle)
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
 _EMPTY = iter(())
@@ -108,11 +109,15 @@ class Explorer(CountLoops, BnBLoop):
         # most UTS nodes are leaves, and 87% of its pieces used to be single leaves)
         self.leaves_in_place = (spec.goal is Goal.COUNT and not spec.collect
                                 and spec.kernel is None)
+        # ... and ships the other subtrees of a split BUNDLE to a task (stack stealing)
+        self.bundles = self.leaves_in_place and spec.coordination is Coordination.STACK_STEALING
         self.next_poll = 0.0
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
         self.backtracks = 0  # BUDGET: backtracks since the last split
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
+        self.pending: list | None = None  # the lazy count loop: (path, node) units left here
+        self.rdrained: dict | None = None  # ... and its drained levels: iterator -> index
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         # several machines: keep RESERVE of this task's subtrees on offer for the runtime's
@@ -273,6 +278,8 @@ class Explorer(CountLoops, BnBLoop):
         the recursive loop, whose levels are read from its frames only now (loops.py)."""
         if iters is not None:
             return self.split(iters, idx, want, whole_level)
+        if self.rdrained is not None:  # the lazy count loop (loops.dfs_count_gen)
+            return self.lazy_split(want)
         its, idx = self.rec_levels()
         keys, loops, rs = list(its), self._rec_loop_idx, self.rskips
         # siblings already taken after the child each level is on (earlier splits)
@@ -293,7 +300,13 @@ class Explorer(CountLoops, BnBLoop):
         is taken and the others' takes go to ``self.skips``; with ``skips`` (the recursive
         loop, whose indices are the true ones) every level's takes are counted there.
         """
+        if self.pending:  # units of the lazy count loop: shallower than any level here
+            left = self.ship_pending(1 if whole_level else want)
+            if whole_level or left <= 0:
+                return
+            want = left
         shipped = 0
+        bundle = [] if self.bundles and not whole_level else None
         deepest = len(idx) - 1 if skips is None else -1
         if skips is None:
             skips = self.skips
@@ -324,12 +337,21 @@ class Explorer(CountLoops, BnBLoop):
                     continue
                 if self.leaves_in_place and self._leaf(child, path):
                     continue  # counted here: a steal round trip for one leaf buys nothing
-                self.ship(child, path)
+                if bundle is not None:  # several subtrees per stolen task (ship_bundle)
+                    bundle.append((path, child))
+                    if len(bundle) < BUNDLE:
+                        continue
+                    self.ship_bundle(bundle)
+                    bundle = []
+                else:
+                    self.ship(child, path)
                 shipped += 1
                 if not whole_level:
                     want -= 1
             if want <= 0 or (whole_level and shipped):
-                return
+                break
+        if bundle:
+            self.ship_bundle(bundle)
 
     def _leaf(self, node, path) -> bool:
         """Count ``node`` here if it is a leaf (``children`` returns an empty list or
@@ -371,6 +393,30 @@ class Explorer(CountLoops, BnBLoop):
         else:
             check_picklable(node, path, "a split-off subtree may be stolen by another process")
         self.spawn_unit(node, path)
+
+    def ship_bundle(self, units: list) -> None:
+        """Spawn one task for several subtrees ``[(path, node), ...]`` (``bundle_task``):
+        counting a list-children tree (UTS), a split's shallowest non-leaf siblings are
+        mostly small (T3: median 25 nodes), so a thief given one at a time was soon
+        hungry again and waited for the victim's next poll."""
+        if len(units) == 1:
+            path, node = units[0]
+            return self.ship(node, path)
+        for path, node in units:
+            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+        self.ctl[self.me, SPAWNED] += 1
+        self.futs.append(shoal.spawn(bundle_task, self.spec, units))
+        self.tally.splits += 1
+
+    def run_units(self, units: list) -> None:
+        """Explore ``units`` ``[(path, node), ...]``: the first at once, the others kept
+        pending (a split ships them first), then explored in path order."""
+        path, node = units[0]
+        self.base, self.pending = path, (units[:0:-1] or None)  # (popped from the end)
+        self.dfs(node)
+        while self.pending:
+            self.base, node = self.pending.pop()
+            self.dfs(node)
 
     def spawn_unit(self, node, path) -> None:
         """Spawn a search task for the subtree at ``path`` (joined by ``join``)."""
@@ -429,6 +475,29 @@ def task(spec: SearchSpec, node, path: tuple) -> Tally:
             f.cancel()
         raise
     ex.report()  # (the spawned tasks report their own nodes)
+    ex.join()
+    return ex.tally
+
+
+def bundle_task(spec: SearchSpec, units: list) -> Tally:
+    """One search task for several subtrees ``[(path, node), ...]`` (``ship_bundle``): the
+    first explored at once, the others pending (a split ships pending units first)."""
+    ctl = spec.control.array
+    me = slot(ctl)
+    ctl[me, STARTED] += 1
+    ex = Explorer(spec, units[0][0], ctl, me, split=True)
+    try:
+        if stopped(spec.stop, ctl):
+            return ex.tally
+        ex.run_units(units)
+    except _Stopped:
+        pass
+    except BaseException:
+        ex.halt()
+        for f in ex.futs:
+            f.cancel()
+        raise
+    ex.report()
     ex.join()
     return ex.tally
 

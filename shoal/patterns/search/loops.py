@@ -35,6 +35,7 @@ REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow do
 _END = object()  # next(iterator, _END): the end of a level
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
+_LAZY_CODES: set = set()  # ... those of them that keep no child index (lazy_level)
 
 
 class CountLoops:
@@ -124,18 +125,40 @@ class CountLoops:
         shapes.py generates for this search's ``children``/``accept``.
 
         Lazy splitting: per node the loop does what a hand-written recursion does, plus
-        a child index and a countdown; it keeps no stack of its own and wraps no call
-        in a ``try``.  The state a split or an error message needs -- each level's
-        iterator (``it``) and the index of the child it is on (``i``) -- is read from the
-        recursion's frames only then (``rec_levels``; an error's from its traceback,
-        ``rec_error``).  Children a split takes out of a level's iterator are counted in
-        ``self.rskips`` (keyed by the iterator), so indices stay true.  A level deeper
-        than ``rec_cap()`` goes to the iterative ``dfs_count`` (``_deep_level``).
+        a countdown and a depth argument; it keeps no stack, no child index and wraps no
+        call in a ``try``.  What a split, a hand-over or an error needs -- each level's
+        iterator (``it``), the child it is on (``child``) and that child's index -- is
+        read from the recursion's frames only then (``lazy_level``: the index is
+        reconstructed by draining the level's iterator and counting its parent's
+        children again).  A drained level's remaining children become *pending units*
+        of this task (``self.pending``: (path, node), explored after the recursion
+        returns, each by the same loop); a split ships the shallowest pending units
+        first.  A level deeper than ``rec_cap()`` goes to the iterative ``dfs_count``
+        (``_deep_level``).
         """
+        base0 = self.base
+        owned = self.pending is None  # (else a bundle task's units: engine.bundle_task)
+        if owned:
+            self.pending = []
+        self.rdrained = {}
+        try:
+            self._count_gen_unit(node)
+            while self.pending:
+                self.base, nd = self.pending.pop()
+                self._count_gen_unit(nd)
+        finally:
+            self.base = base0
+            self.rdrained = None
+            if owned:
+                self.pending = None
+
+    def _count_gen_unit(self, node) -> None:
+        """One unit (``node`` at ``self.base``) of ``dfs_count_gen``."""
         base, t = self.base, self.tally
         self.visit(node, len(base), base)
         run = shapes.count_loop(self)
-        self.rskips = {}
+        self.rnode = node  # the parent of the recursion's first level (lazy_level)
+        self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0
         count = 0
         try:
@@ -148,7 +171,6 @@ class CountLoops:
             t.nodes += self.rec_nodes
             t.count += self.rec_nodes if self.accept is None else count
             self.seen = 0
-            self.rskips = None
 
     def rec_cap(self) -> int:
         """How deep the recursive loops go: ``REC_DEPTH``, or less where the recursion
@@ -157,16 +179,97 @@ class CountLoops:
 
     def _deep_level(self, it) -> None:
         """A level below the generated loop's ``cap`` (its node visited, no child taken):
-        the iterative ``dfs_count`` lists it (the node's path read from the frames)."""
-        _, idx = self.rec_levels()
+        the iterative ``dfs_count`` lists it.  The node's path comes from the frames
+        (``lazy_path``: the ancestors' levels are drained into ``self.pending``)."""
+        frames = self.rec_frames()
         base = self.base
-        self.base = base + tuple(idx[:-1])  # (the deepest frame is this level's: i == -1)
+        self.base = self.lazy_path(frames[:-1], keep=True)
         try:
             self.dfs_count(None, top=it)
         finally:
             self.base = base
 
-    # -- the recursive loop's state, read from its frames -------------------------------
+    # -- the recursive loops' state, read from their frames -----------------------------
+
+    def lazy_level(self, f, parent, path: tuple, keep: bool):
+        """(index, remaining children) of the level of the lazy count loop's frame ``f``
+        (``parent``: the node it lists, at ``path``): the index of the child it is on (-1:
+        none yet), found by draining its iterator and counting ``parent``'s children
+        again (``children`` must give the same number of children every time; indexed
+        coordination and replay assume as much).  A drained level ends when its current
+        child's subtree is done; its index is remembered (``self.rdrained``) and its
+        remaining children are returned (None when drained before): kept as pending
+        units (``keep``), shipped by the caller, or dropped (an error's message)."""
+        loc = f.f_locals
+        it = loc["it"]
+        j = self.rdrained.get(it)
+        if j is not None:
+            return j, None
+        try:
+            rest = list(it)
+            if "child" not in loc:  # the level polled on entry: no child taken yet
+                j = -1
+            else:
+                j = sum(1 for _ in self.children(parent)) - len(rest) - 1
+        except Exception as exc:
+            raise SearchError(f"children() raised {exc!r} at {where(path, parent)}") from exc
+        if j < -1:  # fewer children on this call than were listed: the names are lost
+            if self.spec.coordination is Coordination.INDEXED:  # (and they are the work)
+                raise SearchError(f"children() is not deterministic: {where(path, parent)} "
+                                  "has fewer children on a second call than were listed; "
+                                  "coordination='indexed' needs the same children each time")
+            j = -1
+        self.rdrained[it] = j
+        if keep:
+            self.pending.extend((path + (j + 1 + r,), c) for r, c in enumerate(rest))
+            rest = None
+        return j, rest
+
+    def lazy_path(self, frames, keep: bool) -> tuple:
+        """The path of the child the deepest of ``frames`` (the lazy count loop's, from
+        its first level) is on, every level drained (``lazy_level``)."""
+        parent, path = self.rnode, self.base
+        for f in frames:
+            j, _ = self.lazy_level(f, parent, path, keep)
+            path += (j,)
+            parent = f.f_locals.get("child")
+        return path
+
+    def lazy_split(self, want: int) -> None:
+        """A split from the lazy count loop (called in its poll): pending units first,
+        then the shallowest level with children left, drained: ``want`` of them shipped,
+        the others pending."""
+        want = self.ship_pending(want)
+        if want <= 0:
+            return
+        parent, path = self.rnode, self.base
+        for f in self.rec_frames():
+            j, rest = self.lazy_level(f, parent, path, keep=False)
+            if rest:
+                for r, c in enumerate(rest):
+                    if want > 0:
+                        self.ship(c, path + (j + 1 + r,))
+                        want -= 1
+                    else:
+                        self.pending.append((path + (j + 1 + r,), c))
+                return
+            loc = f.f_locals
+            if "child" not in loc:
+                return
+            path += (j,)
+            parent = loc["child"]
+
+    def ship_pending(self, want: int) -> int:
+        """Ship up to ``want`` of the shallowest pending units; what is still wanted."""
+        pend = self.pending
+        if not pend or want <= 0:
+            return want
+        pend.sort(key=lambda u: -len(u[0]))  # the shallowest last (local work pops deep ones)
+        while pend and want > 0:
+            path, node = pend.pop()
+            self.ship(node, path)
+            want -= 1
+        return want
 
     def rec_frames(self) -> list:
         """The frames of the recursive loop (shapes.py) on this stack, shallowest first."""
@@ -209,6 +312,8 @@ class CountLoops:
             tb = tb.tb_next
         if last is None:
             return SearchError(f"children() raised {exc!r} at {where(self.base, spec=self.spec)}")
+        if last.tb_frame.f_code in _LAZY_CODES:
+            return self.lazy_error(exc, frames, last)
         _, idx = self.rec_levels(frames)
         loc = last.tb_frame.f_locals
         what = _REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
@@ -223,6 +328,21 @@ class CountLoops:
                                    f"at {where(path, child)}; return a list, tuple or generator")
             what = "children"
         return SearchError(f"{what}() raised {exc!r} at {where(path, child)}")
+
+    def lazy_error(self, exc: BaseException, frames: list, last) -> BaseException:
+        """``rec_error`` for the lazy count loop: the path from its frames (``lazy_path``;
+        the search ends with this error, so the drained children are dropped)."""
+        what = _REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        if what is None:  # listing: the node is the level's parent
+            frames = frames[:-1]
+        try:
+            path = self.lazy_path(frames, keep=False)
+        except SearchError:  # the path cannot be rebuilt: name the node alone
+            path = self.base + ("?",)
+        if what is None:
+            return SearchError(f"children() raised {exc!r} at {where(path, spec=self.spec)}")
+        return SearchError(f"{what}() raised {exc!r} at "
+                           f"{where(path, last.tb_frame.f_locals['child'])}")
 
     def dfs_count(self, node, top=None) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.
@@ -418,15 +538,18 @@ def _yields(children) -> bool:
     return inspect.isgeneratorfunction(children)
 
 
-def register_recursions(*loops) -> None:
+def register_recursions(*loops, lazy: bool = False) -> None:
     """Note the inner recursive functions of ``loops`` (the ``*_rec`` methods), and which
-    user call each of their lines makes (``rec_frames``, ``rec_error``)."""
+    user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
+    that keep no child index (``lazy_level``)."""
     import dis
 
     for f in loops:
         for code in f.__code__.co_consts:
             if getattr(code, "co_name", "").startswith("rec_"):
                 _REC_CODES.add(code)
+                if lazy:
+                    _LAZY_CODES.add(code)
                 for ins in dis.get_instructions(code):
                     if (ins.argval in ("accept", "children", "iter", "bound", "objective")
                             and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")

@@ -92,9 +92,6 @@ def _locked_kids(node):
     return [_LockedNode(node.d + 1)] if node.d < 2 else []
 
 
-@pytest.mark.xfail(strict=True, reason="r-search3 (search/model.py check_picklable): an unpicklable root "
-                   "is told to 'use coordination=indexed', which sends the root too; "
-                   "/work/wt/notes/r-break3.md F3")
 def test_an_unpicklable_root_is_not_sent_to_a_coordination_that_cannot_help():
     with shoal.Pilot(1) as pilot:
         with pytest.raises(SearchError) as info:

@@ -131,3 +131,63 @@ def test_deep_trees_on_a_pilot(pilot2):
     r = branch_and_bound.maximise(pilot2, (0, 0), kids, value, bound, stats=True)
     assert (r.value, r.path, r.node) == (value(BEST), BEST_PATH, BEST)
     assert r.stats.nodes == total()  # nothing pruned: the bound never cuts
+
+
+@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
+def test_a_poll_without_a_split_does_not_copy_the_stack(monkeypatch, goal):
+    """r-break3's F2: every poll of the iterative loops copied the whole stack (O(depth)),
+    which made a 100,000-level chain quadratic (7 s instead of 0.2 s) with no thief at
+    all.  The stack is built only when the poll splits: here polls come every TICK nodes
+    and no worker is hungry, so it is never built."""
+    monkeypatch.setattr(E, "POLL_S", 0.0)
+    monkeypatch.setattr(L, "REC_DEPTH", 2)  # hand the chain to the iterative loop at once
+    polls, built = [], []
+    real = E.Explorer.poll
+
+    def poll(self, frontier):
+        polls.append(1)
+
+        def counted():
+            built.append(1)
+            return frontier()
+
+        return real(self, None if frontier is None else counted)
+
+    monkeypatch.setattr(E.Explorer, "poll", poll)
+    kw = {} if goal is M.Goal.COUNT else dict(objective=value, bound=bound, cell=_Cell())
+    spec = M.SearchSpec(root=(0, 0), children=kids, goal=goal, control=None, **kw)
+    ex = E.Explorer(spec, (), np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=True)
+    ex.dfs((0, 0))  # Control has one row, this task's: nobody is hungry, no poll splits
+    assert ex.tally.nodes == total()
+    assert len(polls) > 100 and built == []
+
+
+def _chain(n):
+    return [n + 1] if n < 5000 else []
+
+
+def test_a_hungry_worker_does_not_rescan_a_deep_barren_stack_at_every_poll(monkeypatch):
+    """F2 with a thief: on a chain every split finds nothing, and each scanned the whole
+    stack, O(depth), at every poll (a 200,000-level chain on 2 workers took 40 s instead
+    of 0.3 s).  After a split that shipped nothing, a deep stack waits depth // 256 polls."""
+    monkeypatch.setattr(E, "POLL_S", 0.0)
+    monkeypatch.setattr(L, "REC_DEPTH", 2)
+    polls, built = [], []
+    real = E.Explorer.poll
+
+    def poll(self, frontier):
+        polls.append(1)
+
+        def counted():
+            built.append(1)
+            return frontier()
+
+        return real(self, None if frontier is None else counted)
+
+    monkeypatch.setattr(E.Explorer, "poll", poll)
+    spec = M.SearchSpec(root=0, children=_chain, goal=M.Goal.COUNT, control=None)
+    ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 idle: hungry at every poll
+    ex = E.Explorer(spec, (), ctl, 0, split=True)
+    ex.dfs(0)
+    assert ex.tally.nodes == 5001 and ex.tally.splits == 0
+    assert len(polls) > 200 and len(built) < len(polls) // 4

@@ -74,6 +74,7 @@ POLL_S = 0.0002  # seconds between two reads of Control by a running task
 BUNDLE = 8  # subtrees per stolen task when counting a list-children tree (ship_bundle)
 STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
 STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
+BARREN_DEPTH = 256  # a split that found nothing waits (stack depth // this) polls
 _EMPTY = iter(())
 
 
@@ -114,6 +115,7 @@ class Explorer(CountLoops, BnBLoop):
         self.next_poll = 0.0
         self.skips: dict = {}  # level -> children split off while the level was on the path
         self.stale = 0  # polls in a row with hungry workers and unclaimed work on offer
+        self.barren = 0  # polls to skip before the next hungry split (split_for)
         self.backtracks = 0  # BUDGET: backtracks since the last split
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.pending: list | None = None  # the lazy count loop: (path, node) units left here
@@ -221,8 +223,13 @@ class Explorer(CountLoops, BnBLoop):
             self.ctl[self.me, NODES] += live - self.reported
             self.reported = live
 
-    def poll(self, iters, idx) -> None:
-        """Read Control (stop flag, incumbent, hunger) and split if work is wanted."""
+    def poll(self, frontier) -> None:
+        """Read Control (stop flag, incumbent, hunger) and split if work is wanted.
+
+        ``frontier``: None for the recursive loops (their levels are read from their frames
+        on a split), else a function returning the iterative loop's ``(iters, idx)``, called
+        only when a split happens: building them costs O(depth), and a poll that copied them
+        every time made a 100,000-level chain quadratic (r-break3's F2)."""
         self.report()
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
@@ -236,7 +243,7 @@ class Explorer(CountLoops, BnBLoop):
                     self.ctl[self.me, STOP] = 1
                     raise _Stopped
                 if self.reserve is not None and self.split_ok:
-                    self.keep_reserve(iters, idx)
+                    self.keep_reserve(*_levels(frontier))
         cell = self.cell
         if cell is not None:
             g = cell.value
@@ -247,18 +254,32 @@ class Explorer(CountLoops, BnBLoop):
             hungry = self.hungry()
             if not hungry:
                 self.stale = 0
+            elif self.barren:  # the last split found nothing on a deep stack (split_for)
+                self.barren -= 1
             else:
                 offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
                 if offered < hungry:
                     # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split_at(iters, idx, max(2, hungry - offered), whole_level=False)
+                    self.split_for(frontier, max(2, hungry - offered))
                     self.stale = 0
                 else:
                     self.stale += 1
                     if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split_at(iters, idx, 1, whole_level=False)
+                        self.split_for(frontier, 1)
                         self.stale = 0
         self.next_poll = time.perf_counter() + POLL_S
+
+    def split_for(self, frontier, want: int) -> None:
+        """A hungry worker's split.  One that ships nothing scanned the whole stack for
+        siblings, O(depth): on a deep stack the next is tried only after
+        depth // BARREN_DEPTH polls, so a 200,000-level chain with a thief waiting is not
+        quadratic (r-break3's F2: 40 s instead of ~1 s); trees under BARREN_DEPTH levels
+        (every benchmark's) never wait."""
+        iters, idx = _levels(frontier)
+        before = self.tally.splits
+        self.split_at(iters, idx, want, whole_level=False)
+        if self.tally.splits == before and iters is not None:
+            self.barren = len(iters) // BARREN_DEPTH
 
     def keep_reserve(self, iters, idx) -> None:
         """Several machines: keep ``RESERVE`` of this task's shallowest subtrees spawned and
@@ -391,7 +412,7 @@ class Explorer(CountLoops, BnBLoop):
         if self.spec.coordination is Coordination.INDEXED:
             node = None
         else:
-            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+            check_picklable(node, path, "a split-off subtree may be stolen by another process", subtree=True)
         self.spawn_unit(node, path)
 
     def ship_bundle(self, units: list) -> None:
@@ -403,7 +424,7 @@ class Explorer(CountLoops, BnBLoop):
             path, node = units[0]
             return self.ship(node, path)
         for path, node in units:
-            check_picklable(node, path, "a split-off subtree may be stolen by another process")
+            check_picklable(node, path, "a split-off subtree may be stolen by another process", subtree=True)
         self.ctl[self.me, SPAWNED] += 1
         self.futs.append(shoal.spawn(bundle_task, self.spec, units))
         self.tally.splits += 1
@@ -513,3 +534,9 @@ def _spawn_children(ex: Explorer, node, path: tuple) -> None:
                 return
             continue
         ex.ship(child, cpath)
+
+
+def _levels(frontier) -> tuple:
+    """A poll's ``(iters, idx)``: built by the iterative loop's ``frontier`` only now, or
+    ``(None, None)`` for the recursive loops."""
+    return (None, None) if frontier is None else frontier()

@@ -79,7 +79,7 @@ class CountLoops:
             if tick >= TICK:  # before taking a child: a split ships the siblings after it
                 tick = 0
                 if clock() >= self.next_poll:
-                    self.poll(iters, idx)
+                    self.poll(lambda: (iters, idx))
             try:
                 child = next(iters[-1], _END)
             except Exception as exc:
@@ -109,9 +109,15 @@ class CountLoops:
         split of this level ships its *later* siblings; their slots become a skip,
         applied when the loop comes back to this level.
         """
-        full, fidx = iters[:d] + [top], idx[:d] + [i]
-        self.poll(full, fidx)
-        return self._after_split(iters, full, fidx, d, i)
+        built = []
+
+        def frontier():  # O(d): only when the poll splits
+            if not built:
+                built.append((iters[:d] + [top], idx[:d] + [i]))
+            return built[0]
+
+        self.poll(frontier)
+        return self._after_split(iters, *built[0], d, i) if built else top
 
     def _after_split(self, iters, full, fidx, d, i):
         """Write a split's changes back into the loop's state; the new ``top``."""

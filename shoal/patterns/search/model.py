@@ -94,7 +94,10 @@ def where(path, node=_UNKNOWN, spec=None) -> str:
     return f"node path {p} (node {describe(node)})"
 
 
-def check_picklable(node, path, why: str) -> None:
+def check_picklable(node, path, why: str, *, subtree: bool = False) -> None:
+    """SearchError unless ``node`` pickles; ``subtree``: it travels as a split-off subtree,
+    which ``coordination='indexed'`` would send as a path instead (the root, a solution and
+    the incumbent travel under every coordination, so that advice is not given for them)."""
     try:
         pickle.dumps(node, 5)
     except Exception:
@@ -103,8 +106,9 @@ def check_picklable(node, path, why: str) -> None:
 
             cloudpickle.dumps(node)
         except Exception as exc:
+            advice = "make nodes picklable" + (", or use coordination='indexed'" if subtree else "")
             raise SearchError(f"the node at path {path} cannot be pickled ({why}): {exc!r}; "
-                              "make nodes picklable, or use coordination='indexed'") from None
+                              f"{advice}") from None
 
 
 @dataclass(frozen=True)

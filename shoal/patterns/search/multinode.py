@@ -91,6 +91,6 @@ def top_split(spec: SearchSpec, ctl, want: int, groups: int) -> tuple[Tally, lis
         frontier = [(None, p) for _, p in frontier]
     else:
         for node, path in frontier:
-            check_picklable(node, path, "a subtree is sent to a worker")
+            check_picklable(node, path, "a subtree is sent to a worker", subtree=True)
     k = max(1, min(groups, len(frontier)))
     return ex.tally, [frontier[i::k] for i in range(k) if frontier[i::k]]

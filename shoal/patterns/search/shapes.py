@@ -106,7 +106,7 @@ def build(ex, clock, TICK, cap, fast, slow, {params}):
             return True
         if now >= ex.next_poll:
             ex.seen = entries
-            ex.poll(None, None)
+            ex.poll(None)
             t0 = clock()
         return False
 
@@ -219,7 +219,7 @@ def build(ex, clock, TICK, cap, fast, slow, inf, {params}):
             return True
         if now >= ex.next_poll:
             ex.seen = entries + leaves
-            ex.poll(None, None)
+            ex.poll(None)
             lim, slim = ex.lim, ex.slim
             t0 = clock()
         return False

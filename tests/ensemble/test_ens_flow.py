@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from ens_tasks import add, boom, flaky, nap, square, touch_count
 
@@ -179,3 +181,16 @@ def test_function_timeout(tmp_path):
     report = run(Pipeline([Stage([Task(function=nap, args=(30,), timeout=0.5)])]),
                  journal=str(tmp_path / "run.db"))
     assert report.failures[0]["kind"] is FailureKind.TIMEOUT
+
+
+def test_a_directory_output_is_downloaded_as_a_tree(tmp_path, monkeypatch):
+    """EnTK's download_output_data of a directory failed with 'Is a directory' (r-break3).
+    It is copied as a tree; a link in it stays a link (nothing outside the sandbox is read)."""
+    monkeypatch.chdir(tmp_path)
+    t = Task(executable="/bin/sh", name="d",
+             arguments=["-c", "mkdir -p res/sub && echo a > res/sub/f && ln -s /etc/hostname res/link"])
+    t.download_output_data = ["res > collected"]
+    report = run(Pipeline([Stage([t])], name="p"), journal=str(tmp_path / "run.db"))
+    assert report.ok, report
+    assert (tmp_path / "collected" / "sub" / "f").read_text() == "a\n"
+    assert os.readlink(tmp_path / "collected" / "link") == "/etc/hostname"

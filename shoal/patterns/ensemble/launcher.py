@@ -156,8 +156,10 @@ def stage_in(pairs, sandbox: str) -> None:
 
 
 def stage_out(pairs, sandbox: str, cwd: str) -> None:
-    """Copy each ``(file in the sandbox, destination)`` out (EnTK's download/copy_output_data);
-    relative destinations are relative to the driver's working directory.  LaunchError(STAGING)."""
+    """Copy each ``(file or directory in the sandbox, destination)`` out (EnTK's
+    download/copy_output_data); relative destinations are relative to the driver's working
+    directory.  A directory is copied as a tree, merged into one already there (a re-run), and
+    its symlinks stay links: nothing outside the sandbox is read.  LaunchError(STAGING)."""
     for name, dest in pairs:
         src = os.path.join(sandbox, name)
         real = os.path.realpath(src)
@@ -169,7 +171,10 @@ def stage_out(pairs, sandbox: str, cwd: str) -> None:
             target = os.path.join(target, os.path.basename(name))
         try:
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            shutil.copy2(src, target)
+            if os.path.isdir(real):  # a directory output: its tree, links copied as links
+                shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.copy2(src, target)
         except OSError as exc:
             raise LaunchError(FailureKind.STAGING,
                               f"cannot copy output {name!r} -> {dest}: {exc.strerror or exc}") from None

@@ -58,7 +58,9 @@ class CancelPaths:
         if dfut is None or dfut.key in self._claimed:
             return False
         if cancel:
-            return not self._claim([fut])
+            # a concurrent cancel() may cancel fut during the round (then _claim skips it or
+            # its round finds the key gone): not running, the caller's cancel() says True
+            return not self._claim([fut]) and not fut.cancelled()
         return False
 
     def _on_started(self, keys) -> None:
@@ -156,6 +158,14 @@ class CancelPaths:
         bounded on its own, so it is refused wherever dask sends it; the next ``locate``
         then cancels it if it is on no worker or on one of those that took it."""
         rid = next(self._rounds)
+        won: set[str] = set()  # keys this round cancelled (never given up: see the end)
+        report = decided
+
+        def decided(key: str, took: bool) -> None:
+            if took:
+                won.add(key)
+            report(key, took)
+
         claimed: dict[str, list[str]] = {}  # key -> the dask workers that took it back
         asked_all: set[str] = set()
         todo, left_on = list(keys), {}  # left_on: worker -> keys to give up there at the end
@@ -222,7 +232,11 @@ class CancelPaths:
             for k in todo:
                 decided(k, False)
             for k, addrs in claimed.items():
-                if k not in self._claimed:  # taken there, then started elsewhere, or undecided
+                # taken there, then started elsewhere, or undecided: give up (the node runs
+                # it after all).  Not ``self._claimed``: a concurrent cancel() of the same
+                # future empties that, and a give_up of a key this round cancelled at the
+                # scheduler would revive a task whose cancel() said True (r-break4).
+                if k not in won:
                     for addr in addrs:
                         left_on.setdefault(addr, []).append(k)
         finally:
@@ -236,6 +250,12 @@ class CancelPaths:
         if key in self._claimed or fut.cancelled():
             return True
         entry = self._pending.get(key)
+        if entry is not None and entry[1].status == "cancelled" and getattr(
+                entry[1]._state.exception, "reason", None) == on_scheduler.REASON:
+            # another round's locate cancelled it, and dask's report outran that round's
+            # reply (different comms): taken, never runs.  Before (r-break4): False here,
+            # while the other thread's cancel() said True for the same future.
+            return True
         if entry is None or entry[1].status != "pending":
             return False
         return None
@@ -267,13 +287,16 @@ class CancelPaths:
     def cancel_many(self, futs: list[Future]) -> list[bool]:
         """``Pilot.cancel_many``: ``Future.cancel()``'s answers, with one claim round for
         all the pending ones (instead of one round trip each)."""
-        pending = [f for f in futs if f._state == "PENDING" and f._prober is not None]
-        self._claim(pending)  # the taken ones are in _claimed: their cancel() asks nobody
+        mine = [f for f in futs if f._state == "PENDING" and f._prober is not None
+                and self._dask_of.get(f) is not None]  # another pilot's: its own cancel()
+        asked = set(map(id, mine))
+        self._claim(mine)  # the taken ones are in _claimed: their cancel() asks nobody
         out = []
         for f in futs:
-            d = self._dask_of.get(f)
-            if f._state == "PENDING" and f._prober is not None and (
-                    d is None or d.key not in self._claimed):
+            # _claimed first: a concurrent cancel() sets CANCELLED before it drops the key
+            # from _claimed, so reading the state first could see PENDING and then no key
+            taken = id(f) not in asked or self._dask_of[f].key in self._claimed
+            if not taken and f._state == "PENDING":
                 out.append(False)  # the round found it started (or could not ask): runs
             else:
                 out.append(f.cancel())

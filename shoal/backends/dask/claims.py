@@ -67,10 +67,17 @@ Rejected:
 
 Left open (documented in docs/guide.md): a cancel issued on the client's event loop (a
 done-callback) cannot wait for a round trip, so it answers False (the conservative answer:
-the task may run, its result arrives); a holder whose clock runs behind the driver's by
-more than the 0.5 s margin, answering just before the driver gives up, may take back a
-queued task after the driver said False: the future then ends cancelled although the task
-never ran (not "True and it ran").
+the task may run, its result arrives).
+
+A holder that takes a node-queued task back and answers after the driver gave up (its event
+loop stalled between taking and replying: a GC pause, a SIGSTOP, a slow link; or its clock
+runs behind the driver's by more than the 0.5 s margin) must not leave that False a lie: its
+``run_task`` does not return ``CANCELLED`` at once but waits (``settle_taken``) until either
+dask releases the key there (the driver confirmed the take at the scheduler: cancelled) or
+the driver's ``give_up`` names the round (the task is submitted to the node runtime again and
+runs).  Every round ends in one of the two for each key it took (cancel.py ``_round``), and a
+driver that vanishes releases its keys.  Before (r-break4), the task never ran and the future
+ended CANCELLED after ``cancel()`` had said False (tests/attack/test_contract_dask.py).
 """
 
 from __future__ import annotations
@@ -107,6 +114,9 @@ class Claims:
         self.finished = 0
         self.void: set[int] = set()  # claim rounds the driver gave up on (they change nothing)
         self.voided: deque[int] = deque()  # the same, oldest first (bounded)
+        self.taken: dict[str, set[int]] = {}  # key -> rounds that took its queued local future
+        self.revive: set[str] = set()  # such keys whose round the driver gave up on: re-submit
+        self.changed = threading.Condition(self.lock)  # taken/revive moved (run_task waits)
 
     def start(self, key: str, submit):
         """``run_task``: claim ``key`` and call ``submit()`` (the node runtime's local
@@ -120,7 +130,13 @@ class Claims:
     def finish(self, key: str, held=None) -> None:
         """``run_task`` returned (it ran, or its local future was taken back)."""
         with self.lock:
-            if self.entries.get(key) is not Fate.TOMBSTONE:
+            entry = self.entries.get(key)
+            if entry is not None and not isinstance(entry, Fate) and entry.cancelled():
+                # taken back from the node queue and not revived: it never ran here.  A
+                # round arriving later must hear TAKEN (DONE answered STARTED, and a
+                # concurrent cancel() of the same future said False, r-break4)
+                self.entries[key] = Fate.TOMBSTONE
+            elif entry is not Fate.TOMBSTONE:
                 self.entries[key] = Fate.DONE
                 self.done.append(key)
             self.finished += 1
@@ -148,9 +164,33 @@ class Claims:
                     out[key] = Verdict.TAKEN
                 elif isinstance(entry, Fate):
                     out[key] = Verdict.STARTED
-                else:  # the node runtime's future: its cancel() keeps the local promise
-                    out[key] = Verdict.TAKEN if entry.cancel() else Verdict.STARTED
+                elif entry.cancel():  # the node runtime's future: its cancel() keeps the local
+                    out[key] = Verdict.TAKEN  # promise; run_task waits for the round's end
+                    if round_id is not None:
+                        self.taken.setdefault(key, set()).add(round_id)
+                else:
+                    out[key] = Verdict.STARTED
         return out
+
+    def settle_taken(self, key: str, wanted, poll_s: float = 0.02) -> bool:
+        """``run_task`` whose local future a claim round cancelled: True when every round
+        that took it was given up (the driver answered False: the caller submits the task
+        again, it runs), False when the cancel stands (dask released the key here:
+        ``wanted()`` turned false, as the driver's confirming ``locate`` cancelled it at the
+        scheduler; or a take no round owns, such as a force cancel).  Waits for whichever
+        comes first; a round that confirmed never sends ``give_up`` for the key, so a
+        revival cannot outrun its release."""
+        with self.lock:
+            while True:
+                if key in self.revive:
+                    self.revive.discard(key)
+                    return True
+                if key not in self.taken:
+                    return False
+                if not wanted():
+                    del self.taken[key]
+                    return False
+                self.changed.wait(poll_s)
 
     def started(self, keys) -> list[str]:
         """``Future.running()``'s question, changing nothing: which of ``keys`` a shoal
@@ -168,13 +208,21 @@ class Claims:
     def give_up(self, round_id: int, keys) -> None:
         """The driver gave up waiting for round ``round_id`` (this worker did not answer in
         time) and answered False: if the round has not run here yet it never takes
-        anything; if it has, its tombstones are lifted (a local future it cancelled stays
-        cancelled: its ``run_task`` returns ``CANCELLED``, docs/guide.md)."""
+        anything; if it has, its tombstones are lifted and the local futures it cancelled
+        are submitted again by their ``run_task`` (``settle_taken``)."""
         with self.lock:
             self.void.add(round_id)
             self.voided.append(round_id)
             while len(self.voided) > _VOID_KEEP:
                 self.void.discard(self.voided.popleft())
+            for key in keys:  # a queued local future it took back runs after all, unless
+                rounds = self.taken.get(key)  # another round took it too (it may confirm)
+                if rounds is not None and round_id in rounds:
+                    rounds.discard(round_id)
+                    if not rounds:
+                        del self.taken[key]
+                        self.revive.add(key)
+            self.changed.notify_all()
             self.forget(keys)
 
     def forget(self, keys) -> None:

@@ -252,17 +252,22 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
     try:
         if key is None:  # not a dask task (unit tests call run_task directly)
             return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
-        local = claims_of(cfg.token).start(
-            key, lambda: node.backend.submit(fn, args, kwargs, timeout=timeout))
-        if local is None:
-            return CANCELLED
-        _watch(cfg.token, key, local)
-        try:
-            return local.result()
-        except CancelledError:
-            if local.cancelled():  # taken back by the driver's claim round
+        claims = claims_of(cfg.token)
+        while True:
+            local = claims.start(key, lambda: node.backend.submit(fn, args, kwargs, timeout=timeout))
+            if local is None:
                 return CANCELLED
-            raise
+            _watch(cfg.token, key, local)
+            try:
+                return local.result()
+            except CancelledError:
+                if not local.cancelled():
+                    raise
+            # taken back by a claim round: CANCELLED once dask released the key here (the
+            # driver confirmed it), or run after all if the driver gave the round up (it
+            # answered False; the reply came too late: a stalled worker, claims.py)
+            if not claims.settle_taken(key, lambda: _executing(worker, key)):
+                return CANCELLED
     except BaseException as exc:
         _tag(exc)
         raise
@@ -270,6 +275,12 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
         _leave(node, pinned)
         if key is not None:
             _finish(cfg.token, key, worker)
+
+
+def _executing(worker, key: str) -> bool:
+    """Whether dask still wants ``key`` run on ``worker`` (not released or cancelled there)."""
+    ts = worker.state.tasks.get(key)
+    return ts is not None and ts.state in ("executing", "long-running")
 
 
 def _watch(token: str, key: str, local) -> None:

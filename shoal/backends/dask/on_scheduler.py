@@ -35,7 +35,10 @@ def locate(keys, claimed, client, dask_scheduler=None):
             out[key] = MISSING
             continue
         if not any(cs.client_key == client for cs in ts.who_wants or ()):
-            out[key] = STARTED  # not ours to cancel (never the case for a pilot's key)
+            # our client released it: another round cancelled it (the task state lingers
+            # while its worker lets go).  The driver decides (cancel.py ``_missing``);
+            # STARTED here made a concurrent cancel() say False for a cancelled future
+            out[key] = MISSING
             continue
         state, mine = ts.state, claimed.get(key) or ()
         if state in UNASSIGNED:

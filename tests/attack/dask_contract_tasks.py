@@ -1,0 +1,81 @@
+"""Task functions of tests/attack/test_contract_dask.py (imported by name in the dask worker
+processes: pytest puts tests/attack on the path, which LocalCluster's workers inherit)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def append(path: str, line: str) -> None:
+    """One whole line appended with O_APPEND (from any process)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+def gated(marks: str, name: str, gate: str, timeout: float = 120.0) -> str:
+    """Mark ``start <name>`` (the side effect the tests check), block until ``gate`` exists;
+    ``name`` as the result."""
+    append(marks, f"start {name}")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nobody created {gate}")
+        time.sleep(0.005)
+    return name
+
+
+def started(marks: str) -> list[str]:
+    """The names ``gated`` started, in order (one entry per run)."""
+    if not os.path.exists(marks):
+        return []
+    with open(marks) as f:
+        return [line.split()[1] for line in f if line.startswith("start ")]
+
+
+def queued_in_node(token: str, keys: list[str]) -> list[str]:
+    """``client.run``: the keys among ``keys`` waiting in this dask worker's node runtime
+    (claimed by ``run_task``, a local future no shoal worker started)."""
+    from shoal.backends.dask import node
+
+    claims = node._claims.get(token)
+    if claims is None:
+        return []
+    with claims.lock:
+        entries = [(k, claims.entries.get(k)) for k in keys]
+    return [k for k, e in entries if e is not None and hasattr(e, "running")
+            and not e.running() and not e.done()]
+
+
+def known(keys: list[str], dask_worker=None) -> list[str]:
+    """``client.run``: the keys among ``keys`` this dask worker still has a task state for
+    (a task whose thread is still inside ``run_task`` keeps one)."""
+    return [k for k in keys if k in dask_worker.state.tasks]
+
+
+def slow_replies(delay_s: float) -> None:
+    """``client.run``: this dask worker answers every claim round ``delay_s`` late, after
+    it has taken the keys back (a GC pause, a SIGSTOP, a slow link on the reply path)."""
+    from shoal.backends.dask import node
+
+    real = getattr(node, "_real_cancel_keys", node.cancel_keys)
+    node._real_cancel_keys = real
+
+    def late(*args, **kwargs):
+        out = real(*args, **kwargs)
+        time.sleep(delay_s)
+        return out
+
+    node.cancel_keys = late
+
+
+def prompt_replies() -> None:
+    """``client.run``: undo ``slow_replies``."""
+    from shoal.backends.dask import node
+
+    real = getattr(node, "_real_cancel_keys", None)
+    if real is not None:
+        node.cancel_keys = real

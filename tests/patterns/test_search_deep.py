@@ -133,12 +133,9 @@ def test_deep_trees_on_a_pilot(pilot2):
     assert r.stats.nodes == total()  # nothing pruned: the bound never cuts
 
 
-@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
-def test_a_poll_without_a_split_does_not_copy_the_stack(monkeypatch, goal):
-    """r-break3's F2: every poll of the iterative loops copied the whole stack (O(depth)),
-    which made a 100,000-level chain quadratic (7 s instead of 0.2 s) with no thief at
-    all.  The stack is built only when the poll splits: here polls come every TICK nodes
-    and no worker is hungry, so it is never built."""
+def _count_stack_builds(monkeypatch) -> tuple[list, list]:
+    """A poll at every countdown, the iterative loops from depth 2 on, and two lists that
+    grow by one per poll and per build of the loop's (iters, idx) stack."""
     monkeypatch.setattr(E, "POLL_S", 0.0)
     monkeypatch.setattr(L, "REC_DEPTH", 2)  # hand the chain to the iterative loop at once
     polls, built = [], []
@@ -154,6 +151,16 @@ def test_a_poll_without_a_split_does_not_copy_the_stack(monkeypatch, goal):
         return real(self, None if frontier is None else counted)
 
     monkeypatch.setattr(E.Explorer, "poll", poll)
+    return polls, built
+
+
+@pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
+def test_a_poll_without_a_split_does_not_copy_the_stack(monkeypatch, goal):
+    """r-break3's F2: every poll of the iterative loops copied the whole stack (O(depth)),
+    which made a 100,000-level chain quadratic (7 s instead of 0.2 s) with no thief at
+    all.  The stack is built only when the poll splits: here polls come every TICK nodes
+    and no worker is hungry, so it is never built."""
+    polls, built = _count_stack_builds(monkeypatch)
     kw = {} if goal is M.Goal.COUNT else dict(objective=value, bound=bound, cell=_Cell())
     spec = M.SearchSpec(root=(0, 0), children=kids, goal=goal, control=None, **kw)
     ex = E.Explorer(spec, (), np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=True)
@@ -170,21 +177,7 @@ def test_a_hungry_worker_does_not_rescan_a_deep_barren_stack_at_every_poll(monke
     """F2 with a thief: on a chain every split finds nothing, and each scanned the whole
     stack, O(depth), at every poll (a 200,000-level chain on 2 workers took 40 s instead
     of 0.3 s).  After a split that shipped nothing, a deep stack waits depth // 256 polls."""
-    monkeypatch.setattr(E, "POLL_S", 0.0)
-    monkeypatch.setattr(L, "REC_DEPTH", 2)
-    polls, built = [], []
-    real = E.Explorer.poll
-
-    def poll(self, frontier):
-        polls.append(1)
-
-        def counted():
-            built.append(1)
-            return frontier()
-
-        return real(self, None if frontier is None else counted)
-
-    monkeypatch.setattr(E.Explorer, "poll", poll)
+    polls, built = _count_stack_builds(monkeypatch)
     spec = M.SearchSpec(root=0, children=_chain, goal=M.Goal.COUNT, control=None)
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 idle: hungry at every poll
     ex = E.Explorer(spec, (), ctl, 0, split=True)

@@ -479,15 +479,27 @@ def task(spec: SearchSpec, node, path: tuple) -> Tally:
     ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
     if spec.collect:
         ex.tally.found_nodes = []
-    try:
-        if stopped(spec.stop, ctl):
-            return ex.tally
+
+    def explore(node=node):
         if node is None:
             node = replay(spec, path)
         if coord is Coordination.DEPTH_BOUNDED and len(path) < spec.spawn_depth:
             _spawn_children(ex, node, path)
         else:
             ex.dfs(node)
+
+    return _explore(ex, explore)
+
+
+def _explore(ex: Explorer, body) -> Tally:
+    """A search task around ``body()``: nothing if the search stopped before it started; a
+    stop ends it quietly; an error halts it and cancels what it spawned, then propagates;
+    then its own nodes are reported (the spawned tasks report theirs) and its spawned tasks
+    joined."""
+    try:
+        if stopped(ex.spec.stop, ex.ctl):
+            return ex.tally
+        body()
     except _Stopped:
         pass
     except BaseException:
@@ -495,7 +507,7 @@ def task(spec: SearchSpec, node, path: tuple) -> Tally:
         for f in ex.futs:
             f.cancel()
         raise
-    ex.report()  # (the spawned tasks report their own nodes)
+    ex.report()
     ex.join()
     return ex.tally
 
@@ -507,20 +519,7 @@ def bundle_task(spec: SearchSpec, units: list) -> Tally:
     me = slot(ctl)
     ctl[me, STARTED] += 1
     ex = Explorer(spec, units[0][0], ctl, me, split=True)
-    try:
-        if stopped(spec.stop, ctl):
-            return ex.tally
-        ex.run_units(units)
-    except _Stopped:
-        pass
-    except BaseException:
-        ex.halt()
-        for f in ex.futs:
-            f.cancel()
-        raise
-    ex.report()
-    ex.join()
-    return ex.tally
+    return _explore(ex, lambda: ex.run_units(units))
 
 
 def _spawn_children(ex: Explorer, node, path: tuple) -> None:

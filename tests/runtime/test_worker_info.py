@@ -114,8 +114,8 @@ def _turned_away_thief_gets_the_next_child(flag: str) -> tuple:
     w = shoal.current_worker()
     me = context.worker
     peer = next(ep for ep in (1, 2) if ep != w.id)
+    base = me.c["steal_answers_given"]  # before the peer asks: it may be turned away at once
     _wait_for(lambda: w.hungry() == 1, "the idle peer to look for work")
-    base = me.c["steal_answers_given"]
     blocker = shoal.Future()
     pinned = shoal.spawn(abs, blocker)  # an unfinished future argument: never lent out
     _wait_for(lambda: me.c["steal_answers_given"] > base

@@ -79,3 +79,9 @@ def prompt_replies() -> None:
     real = getattr(node, "_real_cancel_keys", None)
     if real is not None:
         node.cancel_keys = real
+
+
+def state_on_scheduler(key: str, dask_scheduler=None) -> str | None:
+    """``client.run_on_scheduler``: the scheduler's state of ``key`` (None: unknown)."""
+    ts = dask_scheduler.tasks.get(key)
+    return None if ts is None else ts.state

@@ -11,8 +11,9 @@ in each dask worker (``Claims``, one per pilot token)::
     driver: Future.cancel() ─► cancel.py _round
       1 run_on_scheduler(locate): per key, atomically (the scheduler's loop is one thread):
           on no worker (queued, waiting, no-worker) -> cancelled there now: TAKEN
-          ran (memory, erred)                       -> STARTED
-          processing on W                           -> ask W:
+          ran (erred)                               -> STARTED
+          processing on W, or in memory on W        -> ask W (a value in memory may be
+                                                       the refusal of another round's tombstone):
       2 client.run(cancel_keys, workers=[W])          │ under the claims lock, per key:
     dask thread: run_task ─► Claims.start(key, submit)  │  absent      -> tombstone, TAKEN
         tombstone?  -> return CANCELLED (never runs)    │  tombstone   -> TAKEN

@@ -13,7 +13,7 @@ from __future__ import annotations
 # Scheduler states of a task that no dask worker has been sent (or that it was taken from).
 UNASSIGNED = frozenset(("released", "waiting", "queued", "no-worker"))
 TAKEN = "taken"  # cancelled here: never runs
-STARTED = "started"  # ran (memory, erred) or may run: cancel() says False
+STARTED = "started"  # ran (erred) or may run: cancel() says False
 MISSING = "missing"  # not known to the scheduler (yet, or no more)
 WORKERS = "shoal:workers"  # locate's extra entry: the addresses of every connected dask worker
 CHUNK = 32  # keys per stimulus_cancel call
@@ -46,8 +46,15 @@ def locate(keys, claimed, client, dask_scheduler=None):
         elif state == "processing":
             where = ts.processing_on.address if ts.processing_on is not None else None
             out[key] = TAKEN if where is not None and where in mine else (where or MISSING)
-        elif state == "memory" and any(ws.address in mine for ws in ts.who_has or ()):
-            out[key] = TAKEN  # its value is the node's refusal (claims.CANCELLED)
+        elif state == "memory" and ts.who_has:
+            holders = [ws.address for ws in ts.who_has]
+            if any(a in mine for a in holders):
+                out[key] = TAKEN  # its value is the node's refusal (claims.CANCELLED)
+            else:
+                # a value, or the refusal of a tombstone another round (thread) planted:
+                # only that worker's claims know which (F6: STARTED here made one thread's
+                # cancel() say False while the other's said True for the same future)
+                out[key] = holders[0]
         else:
             out[key] = STARTED
         if out[key] == TAKEN:

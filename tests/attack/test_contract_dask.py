@@ -113,6 +113,57 @@ def test_a_holder_answering_late_never_turns_false_into_cancelled(narrow, monkey
     assert sorted(dt.started(marks)) == ["b", "q0", "q1"]
 
 
+def test_a_lost_give_up_is_bounded_and_the_task_runs(narrow, monkeypatch, tmp_path):
+    """The holder took two node-queued tasks back and answered late (``cancel()`` said
+    False), and the driver's ``give_up`` never arrives (dropped on the dask worker).  The
+    waiting ``run_task`` asks the scheduler once its wait is over; the rounds were not
+    confirmed there, so each task runs and delivers, once.  Before: it waited for the
+    verdict forever (the results never came; the dask threads stayed taken)."""
+    monkeypatch.setattr(dcancel, "CLAIM_TIMEOUT_S", 1.0)
+    marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
+    with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
+        be = pilot._backend
+        blocker, queued = _node_queued(pilot, marks, gate)
+        be.client.run(dt.lose_verdicts, 0.5)
+        try:
+            be.client.run(dt.slow_replies, 2.0)
+            try:
+                answers = [q.cancel() for q in queued]
+            finally:
+                be.client.run(dt.prompt_replies)
+            assert answers == [False, False]
+            t.release(gate)
+            assert blocker.result(60) == "b"
+            assert [q.result(60) for q in queued] == ["q0", "q1"]
+        finally:
+            be.client.run(dt.keep_verdicts)
+    assert sorted(dt.started(marks)) == ["b", "q0", "q1"]
+
+
+def test_a_confirmed_take_whose_release_is_lost_stays_cancelled(narrow, tmp_path):
+    """The safe side of that bound: ``cancel()`` said True (the round confirmed the take at
+    the scheduler), but the waiting ``run_task`` never sees dask's release (lost, or still
+    on its way after a SIGSTOP).  When its wait is over it asks the scheduler, which says
+    cancelled: it returns without running the task, and its dask thread comes back.
+    Before: the thread waited forever."""
+    marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
+    with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
+        be = pilot._backend
+        blocker, queued = _node_queued(pilot, marks, gate)
+        keys = [be._dask_of[q].key for q in queued]
+        be.client.run(dt.lose_verdicts, 0.5, True, True)
+        try:
+            assert [q.cancel() for q in queued] == [True, True]
+            wait_until(lambda: not sum(be.client.run(dt.known, keys).values(), []), 60,
+                       "the taken tasks' run_task to return")
+        finally:
+            be.client.run(dt.keep_verdicts)
+        t.release(gate)
+        assert blocker.result(60) == "b"
+        assert all(q.cancelled() for q in queued)
+    assert dt.started(marks) == ["b"]
+
+
 def test_a_prompt_take_from_the_node_queue_still_cancels(narrow, tmp_path):
     """The normal path still takes: the same node-queued tasks, the holder answering at
     once: True, they never run, and the dask threads they held come back (``run_task``

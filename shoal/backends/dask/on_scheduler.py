@@ -20,14 +20,19 @@ CHUNK = 32  # keys per stimulus_cancel call
 REASON = "shoal: cancel() before any shoal worker started it"
 
 
-def locate(keys, claimed, client, dask_scheduler=None):
+VOID_KEEP = 4096  # (key, round) pairs a holder voided here (``arbitrate``), newest kept
+
+
+def locate(keys, claimed, client, rid=None, dask_scheduler=None):
     """For each of ``keys``: TAKEN (cancelled now, atomically), STARTED, MISSING, or the
     address of the dask worker it is processing on (whose claims decide); and under
     ``WORKERS`` every connected worker's address.  ``claimed``: ``{key: [addresses]}`` of
     the workers that have taken a key back (a tombstone or the node queue's own cancel);
     such a key is cancelled if it is still on one of them, or in memory there (its value
-    is the refusal), and asked again where it moved to otherwise."""
+    is the refusal), and asked again where it moved to otherwise.  ``rid``: the claim
+    round asking; a take its holder voided here (``arbitrate``) counts for nothing."""
     sched = dask_scheduler
+    void = getattr(sched, "_shoal_void", None) or {}
     out, cancel = {}, []
     for key in keys:
         ts = sched.tasks.get(key)
@@ -41,6 +46,8 @@ def locate(keys, claimed, client, dask_scheduler=None):
             out[key] = MISSING
             continue
         state, mine = ts.state, claimed.get(key) or ()
+        if (key, rid) in void:
+            mine = ()  # the holder ran it after all: ask it (it answers STARTED to rid)
         if state in UNASSIGNED:
             out[key] = TAKEN
         elif state == "processing":
@@ -80,3 +87,27 @@ def where(keys, dask_scheduler=None):
         if ts is not None and ts.state == "processing" and ts.processing_on is not None:
             out[key] = ts.processing_on.address
     return out
+
+
+def arbitrate(key, rids, addr, dask_scheduler=None):
+    """A holder (``addr``) took ``key`` back for the claim rounds ``rids`` and heard no
+    verdict in time (a lost ``give_up``, or a release still on its way; claims.py
+    ``settle_taken``).  Decided here, atomically, as ``locate`` decides: False if dask no
+    longer runs the key there (a round confirmed the take and cancelled it, or it moved:
+    the holder's release is on its way); else True, and those rounds' takes are void here,
+    so their confirming ``locate`` no longer cancels the key (their ``cancel()`` says False)
+    and the holder runs it."""
+    sched = dask_scheduler
+    ts = sched.tasks.get(key)
+    where = getattr(ts, "processing_on", None)
+    if ts is None or ts.state != "processing" or where is None or where.address != addr:
+        return False
+    void = getattr(sched, "_shoal_void", None)
+    if void is None:
+        void = {}
+        sched._shoal_void = void
+    for rid in rids:
+        void[(key, rid)] = True
+    while len(void) > VOID_KEEP:
+        del void[next(iter(void))]
+    return True

@@ -177,7 +177,7 @@ class CancelPaths:
                 try:
                     where = await asyncio.wait_for(self.client.run_on_scheduler(
                         on_scheduler.locate, todo, {k: claimed[k] for k in todo if k in claimed},
-                        self.client.id, asynchronous=True), left)
+                        self.client.id, rid, asynchronous=True), left)
                 except Exception:  # the scheduler does not answer: nothing decided
                     break
                 workers = where.pop(on_scheduler.WORKERS, [])

@@ -229,3 +229,17 @@ def test_errors_name_the_true_path_at_every_depth(monkeypatch, bad, who, inline)
     with pytest.raises(SearchError, match=rf"{who}\(\) raised ValueError\('bad node'\) at "
                                           rf"node path \({path}\)"):
         ex.dfs(spec.root)
+
+
+def _inline_flag() -> bool:
+    return shapes.INLINE
+
+
+def test_workers_inherit_the_switch_that_turns_inlining_off(monkeypatch):
+    """SHOAL_SEARCH_INLINE=0 (bench_search.py --no-inline) reaches the workers, which start
+    with the driver's environment; the count is the same either way."""
+    monkeypatch.setenv("SHOAL_SEARCH_INLINE", "0")
+    with shoal.Pilot(workers=1) as pilot:
+        assert pilot.submit(_inline_flag).result() is False
+        got = backtracking.count(pilot, Node(()), gen_children, accept=safe_odd)
+    assert got == sum(1 for p in _all() if p[-1:] == (1,))

@@ -197,3 +197,49 @@ def test_nqueens_on_a_pilot_with_the_inlined_accept():
             got = backtracking.count(pilot, nq.ROOT, functools.partial(nq.children, n),
                                      accept=functools.partial(nq.is_solution, n), stats=True)
             assert got == OEIS_A000170[n]
+
+
+@pytest.mark.parametrize("bad", [(0,), (0, 1), (1, 0, 2), (1, 0, 2, 1), (1, 2, 0, 0, 1)])
+@pytest.mark.parametrize("who", ["accept", "children"])
+@pytest.mark.parametrize("inline", [True, False])
+def test_errors_name_the_true_path_at_every_depth(monkeypatch, bad, who, inline):
+    """An error at a node of any depth, raised by accept (inlined or called) or while
+    listing its children, names that node's path."""
+    monkeypatch.setattr(shapes, "INLINE", inline)
+
+    class Bad(Node):
+        __slots__ = ()
+
+        @property
+        def last(self):
+            if who == "accept" and self.path == bad:
+                raise ValueError("bad node")
+            return self.path[-1] if self.path else -1
+
+    def kids(node):
+        if who == "children" and node.path == bad:
+            raise ValueError("bad node")
+        for p in tree(node.path):
+            yield Bad(p)
+
+    spec = M.SearchSpec(root=Bad(()), children=kids, goal=M.Goal.COUNT, control=None,
+                        accept=odd_last)
+    ex = E.Explorer(spec, (), np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
+    path = ", ".join(map(str, bad)) + ("," if len(bad) == 1 else "")
+    with pytest.raises(SearchError, match=rf"{who}\(\) raised ValueError\('bad node'\) at "
+                                          rf"node path \({path}\)"):
+        ex.dfs(spec.root)
+
+
+def _inline_flag() -> bool:
+    return shapes.INLINE
+
+
+def test_workers_inherit_the_switch_that_turns_inlining_off(monkeypatch):
+    """SHOAL_SEARCH_INLINE=0 (bench_search.py --no-inline) reaches the workers, which start
+    with the driver's environment; the count is the same either way."""
+    monkeypatch.setenv("SHOAL_SEARCH_INLINE", "0")
+    with shoal.Pilot(workers=1) as pilot:
+        assert pilot.submit(_inline_flag).result() is False
+        got = backtracking.count(pilot, Node(()), gen_children, accept=safe_odd)
+    assert got == sum(1 for p in _all() if p[-1:] == (1,))

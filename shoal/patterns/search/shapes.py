@@ -67,6 +67,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import os
 import textwrap
 import time
 import types
@@ -142,7 +143,10 @@ def _call(fn, name: str) -> tuple[str, dict]:
     return f"{name}(child)", {name: fn}
 
 
-INLINE = True  # count_loop inlines an accept() that is one ``return <expression>`` (inlined)
+# count_loop inlines an accept() that is one ``return <expression>`` (inlined); the
+# environment variable SHOAL_SEARCH_INLINE=0 (read at import, so workers inherit it) turns
+# that off: benchmarks/bench_search.py --no-inline measures the loop calling accept
+INLINE = os.environ.get("SHOAL_SEARCH_INLINE", "1") != "0"
 _INLINE_OK = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp,
               ast.Subscript, ast.Attribute, ast.Name, ast.Constant, ast.Tuple, ast.Slice,
               ast.boolop, ast.operator, ast.unaryop, ast.cmpop, ast.expr_context)

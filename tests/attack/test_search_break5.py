@@ -1,0 +1,152 @@
+"""Breaking issue 15's search skeletons the way YewPar, multiprocessing and numpy users do
+(fifth round).
+
+References nobody here wrote: networkx's clique enumeration and clique number.  The strict
+xfails name bugs in files other developers own (reproducers in the round's note); each
+flips when fixed.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import pytest
+
+import shoal
+from shoal.patterns import backtracking, branch_and_bound
+
+COORDINATIONS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
+
+
+@pytest.fixture(scope="module")
+def pilot2():
+    with shoal.Pilot(workers=2) as p:
+        yield p
+
+
+# --- unordered children of every Python kind, against networkx --------------------------------
+
+def _graph(n, p, seed):
+    nx = pytest.importorskip("networkx")
+    g = nx.gnp_random_graph(n, p, seed=seed)
+    adj = [0] * n
+    for u, v in g.edges():
+        adj[u] |= 1 << v
+        adj[v] |= 1 << u
+    return g, adj
+
+
+def _kids(adj, seed, node):
+    """Cliques with v as the largest vertex (each clique once), children in a scrambled
+    order that depends only on the node (replay-safe), not best bound first."""
+    size, cand, members = node
+    vs = [v for v in range(len(adj)) if cand >> v & 1]
+    random.Random(hash((seed, members))).shuffle(vs)
+    for v in vs:
+        yield (size + 1, cand & adj[v] & ~((1 << (v + 1)) - 1), members | 1 << v)
+
+
+KINDS = {  # what children() returns: all must give the same answers
+    "generator": lambda adj, seed, node: _kids(adj, seed, node),
+    "list": lambda adj, seed, node: list(_kids(adj, seed, node)),
+    "tuple": lambda adj, seed, node: tuple(_kids(adj, seed, node)),
+    "one-shot iterator": lambda adj, seed, node: iter(list(_kids(adj, seed, node))),
+    "map": lambda adj, seed, node: map(lambda c: c, _kids(adj, seed, node)),
+}
+
+
+def _size(node):
+    return node[0]
+
+
+def _bound(node):
+    return node[0] + node[1].bit_count()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_skeleton_and_coordination_agrees_with_networkx_on_unordered_children(pilot2, kind):
+    import networkx as nx
+
+    g, adj = _graph(26, 0.55, 3)
+    omega = max(len(c) for c in nx.find_cliques(g))
+    cliques = sum(1 for _ in nx.enumerate_all_cliques(g)) + 1  # and the empty root
+    root = (0, (1 << len(adj)) - 1, 0)
+    kids = functools.partial(KINDS[kind], adj, 3)
+    seq = branch_and_bound.maximise(pilot2, root, kids, _size, _bound, ordered=True,
+                                    coordination="sequential")
+    for co in COORDINATIONS:
+        assert backtracking.count(pilot2, root, kids, coordination=co, budget=3) == cliques, co
+        assert branch_and_bound.maximise(pilot2, root, kids, _size, _bound, coordination=co,
+                                         budget=3).value == omega, co
+        assert branch_and_bound.minimise(pilot2, root, kids, lambda n: -n[0], lambda n: -_bound(n),
+                                         coordination=co, budget=3).value == -omega, co
+        hit = backtracking.find(pilot2, root, kids, objective=_size, target=omega, bound=_bound,
+                                coordination=co)
+        assert hit is not None and hit[0] == omega and nx.is_isomorphic(
+            g.subgraph([v for v in range(len(adj)) if hit[2] >> v & 1]), nx.complete_graph(omega)), co
+        assert backtracking.find(pilot2, root, kids, objective=_size, target=omega + 1,
+                                 bound=_bound, coordination=co) is None, co
+        o = branch_and_bound.maximise(pilot2, root, kids, _size, _bound, ordered=True, coordination=co)
+        assert (o.value, o.path, o.node) == (seq.value, seq.path, seq.node), co
+
+
+# --- objectives that are not plain floats ----------------------------------------------------
+
+BIG = 2 ** 60  # ints past 2**53: exact in Python, rounded in a float64 incumbent cell
+
+
+def _big_kids(node):
+    if node == "root":
+        yield BIG + 250
+
+
+def _big_objective(node):
+    return 0 if node == "root" else node
+
+
+def _big_bound(node):
+    return BIG + 250 if node == "root" else node
+
+
+@pytest.mark.xfail(strict=True, reason="F1 (r-knap4: bnb/BestCell): an int incumbent past 2**53 is "
+                   "rounded to float64 (up, here: 2**60+200 -> 2**60+256) and prunes a node that beats "
+                   "it (2**60+250): the result is the initial value and no node")
+def test_an_int_incumbent_past_2_53_does_not_hide_a_better_node(pilot2):
+    r = branch_and_bound.maximise(pilot2, "root", _big_kids, _big_objective, _big_bound,
+                                  initial=BIG + 200)
+    assert (r.value, r.node) == (BIG + 250, BIG + 250)
+
+
+def _chain_kids(node):
+    if node < 6:
+        yield node + 1
+
+
+@pytest.mark.parametrize("call", ["objective", "initial", "target"])
+@pytest.mark.xfail(strict=True, reason="F2 (r-nq4: model.number): a numpy NaN passes the number "
+                   "check (only int/float NaN is refused): initial=np.float64('nan') returns value nan "
+                   "and no node, find(target=np.float64('nan')) returns None, a NaN objective is ignored")
+def test_a_numpy_nan_is_refused_like_a_float_nan(pilot2, call):
+    nan = np.float64("nan")
+    with pytest.raises(TypeError, match="NaN"):
+        if call == "objective":
+            branch_and_bound.maximise(pilot2, 0, _chain_kids, lambda n: nan if n == 3 else np.float64(n),
+                                      lambda n: 6)
+        elif call == "initial":
+            branch_and_bound.minimise(pilot2, 0, _chain_kids, lambda n: n, lambda n: n, initial=nan)
+        else:
+            backtracking.find(pilot2, 0, _chain_kids, objective=lambda n: n, target=nan)
+
+
+def test_numpy_and_fraction_objectives_give_the_right_optimum(pilot2):
+    """numpy scalars and Fractions are real numbers: accepted and compared correctly."""
+    from fractions import Fraction
+
+    for conv in (np.int64, np.float32, np.float64, lambda v: Fraction(v, 3)):
+        r = branch_and_bound.maximise(pilot2, 0, _chain_kids, conv, lambda n, c=conv: c(6))
+        assert r.node == 6 and r.value == float(conv(6))
+        r = branch_and_bound.minimise(pilot2, 0, _chain_kids, lambda n, c=conv: c(6 - n),
+                                      lambda n, c=conv: c(0))
+        assert r.node == 6 and r.value == 0

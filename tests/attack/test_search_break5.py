@@ -150,3 +150,61 @@ def test_numpy_and_fraction_objectives_give_the_right_optimum(pilot2):
         r = branch_and_bound.minimise(pilot2, 0, _chain_kids, lambda n, c=conv: c(6 - n),
                                       lambda n, c=conv: c(0))
         assert r.node == 6 and r.value == 0
+
+
+# --- checkpoints: a save that fails mid-search ------------------------------------------------
+
+def _wait_for(path, timeout=60.0):
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _gated_kids(flags, node):
+    """A binary tree of 12 levels whose root waits for the checkpoint directory to be purged
+    and whose depth-1 nodes wait for the driver to have warned about it (so the search
+    cannot end before a save has failed, whatever the machine's speed)."""
+    if node == 1:
+        _wait_for(f"{flags}/purged")
+    elif node in (2, 3):
+        _wait_for(f"{flags}/warned")
+    return [2 * node, 2 * node + 1] if node < 2 ** 12 else []
+
+
+def test_a_checkpoint_directory_purged_mid_search_does_not_end_the_search(tmp_path):
+    """Before: the first periodic save after the scratch directory was purged (or the disk
+    filled) ended the search with a raw FileNotFoundError naming a temporary file; the work
+    done so far was lost.  Now a RuntimeWarning names the checkpoint, the search goes on
+    and returns the exact count."""
+    import shutil
+    import threading
+    import warnings
+
+    sub = tmp_path / "scratch"
+    sub.mkdir()
+    ck, flags = sub / "s.ckpt", tmp_path
+    seen = []
+
+    def purge():
+        _wait_for(ck)  # a first checkpoint was written
+        shutil.rmtree(sub)
+        (flags / "purged").touch()
+
+    def show(message, *args, **kwargs):
+        seen.append(str(message))
+        (flags / "warned").touch()
+
+    t = threading.Thread(target=purge, daemon=True)
+    t.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        with shoal.Pilot(2) as pilot:
+            n = backtracking.count(pilot, 1, functools.partial(_gated_kids, str(flags)),
+                                   checkpoint=str(ck), checkpoint_interval=0.01)
+    t.join(10)
+    assert n == 2 ** 13 - 1
+    assert seen and "could not be written" in seen[0] and str(ck) in seen[0], seen

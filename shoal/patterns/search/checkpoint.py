@@ -26,7 +26,9 @@ lies before the nodes it prunes against it).
 
 Writes are atomic: a temporary file in the same directory, fsync, rename,
 fsync of the directory; a kill at any moment leaves the previous checkpoint or
-the new one.  A finished search deletes its checkpoint.  The file is a pickle
+the new one.  A periodic save that fails (OSError: a purged scratch directory,
+a full disk) is a RuntimeWarning, not the end of the search: the previous file
+stays, and the next interval tries again.  A finished search deletes its checkpoint.  The file is a pickle
 (nodes are arbitrary Python objects): load only checkpoints you wrote.  A
 checkpoint names the search it belongs to (the skeleton and a digest of the
 root and the options that change the answer) and is refused by another one.
@@ -158,6 +160,8 @@ class SearchCheckpoint:
         self.interval = float(interval)
         self.kind, self.digest = kind, digest
         self.saves = 0
+        self.failed = 0  # periodic saves that could not be written
+        self._failing = False
 
     def _check_path(self) -> None:
         """Refuse, before the search starts, a path no save could write: a directory, a FIFO
@@ -258,6 +262,29 @@ class SearchCheckpoint:
                 os.close(fd)
         self.saves += 1
 
+    def save_or_warn(self, tally: Tally, units: list) -> bool:
+        """A periodic save that an OSError cannot stop the search with (a scratch directory
+        purged, a full disk, a quota): a RuntimeWarning at the first failure of a streak, the
+        search goes on, and the next interval tries again.  The previous checkpoint, if any,
+        stays as it was (writes are atomic), so a rerun after a crash still resumes from it.
+        Before, the first such save ended an hours-long search with a raw error naming a
+        temporary file."""
+        try:
+            self.save(tally, units)
+        except OSError as exc:
+            self.failed += 1
+            if not self._failing:
+                self._failing = True
+                import warnings
+
+                warnings.warn(f"checkpoint {self.path!r} could not be written "
+                              f"({exc.strerror or exc!r}); the search goes on and tries again every "
+                              f"{self.interval:g} s; a rerun after a crash resumes from the last "
+                              f"checkpoint written ({self.saves} so far)", RuntimeWarning, stacklevel=2)
+            return False
+        self._failing = False
+        return True
+
     def remove(self) -> None:
         try:
             os.unlink(self.path)
@@ -331,7 +358,7 @@ def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, sto
                 if left:
                     frontier.append(left)
             if time.monotonic() - last >= ck.interval:
-                ck.save(tally, _open_units(frontier, pending))
+                ck.save_or_warn(tally, _open_units(frontier, pending))
                 last = time.monotonic()
             if prog is not None:
                 prog.tick()

@@ -45,6 +45,7 @@ from the driver keeping two chunks per worker in flight.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import io
 import math
@@ -381,7 +382,17 @@ def _open_units(frontier: list, pending: dict) -> list:
 
 def chunk_task(spec: SearchSpec, units: list, max_s: float):
     """Explore ``units`` [(node, path)] depth-first, in order, for about ``max_s`` seconds;
-    (Tally of the nodes visited, the units left unexplored, in path order)."""
+    (Tally of the nodes visited, the units left unexplored, in path order).
+
+    Branch and bound prunes ``bound < incumbent`` *strictly* against the global incumbent
+    and keeps a node that ties it (``ordered=True``'s rule, whatever the call asked): a
+    chunk can run twice (dask re-runs the tasks of a machine that died), and the first
+    attempt may have offered its best to the incumbent cell and died before its Tally
+    came back.  With the usual ``bound <= incumbent``, the second attempt pruned that very
+    node, and the search returned a worse optimum, or none, with no error.  Ties with
+    other chunks' incumbents cost some extra nodes; the optimum is unchanged."""
+    if spec.goal is Goal.OPTIMISE and not spec.ordered:
+        spec = dataclasses.replace(spec, ordered=True)
     ctl = spec.control.array
     ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     t = ex.tally

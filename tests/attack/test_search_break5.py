@@ -325,3 +325,32 @@ def test_a_checkpointed_maximise_keeps_the_optimum_a_dead_machine_offered(tmp_pa
 def test_maximise_on_dask_keeps_the_optimum_a_dead_machine_offered(tmp_path, ordered):
     r = _maximise_and_kill_the_machine(tmp_path, ordered=ordered)
     assert (r.value, r.node) == (100, ("opt",))
+
+
+# --- nodes that link to their parent ----------------------------------------------------------
+
+_DEEP = 3000
+
+
+def _linked_kids(node):
+    """node = (depth, parent): a persistent linked path, as deep as the search."""
+    d = node[0]
+    if d < _DEEP:
+        yield (d + 1, node)
+        if d % 50 == 0:
+            yield (_DEEP, node)  # a leaf sibling
+
+
+def test_a_checkpointed_search_over_nodes_linked_to_their_parent(tmp_path):
+    """Before: at depth ~1,000 the driver could not pickle the chunks' units ("cannot pickle
+    the arguments of chunk_task: maximum recursion depth exceeded"), where the workers and
+    the uncheckpointed search coped; the checkpoint's save would have failed the same way."""
+    want = _DEEP + 1 + _DEEP // 50
+    with shoal.Pilot(2) as pilot:
+        assert backtracking.count(pilot, (0, None), _linked_kids) == want
+        assert backtracking.count(pilot, (0, None), _linked_kids, checkpoint=str(tmp_path / "c"),
+                                  checkpoint_interval=0.001) == want
+        r = branch_and_bound.maximise(pilot, (0, None), _linked_kids, lambda n: n[0],
+                                      lambda n: _DEEP, ordered=True, checkpoint=str(tmp_path / "m"),
+                                      checkpoint_interval=0.001)
+        assert r.value == _DEEP and r.path == (0,) * _DEEP

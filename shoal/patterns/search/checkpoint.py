@@ -230,12 +230,7 @@ class SearchCheckpoint:
     def save(self, tally: Tally, units: list) -> None:
         state = {"format": FORMAT, "kind": self.kind, "digest": self.digest, "tally": tally,
                  "units": sorted(units, key=lambda u: u[1]), "saved_at": time.time()}
-        try:
-            blob = pickle.dumps(state, 5)
-        except Exception:
-            import cloudpickle
-
-            blob = cloudpickle.dumps(state)
+        blob = dumps(state)
         directory = os.path.dirname(os.path.abspath(self.path))
         tmp = self._tmp_name(os.getpid())
         try:
@@ -307,6 +302,81 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class Frozen:
+    """A chunk's units, pickled by the driver (``dumps``): the runtime then ships bytes."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def __reduce__(self):
+        return (Frozen, (self.blob,))
+
+
+DEEP_STACK = 512 << 20  # the C stack of the thread that pickles deeply nested nodes
+_STACK_PER_LEVEL = 1100  # bytes of C stack one pickle level may take (generous: as the workers)
+
+
+def dumps(obj) -> bytes:
+    """``obj`` pickled (cloudpickle for what plain pickle cannot name), nested as deep as it is.
+
+    Nodes that link to their parent (``(move, parent)``, the classic persistent path) nest
+    as deep as the search: at depth ~1,000 the driver's pickle hit Python's recursion limit
+    ("cannot pickle the arguments of chunk_task: maximum recursion depth exceeded"), where
+    the workers, whose limit is sized to a 112 MiB stack, pickled them fine.  Such an object
+    is pickled again in a thread with a ``DEEP_STACK`` C stack and a recursion limit sized
+    to it (raised for the call only: the limit is the interpreter's)."""
+    try:
+        return _dumps(obj)
+    except RecursionError:
+        pass
+    import sys
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["blob"] = _dumps(obj)
+        except BaseException as exc:  # re-raised in the caller
+            box["exc"] = exc
+
+    old_stack = threading.stack_size(DEEP_STACK)
+    old_limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(old_limit, DEEP_STACK // _STACK_PER_LEVEL))
+        t = threading.Thread(target=run, name="shoal-deep-pickle")
+        t.start()
+    finally:
+        threading.stack_size(old_stack)
+    try:
+        t.join()
+    finally:
+        sys.setrecursionlimit(old_limit)
+    if "exc" in box:
+        raise box["exc"]
+    return box["blob"]
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, 5)
+    except RecursionError:
+        raise
+    except Exception as exc:
+        if "recursion" in str(exc):  # a PicklingError wrapping one
+            raise RecursionError(str(exc)) from exc
+        import cloudpickle
+
+        try:
+            return cloudpickle.dumps(obj)
+        except Exception as exc2:
+            if "recursion" in str(exc2):
+                raise RecursionError(str(exc2)) from exc2
+            raise
+
+
 def next_units(frontier: list, window: int, in_flight: int) -> list:
     """The next units to submit from a driver's ``frontier`` (a LIFO of lists of units,
     depth-first so it stays small), cut so that every free slot of the ``window`` of
@@ -336,7 +406,8 @@ def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, sto
             while frontier and len(pending) < window:
                 units = next_units(frontier, window, len(pending))
                 units.sort(key=lambda u: u[1])  # path order (ordered=True relies on it)
-                f = pilot.submit(chunk_task, spec, units, FIRST_CHUNK_S if first else CHUNK_S)
+                f = pilot.submit(chunk_task, spec, Frozen(dumps(units)),
+                                 FIRST_CHUNK_S if first else CHUNK_S)
                 first = False
                 pending[f] = units
             wait_s = ck.interval - (time.monotonic() - last)
@@ -380,7 +451,7 @@ def _open_units(frontier: list, pending: dict) -> list:
                                                        for u in units]
 
 
-def chunk_task(spec: SearchSpec, units: list, max_s: float):
+def chunk_task(spec: SearchSpec, units, max_s: float):
     """Explore ``units`` [(node, path)] depth-first, in order, for about ``max_s`` seconds;
     (Tally of the nodes visited, the units left unexplored, in path order).
 
@@ -393,6 +464,8 @@ def chunk_task(spec: SearchSpec, units: list, max_s: float):
     other chunks' incumbents cost some extra nodes; the optimum is unchanged."""
     if spec.goal is Goal.OPTIMISE and not spec.ordered:
         spec = dataclasses.replace(spec, ordered=True)
+    if type(units) is Frozen:
+        units = pickle.loads(units.blob)
     ctl = spec.control.array
     ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     t = ex.tally

@@ -155,10 +155,14 @@ class Worker:
                 "steal_requests_remote", "steal_requests_answered",
                 "steal_requests_failed", "stolen_local", "stolen_remote", "tasks_given",
                 "steal_answers_given", "messages_in", "messages_out", "stale_loot_dropped",
+                "pokes", "pokes_deferred",
             ),
             0,
         )
         self.idle_s = 0.0
+        self.asked_at = 0.0  # when the steal request in flight was sent
+        self.steal_wait_s = 0.0  # summed time from a steal request to its answer
+        self.steal_wait_max_s = 0.0  # the longest such wait
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
         self.retire_after = spec.get("max_tasks") or 0  # driver tasks, then exit (replaced)
@@ -295,9 +299,12 @@ class Worker:
         spawned 32 children or ended, and the thief asleep meanwhile (its one request in
         flight; about 1 run in 12 of tests/runtime/test_worker_info.py's thief test).
         """
+        c = self.c
+        c["pokes"] += 1
         if self.in_user:
             self.poll_in_task()
         else:
+            c["pokes_deferred"] += 1
             self.poked = True
 
     def poll_in_task(self) -> None:
@@ -497,6 +504,7 @@ class Worker:
         c["steal_requests_local" if local else "steal_requests_remote"] += 1
         if len(self.victims_tried) < 64:
             self.victims_tried.append(victim)
+        self.asked_at = time.perf_counter()
         self.send(victim, wire.encode_control(Kind.STEAL, [self.ep, self.gen]))
         if not self.out[victim].doorbell.sleeping:
             pid = self.matrix.status(victim)[STATUS_PID]
@@ -545,6 +553,11 @@ class Worker:
             # of mine from that victim may still be on its way.
             self.c["stale_loot_dropped"] += len(msgs)
             return
+        if victim == self.book.pending:
+            waited = time.perf_counter() - self.asked_at
+            self.steal_wait_s += waited
+            if waited > self.steal_wait_max_s:
+                self.steal_wait_max_s = waited
         self.carry(self.book.loot(victim, len(msgs)))
         if not msgs:
             self.c["steal_requests_failed"] += 1
@@ -706,6 +719,7 @@ class Worker:
         out.update(
             worker=self.ep, cpu=self.cpu, node=self.node, pid=os.getpid(),
             generation=self.gen, queued=len(self.deque), idle_s=round(self.idle_s, 6),
+            steal_wait_s=round(self.steal_wait_s, 6), steal_wait_max_s=round(self.steal_wait_max_s, 6),
             victims_tried=list(self.victims_tried), lent=len(self.book.loans),
             uptime_s=round(time.perf_counter() - self.started, 6),
         )

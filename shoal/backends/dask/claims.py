@@ -138,11 +138,16 @@ class Claims:
             got = self.entries[key] = submit()
             return got
 
-    def finish(self, key: str, held=None) -> None:
-        """``run_task`` returned (it ran, or its local future was taken back)."""
+    def finish(self, key: str, held=None, failed: bool = False) -> None:
+        """``run_task`` returned (it ran, or its local future was taken back) or raised
+        (``failed``: dask may retry it, here or elsewhere; until then dask's state of the
+        key, ``error``, answers STARTED, and a queued retry can be taken back like any
+        task: docs/guide.md, retries and cancel)."""
         with self.lock:
             entry = self.entries.get(key)
-            if entry is not None and not isinstance(entry, Fate) and entry.cancelled():
+            if failed and entry is not None and not isinstance(entry, Fate):
+                del self.entries[key]
+            elif entry is not None and not isinstance(entry, Fate) and entry.cancelled():
                 # taken back from the node queue and not revived: it never ran here.  A
                 # round arriving later must hear TAKEN (DONE answered STARTED, and a
                 # concurrent cancel() of the same future said False, r-break4)

@@ -253,6 +253,7 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
     fn = node.function(blob)
     if _enter(node, pinned):
         _secede()
+    failed = False
     try:
         if key is None:  # not a dask task (unit tests call run_task directly)
             return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
@@ -275,11 +276,14 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
                 return CANCELLED
     except BaseException as exc:
         _tag(exc)
+        if key is not None:  # dask may retry it: the driver's future is PENDING again
+            failed = True
+            publish(cfg.token, {"ended": [key]})
         raise
     finally:
         _leave(node, pinned)
         if key is not None:
-            _finish(cfg.token, key, worker)
+            _finish(cfg.token, key, worker, failed)
 
 
 def _executing(worker, key: str) -> bool:
@@ -365,12 +369,12 @@ def claims_of(token: str) -> Claims:
         return claims
 
 
-def _finish(token: str, key: str, worker) -> None:
+def _finish(token: str, key: str, worker, failed: bool = False) -> None:
     with _lock:
         claims = _claims.get(token)
     if claims is not None:
         tasks = getattr(getattr(worker, "state", None), "tasks", None)
-        claims.finish(key, None if tasks is None else tasks.__contains__)
+        claims.finish(key, None if tasks is None else tasks.__contains__, failed)
 
 
 def cancel_keys(token: str, keys: list[str], round_id: int | None = None,

@@ -381,3 +381,29 @@ def test_solutions_over_nodes_linked_to_their_parent(pilot2):
     got = list(backtracking.solutions(pilot2, (0, None), functools.partial(_linked_kids, deep=deep),
                                       functools.partial(_at_depth, deep)))
     assert len(got) == 1 + deep // 50
+
+
+def _boom_at_15(node):
+    if node == 15:
+        raise RuntimeError("stop here")
+    return [node + 1, node + 2] if node < 16 else []
+
+
+@pytest.mark.parametrize("field,value", [("units", "garbage"), ("tally", None),
+                                          ("units", [("node", "not a path")])])
+def test_a_checkpoint_with_a_foreign_body_is_unreadable_not_a_traceback(pilot2, tmp_path, field, value):
+    """A file of the right search (format, kind and digest match) whose tally or frontier is
+    not what a save writes: before, a raw AttributeError ('str' object has no attribute
+    'sort') from the driver loop, or a run that went on from nothing."""
+    import pickle
+
+    from shoal.patterns import SearchError
+
+    ck = tmp_path / "c"
+    with pytest.raises(SearchError, match="stop here"):  # a real checkpoint, saved at the error
+        backtracking.count(pilot2, 0, _boom_at_15, checkpoint=str(ck), checkpoint_interval=0.001)
+    state = pickle.loads(ck.read_bytes())
+    state[field] = value
+    ck.write_bytes(pickle.dumps(state))
+    with pytest.raises(SearchError, match="unreadable"):
+        backtracking.count(pilot2, 0, _boom_at_15, checkpoint=str(ck))

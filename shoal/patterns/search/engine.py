@@ -62,7 +62,9 @@ from .model import (
     Tally,
     _p,
     _Stopped,
+    below,
     check_picklable,
+    floor_float,
     kids_of,
     listing,
     number,
@@ -142,11 +144,17 @@ class Explorer(CountLoops, BnBLoop):
         return self.nest_frames
 
     def _limits(self) -> None:
-        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
+        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound,
+        # "Pruning rule"): non-strictly against this task's own best, strictly against the
+        # global incumbent, whose holder may die with its machine.  Unordered, one limit
+        # says both (the generated loops test ``b > lim`` only): b <= below(g) => b < g
         if self.spec.ordered:
             self.lim, self.slim = self.local, self.glob
         else:
-            self.lim = self.slim = max(self.glob, self.local)
+            g = self.glob
+            if g > self.local:
+                g = below(g)
+            self.lim = self.slim = max(g, self.local)
 
     # -- user functions, with errors that name the node ---------------------------
 
@@ -205,7 +213,7 @@ class Explorer(CountLoops, BnBLoop):
         self.local = v
         if v > self.glob:
             self.glob = v
-        self.cell.offer(v)
+        self.cell.offer(floor_float(v))  # never above v: the cell may only under-prune
         self._limits()
 
     # -- control -------------------------------------------------------------------

@@ -16,20 +16,6 @@ import shoal
 pytestmark = pytest.mark.fd_slack(8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _resource_tracker():
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = local_cluster(2)
-    yield c
-    c.close()
-
-
 def test_a_running_task_still_hears_its_flag_after_many_other_replicas(cluster):
     """A task waits for a ``BestCell.for_pilot`` flag; meanwhile the same node makes more
     replicas than the old LRU bound of 256 (300 ``per_node`` arrays arrive on every

@@ -9,11 +9,12 @@ import os
 
 import attack_tasks as at
 import pytest
-from dask_cluster import local_cluster, shoal_workers, wait_until
+from dask_cluster import local_cluster, shoal_workers, two_workers, wait_until
 
 import shoal
 
 pytestmark = pytest.mark.fd_slack(8)
+cluster = pytest.fixture(scope="module", name="cluster")(two_workers)  # 2 dask workers
 
 
 def test_a_running_task_still_hears_its_flag_after_many_other_replicas(cluster):

@@ -13,19 +13,20 @@ from __future__ import annotations
 import dask_contract_tasks as dt
 import pytest
 import rt_tasks as t
-from dask_cluster import wait_until
+from dask_cluster import two_workers, wait_until
 
 import shoal
 from shoal.backends.dask import cancel as dcancel
 
 pytestmark = pytest.mark.fd_slack(8)
+cluster = pytest.fixture(scope="module", name="cluster")(two_workers)  # 2 dask workers
 
 
 @pytest.fixture(scope="module")
 def narrow():
     """One dask worker of 3 threads (its node runtime: 1 shoal worker): a blocker runs, the
     next 2 tasks wait in the node runtime's queue, each in a dask thread inside run_task.
-    (``cluster``, two dask workers: tests/attack/conftest.py.)"""
+    (``cluster``: two dask workers, tests/dask_cluster.py ``two_workers``.)"""
     from multiprocessing import resource_tracker
 
     from distributed import LocalCluster

@@ -125,10 +125,10 @@ def _chain_kids(node):
 
 
 @pytest.mark.parametrize("call", ["objective", "initial", "target"])
-@pytest.mark.xfail(strict=True, reason="F2 (r-nq4: model.number): a numpy NaN passes the number "
-                   "check (only int/float NaN is refused): initial=np.float64('nan') returns value nan "
-                   "and no node, find(target=np.float64('nan')) returns None, a NaN objective is ignored")
 def test_a_numpy_nan_is_refused_like_a_float_nan(pilot2, call):
+    """F2, fixed by model.number: a numpy NaN passed the number check (only int/float NaN
+    was refused): initial=np.float64('nan') returned value nan and no node,
+    find(target=np.float64('nan')) returned None, a NaN objective was ignored."""
     nan = np.float64("nan")
     with pytest.raises(TypeError, match="NaN"):
         if call == "objective":

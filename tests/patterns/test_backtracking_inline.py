@@ -50,6 +50,14 @@ def two_statements(n, node):
     return k == n
 
 
+def five(a, b, c, d, node):
+    return node[0] == a + b + c + d
+
+
+def six(a, b, c, d, e, node):
+    return node[0] == a + b + c + d + e
+
+
 def identity(f):
     return f
 
@@ -84,6 +92,9 @@ def _closure():
     (_closure(), None),
     (functools.partial(is_solution, 8, (1, 0, 0, 0)), None),  # takes no child: not an accept
     (len, None),
+    (functools.partial(five, 1, 2, 3, 4), "(child[0] == accept_a0 + accept_a1 + accept_a2 + accept_a3)"),
+    # five bound arguments: _call calls the partial itself, so the loop has no names for them
+    (functools.partial(six, 1, 2, 3, 4, 5), None),
 ])
 def test_which_accepts_are_inlined(fn, want):
     assert shapes.inlined(fn, "accept") == want

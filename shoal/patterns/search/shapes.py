@@ -168,8 +168,8 @@ def inlined(fn, name: str) -> str | None:
     the wrong text.  The loop calls the function itself when the expression raises, so
     an error is the function's own, from its frame."""
     if isinstance(fn, functools.partial):
-        if fn.keywords or type(fn.func) is not types.FunctionType:
-            return None
+        if fn.keywords or len(fn.args) > 4 or type(fn.func) is not types.FunctionType:
+            return None  # (as _call: more bound arguments are no names in the loop)
         f, nbound = fn.func, len(fn.args)
     elif type(fn) is types.FunctionType:
         f, nbound = fn, 0

@@ -593,7 +593,16 @@ def main() -> None:
                     help="only the 1-worker overhead, as CPU time of the engine in-process")
     ap.add_argument("--dask-machines", action="store_true",
                     help="only the skeleton on a 2-machine dask pilot vs a local one")
+    ap.add_argument("--no-inline", action="store_true",
+                    help="the count loop calls accept() instead of inlining a one-expression "
+                         "accept (shapes.py; SHOAL_SEARCH_INLINE=0 for the workers)")
     args = ap.parse_args()
+    if args.no_inline:  # before any worker starts: they inherit the environment
+        from shoal.patterns.search import shapes
+
+        os.environ["SHOAL_SEARCH_INLINE"] = "0"
+        shapes.INLINE = False
+        print("# accept() called, not inlined (--no-inline)")
     if args.workers < 1 or args.repeat < 1:
         raise SystemExit("--workers and --repeat must be >= 1")
     if args.dask_machines:

@@ -28,6 +28,7 @@ counted (tasks, steals, idle seconds).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ import time
 import psutil
 
 import shoal
+from shoal.patterns import backtracking
 from shoal.workloads import uts
 
 TARGET = 1.85  # issue 15: 2 workers over the sequential loop
@@ -96,7 +98,7 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 _KEYS = ("tasks_run", "spawned", "steal_requests_sent", "steal_requests_failed",
-         "steal_answers_given", "tasks_given", "idle_s")
+         "steal_answers_given", "tasks_given", "pokes", "pokes_deferred", "idle_s", "steal_wait_s")
 
 
 def _print_stats(w: int, wall: float, before: list, after: list) -> None:
@@ -104,8 +106,12 @@ def _print_stats(w: int, wall: float, before: list, after: list) -> None:
     print(f"  {w} worker(s), one run of {wall:.3f} s:")
     for b, a in zip(before, after, strict=True):
         d = {k: round(a.get(k, 0) - b.get(k, 0), 4) for k in _KEYS}
-        print(f"    w{a.get('worker')}: idle {d['idle_s']:.3f} s ({100 * d['idle_s'] / wall:.1f}%) "
-              + " ".join(f"{k}={d[k]}" for k in _KEYS[:-1]))
+        asks = d["steal_requests_sent"]
+        print(f"    w{a.get('worker')}: idle {d['idle_s']:.3f} s ({100 * d['idle_s'] / wall:.1f}%), "
+              f"waiting for steal answers {d['steal_wait_s']:.3f} s "
+              f"(mean {1e3 * d['steal_wait_s'] / max(asks, 1):.2f} ms, longest so far "
+              f"{1e3 * a.get('steal_wait_max_s', 0):.1f} ms) "
+              + " ".join(f"{k}={d[k]}" for k in _KEYS[:-2]))
 
 
 def _idle_report(path: str, t0: float, t1: float) -> None:
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=CHUNK)
     ap.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     ap.add_argument("--stats", action="store_true", help="print each worker's counters")
+    ap.add_argument("--skeleton", action="store_true",
+                    help="also time backtracking.count(pilot, root, children) on the same pilots "
+                         "(the skeleton's UTS; bench_search.py --apps uts is its deciding run)")
     ap.add_argument("--trace", help="write chrome://tracing files of one 2-worker run here")
     args = ap.parse_args(argv)
     params = uts.UTSParams.preset(args.tree)
@@ -170,11 +179,26 @@ def main(argv: list[str] | None = None) -> int:
                     best[w], cpu[w] = t, c
                 if before is not None:
                     _print_stats(w, t, before, p.stats()["workers"])
+                if not args.skeleton:
+                    continue
+                before = p.stats()["workers"] if args.stats else None
+                c0, t0 = _cpu(me), time.perf_counter()
+                n = int(backtracking.count(p, uts.root(params), functools.partial(uts.children, params)))
+                t, c = time.perf_counter() - t0, _cpu(me) - c0
+                assert n == want, f"the skeleton on {w} workers counted {n}, the size is {want}"
+                if t < best.get(("skel", w), 1e9):
+                    best[("skel", w)], cpu[("skel", w)] = t, c
+                if before is not None:
+                    print("  (backtracking.count)")
+                    _print_stats(w, t, before, p.stats()["workers"])
         print("\n| runner | best s | CPU s | speed-up over sequential |\n|---|---:|---:|---:|")
         print(f"| sequential loop | {best['seq']:.3f} | {cpu['seq']:.2f} | 1.00 |")
         for w in counts:
             print(f"| shoal.spawn, {w} worker{'s' * (w > 1)} | {best[w]:.3f} | {cpu[w]:.2f} | "
                   f"{best['seq'] / best[w]:.2f} |")
+        for w in counts if args.skeleton else ():
+            print(f"| backtracking.count, {w} worker{'s' * (w > 1)} | {best['skel', w]:.3f} | "
+                  f"{cpu['skel', w]:.2f} | {best['seq'] / best['skel', w]:.2f} |")
     finally:
         for p in pilots.values():
             p.close()

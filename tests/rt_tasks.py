@@ -129,6 +129,20 @@ def fail_until(marker, n):
     return count + 1
 
 
+def fail_first(marks, hold, gate, child):
+    """Each attempt ``mark``s its number in ``marks``.  The first waits for ``hold``, spawns
+    a child that blocks on ``gate`` (creating ``child`` once it runs: it keeps this node's
+    shoal worker busy, so the retry waits queued) and raises; a later attempt returns its
+    number (tests of cancel() between attempts)."""
+    n = sum(ran(marks).values()) + 1
+    mark(marks, n)
+    if n > 1:
+        return n
+    wait_for(hold)
+    shoal.spawn(wait_for, gate, started=child)
+    raise RuntimeError("the first attempt fails")
+
+
 class Unpicklable:
     def __reduce__(self):
         raise TypeError("no pickling for you")

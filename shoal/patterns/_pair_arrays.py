@@ -15,7 +15,9 @@ Z-order (``_pair_tasks``) and does the plain thing, well::
 
 Invariants: every pair is written by exactly one strip (strips partition the
 rows; a strip owns the columns right of its rows' diagonal); the driver
-returns a view of ``out``, never a copy.  A strip's temporary ``D`` is at most
+returns a view of ``out``, never a copy; ``block`` gets read-only views of the
+shared inputs (strips read the same rows concurrently: a block writing its rows
+in place would change other strips' inputs, so it is refused with a PairError).  A strip's temporary ``D`` is at most
 about ``total pairs / strips`` values (plus the diagonal block).
 
 Rejected: the tiled path for arrays (each tile a task message, a cache lookup
@@ -88,17 +90,19 @@ def strip_task(job: StripJob, i0: int, i1: int) -> int:
 def _strip(job: StripJob, i0: int, i1: int) -> int:
     from ._pair_tasks import PairError
 
-    x = job.x.array
+    x = _read_only(job.x.array)
     out = job.out.array
     if job.y is not None:
-        cols, c0 = job.y.array, 0
+        cols, c0 = _read_only(job.y.array), 0
     else:
         cols, c0 = x[i0:], i0
     try:
         d = job.block(x[i0:i1], cols)
     except Exception as exc:
+        hint = ("; block gets read-only views of the shared rows (other strips read them at "
+                "the same time): copy them before changing them") if _writes(exc) else ""
         raise PairError(f"block failed on rows [{i0}, {i1}) x columns [{c0}, "
-                        f"{c0 + len(cols)}): {exc!r}", i0, c0) from exc
+                        f"{c0 + len(cols)}): {exc!r}{hint}", i0, c0) from exc
     shape = getattr(d, "shape", None)
     if shape != (i1 - i0, len(cols)):
         raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
@@ -123,6 +127,20 @@ def _strip(job: StripJob, i0: int, i1: int) -> int:
     out[i0:i1, i0:] = d  # (the diagonal block in full, as block computed it)
     out[i1:, i0:i1] = d[:, i1 - i0:].T  # the mirror below the diagonal block
     return (i1 - i0) * (n - i0) - (i1 - i0) * (i1 - i0 - 1) // 2
+
+
+def _read_only(a):
+    """A view of a shared input that ``block`` cannot write: the strips of every worker read
+    the same rows concurrently, so a block that normalised its rows in place (``a -= ...``)
+    changed other strips' inputs mid-read -- a result off by 0.14 in one run of three, right in
+    the others, where the same block called once on the user's array is exact."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _writes(exc: BaseException) -> bool:
+    return isinstance(exc, ValueError) and "read-only" in str(exc)
 
 
 def run(pilot, x, y, block, condensed: bool):

@@ -232,6 +232,13 @@ class Future(cf.Future):
             if self._state == PENDING:
                 self._state = RUNNING
 
+    def mark_pending(self) -> None:
+        """RUNNING -> PENDING (an attempt failed and its retry waits: nothing runs now); a
+        no-op in any other state."""
+        with self._condition:
+            if self._state == RUNNING:
+                self._state = PENDING
+
     def __reduce__(self):
         raise TypeError(
             "a shoal.Future cannot be pickled; pass it directly as an argument of "

@@ -134,6 +134,7 @@ class Worker:
         self.any_cancel = False
         self.scope: Scope | None = None
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
+        self.poked = False  # a SIGURG came while runtime code ran: poll when the task's code resumes
         self.busy = False  # True while polling from inside a running task (signal, spawn)
         self.depth = 0  # tasks on this worker's stack (nested by help-first joins)
         self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
@@ -154,10 +155,14 @@ class Worker:
                 "steal_requests_remote", "steal_requests_answered",
                 "steal_requests_failed", "stolen_local", "stolen_remote", "tasks_given",
                 "steal_answers_given", "messages_in", "messages_out", "stale_loot_dropped",
+                "pokes", "pokes_deferred",
             ),
             0,
         )
         self.idle_s = 0.0
+        self.asked_at = 0.0  # when the steal request in flight was sent
+        self.steal_wait_s = 0.0  # summed time from a steal request to its answer
+        self.steal_wait_max_s = 0.0  # the longest such wait
         self.started = time.perf_counter()
         self.tracer = Tracer(self.ep) if spec.get("trace") else None
         self.retire_after = spec.get("max_tasks") or 0  # driver tasks, then exit (replaced)
@@ -188,6 +193,8 @@ class Worker:
         elif len(deq) == 1:
             self.wake_sleepers()  # a task is running here and offers its first child
         self.in_user = in_user
+        if self.poked and in_user:
+            self.poll_in_task()  # a thief poked while spawn ran (on_signal)
         return fut
 
     def wake_sleepers(self) -> None:
@@ -275,15 +282,35 @@ class Worker:
             self.in_user = in_user
             if looked and self.book.hunger:
                 self.carry(self.book.fed())  # the task goes on: busy, not idle
+        if self.poked and in_user:
+            self.poll_in_task()  # a thief poked after the last poll of the join (on_signal)
 
     def on_signal(self, signum, frame) -> None:
         """A thief poked us (SIGURG) while a task runs: answer it now, not after the task.
 
         Runs in the main thread between two bytecodes of the task.  Only when the
-        interrupted code is the user's (``in_user``) may it touch the worker's state;
-        if the loop itself was interrupted, it answers in a moment anyway.
+        interrupted code is the user's (``in_user``) may it touch the worker's state.
+        Otherwise runtime code was interrupted and the poke is remembered (``poked``):
+        the next ``poll`` answers it, and the places that hand control back to a task's
+        code (``run_local``, ``run_wire``, the end of ``spawn`` and of a join) poll
+        first if none came.  The poke used to be dropped there: "the loop answers in a
+        moment anyway" holds between tasks, but a poke that landed in a task's prelude
+        (unpickling its arguments) or in ``spawn`` left the STEAL unread until the task
+        spawned 32 children or ended, and the thief asleep meanwhile (its one request in
+        flight; about 1 run in 12 of tests/runtime/test_worker_info.py's thief test).
         """
+        c = self.c
+        c["pokes"] += 1
         if self.in_user:
+            self.poll_in_task()
+        else:
+            c["pokes_deferred"] += 1
+            self.poked = True
+
+    def poll_in_task(self) -> None:
+        """Read the inboxes from inside a running task (steal answers round up), again
+        if a poke came meanwhile (it may stand for a STEAL written after the read)."""
+        while True:
             self.in_user = False
             self.busy = True
             try:
@@ -291,6 +318,8 @@ class Worker:
             finally:
                 self.busy = False
                 self.in_user = True
+            if not self.poked:  # read after in_user: a later poke polls by itself
+                return
 
     def park(self, timeout: float | None = None) -> None:
         """Spin briefly (a new message is often microseconds away), then sleep on the doorbell."""
@@ -320,6 +349,7 @@ class Worker:
         return False
 
     def poll(self) -> bool:
+        self.poked = False  # whatever a poke asked for is read now
         got = False
         for src, box in self.inboxes:
             if box.ring.readable():
@@ -474,6 +504,7 @@ class Worker:
         c["steal_requests_local" if local else "steal_requests_remote"] += 1
         if len(self.victims_tried) < 64:
             self.victims_tried.append(victim)
+        self.asked_at = time.perf_counter()
         self.send(victim, wire.encode_control(Kind.STEAL, [self.ep, self.gen]))
         if not self.out[victim].doorbell.sleeping:
             pid = self.matrix.status(victim)[STATUS_PID]
@@ -522,6 +553,11 @@ class Worker:
             # of mine from that victim may still be on its way.
             self.c["stale_loot_dropped"] += len(msgs)
             return
+        if victim == self.book.pending:
+            waited = time.perf_counter() - self.asked_at
+            self.steal_wait_s += waited
+            if waited > self.steal_wait_max_s:
+                self.steal_wait_max_s = waited
         self.carry(self.book.loot(victim, len(msgs)))
         if not msgs:
             self.c["steal_requests_failed"] += 1
@@ -559,6 +595,8 @@ class Worker:
             if task.pinned:
                 args, kwargs = resolve(args), resolve(kwargs)
             self.in_user = True
+            if self.poked:
+                self.poll_in_task()  # a thief poked while the task was being set up
             value = task.fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything travels to the waiter
             self.in_user = False
@@ -622,6 +660,8 @@ class Worker:
             else:
                 args, kwargs = wire.load_args(body, wire.describe(fn))
             self.in_user = True
+            if self.poked:
+                self.poll_in_task()  # a thief poked while the arguments were unpickled
             value = fn(*args, **kwargs)
             self.in_user = False
         except BaseException as exc:  # noqa: BLE001
@@ -679,6 +719,7 @@ class Worker:
         out.update(
             worker=self.ep, cpu=self.cpu, node=self.node, pid=os.getpid(),
             generation=self.gen, queued=len(self.deque), idle_s=round(self.idle_s, 6),
+            steal_wait_s=round(self.steal_wait_s, 6), steal_wait_max_s=round(self.steal_wait_max_s, 6),
             victims_tried=list(self.victims_tried), lent=len(self.book.loans),
             uptime_s=round(time.perf_counter() - self.started, 6),
         )

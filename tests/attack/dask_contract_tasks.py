@@ -79,3 +79,38 @@ def prompt_replies() -> None:
     real = getattr(node, "_real_cancel_keys", None)
     if real is not None:
         node.cancel_keys = real
+
+
+def state_on_scheduler(key: str, dask_scheduler=None) -> str | None:
+    """``client.run_on_scheduler``: the scheduler's state of ``key`` (None: unknown)."""
+    ts = dask_scheduler.tasks.get(key)
+    return None if ts is None else ts.state
+
+
+def lose_verdicts(wait_s: float, give_ups: bool = True, releases: bool = False) -> None:
+    """``client.run``: this dask worker loses the driver's verdicts on the tasks a claim
+    round took back here: ``give_ups`` (the driver answered False: run it) are dropped, and
+    with ``releases`` a waiting ``run_task`` never sees dask release the key (the driver
+    confirmed: cancelled).  A taken task then asks the scheduler after ``wait_s`` past its
+    round's deadline (claims.py ``settle_taken``)."""
+    from shoal.backends.dask import claims, node
+
+    node.__dict__.setdefault("_real_give_up_round", node.give_up_round)
+    node.__dict__.setdefault("_real_executing", node._executing)
+    node.__dict__.setdefault("_real_verdict_wait", getattr(claims, "VERDICT_WAIT_S", None))
+    claims.VERDICT_WAIT_S = wait_s
+    if give_ups:
+        node.give_up_round = lambda *args, **kwargs: None
+    if releases:
+        node._executing = lambda worker, key: True
+
+
+def keep_verdicts() -> None:
+    """``client.run``: undo ``lose_verdicts``."""
+    from shoal.backends.dask import claims, node
+
+    for name, attr in (("_real_give_up_round", "give_up_round"), ("_real_executing", "_executing")):
+        if name in node.__dict__:
+            setattr(node, attr, node.__dict__.pop(name))
+    if node.__dict__.get("_real_verdict_wait") is not None:
+        claims.VERDICT_WAIT_S = node.__dict__.pop("_real_verdict_wait")

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -29,6 +27,18 @@ def _driver(args, seed: str) -> subprocess.Popen:
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def _checkpoint_kill():
+    """tests/patterns/checkpoint_kill.py (the kill procedure of the checkpoint tests), loaded
+    by path: tests/patterns is on sys.path only when pytest collects it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "checkpoint_kill", os.path.join(ROOT, "tests", "patterns", "checkpoint_kill.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_killed_search_over_sets_of_names_resumes_in_a_new_process(tmp_path):
     """A root holding a frozenset of strings: its plain pickle follows the per-process hash
     order, so the checkpoint's digest differed in every new process and the rerun after a
@@ -36,22 +46,7 @@ def test_a_killed_search_over_sets_of_names_resumes_in_a_new_process(tmp_path):
     n = 17
     ck, out = tmp_path / "s.ckpt", tmp_path / "out.json"
     first = _driver([n, ck, out], seed="1")
-    try:
-        deadline, seen, last = time.monotonic() + 120, 0, None
-        while seen < 2:  # two checkpoints written: the file holds a real frontier
-            assert first.poll() is None, first.stdout.read().decode()[-2000:] + " -- make n bigger"
-            assert time.monotonic() < deadline, "no checkpoint written"
-            m = os.stat(ck).st_mtime_ns if ck.exists() else None
-            if m is not None and m != last:
-                seen, last = seen + 1, m
-            time.sleep(0.01)
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        first.stdout.close()
+    _checkpoint_kill().kill_after_saves(first, str(ck), 2, 120)  # the file holds a real frontier
     assert ck.exists()
     second = _driver([n, ck, out], seed="2")  # another process, another hash seed
     text = second.communicate(timeout=300)[0].decode()

@@ -390,6 +390,38 @@ def test_worker_death_fails_the_task_and_the_pilot_goes_on(pilot, how):
     wait_until(lambda: set(shoal_workers()) - before, 30, "a replacement worker")
 
 
+def test_cancel_between_attempts_takes_the_queued_retry(backend, pilot, gate, tmp_path):
+    """retries=1: the first attempt runs (RUNNING) and fails; while its retry waits queued
+    nothing runs, so the future is PENDING again and ``cancel()`` takes the retry: True,
+    CANCELLED, and no attempt runs after it (the first one's side effect stays).  The
+    decision and why: docs/guide.md, "future.cancel() between attempts".  Before, both
+    backends kept the future RUNNING once someone had seen the first attempt (cancel()
+    False, the retry ran) and PENDING otherwise (True): the answer depended on who looked.
+
+    What keeps the retry queued: the first attempt's child (spawned before it raises)
+    holds its node's only shoal worker on dask, and the other dask worker runs a blocker;
+    on the local backend a pilot of one worker, where a task submitted while the first
+    attempt runs is ahead of the retry (the driver's tasks are FIFO on a worker)."""
+    marks, hold, child = (str(tmp_path / n) for n in ("marks", "hold", "child"))
+    with contextlib.ExitStack() as stack:
+        if backend == "local":
+            pilot = stack.enter_context(shoal.Pilot(1))
+        else:
+            started_blockers(pilot, gate, tmp_path, 1)  # the other dask worker busy
+        fut = pilot.options(retries=1).submit(t.fail_first, marks, hold, gate, child)
+        wait_until(fut.running, 60, "the first attempt to run")
+        ahead = pilot.submit(t.wait_for, gate)  # local: the retry queues behind it
+        t.release(hold)  # the first attempt spawns a child that blocks its worker, and raises
+        wait_until(lambda: os.path.exists(child), 60, "the first attempt's child to start")
+        wait_until(lambda: not fut.running(), 60, "the future PENDING between attempts")
+        assert fut.cancel() is True and fut.cancelled()
+        assert fut.cancel() is True
+        t.release(gate)
+        assert ahead.result(60) == gate
+        assert pilot.submit(t.inc, 1).result(60) == 2 and pilot.submit(t.inc, 2).result(60) == 3
+    assert t.ran(marks) == {1: 1}, "an attempt ran after cancel() said True"
+
+
 def test_worker_death_with_retries(pilot, tmp_path):
     marker = str(tmp_path / "died")
     assert pilot.options(retries=1).submit(t.die_once, marker).result(timeout=60) == "survived"

@@ -119,6 +119,37 @@ def test_a_round_the_driver_gave_up_on_takes_nothing():
     assert c.start("t", lambda: cf.Future()) is not None
 
 
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_taken_task_without_a_verdict_asks_the_scheduler_once_its_wait_is_over(verdict):
+    """``settle_taken`` is bounded: neither a ``give_up`` nor dask's release came by the
+    round's deadline plus ``VERDICT_WAIT_S`` -- the scheduler decides (True: the rounds are
+    void, the task is revived and runs; False: a round confirmed, it stays cancelled).  A
+    scheduler that cannot be reached is asked again later."""
+    c = Claims()
+    queued = cf.Future()
+    c.start("q", lambda: queued)
+    assert c.cancel(["q"], round_id=3, until=0.0) == {"q": Verdict.TAKEN}
+    asked, answers = [], [RuntimeError("no scheduler"), verdict]
+
+    def arbitrate(key, rids):
+        asked.append((key, rids))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    import shoal.backends.dask.claims as claims_mod
+
+    real = claims_mod.VERDICT_WAIT_S
+    claims_mod.VERDICT_WAIT_S = 0.0
+    try:
+        got = c.settle_taken("q", lambda: True, arbitrate, poll_s=0.001)
+    finally:
+        claims_mod.VERDICT_WAIT_S = real
+    assert got is verdict and asked == [("q", [3]), ("q", [3])] and "q" not in c.taken
+    assert c.cancel(["q"], round_id=3) == {"q": Verdict.STARTED if verdict else Verdict.TAKEN}
+
+
 def test_a_round_past_its_deadline_takes_nothing():
     from shoal.backends.dask import node
 

@@ -247,6 +247,21 @@ def test_background_children_do_not_outlive_a_node_task(tmp_path, timeout):
     _wait_for(lambda: _gone(pid), "the background sleep to die", timeout=10)
 
 
+def test_a_node_task_reaching_its_node_after_the_walltime_is_not_started(tmp_path):
+    """A dask task that reaches its node after the run's walltime (queued behind others, or
+    its cancel lost a race) was started and killed a moment later: long enough to write
+    (the driver had already journalled it PENDING, so a resume ran it a second time).  Now
+    the node does not start it.  Failed before: the file was written."""
+    from shoal.patterns.ensemble.remote import Ended, ExecSpec, run_executable
+
+    mark = tmp_path / "ran"
+    spec = ExecSpec(uid="p.s.t", executable="/bin/sh", arguments=("-c", f"echo x > {mark}"),
+                    sandbox=str(tmp_path / "sb"), cwd=str(tmp_path), walltime_at=time.time() - 1)
+    out = run_executable(spec)
+    assert out.ended is Ended.WALLTIME and out.pid is None, out
+    assert not mark.exists()
+
+
 @pytest.mark.parametrize("spawner", ["c_helper", "popen"])
 def test_quick_exits_keep_their_exit_code_and_signal(tmp_path, monkeypatch, spawner):
     """A child that ends within QUICK_S is reaped inside the C spawn call: its exit code and

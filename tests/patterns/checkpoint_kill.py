@@ -45,22 +45,29 @@ def _wait_saves(proc, ck: str, saves: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
+def kill_after_saves(proc, ck: str, saves: int, timeout: float) -> list:
+    """SIGKILL the driver ``proc`` (and nothing else) once it has written ``ckpt`` ``saves``
+    times; the processes that were below it (to check that they die with it)."""
+    try:
+        _wait_saves(proc, ck, saves, timeout)
+        below = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    return below
+
+
 def kill_and_resume(tmp_path, app: str, size: int, address: str = "-", extra=(),
                     saves: int = 3, timeout: float = 300) -> dict:
     """Run the driver, SIGKILL it after ``saves`` checkpoints, check its shoal workers die
     with it, run it again to the end; the second run's result (asserting it resumed)."""
     ck, out = str(tmp_path / f"{app}.ckpt"), str(tmp_path / f"{app}.json")
     first = _start([app, size, ck, out, address, *extra])
-    try:
-        _wait_saves(first, ck, saves, timeout)
-        below = psutil.Process(first.pid).children(recursive=True)
-        os.kill(first.pid, signal.SIGKILL)  # the driver, and nothing else
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        first.stdout.close()
+    below = kill_after_saves(first, ck, saves, timeout)
     assert first.returncode == -signal.SIGKILL
     assert not os.path.exists(out), "the killed run finished before the kill"
     assert os.path.exists(ck)

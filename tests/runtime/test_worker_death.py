@@ -13,10 +13,12 @@ original finding (the SIGKILL cancel storm, about 1 run in 8) closes the file.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import signal
 import sys
 import tempfile
+from typing import NamedTuple
 
 import pytest
 from rt_tasks import mark, ran, release, until
@@ -134,6 +136,56 @@ def mark_then_wait(path: str, i: int, gate: str) -> int:
     return i
 
 
+class StolenWindow(NamedTuple):
+    blocker: cf.Future  # task 1000 on the victim, held by its gate
+    futs: list  # tasks 0..19 (``f.arg``: i), each held by its gate
+    victim: int
+    thief: int
+    vpid: int  # the victim's pid
+    stolen: dict  # task id -> i: the tasks placed on the victim
+
+
+@contextlib.contextmanager
+def a_thief_runs_a_stolen_task(pilot, path: str, gate, retries: int = 0):
+    """The window of the next two tests: a victim whose ring to the driver is full (so
+    a MOVED it sends waits in its outbox) and a thief that runs one of the tasks placed
+    on the victim.  Yields with ``consume_lock`` held (the pump reads nothing); the
+    tasks' gates and the victim's state are the caller's from there."""
+    backend = pilot._backend
+    submit = pilot.options(retries=retries).submit if retries else pilot.submit
+    release(gate(-1))
+    pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
+    pilot.stats()  # both workers loaded mark_then_wait
+    blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
+    until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
+    victim = backend._running_on(blocker.task_id)
+    thief = next(ep for ep in backend.endpoints if ep != victim)
+    futs = []
+    for i in range(20):
+        f = submit(mark_then_wait, path, i, gate(i))
+        f.arg = i
+        futs.append(f)
+    with backend.lock:
+        on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
+        on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
+    assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
+    vpid = backend.procs[victim].pid
+    with backend.consume_lock:  # the pump reads nothing: the victim's ring stays full
+        os.kill(vpid, signal.SIGSTOP)
+        until(lambda: stopped(vpid), what="the victim stopped")
+        ring = backend.matrix.ring(victim, 0)  # filled for it while it cannot push
+        for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
+            while ring.push(junk) is Push.OK:  # (the pump ignores a WAKE)
+                pass
+        os.kill(vpid, signal.SIGCONT)
+        for i in on_thief:
+            release(gate(i))  # the thief runs its own tasks, then steals from the victim
+        stolen = {futs[i].task_id: i for i in on_victim}
+        reach(lambda: any(backend._running_on(t) == thief for t in stolen),
+              "the thief runs a stolen task")
+        yield StolenWindow(blocker, futs, victim, thief, vpid, stolen)
+
+
 @pytest.mark.parametrize("retries", [0, 1])
 def test_a_stolen_task_started_on_a_killed_thief_is_lost_not_re_run(tmp_path, retries):
     """The thief had started a stolen task (its side effect done) when it was killed, and
@@ -147,37 +199,9 @@ def test_a_stolen_task_started_on_a_killed_thief_is_lost_not_re_run(tmp_path, re
     gate = lambda i: str(tmp_path / f"gate{i}")  # noqa: E731 - one gate file per task
     with shoal.Pilot(2) as pilot:
         backend = pilot._backend
-        release(gate(-1))
-        pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
-        pilot.stats()  # both workers loaded mark_then_wait
-        blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
-        until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
-        victim = backend._running_on(blocker.task_id)
-        thief = next(ep for ep in backend.endpoints if ep != victim)
-        futs = []
-        for i in range(20):
-            f = pilot.options(retries=retries).submit(mark_then_wait, path, i, gate(i))
-            f.arg = i
-            futs.append(f)
-        with backend.lock:
-            on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
-            on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
-        assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
-        vpid = backend.procs[victim].pid
-        with backend.consume_lock:  # the pump reads nothing: the victim's ring stays full
-            os.kill(vpid, signal.SIGSTOP)
-            until(lambda: stopped(vpid), what="the victim stopped")
-            ring = backend.matrix.ring(victim, 0)  # filled for it while it cannot push
-            for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
-                while ring.push(junk) is Push.OK:  # (the pump ignores a WAKE)
-                    pass
-            os.kill(vpid, signal.SIGCONT)
-            for i in on_thief:
-                release(gate(i))  # the thief runs its own tasks, then steals from the victim
-            stolen = {futs[i].task_id: i for i in on_victim}
-            reach(lambda: any(backend._running_on(t) == thief for t in stolen),
-                  "the thief runs a stolen task")
-            started = next(i for t, i in stolen.items() if backend._running_on(t) == thief)
+        with a_thief_runs_a_stolen_task(pilot, path, gate, retries) as w:
+            blocker, futs, thief, vpid = w.blocker, w.futs, w.thief, w.vpid
+            started = next(i for t, i in w.stolen.items() if backend._running_on(t) == thief)
             os.kill(vpid, signal.SIGSTOP)  # its MOVED waits in its outbox
             until(lambda: stopped(vpid), what="the victim stopped again")
             os.kill(backend.procs[thief].pid, signal.SIGKILL)
@@ -245,37 +269,9 @@ def test_tasks_a_killed_victim_had_handed_to_a_thief_run_once(tmp_path):
     gate = lambda i: str(tmp_path / f"gate{i}")  # noqa: E731 - one gate file per task
     with shoal.Pilot(2) as pilot:
         backend = pilot._backend
-        release(gate(-1))
-        pilot.submit(mark_then_wait, path, -1, gate(-1)).result(60)
-        pilot.stats()  # both workers loaded mark_then_wait
-        blocker = pilot.submit(mark_then_wait, path, 1000, gate(1000))
-        until(lambda: backend._running_on(blocker.task_id), what="the blocker runs")
-        victim = backend._running_on(blocker.task_id)
-        thief = next(ep for ep in backend.endpoints if ep != victim)
-        futs = []
-        for i in range(20):
-            f = pilot.submit(mark_then_wait, path, i, gate(i))
-            f.arg = i
-            futs.append(f)
-        with backend.lock:
-            on_victim = [f.arg for f in futs if backend.tasks[f.task_id].where == victim]
-            on_thief = [f.arg for f in futs if backend.tasks[f.task_id].where == thief]
-        assert len(on_victim) >= 2 and on_thief, (on_victim, on_thief)
-        vpid = backend.procs[victim].pid
-        with backend.consume_lock:
-            os.kill(vpid, signal.SIGSTOP)
-            until(lambda: stopped(vpid), what="the victim stopped")
-            ring = backend.matrix.ring(victim, 0)
-            for junk in (wire.encode_control(Kind.STATS, {"junk": "x" * 60_000}), bytes((Kind.WAKE,))):
-                while ring.push(junk) is Push.OK:
-                    pass
-            os.kill(vpid, signal.SIGCONT)
-            for i in on_thief:
-                release(gate(i))
-            stolen = {futs[i].task_id: i for i in on_victim}
-            reach(lambda: any(backend._running_on(t) == thief for t in stolen),
-                  "the thief runs a stolen task")
-            os.kill(vpid, signal.SIGKILL)  # its MOVED dies in its outbox
+        with a_thief_runs_a_stolen_task(pilot, path, gate) as w:
+            blocker, futs, victim = w.blocker, w.futs, w.victim
+            os.kill(w.vpid, signal.SIGKILL)  # its MOVED dies in its outbox
         until(lambda: backend.generation[victim] == 1, what="the victim's death is handled")
         for i in [*range(20), 1000]:
             release(gate(i))
@@ -285,18 +281,24 @@ def test_tasks_a_killed_victim_had_handed_to_a_thief_run_once(tmp_path):
         assert pilot.submit(mark, path, -2).result(60) == -2
 
 
-HALF_KILLER = """
+# A module (``.format(marker=, gate=)``) whose import, in the first worker that loads it,
+# waits for ``gate``; a later worker loads it at once.
+FIRST_LOADER_WAITS = """
 import os, sys, time
 main = sys.modules.get("__main__")
 if getattr(getattr(main, "__spec__", None), "name", "") == "shoal.runtime.worker":
     try:
         os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        pass  # the second worker to import it lives
-    else:  # the first dies while loading, once the other has loaded it and queued tasks
+        pass
+    else:
         deadline = time.monotonic() + 60
         while not os.path.exists({gate!r}) and time.monotonic() < deadline:
             time.sleep(0.005)
+"""
+
+# ... then dies while loading (the other worker has loaded it and queued tasks meanwhile)
+HALF_KILLER = FIRST_LOADER_WAITS + """\
         os._exit(9)
 
 def held(path, i, gate):  # (gate: another file than the module's)
@@ -383,19 +385,8 @@ def test_a_worker_killed_while_the_pilot_closes_has_its_queued_tasks_run(tmp_pat
     assert len(lost) == 1, lost  # the one it was running
 
 
-SLOW_LOADER = """
-import os, sys, time
-main = sys.modules.get("__main__")
-if getattr(getattr(main, "__spec__", None), "name", "") == "shoal.runtime.worker":
-    try:
-        os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        pass
-    else:  # the first worker to load it takes its time (the test kills it meanwhile)
-        deadline = time.monotonic() + 60
-        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
-            time.sleep(0.005)
-
+# ... and only takes its time (the test kills it meanwhile)
+SLOW_LOADER = FIRST_LOADER_WAITS + """
 def ident(x):
     return x
 """

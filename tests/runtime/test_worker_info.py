@@ -16,6 +16,7 @@ import pytest
 
 import shoal
 from shoal.runtime import context
+from shoal.runtime.wire import Kind
 from shoal.runtime.worker import STATUS_HUNGRY
 
 pytestmark = pytest.mark.timeout(60)
@@ -134,14 +135,52 @@ def _turned_away_thief_gets_the_next_child(flag: str) -> tuple:
     return w.id, child.result(), elsewhere, pinned.result()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open regression found in the last clean-clone CI runs (2026-12-01): now and then the "
-    "peer sits LOOKING with its doorbell asleep and no answer to its steal request while "
-    "this task holds only a pinned child, and the next child does not reach it within 20 s "
-    "(about 1 run in 5 alone; it runs when the victim gets to it); cause not found yet"))
 def test_a_thief_turned_away_gets_the_next_child_at_once(tmp_path):
+    # It failed about 1 run in 12 (a non-strict xfail for a round): the peer's first steal
+    # request came while this task's arguments were unpickled, and its poke was dropped
+    # (the next test builds that window on purpose).
     with shoal.Pilot(workers=2) as p:
         me, ran_on, elsewhere, pinned = p.submit(
             _turned_away_thief_gets_the_next_child, str(tmp_path / "ran")).result(60)
     assert pinned == 3
     assert elsewhere and ran_on != me, "the sleeping thief never got the child"
+
+
+def _poked_while_unpickled() -> int:
+    """Runs on the worker while it unpickles a task's arguments (runtime code, not the
+    task's): wake the idle peer, and return once its steal request is in this worker's
+    ring and the peer sleeps on it (it poked us first, so its SIGURG has been sent; a
+    few more sleeps let the signal land here).  Returns the steal-answer count then."""
+    w = context.worker
+    peer = next(ep for ep in (1, 2) if ep != w.ep)
+    box = dict(w.inboxes)[peer]
+    base = w.c["steal_answers_given"]
+    w.send(peer, bytes((Kind.WAKE,)))  # a HUNGRY peer asks again; a LOOKING one is asking
+    _wait_for(lambda: box.ring.readable() and w.out[peer].doorbell.sleeping,
+              "the peer's steal request, and the peer asleep on it")
+    for _ in range(5):
+        time.sleep(0.001)  # the poke is pending: a syscall's return delivers it
+    return base
+
+
+class _PokedWhileUnpickled:
+    def __reduce__(self):
+        return (_poked_while_unpickled, ())
+
+
+def _answered_from_the_task(base: int) -> tuple:
+    w = context.worker
+    deadline = time.monotonic() + 20
+    while w.c["steal_answers_given"] == base and time.monotonic() < deadline:
+        time.sleep(0.001)  # the task's own code: spawns nothing, so only a poke answers
+    return w.c["steal_answers_given"] > base, dict(w.c)
+
+
+def test_a_steal_request_poked_while_a_task_starts_is_answered_from_the_task():
+    """The thief's SIGURG landed in runtime code (here: unpickling the task's arguments)
+    and was dropped: its request then sat unread while the task ran, and the thief slept
+    on it (its one request in flight).  Now the poke is remembered and answered as soon
+    as the task's code runs.  Failed before the fix, every run: never answered in 20 s."""
+    with shoal.Pilot(workers=2) as p:
+        answered, counters = p.submit(_answered_from_the_task, _PokedWhileUnpickled()).result(60)
+    assert answered, f"the steal request was not answered while the task ran: {counters}"

@@ -202,6 +202,7 @@ class DaskBackend(CancelPaths):
         self.hub = CellHub(self.client, self.token)
         self.hub.subscribe()  # before any task: node events (cells, lent results) come on it
         self.hub.on_started = self._on_started
+        self.hub.on_ended = self._on_ended
         self.shared = self.hub  # SharedFactory: cluster cells, per-node arrays, channels
         self.balancer = Balancer(self)
         self.topology = None  # each host has its own; see stats()

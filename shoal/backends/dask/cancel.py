@@ -70,6 +70,16 @@ class CancelPaths:
         for f in futs:
             f.mark_running()
 
+    def _on_ended(self, keys) -> None:
+        """The client's event loop: an attempt of these keys raised.  dask may retry them
+        (``retries=``): nothing runs until then, so the future is PENDING again and
+        ``cancel()`` asks (it takes a queued retry: True; docs/guide.md).  With no retry
+        left the error settles the future next."""
+        with self._lock:
+            futs = [e[0] for e in map(self._pending.get, keys) if e is not None]
+        for f in futs:
+            f.mark_pending()
+
     def _claim(self, futs, wait_s: float = CLAIM_TIMEOUT_S, late=None) -> list[Future]:
         """One claim round for ``futs``: those taken back (they never run; the caller
         cancels them).  The round asks the scheduler where each task is (cancelling, at
@@ -177,7 +187,7 @@ class CancelPaths:
                 try:
                     where = await asyncio.wait_for(self.client.run_on_scheduler(
                         on_scheduler.locate, todo, {k: claimed[k] for k in todo if k in claimed},
-                        self.client.id, asynchronous=True), left)
+                        self.client.id, rid, asynchronous=True), left)
                 except Exception:  # the scheduler does not answer: nothing decided
                     break
                 workers = where.pop(on_scheduler.WORKERS, [])

@@ -194,6 +194,7 @@ class CellHub:
         self._lock = threading.Lock()
         self.on_lent = None  # the Balancer's handler of {"lent": id, "ok", "value"} messages
         self.on_started = None  # the backend's handler of {"started": [dask keys]} (node.py)
+        self.on_ended = None  # ... and of {"ended": [dask keys]}: an attempt raised (retries)
         self._pinged = threading.Event()
 
     def subscribe(self, timeout: float = 10.0) -> None:
@@ -238,6 +239,10 @@ class CellHub:
         if "started" in msg:
             if self.on_started is not None:
                 self.on_started(msg["started"])
+            return
+        if "ended" in msg:
+            if self.on_ended is not None:
+                self.on_ended(msg["ended"])
             return
         if "lent" in msg:
             if self.on_lent is not None:

@@ -11,8 +11,9 @@ in each dask worker (``Claims``, one per pilot token)::
     driver: Future.cancel() ─► cancel.py _round
       1 run_on_scheduler(locate): per key, atomically (the scheduler's loop is one thread):
           on no worker (queued, waiting, no-worker) -> cancelled there now: TAKEN
-          ran (memory, erred)                       -> STARTED
-          processing on W                           -> ask W:
+          ran (erred)                               -> STARTED
+          processing on W, or in memory on W        -> ask W (a value in memory may be
+                                                       the refusal of another round's tombstone):
       2 client.run(cancel_keys, workers=[W])          │ under the claims lock, per key:
     dask thread: run_task ─► Claims.start(key, submit)  │  absent      -> tombstone, TAKEN
         tombstone?  -> return CANCELLED (never runs)    │  tombstone   -> TAKEN
@@ -76,7 +77,12 @@ runs behind the driver's by more than the 0.5 s margin) must not leave that Fals
 dask releases the key there (the driver confirmed the take at the scheduler: cancelled) or
 the driver's ``give_up`` names the round (the task is submitted to the node runtime again and
 runs).  Every round ends in one of the two for each key it took (cancel.py ``_round``), and a
-driver that vanishes releases its keys.  Before (r-break4), the task never ran and the future
+driver that vanishes releases its keys.  The wait is bounded: ``VERDICT_WAIT_S`` past the
+round's deadline with neither (a ``give_up`` lost while the worker stays connected, or a
+release still on its way after a SIGSTOP), the holder asks the scheduler to decide
+(on_scheduler.py ``arbitrate``, atomic as ``locate``): a round that confirmed has cancelled
+the key there (CANCELLED); otherwise the rounds are void there too, their confirming
+``locate`` takes nothing and their ``cancel()`` says False, and the task runs.  Before (r-break4), the task never ran and the future
 ended CANCELLED after ``cancel()`` had said False (tests/attack/test_contract_dask.py).
 """
 
@@ -84,11 +90,14 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections import deque
 
 CANCELLED = "shoal:cancelled-before-start"  # run_task/run_batch's value for a refused key
 _PRUNE_EVERY = 64  # finished keys between two prunings of DONE entries
 _VOID_KEEP = 4096  # abandoned round ids remembered (a round arrives within seconds, or never)
+VERDICT_WAIT_S = 5.0  # a taken task waits this long past its round's deadline for the
+#                      driver's verdict, then asks the scheduler to decide (``settle_taken``)
 
 
 class Fate(enum.Enum):
@@ -114,7 +123,9 @@ class Claims:
         self.finished = 0
         self.void: set[int] = set()  # claim rounds the driver gave up on (they change nothing)
         self.voided: deque[int] = deque()  # the same, oldest first (bounded)
-        self.taken: dict[str, set[int]] = {}  # key -> rounds that took its queued local future
+        # key -> {round id: that round's deadline (driver's wall clock)} of the rounds that
+        # took its queued local future
+        self.taken: dict[str, dict[int, float]] = {}
         self.revive: set[str] = set()  # such keys whose round the driver gave up on: re-submit
         self.changed = threading.Condition(self.lock)  # taken/revive moved (run_task waits)
 
@@ -127,11 +138,16 @@ class Claims:
             got = self.entries[key] = submit()
             return got
 
-    def finish(self, key: str, held=None) -> None:
-        """``run_task`` returned (it ran, or its local future was taken back)."""
+    def finish(self, key: str, held=None, failed: bool = False) -> None:
+        """``run_task`` returned (it ran, or its local future was taken back) or raised
+        (``failed``: dask may retry it, here or elsewhere; until then dask's state of the
+        key, ``error``, answers STARTED, and a queued retry can be taken back like any
+        task: docs/guide.md, retries and cancel)."""
         with self.lock:
             entry = self.entries.get(key)
-            if entry is not None and not isinstance(entry, Fate) and entry.cancelled():
+            if failed and entry is not None and not isinstance(entry, Fate):
+                del self.entries[key]
+            elif entry is not None and not isinstance(entry, Fate) and entry.cancelled():
                 # taken back from the node queue and not revived: it never ran here.  A
                 # round arriving later must hear TAKEN (DONE answered STARTED, and a
                 # concurrent cancel() of the same future said False, r-break4)
@@ -143,11 +159,13 @@ class Claims:
             if held is not None and self.finished % _PRUNE_EVERY == 0:
                 self.prune(held)
 
-    def cancel(self, keys, state=None, round_id: int | None = None) -> dict[str, Verdict]:
+    def cancel(self, keys, state=None, round_id: int | None = None,
+               until: float | None = None) -> dict[str, Verdict]:
         """The driver's claim round: each key is taken back (tombstone or the local
         future's own cancel) or reported started.  ``state(key)``: dask's state of the key
         on this worker (None when it holds none), for DONE entries already pruned.  A round
-        the driver already gave up on (``void``: it answered False meanwhile) takes nothing."""
+        the driver already gave up on (``void``: it answered False meanwhile) takes nothing.
+        ``until``: the round's deadline (the driver's wall clock), for ``settle_taken``."""
         out = {}
         with self.lock:
             if round_id is not None and round_id in self.void:
@@ -167,29 +185,55 @@ class Claims:
                 elif entry.cancel():  # the node runtime's future: its cancel() keeps the local
                     out[key] = Verdict.TAKEN  # promise; run_task waits for the round's end
                     if round_id is not None:
-                        self.taken.setdefault(key, set()).add(round_id)
+                        self.taken.setdefault(key, {})[round_id] = (
+                            time.time() if until is None else until)
                 else:
                     out[key] = Verdict.STARTED
         return out
 
-    def settle_taken(self, key: str, wanted, poll_s: float = 0.02) -> bool:
+    def settle_taken(self, key: str, wanted, arbitrate=None, poll_s: float = 0.02) -> bool:
         """``run_task`` whose local future a claim round cancelled: True when every round
         that took it was given up (the driver answered False: the caller submits the task
         again, it runs), False when the cancel stands (dask released the key here:
         ``wanted()`` turned false, as the driver's confirming ``locate`` cancelled it at the
         scheduler; or a take no round owns, such as a force cancel).  Waits for whichever
         comes first; a round that confirmed never sends ``give_up`` for the key, so a
-        revival cannot outrun its release."""
+        revival cannot outrun its release.
+
+        Bounded: ``VERDICT_WAIT_S`` past the latest deadline of the rounds that took it (a
+        lost ``give_up``; a release still on its way), ``arbitrate(key, round ids)`` asks
+        the scheduler, which decides atomically (on_scheduler.py ``arbitrate``): True, the
+        rounds are void there too, so their confirming ``locate`` can no longer take the
+        key (their ``cancel()`` says False) and the task runs; False, a round confirmed."""
+        not_before = 0.0
         with self.lock:
             while True:
                 if key in self.revive:
                     self.revive.discard(key)
                     return True
-                if key not in self.taken:
+                rounds = self.taken.get(key)
+                if rounds is None:
                     return False
                 if not wanted():
                     del self.taken[key]
                     return False
+                if arbitrate is not None and time.time() > max(
+                        max(rounds.values()) + VERDICT_WAIT_S, not_before):
+                    ids = sorted(rounds)
+                    self.lock.release()  # a round trip to the scheduler: others may go on
+                    try:
+                        run = arbitrate(key, ids)
+                    except Exception:  # noqa: BLE001 - no scheduler now: ask again later
+                        run, not_before = None, time.time() + VERDICT_WAIT_S
+                    finally:
+                        self.lock.acquire()
+                    if run is False:
+                        self.taken.pop(key, None)
+                        return False
+                    if run:
+                        for rid in ids:  # as the lost give_up would have
+                            self.give_up(rid, [key])
+                        continue  # revived, unless a newer round took it meanwhile
                 self.changed.wait(poll_s)
 
     def started(self, keys) -> list[str]:
@@ -218,7 +262,7 @@ class Claims:
             for key in keys:  # a queued local future it took back runs after all, unless
                 rounds = self.taken.get(key)  # another round took it too (it may confirm)
                 if rounds is not None and round_id in rounds:
-                    rounds.discard(round_id)
+                    del rounds[round_id]
                     if not rounds:
                         del self.taken[key]
                         self.revive.add(key)

@@ -62,13 +62,17 @@ from ...runtime.mapping import TARGET_S, map_iter
 from ...runtime.shared import portable_dumps
 from ...runtime.topology import topology as get_topology
 from ..local import LocalBackend
+from . import on_scheduler
 from .cells import drop_pilot, publish, register_worker
 from .claims import CANCELLED, Claims, Fate, Verdict
+
+cloudpickle.register_pickle_by_value(on_scheduler)  # the scheduler need not have shoal
 
 DASK_TARGET_S = 0.1  # node time one map batch (= one dask task) should take
 _FN_CACHE = 256
 _REAP_EVERY_S = 10.0
 WATCH_S = 0.002  # how often the started watcher looks at tasks queued in node runtimes
+ARBITRATE_TIMEOUT_S = 10.0  # a holder's question to the scheduler (``_arbitrate``)
 TB_ATTR = "_shoal_remote_tb"
 
 
@@ -249,6 +253,7 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
     fn = node.function(blob)
     if _enter(node, pinned):
         _secede()
+    failed = False
     try:
         if key is None:  # not a dask task (unit tests call run_task directly)
             return node.backend.submit(fn, args, kwargs, timeout=timeout).result()
@@ -266,21 +271,40 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
             # taken back by a claim round: CANCELLED once dask released the key here (the
             # driver confirmed it), or run after all if the driver gave the round up (it
             # answered False; the reply came too late: a stalled worker, claims.py)
-            if not claims.settle_taken(key, lambda: _executing(worker, key)):
+            if not claims.settle_taken(key, lambda: _executing(worker, key),
+                                       lambda k, rids: _arbitrate(worker, k, rids)):
                 return CANCELLED
     except BaseException as exc:
         _tag(exc)
+        if key is not None:  # dask may retry it: the driver's future is PENDING again
+            failed = True
+            publish(cfg.token, {"ended": [key]})
         raise
     finally:
         _leave(node, pinned)
         if key is not None:
-            _finish(cfg.token, key, worker)
+            _finish(cfg.token, key, worker, failed)
 
 
 def _executing(worker, key: str) -> bool:
     """Whether dask still wants ``key`` run on ``worker`` (not released or cancelled there)."""
     ts = worker.state.tasks.get(key)
     return ts is not None and ts.state in ("executing", "long-running")
+
+
+def _arbitrate(worker, key: str, rids: list[int]) -> bool:
+    """``on_scheduler.arbitrate`` on the scheduler, from this dask thread (claims.py
+    ``settle_taken``: no verdict came for a task taken back here)."""
+    from distributed.protocol.pickle import dumps
+    from distributed.utils import sync
+
+    reply = sync(worker.loop, worker.scheduler.run_function,
+                 function=dumps(on_scheduler.arbitrate),
+                 args=dumps((key, rids, worker.address)), kwargs=dumps({}),
+                 callback_timeout=ARBITRATE_TIMEOUT_S)
+    if reply.get("status") != "OK":
+        raise RuntimeError(f"the scheduler could not decide {key!r}: {reply!r}")
+    return bool(reply["result"])
 
 
 def _watch(token: str, key: str, local) -> None:
@@ -345,12 +369,12 @@ def claims_of(token: str) -> Claims:
         return claims
 
 
-def _finish(token: str, key: str, worker) -> None:
+def _finish(token: str, key: str, worker, failed: bool = False) -> None:
     with _lock:
         claims = _claims.get(token)
     if claims is not None:
         tasks = getattr(getattr(worker, "state", None), "tasks", None)
-        claims.finish(key, None if tasks is None else tasks.__contains__)
+        claims.finish(key, None if tasks is None else tasks.__contains__, failed)
 
 
 def cancel_keys(token: str, keys: list[str], round_id: int | None = None,
@@ -371,7 +395,7 @@ def cancel_keys(token: str, keys: list[str], round_id: int | None = None,
             return {}  # nothing of that pilot runs here any more
     if deadline is not None and time.time() > deadline:
         return {k: Verdict.STARTED.value for k in keys}
-    out = claims_of(token).cancel(keys, state, round_id)
+    out = claims_of(token).cancel(keys, state, round_id, deadline)
     return {k: v.value for k, v in out.items()}
 
 

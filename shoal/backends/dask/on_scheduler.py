@@ -13,21 +13,26 @@ from __future__ import annotations
 # Scheduler states of a task that no dask worker has been sent (or that it was taken from).
 UNASSIGNED = frozenset(("released", "waiting", "queued", "no-worker"))
 TAKEN = "taken"  # cancelled here: never runs
-STARTED = "started"  # ran (memory, erred) or may run: cancel() says False
+STARTED = "started"  # ran (erred) or may run: cancel() says False
 MISSING = "missing"  # not known to the scheduler (yet, or no more)
 WORKERS = "shoal:workers"  # locate's extra entry: the addresses of every connected dask worker
 CHUNK = 32  # keys per stimulus_cancel call
 REASON = "shoal: cancel() before any shoal worker started it"
 
 
-def locate(keys, claimed, client, dask_scheduler=None):
+VOID_KEEP = 4096  # (key, round) pairs a holder voided here (``arbitrate``), newest kept
+
+
+def locate(keys, claimed, client, rid=None, dask_scheduler=None):
     """For each of ``keys``: TAKEN (cancelled now, atomically), STARTED, MISSING, or the
     address of the dask worker it is processing on (whose claims decide); and under
     ``WORKERS`` every connected worker's address.  ``claimed``: ``{key: [addresses]}`` of
     the workers that have taken a key back (a tombstone or the node queue's own cancel);
     such a key is cancelled if it is still on one of them, or in memory there (its value
-    is the refusal), and asked again where it moved to otherwise."""
+    is the refusal), and asked again where it moved to otherwise.  ``rid``: the claim
+    round asking; a take its holder voided here (``arbitrate``) counts for nothing."""
     sched = dask_scheduler
+    void = getattr(sched, "_shoal_void", None) or {}
     out, cancel = {}, []
     for key in keys:
         ts = sched.tasks.get(key)
@@ -41,13 +46,22 @@ def locate(keys, claimed, client, dask_scheduler=None):
             out[key] = MISSING
             continue
         state, mine = ts.state, claimed.get(key) or ()
+        if (key, rid) in void:
+            mine = ()  # the holder ran it after all: ask it (it answers STARTED to rid)
         if state in UNASSIGNED:
             out[key] = TAKEN
         elif state == "processing":
             where = ts.processing_on.address if ts.processing_on is not None else None
             out[key] = TAKEN if where is not None and where in mine else (where or MISSING)
-        elif state == "memory" and any(ws.address in mine for ws in ts.who_has or ()):
-            out[key] = TAKEN  # its value is the node's refusal (claims.CANCELLED)
+        elif state == "memory" and ts.who_has:
+            holders = [ws.address for ws in ts.who_has]
+            if any(a in mine for a in holders):
+                out[key] = TAKEN  # its value is the node's refusal (claims.CANCELLED)
+            else:
+                # a value, or the refusal of a tombstone another round (thread) planted:
+                # only that worker's claims know which (F6: STARTED here made one thread's
+                # cancel() say False while the other's said True for the same future)
+                out[key] = holders[0]
         else:
             out[key] = STARTED
         if out[key] == TAKEN:
@@ -73,3 +87,27 @@ def where(keys, dask_scheduler=None):
         if ts is not None and ts.state == "processing" and ts.processing_on is not None:
             out[key] = ts.processing_on.address
     return out
+
+
+def arbitrate(key, rids, addr, dask_scheduler=None):
+    """A holder (``addr``) took ``key`` back for the claim rounds ``rids`` and heard no
+    verdict in time (a lost ``give_up``, or a release still on its way; claims.py
+    ``settle_taken``).  Decided here, atomically, as ``locate`` decides: False if dask no
+    longer runs the key there (a round confirmed the take and cancelled it, or it moved:
+    the holder's release is on its way); else True, and those rounds' takes are void here,
+    so their confirming ``locate`` no longer cancels the key (their ``cancel()`` says False)
+    and the holder runs it."""
+    sched = dask_scheduler
+    ts = sched.tasks.get(key)
+    where = getattr(ts, "processing_on", None)
+    if ts is None or ts.state != "processing" or where is None or where.address != addr:
+        return False
+    void = getattr(sched, "_shoal_void", None)
+    if void is None:
+        void = {}
+        sched._shoal_void = void
+    for rid in rids:
+        void[(key, rid)] = True
+    while len(void) > VOID_KEEP:
+        del void[next(iter(void))]
+    return True

@@ -67,6 +67,9 @@ class Pumping:
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
         if retry and task.retries > 0 and not self.closing:
             task.retries -= 1
+            # between attempts nothing runs: PENDING again, so cancel() takes the queued retry
+            # (True; the earlier attempt's side effects stay), as on dask (docs/guide.md)
+            task.future.mark_pending()
             with self.lock:
                 if tid in self.tasks:
                     self._dispatch(task)

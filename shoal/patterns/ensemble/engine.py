@@ -69,6 +69,7 @@ memory, and no core accounting against executables).
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import contextlib
 import fcntl
 import functools
@@ -112,6 +113,7 @@ from .scheduler import Request, Scheduler
 from .values import Values
 from .walker import Item, Walker
 
+NODE_KILL_GRACE_S = 10.0  # a drain waits this long past the walltime for nodes to report their kills
 QUEUE_BELOW_S = 0.05  # queue a CPU's next task behind its current one while tasks average less
 
 
@@ -805,15 +807,49 @@ class Engine:
         """Past the walltime (or asked to stop): kill what still runs and leave it PENDING for a resume."""
         self.draining = True
         self._stop_local()
+        on_nodes = []
         for key, item in list(self.running.items()):  # function tasks and executables on dask
-            item.future.cancel()
+            if not item.future.cancel() and self._node_kills(item):
+                on_nodes.append(item)
+                continue
             self.journal.unstart(item.uid)
             self.sched.release(item.grant)
             del self.running[key]
+        if on_nodes:
+            self._settle_on_nodes(on_nodes)
         self.journal.commit()
         if self.pilot is not None and self.pilot is not self.user_pilot:
             self.pilot.close(cancel_pending=True)
             self.pilot = None
+
+    def _node_kills(self, item: Item) -> bool:
+        """True when ``item`` is an executable running on a node that kills it at the
+        walltime (remote.py) within ``NODE_KILL_GRACE_S`` from now."""
+        return (item.task.kind is TaskKind.EXECUTABLE and self.walltime_at is not None
+                and self.walltime_at - time.time() < NODE_KILL_GRACE_S)
+
+    def _settle_on_nodes(self, items: list[Item]) -> None:
+        """Wait (until the walltime plus ``NODE_KILL_GRACE_S``) for executables already
+        started on nodes: their node kills them at the walltime.  A killed one is PENDING for
+        a resume; one that ended first keeps its outcome (DONE is not run again).
+
+        Before, such a task was journalled PENDING while it still ran on its node, so a
+        resume right after the drain could run it a second time beside it (seen as a task
+        that wrote twice in tests/dask/test_dask_ensemble.py under load)."""
+        until = self.walltime_at + NODE_KILL_GRACE_S
+        for item in items:
+            with contextlib.suppress(TimeoutError, cf.CancelledError):
+                item.future.exception(timeout=max(0.0, until - time.time()))
+        now = time.monotonic()
+        for item in items:
+            fut = item.future
+            outcome = self._remote_outcome(item, fut) if fut.done() and not fut.cancelled() else None
+            if outcome is None:  # killed at the walltime, or no word from its node in time
+                self.journal.unstart(item.uid)
+                self.sched.release(item.grant)
+                del self.running[id(item.future)]
+            else:
+                self._finish_attempt(*outcome, now)
 
     def _abort(self) -> None:
         with contextlib.suppress(BaseException):

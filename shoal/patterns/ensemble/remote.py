@@ -142,6 +142,11 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
             raise LaunchError(FailureKind.STAGING, f"stdin file {spec.stdin} does not exist")
     except LaunchError as exc:
         return ExecOutcome(Ended.NOT_STARTED, failure=exc.kind, message=exc.message, host=host)
+    if spec.walltime_at is not None and time.time() >= spec.walltime_at:
+        # reached the node after the walltime (queued, or its cancel lost a race): the driver
+        # has drained and journalled it PENDING, so starting it now would run it beside the
+        # resume's attempt
+        return ExecOutcome(Ended.WALLTIME, host=host, seconds=time.monotonic() - t0)
     out, err = os.path.join(spec.sandbox, "stdout"), os.path.join(spec.sandbox, "stderr")
     try:
         with open(spec.stdin or os.devnull, "rb") as i, open(out, "wb") as o, open(err, "wb") as e:

@@ -26,7 +26,9 @@ lies before the nodes it prunes against it).
 
 Writes are atomic: a temporary file in the same directory, fsync, rename,
 fsync of the directory; a kill at any moment leaves the previous checkpoint or
-the new one.  A finished search deletes its checkpoint.  The file is a pickle
+the new one.  A periodic save that fails (OSError: a purged scratch directory,
+a full disk) is a RuntimeWarning, not the end of the search: the previous file
+stays, and the next interval tries again.  A finished search deletes its checkpoint.  The file is a pickle
 (nodes are arbitrary Python objects): load only checkpoints you wrote.  A
 checkpoint names the search it belongs to (the skeleton and a digest of the
 root and the options that change the answer) and is refused by another one.
@@ -43,6 +45,7 @@ from the driver keeping two chunks per worker in flight.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import io
 import math
@@ -158,6 +161,8 @@ class SearchCheckpoint:
         self.interval = float(interval)
         self.kind, self.digest = kind, digest
         self.saves = 0
+        self.failed = 0  # periodic saves that could not be written
+        self._failing = False
 
     def _check_path(self) -> None:
         """Refuse, before the search starts, a path no save could write: a directory, a FIFO
@@ -220,17 +225,19 @@ class SearchCheckpoint:
             raise SearchError(f"checkpoint {self.path!r} belongs to another search ({kind}, "
                               f"format {fmt}); this is a {self.kind} of another root or with "
                               "other options.  Delete it, or give this search its own path")
-        return state["tally"], state["units"]
+        tally, units = state.get("tally"), state.get("units")
+        if not (isinstance(tally, Tally) and isinstance(units, list)
+                and all(type(u) is tuple and len(u) == 2 and type(u[1]) is tuple for u in units)):
+            # (a file of the right search whose body is not what save writes: a raw
+            # AttributeError/TypeError from the driver loop, or a wrong count, before)
+            raise SearchError(f"checkpoint {self.path!r} is unreadable (its tally or frontier is not "
+                              "what a checkpoint holds); delete it to start the search afresh")
+        return tally, units
 
     def save(self, tally: Tally, units: list) -> None:
         state = {"format": FORMAT, "kind": self.kind, "digest": self.digest, "tally": tally,
                  "units": sorted(units, key=lambda u: u[1]), "saved_at": time.time()}
-        try:
-            blob = pickle.dumps(state, 5)
-        except Exception:
-            import cloudpickle
-
-            blob = cloudpickle.dumps(state)
+        blob = dumps(state)
         directory = os.path.dirname(os.path.abspath(self.path))
         tmp = self._tmp_name(os.getpid())
         try:
@@ -258,6 +265,29 @@ class SearchCheckpoint:
                 os.close(fd)
         self.saves += 1
 
+    def save_or_warn(self, tally: Tally, units: list) -> bool:
+        """A periodic save that an OSError cannot stop the search with (a scratch directory
+        purged, a full disk, a quota): a RuntimeWarning at the first failure of a streak, the
+        search goes on, and the next interval tries again.  The previous checkpoint, if any,
+        stays as it was (writes are atomic), so a rerun after a crash still resumes from it.
+        Before, the first such save ended an hours-long search with a raw error naming a
+        temporary file."""
+        try:
+            self.save(tally, units)
+        except OSError as exc:
+            self.failed += 1
+            if not self._failing:
+                self._failing = True
+                import warnings
+
+                warnings.warn(f"checkpoint {self.path!r} could not be written "
+                              f"({exc.strerror or exc!r}); the search goes on and tries again every "
+                              f"{self.interval:g} s; a rerun after a crash resumes from the last "
+                              f"checkpoint written ({self.saves} so far)", RuntimeWarning, stacklevel=2)
+            return False
+        self._failing = False
+        return True
+
     def remove(self) -> None:
         try:
             os.unlink(self.path)
@@ -277,6 +307,81 @@ def _pid_alive(pid: int) -> bool:
     except OSError:  # EPERM: it exists
         return True
     return True
+
+
+class Frozen:
+    """A chunk's units, pickled by the driver (``dumps``): the runtime then ships bytes."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def __reduce__(self):
+        return (Frozen, (self.blob,))
+
+
+DEEP_STACK = 512 << 20  # the C stack of the thread that pickles deeply nested nodes
+_STACK_PER_LEVEL = 1100  # bytes of C stack one pickle level may take (generous: as the workers)
+
+
+def dumps(obj) -> bytes:
+    """``obj`` pickled (cloudpickle for what plain pickle cannot name), nested as deep as it is.
+
+    Nodes that link to their parent (``(move, parent)``, the classic persistent path) nest
+    as deep as the search: at depth ~1,000 the driver's pickle hit Python's recursion limit
+    ("cannot pickle the arguments of chunk_task: maximum recursion depth exceeded"), where
+    the workers, whose limit is sized to a 112 MiB stack, pickled them fine.  Such an object
+    is pickled again in a thread with a ``DEEP_STACK`` C stack and a recursion limit sized
+    to it (raised for the call only: the limit is the interpreter's)."""
+    try:
+        return _dumps(obj)
+    except RecursionError:
+        pass
+    import sys
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["blob"] = _dumps(obj)
+        except BaseException as exc:  # re-raised in the caller
+            box["exc"] = exc
+
+    old_stack = threading.stack_size(DEEP_STACK)
+    old_limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(old_limit, DEEP_STACK // _STACK_PER_LEVEL))
+        t = threading.Thread(target=run, name="shoal-deep-pickle")
+        t.start()
+    finally:
+        threading.stack_size(old_stack)
+    try:
+        t.join()
+    finally:
+        sys.setrecursionlimit(old_limit)
+    if "exc" in box:
+        raise box["exc"]
+    return box["blob"]
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, 5)
+    except RecursionError:
+        raise
+    except Exception as exc:
+        if "recursion" in str(exc):  # a PicklingError wrapping one
+            raise RecursionError(str(exc)) from exc
+        import cloudpickle
+
+        try:
+            return cloudpickle.dumps(obj)
+        except Exception as exc2:
+            if "recursion" in str(exc2):
+                raise RecursionError(str(exc2)) from exc2
+            raise
 
 
 def next_units(frontier: list, window: int, in_flight: int) -> list:
@@ -308,7 +413,8 @@ def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, sto
             while frontier and len(pending) < window:
                 units = next_units(frontier, window, len(pending))
                 units.sort(key=lambda u: u[1])  # path order (ordered=True relies on it)
-                f = pilot.submit(chunk_task, spec, units, FIRST_CHUNK_S if first else CHUNK_S)
+                f = pilot.submit(chunk_task, spec, Frozen(dumps(units)),
+                                 FIRST_CHUNK_S if first else CHUNK_S)
                 first = False
                 pending[f] = units
             wait_s = ck.interval - (time.monotonic() - last)
@@ -331,7 +437,7 @@ def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, sto
                 if left:
                     frontier.append(left)
             if time.monotonic() - last >= ck.interval:
-                ck.save(tally, _open_units(frontier, pending))
+                ck.save_or_warn(tally, _open_units(frontier, pending))
                 last = time.monotonic()
             if prog is not None:
                 prog.tick()
@@ -352,9 +458,21 @@ def _open_units(frontier: list, pending: dict) -> list:
                                                        for u in units]
 
 
-def chunk_task(spec: SearchSpec, units: list, max_s: float):
+def chunk_task(spec: SearchSpec, units, max_s: float):
     """Explore ``units`` [(node, path)] depth-first, in order, for about ``max_s`` seconds;
-    (Tally of the nodes visited, the units left unexplored, in path order)."""
+    (Tally of the nodes visited, the units left unexplored, in path order).
+
+    Branch and bound prunes ``bound < incumbent`` *strictly* against the global incumbent
+    and keeps a node that ties it (``ordered=True``'s rule, whatever the call asked): a
+    chunk can run twice (dask re-runs the tasks of a machine that died), and the first
+    attempt may have offered its best to the incumbent cell and died before its Tally
+    came back.  With the usual ``bound <= incumbent``, the second attempt pruned that very
+    node, and the search returned a worse optimum, or none, with no error.  Ties with
+    other chunks' incumbents cost some extra nodes; the optimum is unchanged."""
+    if spec.goal is Goal.OPTIMISE and not spec.ordered:
+        spec = dataclasses.replace(spec, ordered=True)
+    if type(units) is Frozen:
+        units = pickle.loads(units.blob)
     ctl = spec.control.array
     ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     t = ex.tally

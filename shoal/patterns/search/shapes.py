@@ -11,6 +11,13 @@ the same for ``bnb.dfs_bnb_rec`` (and decides the sense, ``prune_level`` and
   ``f(a, child)`` in the loop's source (a partial is a C call that starts a new
   interpreter frame loop; a Python function called from Python is inlined by 3.11's
   interpreter): about 10% of N-Queens' node;
+- **an accept that is one expression is inlined** (``inlined``): ``return node[0] == n``
+  over its own parameters (no calls, no globals, no closures), its source checked to
+  compile to the function's very bytecode, becomes ``if (child[0] == accept_a0):`` in
+  the loop; when the expression raises, the loop calls the function itself, so the
+  error is the function's own (its frame, the node's true path).  The call was about
+  8% of an N-Queens node (the reference inlines it by hand: "with calls" in
+  benchmarks/bench_search.py is that 8%); a C++ skeleton gets this from its compiler;
 - **no class checks**: a generator function's children are a generator, so no
   leaf/``iter()`` tests (the list-children loop keeps them);
 - **the poll check is a countdown** (``tick``) at level entry; every level entry
@@ -74,15 +81,21 @@ needs its own node count (a ``+ 1`` per node, or counts packed into one int), po
 only every 4 ms (the virtual timer's tick; ``ITIMER_REAL`` at 0.2 ms cost 14%),
 depth checks by frame walks with a large recursion headroom, a process-wide signal
 handler in the main thread only, and EINTR for other threads' system calls -- left for
-when the remaining ~5% decides a target; inlining the user's code (only its call is
-ours to shape).
+when the remaining ~5% decides a target; inlining more of the user's code than one
+side-effect-free expression (statements, calls and globals can change meaning between
+the function and our loop; ``children`` is a generator, whose body cannot be inlined
+into a ``for``).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import keyword
 import operator
+import os
+import textwrap
 import time
 import types
 
@@ -157,6 +170,82 @@ def _call(fn, name: str) -> tuple[str, dict]:
     return f"{name}(child)", {name: fn}
 
 
+# count_loop inlines an accept() that is one ``return <expression>`` (inlined); the
+# environment variable SHOAL_SEARCH_INLINE=0 (read at import, so workers inherit it) turns
+# that off: benchmarks/bench_search.py --no-inline measures the loop calling accept
+INLINE = os.environ.get("SHOAL_SEARCH_INLINE", "1") != "0"
+_INLINE_OK = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp,
+              ast.Subscript, ast.Attribute, ast.Name, ast.Constant, ast.Tuple, ast.Slice,
+              ast.boolop, ast.operator, ast.unaryop, ast.cmpop, ast.expr_context)
+_INLINED: dict = {}  # (code, bound arguments) -> the expression's source with our names, or None
+_NOT_PLAIN = (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS | inspect.CO_GENERATOR
+              | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE)
+
+
+def inlined(fn, name: str) -> str | None:
+    """The source of ``fn(child)`` with ``fn``'s body in place of the call, or None.
+
+    Only for a plain function (or a ``functools.partial`` of one, as in ``_call``) whose
+    body is ``return <expression>`` over its own parameters: attribute and item reads,
+    operators, comparisons, constants -- no calls, no global names, no closures, no
+    defaults.  Its parameters become the loop's names (``child``, ``{name}_a0``...), so
+    the expression evaluates exactly what the call would, minus the call (about 8% of an
+    N-Queens node).  The source (``inspect``) must compile to the function's very
+    bytecode, so an edited file or a function built at run time is never inlined from
+    the wrong text.  The loop calls the function itself when the expression raises, so
+    an error is the function's own, from its frame."""
+    if isinstance(fn, functools.partial):
+        if fn.keywords or len(fn.args) > 4 or type(fn.func) is not types.FunctionType:
+            return None  # (as _call: more bound arguments are no names in the loop)
+        f, nbound = fn.func, len(fn.args)
+    elif type(fn) is types.FunctionType:
+        f, nbound = fn, 0
+    else:
+        return None
+    key = (f.__code__, nbound)
+    if key not in _INLINED:
+        _INLINED[key] = _expression(f, [f"{name}_a{k}" for k in range(nbound)] + ["child"])
+    return _INLINED[key]
+
+
+def _expression(f, names: list) -> str | None:
+    code = f.__code__
+    if (f.__closure__ or code.co_freevars or code.co_cellvars or f.__defaults__
+            or f.__kwdefaults__ or code.co_flags & _NOT_PLAIN or code.co_kwonlyargcount
+            or code.co_argcount != len(names)):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(f)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    if len(tree.body) != 1 or type(tree.body[0]) is not ast.FunctionDef:
+        return None  # (a lambda's source is its whole line)
+    fd = tree.body[0]
+    body = fd.body
+    if body and type(body[0]) is ast.Expr and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    if fd.decorator_list or len(body) != 1 or type(body[0]) is not ast.Return or body[0].value is None:
+        return None
+    params = [a.arg for a in fd.args.posonlyargs + fd.args.args]
+    expr = body[0].value
+    for node in ast.walk(expr):
+        if not isinstance(node, _INLINE_OK) or (type(node) is ast.Name and node.id not in params):
+            return None
+    try:  # the text must be this function's: compiled alone, the same bytecode
+        mod = compile(ast.Module(body=[fd], type_ignores=[]), "<inline check>", "exec")
+    except (SyntaxError, ValueError):
+        return None
+    inner = [c for c in mod.co_consts if isinstance(c, types.CodeType)]
+    if (len(inner) != 1 or inner[0].co_code != code.co_code or inner[0].co_consts != code.co_consts
+            or inner[0].co_names != code.co_names or inner[0].co_varnames != code.co_varnames):
+        return None
+    rename = dict(zip(params, names, strict=True))
+    for node in ast.walk(expr):
+        if type(node) is ast.Name:
+            node.id = rename[node.id]
+    return f"({ast.unparse(expr)})"
+
+
 def count_loop(ex):
     """``run(it) -> count`` (nodes in ``ex.rec_nodes``) for ``ex`` (an Explorer counting over generator
     children), generated for the shape of its ``children`` and ``accept``."""
@@ -164,20 +253,27 @@ def count_loop(ex):
 
     kcall, values = _call(ex.children, "children")
     if ex.accept is None:
-        name, acall = "all", None
+        name, acall, inline = "all", None, None
     else:
         name = "acc"
         acall, more = _call(ex.accept, "accept")
         values.update(more)
-    key = (name, kcall, acall)
+        inline = inlined(ex.accept, "accept") if INLINE else None
+    key = (name, kcall, acall, inline)
     build = _CACHE.get(key)
     if build is None:
         params = ", ".join(values)
         rec = f"rec_{name}(" + kcall + ", d + 1)"
+        if inline is not None:  # the user's expression; raising, the call itself (its own error)
+            accept = (f"try:\n                if {inline}:\n                    count += 1\n"
+                      f"            except Exception:  # (the call raises the same, from its frame)\n"
+                      f"                if {acall}:\n                    count += 1")
+        else:
+            accept = f"if {acall}:\n                count += 1" if acall else ""
         src = _SOURCE.format(
             params=params, name=name,
             count0="count = 0" if acall else "",
-            accept=f"if {acall}:\n                count += 1" if acall else "",
+            accept=accept,
             recurse=f"count += {rec}" if acall else rec,
             ret="return count" if acall else "", zero="0" if acall else "",
             run=(f"count = rec_{name}(it, 1)" if acall else

@@ -299,6 +299,8 @@ PRIVATE_ALLOWED = {
     ("shoal.backends", "_condition"): "the stdlib Future's condition (force-cancel of a "
         "RUNNING future, which Future.cancel refuses)",
     ("shoal.runtime.worker", "_canceller"): "Future's hook, worker-local futures",
+    ("shoal.runtime.worker", "_prober"): "the same hook: is a worker-local future's task out "
+        "on loan (then cancel() says False)",
     ("shoal.runtime.worker", "_state"): "the stdlib Future's state, worker-local futures",
     ("shoal.runtime.loans", "_state"): "the same worker-local futures, read by the loan book "
         "when it decides whether a lost loan must run again",

@@ -131,7 +131,7 @@ class Future(cf.Future):
     # task id (set by whoever made it); the backend/worker that can cancel it
     task_id: int = 0
     _canceller = None
-    _prober = None  # driver futures: asks the workers whether the task runs now (-> RUNNING)
+    _prober = None  # driver futures: does a worker run the task now (-> RUNNING); spawned: is it lent out
     # Defaults until set: a future costs one object and its condition, not five objects.
     # Each garbage-collected object per task is paid again by every collection that walks
     # the futures in flight (20,000 of them in a burst of tiny tasks: ~1.5 us per task).

@@ -141,6 +141,35 @@ def test_an_int_incumbent_past_2_53_does_not_hide_a_better_node(pilot2, sense):
         assert (r.value, r.node) == (-(BIG + 250), -(BIG + 250))
 
 
+def _np_big_kids(node):
+    if node == "root":
+        return ["a", "b"]
+    return [np.int64(BIG + 250)] if node == "b" else []
+
+
+def _np_big_objective(node):
+    return np.int64(BIG + 200) if node == "a" else np.int64(0) if isinstance(node, str) else node
+
+
+def _np_big_bound(node):
+    if isinstance(node, str):
+        return {"root": np.int64(BIG + 250), "a": np.int64(BIG + 200), "b": np.int64(BIG + 250)}[node]
+    return node
+
+
+@pytest.mark.parametrize("co", ["sequential", "stack-stealing"])
+def test_numpy_int_objectives_past_2_53_are_compared_exactly(pilot2, co):
+    """numpy ints became floats in model.number (rounded to the nearest, 2**60+200 ->
+    2**60+256): the task's own best was a value no node has, above 2**60+250, which it
+    pruned: Result(2**60+256.0, "a") in both senses.  Integers now stay exact ints."""
+    r = branch_and_bound.maximise(pilot2, "root", _np_big_kids, _np_big_objective, _np_big_bound,
+                                  coordination=co)
+    assert (r.value, r.node) == (BIG + 250, BIG + 250)
+    r = branch_and_bound.minimise(pilot2, "root", _np_big_kids, lambda n: -_np_big_objective(n),
+                                  lambda n: -_np_big_bound(n), coordination=co)
+    assert (r.value, r.node) == (-(BIG + 250), BIG + 250)
+
+
 def _two_big_kids(flags, node):
     """root -> "b" (its child BIG+250 comes only once "a"'s value is in the cell) and "a"."""
     if node == "root":

@@ -58,12 +58,15 @@ def coordination_of(value) -> Coordination:
 
 
 def number(value, what: str, path, node=_UNKNOWN) -> float:
-    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node."""
+    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node.
+    Integers come back as exact Python ints, other reals as floats."""
     t = type(value)
     if t is int or t is float:
         if value != value:
             raise TypeError(f"{what} returned NaN at {where(path, node)}; it must return a number")
         return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)  # numpy ints exactly: float() rounds past 2**53, up as often as down
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         f = float(value)
         if f != f:  # numpy's NaN is a Real too

@@ -45,6 +45,7 @@ incumbent at every node (a few us each).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -88,7 +89,8 @@ _EMPTY = iter(())
 class Explorer(CountLoops, BnBLoop):
     """Depth-first search of one unit of work inside one task: worker thread only."""
 
-    def __init__(self, spec: SearchSpec, base: tuple, ctl, me: int, split: bool):
+    def __init__(self, spec: SearchSpec, base: tuple, ctl, me: int, split: bool,
+                 held: float = -math.inf):
         self.spec = spec
         self.children = unwrap(spec.children)
         self.accept = unwrap(spec.accept)
@@ -136,7 +138,10 @@ class Explorer(CountLoops, BnBLoop):
         if self.cell is not None:
             g = max(g, self.cell.value)
         self.glob = g  # best value anywhere (as of the last poll)
-        self.local = spec.initial  # best value this task found
+        # best value this task found or its spawners held when they spawned it (their
+        # results carry it, and this task's result counts only if theirs do): ties with
+        # it may be pruned; the cell's value is pruned strictly (_limits)
+        self.local = max(spec.initial, held)
         self._limits()
 
     def frames_in_use(self) -> int:
@@ -451,7 +456,10 @@ class Explorer(CountLoops, BnBLoop):
         """Spawn a search task for the subtree at ``path`` (joined by ``join``)."""
         a = self.ctl
         a[self.me, SPAWNED] += 1
-        self.futs.append(shoal.spawn(task, self.spec, node, path))
+        if self.local > self.spec.initial:  # (what this task and its spawners hold)
+            self.futs.append(shoal.spawn(task, self.spec, node, path, self.local))
+        else:
+            self.futs.append(shoal.spawn(task, self.spec, node, path))
         self.tally.splits += 1
 
     def join(self) -> None:
@@ -478,13 +486,14 @@ class Explorer(CountLoops, BnBLoop):
 # ---------------------------------------------------------------------------
 
 
-def task(spec: SearchSpec, node, path: tuple) -> Tally:
-    """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
+def task(spec: SearchSpec, node, path: tuple, held: float = -math.inf) -> Tally:
+    """One search task: the subtree at ``path`` (``node`` is None when indexed); ``held``:
+    the best value its spawners hold (Explorer.local)."""
     ctl = spec.control.array
     me = slot(ctl)
     ctl[me, STARTED] += 1
     coord = spec.coordination
-    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL, held=held)
     if spec.collect:
         ex.tally.found_nodes = []
 

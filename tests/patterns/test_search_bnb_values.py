@@ -162,15 +162,39 @@ def pt_children_bare_at_12(node):
 
 
 def test_read_inlines_one_plain_key_only():
-    assert shapes.read(operator.attrgetter("val"), "objective") == ("child.val", {})
-    assert shapes.read(operator.attrgetter("a.b"), "objective") == ("child.a.b", {})
-    assert shapes.read(operator.itemgetter(2), "bound") == ("child[2]", {})
-    assert shapes.read(operator.itemgetter("k"), "bound") == ("child['k']", {})
+    assert shapes.read(operator.attrgetter("val"), "objective") == ("child.val", {}, True)
+    assert shapes.read(operator.attrgetter("a.b"), "objective") == ("child.a.b", {}, True)
+    assert shapes.read(operator.itemgetter(2), "bound") == ("child[2]", {}, True)
+    assert shapes.read(operator.itemgetter("k"), "bound") == ("child['k']", {}, True)
     for fn in (operator.attrgetter("a", "b"), operator.attrgetter("class"),
                operator.attrgetter("a b"), operator.itemgetter(1, 2),
                operator.itemgetter(slice(1))):
-        src, values = shapes.read(fn, "bound")
-        assert src == "bound(child)" and values == {"bound": fn}
+        src, values, inline = shapes.read(fn, "bound")
+        assert src == "bound(child)" and values == {"bound": fn} and not inline
+
+
+def field_val(nd):
+    return nd.val
+
+
+def field_bnd(nd):
+    """A docstring does not stop the inlining."""
+    return nd.bnd
+
+
+def test_read_inlines_a_function_that_is_one_expression():
+    """``def value(node): return node.value`` is read inline as a getter is (shapes.inlined,
+    the count loop's accept rule); the same function serves as accept and as bound, and each
+    loop gets the expression with its own names."""
+    assert shapes.read(field_val, "objective") == ("(child.val)", {"objective": field_val}, True)
+    assert shapes.read(field_bnd, "bound") == ("(child.bnd)", {"bound": field_bnd}, True)
+    part = functools.partial(lambda k, nd: nd[k], 1)  # a lambda: its source is its line, not inlined
+    assert shapes.read(part, "bound")[2] is False
+    shapes.INLINE = False
+    try:
+        assert shapes.read(field_val, "objective") == ("objective(child)", {"objective": field_val}, False)
+    finally:
+        shapes.INLINE = True
 
 
 @pytest.mark.no_leak_check
@@ -186,6 +210,10 @@ def test_getter_model_finds_what_the_function_model_finds(pilot2, coordination, 
                   (lambda nd: nd.bnd) if sense == "max" else (lambda nd: nd[1]),
                   coordination=coordination, ordered=True)
     assert (got.value, got.node, got.path) == (want.value, want.node, want.path)
+    if sense == "max":  # one-expression functions, read inline as well
+        fns = search(pilot2, root, pt_children, field_val, field_bnd, coordination=coordination,
+                     ordered=True)
+        assert (fns.value, fns.node, fns.path) == (want.value, want.node, want.path)
     assert got.value == (42 if sense == "max" else 0)
 
 

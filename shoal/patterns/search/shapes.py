@@ -202,7 +202,7 @@ def inlined(fn, name: str) -> str | None:
         f, nbound = fn, 0
     else:
         return None
-    key = (f.__code__, nbound)
+    key = (f.__code__, nbound, name)  # (the expression names the bound arguments after ``name``)
     if key not in _INLINED:
         _INLINED[key] = _expression(f, [f"{name}_a{k}" for k in range(nbound)] + ["child"])
     return _INLINED[key]
@@ -355,18 +355,22 @@ BNB_LINES: dict = {}  # (rec_bnb's code, line) -> ("value", "bound()", local): w
 #                       read() inlined (bnb.BnBLoop.rec_own_error names the node)
 
 
-def read(fn, name: str) -> tuple[str, dict]:
+def read(fn, name: str) -> tuple[str, dict, bool]:
     """``_call``, except that ``operator.attrgetter("a")``/``itemgetter(k)`` of one plain key
-    become ``child.a``/``child[k]`` in the loop's source: what they do, without the call."""
+    become ``child.a``/``child[k]`` in the loop's source (what they do, without the call), and
+    so does a function whose body is one expression over its parameters (``inlined``:
+    ``def value(node): return node.value``); the bool says the source is such a read."""
     if type(fn) is operator.attrgetter:
         key, *more = fn.__reduce__()[1]
         if not more and all(p.isidentifier() and not keyword.iskeyword(p) for p in key.split(".")):
-            return f"child.{key}", {}
+            return f"child.{key}", {}, True
     elif type(fn) is operator.itemgetter:
         key, *more = fn.__reduce__()[1]
         if not more and type(key) in (int, str):
-            return f"child[{key!r}]", {}
-    return _call(fn, name)
+            return f"child[{key!r}]", {}, True
+    src, values = _call(fn, name)
+    expr = inlined(fn, name) if INLINE else None
+    return (src, values, False) if expr is None else (expr, values, True)
 
 
 def bnb_loop(ex, cap: int):
@@ -379,13 +383,12 @@ def bnb_loop(ex, cap: int):
 
     spec = ex.spec
     values: dict = {}
-    calls = []
-    for fn, name, how in ((ex.bound, "bound", read), (ex.objective, "objective", read),
-                          (ex.children, "children", _call)):
-        src, more = how(fn, name)
-        calls.append(src)
-        values.update(more)
-    bcall, ocall, kcall = calls
+    bcall, more, bread = read(ex.bound, "bound")
+    values.update(more)
+    ocall, more, oread = read(ex.objective, "objective")
+    values.update(more)
+    kcall, more = _call(ex.children, "children")
+    values.update(more)
     pl, neg, ordered = bool(spec.prune_level), bool(spec.negate), bool(spec.ordered)
     key = ("bnb", bcall, ocall, kcall, pl, neg, ordered)
     build = _CACHE.get(key)
@@ -420,8 +423,8 @@ def bnb_loop(ex, cap: int):
                 if f"# [{what}]" in line:
                     BNB_LINES[(rec, n)] = ("value", f"{what}()", local)
             # an inlined read has no call for register_recursions to find
-            if line.strip() == f"{b} = {bcall}" and bcall.startswith("child"):
+            if line.strip() == f"{b} = {bcall}" and bread:
                 BNB_LINES[(rec, n)] = ("read", "bound", None)
-            elif line.strip() == f"v = {ocall}" and ocall.startswith("child"):
+            elif line.strip() == f"v = {ocall}" and oread:
                 BNB_LINES[(rec, n)] = ("read", "objective", None)
     return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), math.inf, **values)

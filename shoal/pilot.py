@@ -45,6 +45,7 @@ class Pilot(cf.Executor):
                  trace: str | None = None, seed: int = 0, initializer=None, initargs: tuple = (),
                  max_tasks_per_child: int | None = None,
                  dashboard: int | str | None = None, **options):
+        context.refuse_while_loading()
         workers = _worker_count(workers, max_workers)
         try:
             kind = BackendKind(backend)

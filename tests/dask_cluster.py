@@ -180,6 +180,20 @@ class Clusters:
 # -- fixtures shared by the test modules (imported there by name) ---------------------------
 
 
+def two_workers():
+    """A LocalCluster of two dask worker processes, as a module fixture of the dask attack
+    modules (``cluster = pytest.fixture(scope="module", name="cluster")(two_workers)``).
+    Multiprocessing's resource tracker, which a LocalCluster starts, is started first:
+    module fixtures are set up before the per-test leak check looks, so it never counts as
+    a leak."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    c = local_cluster(2)
+    yield c
+    c.close()
+
+
 @pytest.fixture(scope="module")
 def clusters():
     """The module's clusters (started on first use, before the per-test leak check)."""

@@ -22,14 +22,28 @@ import time
 import shoal
 
 
-def mark(path: str, i: int) -> int:
-    """Append ``i`` to ``path`` (O_APPEND: one write per run, whole lines); ``i`` as the result."""
+def append_line(path: str, line: str) -> None:
+    """One whole line appended with O_APPEND (one write: safe from any process)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, b"%d\n" % i)
+        os.write(fd, line.encode() + b"\n")
     finally:
         os.close(fd)
+
+
+def mark(path: str, i: int) -> int:
+    """Append ``i`` to ``path`` (O_APPEND: one write per run, whole lines); ``i`` as the result."""
+    append_line(path, str(i))
     return i
+
+
+def marked_gate(marks: str, name: str, gate: str, timeout: float = 120.0) -> str:
+    """Append ``start <name> <pid>`` to ``marks`` (the side effect a test checks), block
+    until ``gate`` exists, append ``end <name>``; ``name`` as the result."""
+    append_line(marks, f"start {name} {os.getpid()}")
+    wait_for(gate, timeout)
+    append_line(marks, f"end {name}")
+    return name
 
 
 def ran(path: str) -> collections.Counter:

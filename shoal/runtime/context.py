@@ -24,6 +24,21 @@ worker = None  # the Worker loop when this process is a shoal worker
 pilots: list = []  # weak references to the open pilots of this driver process, innermost last
 backends: weakref.WeakSet = weakref.WeakSet()  # backends of open (or closing) pilots
 exiting = False  # the interpreter is shutting down: no new work
+loading: str | None = None  # what this shoal worker is unpickling now (a task's function or
+#                             arguments): no pilot may start then (refuse_while_loading)
+
+
+def refuse_while_loading() -> None:
+    """A pilot started while a worker unpickles a task: the module imported for it starts one
+    at import time, and would start one in every worker (the driver then waited forever).
+    multiprocessing refuses the same with "An attempt has been made to start a new process
+    before the current process has finished its bootstrapping phase"."""
+    if loading is not None:
+        raise RuntimeError(
+            f"shoal.Pilot() was called while a shoal worker was loading {loading}: a module "
+            f"imported to unpickle it starts a pilot when it is imported. Guard the script's "
+            f"entry point with `if __name__ == '__main__':` (multiprocessing needs the same), "
+            f"so that importing the module only defines its functions")
 
 
 def push_pilot(pilot, backend) -> None:

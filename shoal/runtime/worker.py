@@ -434,7 +434,11 @@ class Worker:
         elif kind == Kind.DEFINE:
             status = self.status
             status[STATUS_LOADING] = int.from_bytes(msg[1:5], "little")  # a crash here names it
-            fn_id, fn = wire.decode_define(msg)
+            context.loading = "a task's function"
+            try:
+                fn_id, fn = wire.decode_define(msg)
+            finally:
+                context.loading = None
             status[STATUS_LOADING] = 0
             self.fns[fn_id] = fn
             self.fn_ids[id(fn)] = fn_id
@@ -664,12 +668,16 @@ class Worker:
         t0 = time.perf_counter() if tracer is not None else 0.0
         self.depth += 1
         try:
-            if fn is None:
-                fn, args, kwargs = wire.load_args(body, "an inline task")
-            elif type(fn) is wire.Unloadable:
-                fn()  # raises the SerializationError that says why it could not be loaded
-            else:
-                args, kwargs = wire.load_args(body, wire.describe(fn))
+            context.loading = "a task's arguments"
+            try:
+                if fn is None:
+                    fn, args, kwargs = wire.load_args(body, "an inline task")
+                elif type(fn) is wire.Unloadable:
+                    fn()  # raises the SerializationError that says why it could not be loaded
+                else:
+                    args, kwargs = wire.load_args(body, wire.describe(fn))
+            finally:
+                context.loading = None
             self.in_user = True
             if self.poked:
                 self.poll_in_task()  # a thief poked while the arguments were unpickled

@@ -7,29 +7,8 @@ import os
 import time
 
 
-def append(path: str, line: str) -> None:
-    """One whole line appended with O_APPEND (from any process)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode() + b"\n")
-    finally:
-        os.close(fd)
-
-
-def gated(marks: str, name: str, gate: str, timeout: float = 120.0) -> str:
-    """Mark ``start <name>`` (the side effect the tests check), block until ``gate`` exists;
-    ``name`` as the result."""
-    append(marks, f"start {name}")
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(gate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nobody created {gate}")
-        time.sleep(0.005)
-    return name
-
-
 def started(marks: str) -> list[str]:
-    """The names ``gated`` started, in order (one entry per run)."""
+    """The names ``rt_tasks.marked_gate`` started, in order (one entry per run)."""
     if not os.path.exists(marks):
         return []
     with open(marks) as f:

@@ -9,25 +9,12 @@ import os
 
 import attack_tasks as at
 import pytest
-from dask_cluster import local_cluster, shoal_workers, wait_until
+from dask_cluster import local_cluster, shoal_workers, two_workers, wait_until
 
 import shoal
 
 pytestmark = pytest.mark.fd_slack(8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _resource_tracker():
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = local_cluster(2)
-    yield c
-    c.close()
+cluster = pytest.fixture(scope="module", name="cluster")(two_workers)  # 2 dask workers
 
 
 def test_a_running_task_still_hears_its_flag_after_many_other_replicas(cluster):

@@ -13,34 +13,25 @@ from __future__ import annotations
 import dask_contract_tasks as dt
 import pytest
 import rt_tasks as t
-from dask_cluster import local_cluster, wait_until
+from dask_cluster import two_workers, wait_until
 
 import shoal
 from shoal.backends.dask import cancel as dcancel
 
 pytestmark = pytest.mark.fd_slack(8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _resource_tracker():
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = local_cluster(2)
-    yield c
-    c.close()
+cluster = pytest.fixture(scope="module", name="cluster")(two_workers)  # 2 dask workers
 
 
 @pytest.fixture(scope="module")
 def narrow():
     """One dask worker of 3 threads (its node runtime: 1 shoal worker): a blocker runs, the
-    next 2 tasks wait in the node runtime's queue, each in a dask thread inside run_task."""
+    next 2 tasks wait in the node runtime's queue, each in a dask thread inside run_task.
+    (``cluster``: two dask workers, tests/dask_cluster.py ``two_workers``.)"""
+    from multiprocessing import resource_tracker
+
     from distributed import LocalCluster
 
+    resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
     c = LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address=None)
     yield c
     c.close()
@@ -49,9 +40,9 @@ def narrow():
 def _node_queued(pilot, marks: str, gate: str, n: int = 2):
     """(blocker, ``n`` futures whose tasks wait in the node runtime's queue)."""
     be = pilot._backend
-    blocker = pilot.submit(dt.gated, marks, "b", gate)
+    blocker = pilot.submit(t.marked_gate, marks, "b", gate)
     wait_until(lambda: "b" in dt.started(marks), 60, "the blocker to start")
-    queued = [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(n)]
+    queued = [pilot.submit(t.marked_gate, marks, f"q{i}", gate) for i in range(n)]
     keys = [be._dask_of[q].key for q in queued]
     wait_until(lambda: sorted(sum(be.client.run(dt.queued_in_node, be.token, keys).values(),
                                   [])) == sorted(keys), 60, "the tasks queued in the node runtime")
@@ -69,12 +60,12 @@ def test_cancel_many_answers_like_cancel_for_foreign_duplicate_and_done_futures(
             shoal.Pilot(workers=1) as local:
         done = mine.submit(t.inc, 1)
         assert done.result(60) == 2
-        blockers = [other.submit(dt.gated, marks, f"b{i}", gate) for i in range(2)]
-        blockers.append(local.submit(dt.gated, marks, "lb", gate))
+        blockers = [other.submit(t.marked_gate, marks, f"b{i}", gate) for i in range(2)]
+        blockers.append(local.submit(t.marked_gate, marks, "lb", gate))
         wait_until(lambda: {"b0", "b1", "lb"} <= set(dt.started(marks)), 60, "blockers to start")
-        foreign = other.submit(dt.gated, marks, "fq", gate)  # both dask workers are busy
-        behind = local.submit(dt.gated, marks, "lq", gate)  # behind lb on the one local worker
-        own = mine.submit(dt.gated, marks, "own", gate)
+        foreign = other.submit(t.marked_gate, marks, "fq", gate)  # both dask workers are busy
+        behind = local.submit(t.marked_gate, marks, "lq", gate)  # behind lb on the one local worker
+        own = mine.submit(t.marked_gate, marks, "own", gate)
         answers = mine.cancel_many([foreign, behind, own, own, done, blockers[0]])
         assert answers == [True, True, True, True, False, False], answers
         assert foreign.cancelled() and behind.cancelled() and own.cancelled()
@@ -84,17 +75,26 @@ def test_cancel_many_answers_like_cancel_for_foreign_duplicate_and_done_futures(
     assert not {"fq", "lq", "own"} & set(ran), f"a future cancel_many called cancelled ran: {ran}"
 
 
-def test_a_holder_answering_late_never_turns_false_into_cancelled(narrow, monkeypatch, tmp_path):
+@pytest.mark.parametrize("give_up", ["delivered", "lost"])
+def test_a_holder_answering_late_never_turns_false_into_cancelled(give_up, narrow, monkeypatch,
+                                                                  tmp_path):
     """The dask worker holding queued tasks takes them back (from its node runtime's queue)
     and then answers after the driver gave up waiting (its event loop stalls: a GC pause, a
     SIGSTOP between taking and replying, a slow link).  ``cancel()`` says False, so each
-    task must run and deliver its result.  Before: the taken tasks never ran and their
-    futures ended CANCELLED after ``cancel()`` had said False (4 of 4 in each run)."""
+    task must run, once, and deliver its result.  Before: the taken tasks never ran and
+    their futures ended CANCELLED after ``cancel()`` had said False (4 of 4 in each run).
+
+    ``lost``: the driver's ``give_up`` never arrives either (dropped on the dask worker).
+    The waiting ``run_task`` asks the scheduler once its wait is over; the rounds were not
+    confirmed there, so the tasks run.  Before: it waited for the verdict forever (the
+    results never came: TimeoutError; the dask threads stayed taken)."""
     monkeypatch.setattr(dcancel, "CLAIM_TIMEOUT_S", 1.0)
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
     with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
         be = pilot._backend
         blocker, queued = _node_queued(pilot, marks, gate)
+        if give_up == "lost":
+            be.client.run(dt.lose_verdicts, 0.5)
         be.client.run(dt.slow_replies, 2.0)
         try:
             answers = [q.cancel() for q in queued]
@@ -104,39 +104,15 @@ def test_a_holder_answering_late_never_turns_false_into_cancelled(narrow, monkey
         t.release(gate)
         assert blocker.result(60) == "b"
         outcomes = []
-        for q in queued:
-            try:
-                outcomes.append(q.result(60))
-            except BaseException as exc:  # noqa: BLE001 - the bug: CancelledError
-                outcomes.append(f"{type(exc).__name__} cancelled={q.cancelled()}")
-        assert outcomes == ["q0", "q1"], outcomes
-    assert sorted(dt.started(marks)) == ["b", "q0", "q1"]
-
-
-def test_a_lost_give_up_is_bounded_and_the_task_runs(narrow, monkeypatch, tmp_path):
-    """The holder took two node-queued tasks back and answered late (``cancel()`` said
-    False), and the driver's ``give_up`` never arrives (dropped on the dask worker).  The
-    waiting ``run_task`` asks the scheduler once its wait is over; the rounds were not
-    confirmed there, so each task runs and delivers, once.  Before: it waited for the
-    verdict forever (the results never came; the dask threads stayed taken)."""
-    monkeypatch.setattr(dcancel, "CLAIM_TIMEOUT_S", 1.0)
-    marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
-    with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
-        be = pilot._backend
-        blocker, queued = _node_queued(pilot, marks, gate)
-        be.client.run(dt.lose_verdicts, 0.5)
         try:
-            be.client.run(dt.slow_replies, 2.0)
-            try:
-                answers = [q.cancel() for q in queued]
-            finally:
-                be.client.run(dt.prompt_replies)
-            assert answers == [False, False]
-            t.release(gate)
-            assert blocker.result(60) == "b"
-            assert [q.result(60) for q in queued] == ["q0", "q1"]
+            for q in queued:
+                try:
+                    outcomes.append(q.result(60))
+                except BaseException as exc:  # noqa: BLE001 - the bug: CancelledError
+                    outcomes.append(f"{type(exc).__name__} cancelled={q.cancelled()}")
         finally:
             be.client.run(dt.keep_verdicts)
+        assert outcomes == ["q0", "q1"], outcomes
     assert sorted(dt.started(marks)) == ["b", "q0", "q1"]
 
 
@@ -212,7 +188,7 @@ def _thread_rounds(cluster, tmp_path, rounds: int, seed: int) -> None:
         marks, gate = str(tmp_path / f"marks{r}"), str(tmp_path / f"gate{r}")
         with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
             blocker, queued = _node_queued(pilot, marks, gate)
-            queued += [pilot.submit(dt.gated, marks, f"q{i}", gate) for i in range(2, 6)]
+            queued += [pilot.submit(t.marked_gate, marks, f"q{i}", gate) for i in range(2, 6)]
             answers: dict[int, list[bool]] = {i: [] for i in range(len(queued))}
             lock = threading.Lock()
 
@@ -266,7 +242,7 @@ def test_a_task_refused_by_another_rounds_tombstone_is_taken_not_started(narrow,
     with shoal.Pilot(backend="dask", cluster=narrow, workers=1) as pilot:
         be = pilot._backend
         blocker, queued = _node_queued(pilot, marks, gate)  # the dask worker's 3 threads busy
-        late = pilot.submit(dt.gated, marks, "late", gate)  # in the dask worker's own queue
+        late = pilot.submit(t.marked_gate, marks, "late", gate)  # in the dask worker's own queue
         key = be._dask_of[late].key
         wait_until(lambda: be.client.run_on_scheduler(dt.state_on_scheduler, key) == "processing",
                    60, "the task to reach the dask worker")

@@ -1,30 +1,8 @@
-"""Task functions of tests/dask/test_dask_unresponsive.py (imported by the dask workers)."""
+"""What tests/dask/test_dask_unresponsive.py reads of ``rt_tasks.marked_gate``'s marks."""
 
 from __future__ import annotations
 
 import os
-import time
-
-
-def _append(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode() + b"\n")
-    finally:
-        os.close(fd)
-
-
-def marked_gate(marks: str, name: str, gate: str, timeout: float = 120.0) -> str:
-    """Append ``start <name> <pid>`` to ``marks`` (O_APPEND: the side effect the test
-    checks), block until ``gate`` exists, append ``end <name>``; ``name`` as the result."""
-    _append(marks, f"start {name} {os.getpid()}")
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(gate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nobody created {gate}")
-        time.sleep(0.01)
-    _append(marks, f"end {name}")
-    return name
 
 
 def starts(marks: str) -> dict[str, list[int]]:

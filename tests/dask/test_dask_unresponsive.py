@@ -99,8 +99,8 @@ def test_a_stopped_worker_bounds_cancel_running_and_shutdown(cluster, tmp_path):
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
     pilot = _pilot(cluster)
     try:
-        a = pilot.submit(ft.marked_gate, marks, "a", gate)
-        b = pilot.submit(ft.marked_gate, marks, "b", gate)
+        a = pilot.submit(t.marked_gate, marks, "a", gate)
+        b = pilot.submit(t.marked_gate, marks, "b", gate)
         wait_until(lambda: {"a", "b"} <= set(ft.starts(marks)), 60, "both blockers to start")
         wait_until(lambda: a.running() and b.running(), 30, "RUNNING from the nodes' events")
         # running() asks nobody: with every round trip refused it still answers
@@ -112,7 +112,7 @@ def test_a_stopped_worker_bounds_cancel_running_and_shutdown(cluster, tmp_path):
             client.run = real_run
         stopped = _holder(pilot, marks, "b")
         _stop(cluster, stopped)
-        queued = [pilot.submit(ft.marked_gate, marks, f"q{i}", gate) for i in range(4)]
+        queued = [pilot.submit(t.marked_gate, marks, f"q{i}", gate) for i in range(4)]
         assert a.running() and not a.cancel()  # a runs on the worker that answers: at once
         # the claim round (what cancel() runs before the STARTED event is in) asks only the
         # holder; b's holder is stopped: not taken, within the bound
@@ -153,7 +153,7 @@ def test_a_holder_killed_during_the_round_never_gives_true(cluster, tmp_path):
     marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
     pilot = _pilot(cluster)
     try:
-        fut = pilot.submit(ft.marked_gate, marks, "a", gate)
+        fut = pilot.submit(t.marked_gate, marks, "a", gate)
         wait_until(lambda: "a" in ft.starts(marks), 60, "the task to start")
         holder = _holder(pilot, marks, "a")
         _stop(cluster, holder)

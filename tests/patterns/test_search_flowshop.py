@@ -110,3 +110,19 @@ def test_taillard_ta005_proved_optimal(pilot2):
     p = fs.taillard(fs.TA20x5_SEEDS[4], 20, 5)
     r = fs.solve_bidirectional(pilot2, p)
     assert r.value == fs.TA20x5_OPTIMA[4] == 1235 == fs.makespan(p, r.node.seq)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_shops_full_of_ties_vs_brute_force(pilot2, seed):
+    """Random shops (1-5 machines, 2-7 jobs, times 1..3: ties everywhere, where a bound order
+    that prune_level relies on is easiest to get wrong), both branchings, from NEH and as a
+    proof that nothing beats the optimum minus one."""
+    rng = random.Random(seed)
+    n, m = rng.randint(2, 7), rng.randint(1, 5)
+    p = tuple(tuple(rng.randint(1, 3) for _ in range(n)) for _ in range(m))
+    want = fs.brute_force(p)
+    for solve in (fs.solve, fs.solve_bidirectional):
+        r = solve(pilot2, p)
+        assert r.value == want == fs.makespan(p, r.node.seq) and sorted(r.node.seq) == list(range(n))
+        if want > 1:
+            assert solve(pilot2, p, upper=want - 1).node is None

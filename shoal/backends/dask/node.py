@@ -278,7 +278,8 @@ def run_task(cfg: NodeConfig, blob: bytes, args: tuple, kwargs: dict, timeout: f
         _tag(exc)
         if key is not None:  # dask may retry it: the driver's future is PENDING again
             failed = True
-            publish(cfg.token, {"ended": [key]})
+            with _watch_cv:  # after this attempt's STARTED, if any (_watch_loop)
+                publish(cfg.token, {"ended": [key]})
         raise
     finally:
         _leave(node, pinned)
@@ -330,22 +331,27 @@ def _watch_loop() -> None:
                 _watch_cv.wait()
             items = list(_watched.items())
         t0 = time.perf_counter()
-        started: dict[str, list[str]] = {}
+        started: dict[str, list[tuple[str, object]]] = {}
         seen = []
         for (token, key), local in items:
             try:
                 if local.done():
                     seen.append((token, key))
                 elif local.running():
-                    started.setdefault(token, []).append(key)
+                    started.setdefault(token, []).append((key, local))
                     seen.append((token, key))
             except Exception:  # noqa: BLE001 - a runtime closing under us: stop watching it
                 seen.append((token, key))
         with _watch_cv:
             for item in seen:
                 _watched.pop(item, None)
-        for token, keys in started.items():
-            publish(token, {"started": keys})
+            # under the lock, and only while the attempt has not ended: run_task publishes
+            # "ended" under it too, so an attempt's STARTED never arrives after its "ended"
+            # (the future would stay RUNNING through a queued retry)
+            for token, pairs in started.items():
+                keys = [key for key, local in pairs if not local.done()]
+                if keys:
+                    publish(token, {"started": keys})
         # at most ~10% of a CPU: a big node with many queued tasks scans for longer
         time.sleep(max(WATCH_S, 9 * (time.perf_counter() - t0)))
 

@@ -46,6 +46,11 @@ class BnBLoop:
         except Exception as exc:  # a user function raised (or returned a non-iterable)
             if getattr(exc, "_shoal_answer", False):  # number() rejected a value
                 raise
+            own = self.rec_own_error(exc)
+            if isinstance(own, SearchError):  # an inlined read raised
+                raise own from exc
+            if own is not None:  # a value that is no number: number()'s TypeError
+                raise own from None
             raise self.rec_error(exc) from exc
         finally:
             t.nodes += self.rec_nodes
@@ -65,8 +70,50 @@ class BnBLoop:
             exc._shoal_answer = True
             raise
 
+    def rec_improve(self, child, v) -> None:
+        """The recursive loop's rare branch for an objective ``v`` (as returned) that did not
+        compare as no better than the incumbent: a better number, or NaN or no number at
+        all (refused here, naming the node)."""
+        path = self.rec_path()
+        v = self.rec_number(v, "objective()", child)
+        if self.spec.negate:
+            v = -v
+        if v > self.lim and v >= self.slim:
+            self.improve(child, v, path)
+
+    def rec_own_error(self, exc: BaseException) -> BaseException | None:
+        """The error naming the node when ``exc`` (raised in the recursive loop) came from
+        comparing or negating a bound or objective that is no number (None, str, ...: the
+        loop checks values on its rare branches only, shapes.py) -- number()'s TypeError --
+        or from a read that ``shapes.read`` inlined (``child.bound``); else None."""
+        frames, last = [], None
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in shapes.BNB_CODES:
+                frames.append(tb.tb_frame)
+                last = tb
+            tb = tb.tb_next
+        if last is None:
+            return None
+        which = shapes.BNB_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        if which is None:
+            return None
+        kind, what, local = which
+        loc = last.tb_frame.f_locals
+        path = self.base + tuple(self.rec_levels(frames)[1])
+        if kind == "read":
+            return SearchError(f"{what}() raised {exc!r} at {where(path, loc['child'])}")
+        try:
+            number(loc[local], what, path, loc["child"])
+        except TypeError as bad:
+            return bad
+        return None
+
     def rec_misordered(self, i: int, b: float, prev: float) -> None:
-        self._misordered(self.base + tuple(self.rec_levels()[1][:-1]), i, b, prev)
+        """``b`` (child ``i``'s bound) above ``prev``: misordered, unless ``i`` is the level's
+        first child (``prev`` is then the parent's bound: a bound need not shrink down a path)."""
+        if i:
+            self._misordered(self.base + tuple(self.rec_levels()[1][:-1]), i, b, prev)
 
     def _deep_bnb_level(self, it) -> None:
         """A level below the recursive loop's ``cap`` (its node visited, no child taken):

@@ -225,7 +225,14 @@ class SearchCheckpoint:
             raise SearchError(f"checkpoint {self.path!r} belongs to another search ({kind}, "
                               f"format {fmt}); this is a {self.kind} of another root or with "
                               "other options.  Delete it, or give this search its own path")
-        return state["tally"], state["units"]
+        tally, units = state.get("tally"), state.get("units")
+        if not (isinstance(tally, Tally) and isinstance(units, list)
+                and all(type(u) is tuple and len(u) == 2 and type(u[1]) is tuple for u in units)):
+            # (a file of the right search whose body is not what save writes: a raw
+            # AttributeError/TypeError from the driver loop, or a wrong count, before)
+            raise SearchError(f"checkpoint {self.path!r} is unreadable (its tally or frontier is not "
+                              "what a checkpoint holds); delete it to start the search afresh")
+        return tally, units
 
     def save(self, tally: Tally, units: list) -> None:
         state = {"format": FORMAT, "kind": self.kind, "digest": self.digest, "tally": tally,

@@ -65,7 +65,10 @@ def number(value, what: str, path, node=_UNKNOWN) -> float:
             raise TypeError(f"{what} returned NaN at {where(path, node)}; it must return a number")
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
+        f = float(value)
+        if f != f:  # numpy's NaN is a Real too
+            raise TypeError(f"{what} returned NaN at {where(path, node)}; it must return a number")
+        return f
     raise TypeError(f"{what} returned {value!r} ({t.__name__}) at {where(path, node)}; "
                     "it must return a real number (int or float)")
 

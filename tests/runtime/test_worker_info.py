@@ -3,7 +3,10 @@
 Real worker processes: nesting grows by one per help-first join that runs a task
 inline, ``max_nesting`` is what the worker's raised recursion limit affords, and
 ``hungry()`` sees an idle peer go busy when it steals a blocked child and idle
-again when that child ends.  No timing is assumed: every wait is for a condition.
+again when that child ends.  The same live reads build two stealing windows: a steal
+request poked while a task starts, and ``cancel()`` of a child a thief runs.  (Task
+functions live here, not in test_stealing.py: workers import this module, whose imports
+are all shoal's.)  No timing is assumed: every wait is for a condition.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import CancelledError
 
 import pytest
 
@@ -184,3 +188,40 @@ def test_a_steal_request_poked_while_a_task_starts_is_answered_from_the_task():
     with shoal.Pilot(workers=2) as p:
         answered, counters = p.submit(_answered_from_the_task, _PokedWhileUnpickled()).result(60)
     assert answered, f"the steal request was not answered while the task ran: {counters}"
+
+
+def _hold_until_gate(started: str, gate: str) -> int:
+    with open(started, "w"):
+        pass
+    _wait_for(lambda: os.path.exists(gate), gate, 60)
+    return shoal.current_worker().id
+
+
+def _cancel_a_child_a_thief_runs(started: str, gate: str) -> tuple:
+    """Spawn a child that blocks, wait until the idle peer has stolen it and runs it
+    (this task never joins before that, so only a thief can start it), cancel it."""
+    child = shoal.spawn(_hold_until_gate, started, gate)
+    _wait_for(lambda: os.path.exists(started), "the thief runs the child")
+    running = child.running()  # not known here: it stays PENDING
+    said = child.cancel()
+    with open(gate, "w"):
+        pass
+    try:
+        value = child.result()
+    except CancelledError:
+        value = "cancelled"
+    return shoal.current_worker().id, running, said, value
+
+
+def test_cancel_of_a_child_a_thief_runs_says_false(tmp_path):
+    """Inside a task, ``cancel()`` of a spawned child that is out on loan must not say True:
+    the thief may run it (here it does), and nothing stops it there.  Before, it said
+    True and the child ran anyway (its side effect done, its result dropped):
+    tests/attack/test_contract_local.py's ``test_cancel_inside_tasks`` hit it about 1
+    run in 10 at load 15."""
+    with shoal.Pilot(workers=2) as p:
+        me, running, said, value = p.submit(
+            _cancel_a_child_a_thief_runs, str(tmp_path / "started"), str(tmp_path / "gate")).result(90)
+    assert not running
+    assert said is False, "cancel() said True for a child a thief was running"
+    assert value in (1, 2) and value != me

@@ -14,7 +14,31 @@ prune its own search immediately.  The incumbent *node* stays with the task
 that found it and travels back up the join tree with the task's result.
 
 Pruning rule (values negated internally when minimising, so always "max"):
-a node is pruned when ``bound <= incumbent``: it cannot strictly improve.
+a task prunes a node when ``bound <= held`` -- ``held``: the best value this
+task found, or its spawners held when they spawned it (their results carry
+that node, and this task's result counts only if theirs do) -- or when
+``bound < the global incumbent``, strictly: the cell's value may have been
+offered by a task whose attempt died (a SIGKILLed local worker whose stolen
+task its owner runs again, a dask machine whose group dask runs again), and
+the node that attained it died with it; a re-run that pruned ties against it
+lost the optimum silently (r-break5's F3).  Why it is exact: the cell only
+ever holds values of real nodes, rounded *down* to float64
+(``model.floor_float``; an int past 2**53 rounded up pruned a better node,
+F1), so nothing in it exceeds the optimum v*; the strict test never prunes a
+node of value v*, the non-strict one only where a result that must reach the
+driver for this one to count already carries v*.  Cost: ties with incumbents
+of tasks outside a task's spawner chain are explored.  Max clique on 2
+workers (stack stealing, ``benchmarks/bench_bnb_inflation.py --repeat 10``,
+nodes / the sequential run's): C125.9 0.82x before, 1.18x with strict pruning
+against everything but the task's own finds, 0.99x with the spawners' values
+passed down; keller4 1.00x, 1.08x, 1.01x.  Rejected: strict pruning on pilots
+of several machines only (the local backend re-runs a stolen task whose
+worker died: the same loss, tests/attack/test_search_break5.py); strict
+pruning in re-run attempts only (a task cannot tell it is one, nor can the
+tasks a re-run spawns, which a thief may run anywhere); withdrawing a dead
+process's slot from the cell (tasks cached the value and pruned with it
+already, and the dask replicas hold it too).
+
 With ``prune_level=True`` (opt-in, as YewPar's PruneLevel) the children of a
 node must come in non-increasing bound order (best first), so the first pruned
 child ends its level: its later siblings are skipped without calling
@@ -28,9 +52,9 @@ are never bounded, so that check cannot see them.
 sequential depth-first order (smallest child-index path) is returned, the same
 node as ``coordination="sequential"`` finds, whatever the worker count and
 timing.  For that a task prunes ``bound < global incumbent`` (strictly) but
-``bound <= its own best`` (its own best lies before the node in depth-first
-order); ties with other tasks' incumbents are explored, which may cost some
-nodes; ties merge to the smallest path.  Without ``ordered`` the value is
+``bound <= its own best`` (its own best, or its spawners', lies before the node
+in depth-first order), as every search now does (the pruning rule above); ties
+merge to the smallest path.  Without ``ordered`` the value is
 still exact, only the node may differ among ties.
 
 Work inflation: ``stats.work_inflation = stats.nodes / reference_nodes`` when

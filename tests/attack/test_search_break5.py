@@ -9,7 +9,10 @@ flips when fixed.
 from __future__ import annotations
 
 import functools
+import os
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -110,13 +113,108 @@ def _big_bound(node):
     return BIG + 250 if node == "root" else node
 
 
-@pytest.mark.xfail(strict=True, reason="F1 (r-knap4: bnb/BestCell): an int incumbent past 2**53 is "
-                   "rounded to float64 (up, here: 2**60+200 -> 2**60+256) and prunes a node that beats "
-                   "it (2**60+250): the result is the initial value and no node")
-def test_an_int_incumbent_past_2_53_does_not_hide_a_better_node(pilot2):
-    r = branch_and_bound.maximise(pilot2, "root", _big_kids, _big_objective, _big_bound,
-                                  initial=BIG + 200)
+def _big_kids_min(node):
+    if node == "root":
+        yield -(BIG + 250)
+
+
+def _big_objective_min(node):
+    return 0 if node == "root" else node
+
+
+def _big_bound_min(node):
+    return -(BIG + 250) if node == "root" else node
+
+
+@pytest.mark.parametrize("sense", ["maximise", "minimise"])
+def test_an_int_incumbent_past_2_53_does_not_hide_a_better_node(pilot2, sense):
+    """F1: the float64 incumbent cell held float(2**60+200) = 2**60+256 (rounded *up*), which
+    pruned the strictly better node 2**60+250: the result was the initial value and no node.
+    The cell now gets a float never above the value (model.floor_float)."""
+    if sense == "maximise":
+        r = branch_and_bound.maximise(pilot2, "root", _big_kids, _big_objective, _big_bound,
+                                      initial=BIG + 200)
+        assert (r.value, r.node) == (BIG + 250, BIG + 250)
+    else:  # the mirror: -(2**60+200) negated inside, rounded towards worse too
+        r = branch_and_bound.minimise(pilot2, "root", _big_kids_min, _big_objective_min,
+                                      _big_bound_min, initial=-(BIG + 200))
+        assert (r.value, r.node) == (-(BIG + 250), -(BIG + 250))
+
+
+def _np_big_kids(node):
+    if node == "root":
+        return ["a", "b"]
+    return [np.int64(BIG + 250)] if node == "b" else []
+
+
+def _np_big_objective(node):
+    return np.int64(BIG + 200) if node == "a" else np.int64(0) if isinstance(node, str) else node
+
+
+def _np_big_bound(node):
+    if isinstance(node, str):
+        return {"root": np.int64(BIG + 250), "a": np.int64(BIG + 200), "b": np.int64(BIG + 250)}[node]
+    return node
+
+
+@pytest.mark.parametrize("co", ["sequential", "stack-stealing"])
+def test_numpy_int_objectives_past_2_53_are_compared_exactly(pilot2, co):
+    """numpy ints became floats in model.number (rounded to the nearest, 2**60+200 ->
+    2**60+256): the task's own best was a value no node has, above 2**60+250, which it
+    pruned: Result(2**60+256.0, "a") in both senses.  Integers now stay exact ints."""
+    r = branch_and_bound.maximise(pilot2, "root", _np_big_kids, _np_big_objective, _np_big_bound,
+                                  coordination=co)
     assert (r.value, r.node) == (BIG + 250, BIG + 250)
+    r = branch_and_bound.minimise(pilot2, "root", _np_big_kids, lambda n: -_np_big_objective(n),
+                                  lambda n: -_np_big_bound(n), coordination=co)
+    assert (r.value, r.node) == (-(BIG + 250), BIG + 250)
+
+
+def _two_big_kids(flags, node):
+    """root -> "b" (its child BIG+250 comes only once "a"'s value is in the cell) and "a"."""
+    if node == "root":
+        yield "b"
+        yield "a"
+    elif node == "b":
+        _wait_for(f"{flags}/a", 60)
+        time.sleep(0.3)  # "a"'s offer follows the file at once; b's next poll reads it
+        yield BIG + 250
+
+
+def _two_big_objective(flags, node):
+    if node == "a":
+        open(f"{flags}/a.tmp", "w").close()
+        os.replace(f"{flags}/a.tmp", f"{flags}/a")  # (offered right after this returns)
+        return BIG + 200
+    return 0 if isinstance(node, str) else node
+
+
+def _two_big_bound(node):
+    return {"root": BIG + 250, "a": BIG + 200, "b": BIG + 250}.get(node, node) if isinstance(
+        node, str) else node
+
+
+@pytest.mark.parametrize("sense", ["maximise", "minimise"])
+def test_an_int_incumbent_past_2_53_from_another_task_does_not_hide_a_better_node(
+        pilot2, tmp_path, sense):
+    """F1 across tasks (r-break5's p4.py): one task per child of the root; "a" offers
+    2**60+200 (rounded up to 2**60+256 in the cell, before), then "b" reaches 2**60+250 and
+    pruned it against the cell: 200 instead of 250.  "b" waits for "a"'s value (a file
+    written by objective("a")) and a short sleep stands for the offer that follows it; were
+    the offer later still, "b" would not be pruned either way, so the test cannot pass by
+    timing alone -- it failed 3/3 before the fix."""
+    flags = str(tmp_path)
+    kids = functools.partial(_two_big_kids, flags)
+    obj = functools.partial(_two_big_objective, flags)
+    if sense == "maximise":
+        r = branch_and_bound.maximise(pilot2, "root", kids, obj, _two_big_bound,
+                                      coordination="depth-bounded", spawn_depth=1)
+        assert (r.value, r.node) == (BIG + 250, BIG + 250)
+    else:
+        r = branch_and_bound.minimise(pilot2, "root", kids, lambda n: -obj(n),
+                                      lambda n: -_two_big_bound(n),
+                                      coordination="depth-bounded", spawn_depth=1)
+        assert (r.value, r.node) == (-(BIG + 250), BIG + 250)
 
 
 def _chain_kids(node):
@@ -329,16 +427,89 @@ def test_a_checkpointed_maximise_keeps_the_optimum_a_dead_machine_offered(tmp_pa
 
 
 @pytest.mark.fd_slack(8)
-@pytest.mark.parametrize("ordered", [
-    pytest.param(False, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "F3 (r-nq4/r-dask4: search/multinode.py, engine._limits): a dask machine that dies after "
-        "offering its incumbent to the cross-machine cell: dask re-runs its group, which prunes the "
-        "optimum (bound <= incumbent) -> Result(1, ('leaf', 0)) instead of 100, no error; "
-        "ordered=True (strict pruning against the global incumbent, ties kept) is right"))),
-    True], ids=["default", "ordered"])
+@pytest.mark.parametrize("ordered", [False, True], ids=["default", "ordered"])
 def test_maximise_on_dask_keeps_the_optimum_a_dead_machine_offered(tmp_path, ordered):
+    """F3: a dask machine died after offering the optimum's value (100) to the cross-machine
+    cell; dask re-ran its group, which pruned the optimum against that value (bound 100 <=
+    100) -> Result(1, ('leaf', 0)), no error (strict xfail before the fix).  Every task now
+    prunes strictly against the global incumbent (engine.Explorer._limits), as ordered did."""
     r = _maximise_and_kill_the_machine(tmp_path, ordered=ordered)
     assert (r.value, r.node) == (100, ("opt",))
+
+
+def _write(path, text):
+    with open(f"{path}.tmp", "w") as f:
+        f.write(text)
+    os.replace(f"{path}.tmp", path)
+
+
+def _lent_kids(flags, node):
+    """root -> ("x",), ("y",) (depth-bounded: one task each, both spawned by the root task,
+    which runs y itself, newest first).  y waits until x has started, so x runs on the
+    other worker; x's subtree holds the optimum (100), whose children block on their first
+    run until the test has SIGKILLed that worker."""
+    kind = node[0]
+    if kind == "root":
+        _write(f"{flags}/rootpid", str(os.getpid()))
+        return [("x",), ("y",)]
+    if kind == "x":
+        _write(f"{flags}/xpid", str(os.getpid()))
+        return [("opt",)]
+    if kind == "y":
+        _wait_for(f"{flags}/xpid", 60)
+        return [("leaf",)]
+    if kind == "opt" and not os.path.exists(f"{flags}/killed"):
+        _write(f"{flags}/pid", str(os.getpid()))  # (after its value was offered)
+        _wait_for(f"{flags}/killed", 120)
+    return []
+
+
+def _lent_objective(node):
+    return {"opt": 100, "leaf": 1}.get(node[0], 0)
+
+
+def _lent_bound(node):
+    return {"root": 200, "x": 101, "opt": 101, "y": 1, "leaf": 1}[node[0]]
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["default", "ordered"])
+def test_maximise_keeps_the_optimum_of_a_worker_killed_after_offering_it(tmp_path, ordered):
+    """The local backend's F3: the worker holding a stolen task (x) offered the optimum
+    (100) to the incumbent cell and was SIGKILLed; the owner re-ran x (runtime/loans.py:
+    a lost loan runs again), and the re-run pruned the optimum against the cell, whose dead
+    slot still said 100 -> Result(1, ('leaf',)), no error (3/3 before the fix).  The kill
+    waits for the optimum's worker to be stuck after offering it; nothing is timed."""
+    import signal
+
+    flags = str(tmp_path)
+    with shoal.Pilot(workers=2) as pilot:
+        box = {}
+
+        def run():
+            try:
+                box["r"] = branch_and_bound.maximise(
+                    pilot, ("root",), functools.partial(_lent_kids, flags), _lent_objective,
+                    _lent_bound, coordination="depth-bounded", spawn_depth=1, ordered=ordered)
+            except BaseException as exc:  # reported below
+                box["e"] = exc
+
+        th = threading.Thread(target=run)
+        th.start()
+        try:
+            _wait_for(f"{flags}/pid", 120)
+            victim = int(open(f"{flags}/pid").read())
+            assert victim != int(open(f"{flags}/rootpid").read()), \
+                "x ran beside the root task: the kill would be a WorkerLost, not a re-run"
+            os.kill(victim, signal.SIGKILL)
+        finally:
+            open(f"{flags}/killed", "w").close()
+            th.join(120)
+        assert not th.is_alive()
+        assert "e" not in box, box["e"]
+        r = box["r"]
+        assert (r.value, r.node, r.path) == (100, ("opt",), (0, 0))
+        # the pilot replaced the worker and runs the next search
+        assert branch_and_bound.maximise(pilot, 0, _chain_kids, lambda n: n, lambda n: 6).value == 6
 
 
 # --- nodes that link to their parent ----------------------------------------------------------

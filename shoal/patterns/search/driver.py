@@ -30,6 +30,7 @@ from .model import (
     Tally,
     check_picklable,
     coordination_of,
+    floor_float,
 )
 from .multinode import run_split
 
@@ -138,8 +139,9 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         owned.append(stop)
         cell = None
         if goal is Goal.OPTIMISE:
-            cell = shoal.BestCell.for_pilot(pilot, "max",
-                                            initial=resume_initial(spec_kw["initial"], resumed))
+            # a float never above the exact initial (an int past 2**53): model.floor_float
+            cell = shoal.BestCell.for_pilot(
+                pilot, "max", initial=floor_float(resume_initial(spec_kw["initial"], resumed)))
             owned.append(cell)
         split = (pilot.nodes > 1 and coordination is not Coordination.SEQUENTIAL
                  and ck is None)

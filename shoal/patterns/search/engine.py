@@ -45,6 +45,7 @@ incumbent at every node (a few us each).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -62,7 +63,9 @@ from .model import (
     Tally,
     _p,
     _Stopped,
+    below,
     check_picklable,
+    floor_float,
     kids_of,
     listing,
     number,
@@ -86,7 +89,8 @@ _EMPTY = iter(())
 class Explorer(CountLoops, BnBLoop):
     """Depth-first search of one unit of work inside one task: worker thread only."""
 
-    def __init__(self, spec: SearchSpec, base: tuple, ctl, me: int, split: bool):
+    def __init__(self, spec: SearchSpec, base: tuple, ctl, me: int, split: bool,
+                 held: float = -math.inf):
         self.spec = spec
         self.children = unwrap(spec.children)
         self.accept = unwrap(spec.accept)
@@ -134,7 +138,10 @@ class Explorer(CountLoops, BnBLoop):
         if self.cell is not None:
             g = max(g, self.cell.value)
         self.glob = g  # best value anywhere (as of the last poll)
-        self.local = spec.initial  # best value this task found
+        # best value this task found or its spawners held when they spawned it (their
+        # results carry it, and this task's result counts only if theirs do): ties with
+        # it may be pruned; the cell's value is pruned strictly (_limits)
+        self.local = max(spec.initial, held)
         self._limits()
 
     def frames_in_use(self) -> int:
@@ -142,11 +149,17 @@ class Explorer(CountLoops, BnBLoop):
         return self.nest_frames
 
     def _limits(self) -> None:
-        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound)
+        # prune when bound <= lim or bound < slim (module docstring of branch_and_bound,
+        # "Pruning rule"): non-strictly against this task's own best, strictly against the
+        # global incumbent, whose holder may die with its machine.  Unordered, one limit
+        # says both (the generated loops test ``b > lim`` only): b <= below(g) => b < g
         if self.spec.ordered:
             self.lim, self.slim = self.local, self.glob
         else:
-            self.lim = self.slim = max(self.glob, self.local)
+            g = self.glob
+            if g > self.local:
+                g = below(g)
+            self.lim = self.slim = max(g, self.local)
 
     # -- user functions, with errors that name the node ---------------------------
 
@@ -205,7 +218,7 @@ class Explorer(CountLoops, BnBLoop):
         self.local = v
         if v > self.glob:
             self.glob = v
-        self.cell.offer(v)
+        self.cell.offer(floor_float(v))  # never above v: the cell may only under-prune
         self._limits()
 
     # -- control -------------------------------------------------------------------
@@ -443,7 +456,10 @@ class Explorer(CountLoops, BnBLoop):
         """Spawn a search task for the subtree at ``path`` (joined by ``join``)."""
         a = self.ctl
         a[self.me, SPAWNED] += 1
-        self.futs.append(shoal.spawn(task, self.spec, node, path))
+        if self.local > self.spec.initial:  # (what this task and its spawners hold)
+            self.futs.append(shoal.spawn(task, self.spec, node, path, self.local))
+        else:
+            self.futs.append(shoal.spawn(task, self.spec, node, path))
         self.tally.splits += 1
 
     def join(self) -> None:
@@ -470,13 +486,14 @@ class Explorer(CountLoops, BnBLoop):
 # ---------------------------------------------------------------------------
 
 
-def task(spec: SearchSpec, node, path: tuple) -> Tally:
-    """One search task: the subtree at ``path`` (``node`` is None when indexed)."""
+def task(spec: SearchSpec, node, path: tuple, held: float = -math.inf) -> Tally:
+    """One search task: the subtree at ``path`` (``node`` is None when indexed); ``held``:
+    the best value its spawners hold (Explorer.local)."""
     ctl = spec.control.array
     me = slot(ctl)
     ctl[me, STARTED] += 1
     coord = spec.coordination
-    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL)
+    ex = Explorer(spec, path, ctl, me, split=coord is not Coordination.SEQUENTIAL, held=held)
     if spec.collect:
         ex.tally.found_nodes = []
 

@@ -58,12 +58,15 @@ def coordination_of(value) -> Coordination:
 
 
 def number(value, what: str, path, node=_UNKNOWN) -> float:
-    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node."""
+    """``value`` if it is a real number (not NaN), else a TypeError naming it and the node.
+    Integers come back as exact Python ints, other reals as floats."""
     t = type(value)
     if t is int or t is float:
         if value != value:
             raise TypeError(f"{what} returned NaN at {where(path, node)}; it must return a number")
         return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)  # numpy ints exactly: float() rounds past 2**53, up as often as down
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         f = float(value)
         if f != f:  # numpy's NaN is a Real too
@@ -71,6 +74,29 @@ def number(value, what: str, path, node=_UNKNOWN) -> float:
         return f
     raise TypeError(f"{what} returned {value!r} ({t.__name__}) at {where(path, node)}; "
                     "it must return a real number (int or float)")
+
+
+def floor_float(value) -> float:
+    """The largest float64 not above ``value`` (a real number, not NaN): what an exact value
+    (an int past 2**53, a Fraction) may publish in a float64 incumbent cell.  ``float()``
+    rounds to the nearest, which can be *above* the value (2**60+200 -> 2**60+256) and
+    would prune a node that beats the true value; a cell that is never above the values it
+    stands for can only under-prune (branch_and_bound's docstring, "Pruning rule")."""
+    f = float(value)
+    exact = int(value) if isinstance(value, numbers.Integral) else value  # numpy ints: exactly
+    if f > exact:
+        f = math.nextafter(f, -math.inf)
+    return f
+
+
+def below(value) -> float:
+    """The largest float64 strictly below ``value``: ``b <= below(g)`` implies ``b < g`` for
+    every real ``b`` (and is equivalent for floats), so one non-strict limit can express
+    "strictly below the global incumbent" (engine.Explorer._limits)."""
+    f = floor_float(value)
+    if f == (int(value) if isinstance(value, numbers.Integral) else value):
+        f = math.nextafter(f, -math.inf)
+    return f
 
 
 def describe(node) -> str:

@@ -45,7 +45,6 @@ from the driver keeping two chunks per worker in flight.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import hashlib
 import io
 import math
@@ -462,15 +461,10 @@ def chunk_task(spec: SearchSpec, units, max_s: float):
     """Explore ``units`` [(node, path)] depth-first, in order, for about ``max_s`` seconds;
     (Tally of the nodes visited, the units left unexplored, in path order).
 
-    Branch and bound prunes ``bound < incumbent`` *strictly* against the global incumbent
-    and keeps a node that ties it (``ordered=True``'s rule, whatever the call asked): a
-    chunk can run twice (dask re-runs the tasks of a machine that died), and the first
-    attempt may have offered its best to the incumbent cell and died before its Tally
-    came back.  With the usual ``bound <= incumbent``, the second attempt pruned that very
-    node, and the search returned a worse optimum, or none, with no error.  Ties with
-    other chunks' incumbents cost some extra nodes; the optimum is unchanged."""
-    if spec.goal is Goal.OPTIMISE and not spec.ordered:
-        spec = dataclasses.replace(spec, ordered=True)
+    A chunk can run twice (dask re-runs the tasks of a machine that died) after its first
+    attempt offered its best to the incumbent cell; branch and bound prunes strictly
+    against that cell (engine.Explorer._limits, branch_and_bound's "Pruning rule"), so the
+    second attempt keeps the node that ties it."""
     if type(units) is Frozen:
         units = pickle.loads(units.blob)
     ctl = spec.control.array

@@ -16,6 +16,12 @@ setup(
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
         ),
+        Extension(  # a periodic PyErr_SetInterruptEx without the GIL (shoal/_tick.py)
+            "shoal._ticker",
+            ["shoal/_ticker.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
         Extension(  # vfork + exec + a short wait without the GIL (ensemble/spawn.py)
             "shoal.patterns.ensemble._spawn",
             ["shoal/patterns/ensemble/_spawn.c"],

@@ -23,7 +23,7 @@ import numbers
 import sys
 import time
 
-from . import shapes
+from . import shapes, ticked
 from .model import Coordination, Goal, SearchError, _Stopped, where
 from .room import in_room
 
@@ -36,6 +36,7 @@ _END = object()  # next(iterator, _END): the end of a level
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 _LAZY_CODES: set = set()  # ... those of them that keep no child index (lazy_level)
+INLINE_ACCEPT = "accept, inlined"  # a _REC_LINES value: an inlined accept() with no try
 
 
 class CountLoops:
@@ -162,7 +163,12 @@ class CountLoops:
         """One unit (``node`` at ``self.base``) of ``dfs_count_gen``."""
         base, t = self.base, self.tally
         self.visit(node, len(base), base)
-        run = shapes.count_loop(self)
+        run = self.tick_run
+        if run is None:
+            if ticked.available():  # (built once per task: 2 functions per level)
+                run = self.tick_run = ticked.count_loop(self)
+            else:
+                run = shapes.count_loop(self)
         self.rnode = node  # the parent of the recursion's first level (lazy_level)
         self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0
@@ -172,7 +178,8 @@ class CountLoops:
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # a user function raised (or returned a non-iterable)
-            raise self.rec_error(exc) from exc
+            err = self.rec_error(exc)
+            raise err from (err.__cause__ or exc)  # (lazy_error may name a truer cause)
         finally:  # (without accept every node counts: also those of an interrupted run)
             t.nodes += self.rec_nodes
             t.count += self.rec_nodes if self.accept is None else count
@@ -347,8 +354,17 @@ class CountLoops:
             path = self.base + ("?",)
         if what is None:
             return SearchError(f"children() raised {exc!r} at {where(path, spec=self.spec)}")
-        return SearchError(f"{what}() raised {exc!r} at "
-                           f"{where(path, last.tb_frame.f_locals['child'])}")
+        child = last.tb_frame.f_locals["child"]
+        cause = None
+        if what == INLINE_ACCEPT:  # (ticked.py) the expression raised in the loop: the
+            what = "accept"        # function itself, called, raises it from its own frame
+            try:
+                self.accept(child)
+            except Exception as again:
+                cause = again
+        err = SearchError(f"{what}() raised {exc!r} at {where(path, child)}")
+        err.__cause__ = cause
+        return err
 
     def dfs_count(self, node, top=None) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.

@@ -236,3 +236,19 @@ def test_a_tree_with_no_feasible_node_gives_no_node_as_documented(pilot2, coordi
                                   coordination=coordination)
     assert (r.value, r.node, r.path) == (-7, None, None)
     assert "infeasible" in branch_and_bound.Result.__doc__
+
+
+def _dist_boom(a, b):
+    if a == 7 or b == 7:
+        raise ValueError("pair boom")
+    return float(abs(a - b))
+
+
+def test_a_failed_all_pairs_ends_its_dashboard_record_too(pilot2):
+    """The same Ticker (shoal/patterns/_progress.py) drives all_pairs' record: an exception
+    left it ``state: running`` (``__exit__`` skipped the final record)."""
+    from shoal.patterns import all_pairs
+
+    with pytest.raises(Exception, match="pair boom"):
+        all_pairs.compute(pilot2, list(range(20)), _dist_boom, tile=4)
+    assert BOARD.records("all_pairs")[-1]["state"] == "failed"

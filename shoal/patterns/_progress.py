@@ -13,6 +13,7 @@ tqdm is not installed (it comes with ``shoal[dashboard]``).
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import time
@@ -21,6 +22,16 @@ from collections.abc import Callable
 import shoal
 
 INTERVAL_S = 0.5
+
+
+class State(enum.Enum):
+    """A progress record's ``state`` (its value is what the record holds)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
 _runs: dict[str, int] = {}
 LINE_AFTER_S = 2.0  # short calls draw nothing
 
@@ -102,7 +113,9 @@ class Ticker:
 
     wait_s = timeout  # the name the search driver's progress objects use
 
-    def tick(self, final: bool = False) -> None:
+    def tick(self, final: bool = False, failed: bool = False) -> None:
+        """A record when one is due; ``final``: the last one (state ``done``, or ``failed``
+        when the work raised)."""
         now = self.clock()
         if now < self.next and not final:
             return
@@ -120,7 +133,8 @@ class Ticker:
                 if dt > 0 and isinstance(rec.get(k), (int, float)) and isinstance(r_prev.get(k), (int, float)):
                     rec[f"{k}_per_s"] = round((rec[k] - r_prev[k]) / dt, 3)
         self.prev = (now, rec)
-        rec["state"] = "done" if final else "running"
+        state = (State.FAILED if failed else State.DONE) if final else State.RUNNING
+        rec["state"] = state.value
         try:
             shoal.publish(self.topic, rec)
         except (TypeError, ValueError):
@@ -129,17 +143,18 @@ class Ticker:
             fields = self.fields or [k for k in rec if k not in ("state", "t", "seq", "run")]
             self.line.draw(rec, fields)
 
-    def close(self, final: bool = True) -> None:
-        """The last record (state ``done``) and the line erased."""
+    def close(self, final: bool = True, failed: bool = False) -> None:
+        """The last record (state ``done``, or ``failed``) and the line erased."""
         if final:
-            self.tick(final=True)
+            self.tick(final=True, failed=failed)
         self.line.close()
 
     def __enter__(self) -> Ticker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(final=exc_type is None)
+        # an exception still ends the record (state failed): it stayed "running" before
+        self.close(final=True, failed=exc_type is not None)
 
 
 class Both:
@@ -151,6 +166,6 @@ class Both:
     def wait_s(self) -> float:
         return min(p.wait_s() for p in self.progs)
 
-    def tick(self, final: bool = False) -> None:
+    def tick(self, final: bool = False, failed: bool = False) -> None:
         for p in self.progs:
-            p.tick(final=final)
+            p.tick(final=final, failed=failed)

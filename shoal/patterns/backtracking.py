@@ -30,13 +30,14 @@ returns *some* goal node (which one may vary with timing, unless there is one).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import numbers
 from dataclasses import dataclass
 
 from ._portable import portable
+from .search.checkpoint import freeze, next_units, thaw
 from .search.checkpoint import make as make_checkpoint
-from .search.checkpoint import next_units
 from .search.control import StopFlag, make_control, slot, stop_all, stopped
-from .search.driver import drive, validate
+from .search.driver import check_count, drive, validate
 from .search.engine import Explorer
 from .search.model import (
     Coordination,
@@ -118,6 +119,7 @@ def count(pilot, root, children, *, accept=None, coordination=Coordination.STACK
         if checkpoint is not None:
             raise ValueError("kernel= and checkpoint= exclude each other: a checkpoint needs "
                              "every open subtree, and a kernel's are inside the user's function")
+        kernel = _Counted(kernel)
     elif kernel_depth is not None:
         raise TypeError("kernel_depth= without kernel=")
     ck = make_checkpoint(checkpoint, checkpoint_interval, "backtracking.count", root, children,
@@ -179,10 +181,30 @@ def solutions(pilot, root, children, accept, *, window: int | None = None,
     if not callable(accept):
         raise TypeError(f"accept must be a function node -> bool, got {accept!r}")
     window = 2 * pilot.workers if window is None else window
-    if window < 1 or chunk_nodes < 1 or chunk_solutions < 1:
-        raise ValueError("window, chunk_nodes and chunk_solutions must be >= 1")
+    window = check_count(window, "window", 1, " (chunk tasks in flight) or None")
+    chunk_nodes = check_count(chunk_nodes, "chunk_nodes", 1)
+    chunk_solutions = check_count(chunk_solutions, "chunk_solutions", 1)
     return _stream(pilot, root, children, accept, max_nodes=chunk_nodes,
                   max_found=chunk_solutions, window=window)
+
+
+class _Counted:
+    """``kernel=``: the user's kernel, its counts checked: a negative one is refused (it
+    was added in, ``kernel=lambda n: -5`` counted -17).  The engine names the node and its
+    path around the ValueError.  ``func``: the kernel (``portable`` looks there for a
+    function of ``__main__``, which must travel by value)."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func):
+        self.func = func
+
+    def __call__(self, node):
+        k = self.func(node)
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool) and k < 0:
+            raise ValueError(f"kernel() returned {k!r}, a negative count; it must return the "
+                             "number of nodes of the subtree that count (>= 0)")
+        return k
 
 
 # -- solutions(): driver-side chunks --------------------------------------------------
@@ -202,7 +224,9 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
         while frontier or pending:
             while frontier and len(pending) < window:
                 units = next_units(frontier, window, len(pending))
-                pending.add(pilot.submit(_chunk_task, spec, units, max_nodes, max_found))
+                # as bytes: nodes linked to their parent nest as deep as the search, past
+                # the driver's recursion limit (checkpoint.dumps pickles them on a deep stack)
+                pending.add(pilot.submit(_chunk_task, spec, freeze(units), max_nodes, max_found))
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for f in done:
                 found, left, _ = f.result()
@@ -215,9 +239,11 @@ def _stream(pilot, root, children, accept, *, max_nodes: int, max_found: int, wi
         stop.close()
 
 
-def _chunk_task(spec: SearchSpec, units: list, max_nodes: int, max_found: int):
-    """solutions(): explore ``units`` [(node, path)] sequentially until ``max_nodes`` nodes
-    or ``max_found`` accepted nodes; return (found nodes, units left, tally)."""
+def _chunk_task(spec: SearchSpec, units, max_nodes: int, max_found: int):
+    """solutions(): explore ``units`` [(node, path)] (or their ``Frozen`` pickle) sequentially
+    until ``max_nodes`` nodes or ``max_found`` accepted nodes; return (found nodes, units left,
+    tally)."""
+    units = thaw(units)
     ctl = spec.control.array
     ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     ex.tally.found_nodes = []

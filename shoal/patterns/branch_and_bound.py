@@ -73,7 +73,7 @@ import math
 from dataclasses import dataclass
 
 from .search.checkpoint import make as make_checkpoint
-from .search.driver import drive, validate
+from .search.driver import check_count, drive, validate
 from .search.model import Coordination, Goal, SearchError, SearchStats, number
 
 __all__ = ["Coordination", "Result", "SearchError", "SearchStats", "maximise", "minimise"]
@@ -84,8 +84,10 @@ class Result:
     """The optimum: its value, a node attaining it and that node's path, and the stats.
 
     ``node``/``path`` are None when no node strictly beats ``initial``; then
-    ``value`` is ``initial`` (None when no ``initial`` was given and the tree
-    had no node at all).
+    ``value`` is ``initial``, None when no ``initial`` was given.  Without
+    ``initial`` that is the case when every objective is -inf (``minimise``:
+    +inf), the usual way to mark a node infeasible: a tree with no feasible
+    node gives ``Result(None, None, None, stats)``, never a node of value -inf.
     """
 
     value: float | None
@@ -139,8 +141,8 @@ def _optimise(pilot, root, children, objective, bound, negate, initial, prune_le
     for name, fn in (("objective", objective), ("bound", bound)):
         if not callable(fn):
             raise TypeError(f"{name} must be a function node -> number, got {fn!r}")
-    if reference_nodes is not None and (not isinstance(reference_nodes, int) or reference_nodes < 1):
-        raise ValueError(f"reference_nodes must be a positive int, got {reference_nodes!r}")
+    if reference_nodes is not None:
+        check_count(reference_nodes, "reference_nodes", 1, " (a sequential run's node count)")
     start = -math.inf
     if initial is not None:
         if type(initial) is bool or not isinstance(initial, (int, float)) and not _real(initial):

@@ -545,11 +545,11 @@ def _at_depth(deep, node):
     return node[0] == deep
 
 
-@pytest.mark.xfail(strict=True, reason="F4 (r-nq4: backtracking._stream): solutions() re-submits "
-                   "the units its chunks left from the driver, whose recursion limit is 1,000: nodes "
-                   "linked to their parent 20,000 deep -> PicklingError 'cannot pickle the arguments "
-                   "of _chunk_task: maximum recursion depth exceeded' (checkpoint.dumps does it)")
 def test_solutions_over_nodes_linked_to_their_parent(pilot2):
+    """F4: solutions() re-submits the units its chunks left from the driver, whose recursion
+    limit is 1,000: nodes linked to their parent 20,000 deep failed with "cannot pickle the
+    arguments of _chunk_task: maximum recursion depth exceeded"; units now travel as
+    checkpoint.dumps bytes (Frozen), pickled on a deep stack."""
     deep = 20000  # (3,000 passes: the units left to the driver are shallower there)
     got = list(backtracking.solutions(pilot2, (0, None), functools.partial(_linked_kids, deep=deep),
                                       functools.partial(_at_depth, deep)))

@@ -320,11 +320,16 @@ class Frozen:
         return (Frozen, (self.blob,))
 
 
+def thaw(units):
+    """A chunk's units as the driver gave them: unpickled when they came ``Frozen``."""
+    return pickle.loads(units.blob) if type(units) is Frozen else units
+
+
 DEEP_STACK = 512 << 20  # the C stack of the thread that pickles deeply nested nodes
 _STACK_PER_LEVEL = 1100  # bytes of C stack one pickle level may take (generous: as the workers)
 
 
-def dumps(obj) -> bytes:
+def dumps(obj, *, for_worker: bool = False) -> bytes:
     """``obj`` pickled (cloudpickle for what plain pickle cannot name), nested as deep as it is.
 
     Nodes that link to their parent (``(move, parent)``, the classic persistent path) nest
@@ -332,9 +337,14 @@ def dumps(obj) -> bytes:
     ("cannot pickle the arguments of chunk_task: maximum recursion depth exceeded"), where
     the workers, whose limit is sized to a 112 MiB stack, pickled them fine.  Such an object
     is pickled again in a thread with a ``DEEP_STACK`` C stack and a recursion limit sized
-    to it (raised for the call only: the limit is the interpreter's)."""
+    to it (raised for the call only: the limit is the interpreter's).
+
+    ``for_worker``: the bytes go to a worker, whose ``__main__`` is not the driver's, so
+    classes and functions of the driver's ``__main__`` travel by value (cloudpickle), as the
+    runtime sends a task's arguments; a checkpoint file keeps them by reference (the rerun's
+    ``__main__`` defines them again)."""
     try:
-        return _dumps(obj)
+        return _dumps(obj, for_worker)
     except RecursionError:
         pass
     import sys
@@ -344,7 +354,7 @@ def dumps(obj) -> bytes:
 
     def run() -> None:
         try:
-            box["blob"] = _dumps(obj)
+            box["blob"] = _dumps(obj, for_worker)
         except BaseException as exc:  # re-raised in the caller
             box["exc"] = exc
 
@@ -365,22 +375,29 @@ def dumps(obj) -> bytes:
     return box["blob"]
 
 
-def _dumps(obj) -> bytes:
+def freeze(units) -> Frozen:
+    """A chunk's units as bytes for a worker (``dumps(..., for_worker=True)``)."""
+    return Frozen(dumps(units, for_worker=True))
+
+
+def _dumps(obj, for_worker: bool = False) -> bytes:
     try:
-        return pickle.dumps(obj, 5)
+        blob = pickle.dumps(obj, 5)
+        if not (for_worker and b"main__" in blob):
+            return blob
     except RecursionError:
         raise
     except Exception as exc:
         if "recursion" in str(exc):  # a PicklingError wrapping one
             raise RecursionError(str(exc)) from exc
-        import cloudpickle
+    import cloudpickle
 
-        try:
-            return cloudpickle.dumps(obj)
-        except Exception as exc2:
-            if "recursion" in str(exc2):
-                raise RecursionError(str(exc2)) from exc2
-            raise
+    try:
+        return cloudpickle.dumps(obj, 5)
+    except Exception as exc2:
+        if "recursion" in str(exc2):
+            raise RecursionError(str(exc2)) from exc2
+        raise
 
 
 def next_units(frontier: list, window: int, in_flight: int) -> list:
@@ -412,7 +429,7 @@ def run_checkpointed(pilot, spec: SearchSpec, ck: SearchCheckpoint, resumed, sto
             while frontier and len(pending) < window:
                 units = next_units(frontier, window, len(pending))
                 units.sort(key=lambda u: u[1])  # path order (ordered=True relies on it)
-                f = pilot.submit(chunk_task, spec, Frozen(dumps(units)),
+                f = pilot.submit(chunk_task, spec, freeze(units),
                                  FIRST_CHUNK_S if first else CHUNK_S)
                 first = False
                 pending[f] = units
@@ -465,8 +482,7 @@ def chunk_task(spec: SearchSpec, units, max_s: float):
     attempt offered its best to the incumbent cell; branch and bound prunes strictly
     against that cell (engine.Explorer._limits, branch_and_bound's "Pruning rule"), so the
     second attempt keeps the node that ties it."""
-    if type(units) is Frozen:
-        units = pickle.loads(units.blob)
+    units = thaw(units)
     ctl = spec.control.array
     ex = Explorer(spec, (), ctl, slot(ctl), split=False)
     t = ex.tally

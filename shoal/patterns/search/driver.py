@@ -70,7 +70,10 @@ class ProgressLine:
     def wait_s(self) -> float:
         return max(0.0, self.next - time.monotonic())
 
-    def tick(self, final: bool = False) -> None:
+    def tick(self, final: bool = False, failed: bool = False) -> None:
+        """A line when one is due; ``final``: the last one, always written and ended by a
+        newline on a terminal (ends with "(done)", or "(failed)" when the search raised:
+        the traceback then starts on a line of its own)."""
         now = time.monotonic()
         if now < self.next and not final:
             return
@@ -84,11 +87,12 @@ class ProgressLine:
         if self.cell is not None:
             v = self.cell.value
             if math.isfinite(v):
-                v = -v if self.negate else v
-                line += f", incumbent {v:g}"
+                line += f", incumbent {_signed(v, self.negate):g}"
             else:
                 line += ", no incumbent yet"
-        line += f", {now - self.t0:.1f} s" + (" (done)" if final else "")
+        line += f", {now - self.t0:.1f} s"
+        if final:
+            line += " (failed)" if failed else " (done)"
         if self.tty:
             self.out.write("\r\x1b[K" + line + ("\n" if final else ""))
         else:
@@ -101,13 +105,27 @@ def validate(pilot, children, coordination, spawn_depth: int, budget: int) -> Co
     coord = coordination_of(coordination)
     if not callable(children):
         raise TypeError(f"children must be a function node -> iterable of nodes, got {children!r}")
-    if not isinstance(spawn_depth, int) or spawn_depth < 0:
+    # (a bool is an int to isinstance: spawn_depth=True and budget=True ran as 1, where
+    # kernel_depth=True and checkpoint_interval=True were refused)
+    if not _count_ok(spawn_depth, 0):
         raise ValueError(f"spawn_depth must be an int >= 0, got {spawn_depth!r}")
-    if not isinstance(budget, int) or budget < 1:
+    if not _count_ok(budget, 1):
         raise ValueError(f"budget must be an int >= 1 (backtracks before a split), got {budget!r}")
     if not hasattr(pilot, "submit") or not hasattr(pilot, "workers"):
         raise TypeError(f"the first argument must be a shoal.Pilot, got {pilot!r}")
     return coord
+
+
+def _count_ok(value, least: int) -> bool:
+    """``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_count(value, name: str, least: int, what: str = "") -> int:
+    """``value`` as an int when it is one of at least ``least``, else a ValueError naming it."""
+    if not _count_ok(value, least):
+        raise ValueError(f"{name} must be an int >= {least}{what}, got {value!r}")
+    return value
 
 
 def _steals(pilot) -> tuple[int, int, int]:
@@ -158,13 +176,19 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
                         rates=("nodes",), terminal=False)
         prog = Both(ProgressLine.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
         t0 = time.monotonic()
-        if ck is not None:
-            tally = run_checkpointed(pilot, spec, ck, resumed,
-                                     lambda pending: stop_all(ctl, stop, pending), prog)
-        elif split:
-            tally = run_split(pilot, spec, ctl, stop, prog)
-        else:
-            tally = wait_all([pilot.submit(task, spec, root, ())], ctl, stop, prog)
+        try:
+            if ck is not None:
+                tally = run_checkpointed(pilot, spec, ck, resumed,
+                                         lambda pending: stop_all(ctl, stop, pending), prog)
+            elif split:
+                tally = run_split(pilot, spec, ctl, stop, prog)
+            else:
+                tally = wait_all([pilot.submit(task, spec, root, ())], ctl, stop, prog)
+        except BaseException:
+            # the last line says so and ends (a terminal's "\r" line was left open, and the
+            # traceback started on it), the dashboard's record says "failed", not "running"
+            prog.tick(final=True, failed=True)
+            raise
         t_end = time.monotonic()
         prog.tick(final=True)
         after = _steals(pilot) if split or stats else (0, 0, 0)
@@ -199,9 +223,15 @@ def _sampler(ctl, cell, goal: Goal, coordination, reference_nodes, negate: bool)
                "tasks": int(a[:, STARTED].sum()),
                "frontier": max(0, int(a[:, SPAWNED].sum() - a[:, STARTED].sum()))}
         if cell is not None:
-            rec["incumbent"] = -cell.value if negate else cell.value
+            rec["incumbent"] = _signed(cell.value, negate)
         if reference_nodes:
             rec["work_inflation"] = round(nodes / reference_nodes, 4)
         return rec
     return sample
 
+
+
+def _signed(value: float, negate: bool) -> float:
+    """An incumbent in the user's sign: ``minimise`` keeps values negated inside, and the
+    negation of an optimum 0 is -0.0, which printed as "incumbent -0"."""
+    return (-value if negate else value) + 0.0  # -0.0 + 0.0 == +0.0

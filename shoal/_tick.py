@@ -39,7 +39,7 @@ import threading
 from contextlib import contextmanager
 
 try:
-    from shoal import _ticker
+    import shoal._ticker as _ticker
 except ImportError:  # the optional extension was not built (no C compiler)
     _ticker = None
 
@@ -66,6 +66,14 @@ def available() -> bool:
         return False  # someone else's handler: leave it alone
     signal.signal(SIG, _handler)
     return True
+
+
+def nudge(frame=None) -> None:
+    """Call the innermost active hook now, as a tick would (main thread only; nothing when
+    no block is active).  The worker's SIGURG handler calls it: a thief's steal request
+    reaches a running loop at once, not at the next tick."""
+    if _hooks:
+        _hooks[-1](frame)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from shoal.patterns.search import ticked as T
 from shoal.patterns.search.model import SearchError
 from shoal.workloads.nqueens import OEIS_A000170
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.append(str(Path(__file__).resolve().parents[2] / "examples"))  # (last: tests/ names win)
 import search_nqueens as nq  # noqa: E402
 
 needs_ticker = pytest.mark.skipif(
@@ -123,6 +123,25 @@ def tree(node):  # an irregular tree (node = its path), from a generator: the co
         yield node + (i,)
 
 
+_listed = [0]
+
+
+def nudging_tree(node):
+    """``tree``, plus a tick's work (``_tick.nudge``) at every 7th listing: polls that
+    come however loaded the machine is (the real ticks may not, on a busy core)."""
+    _listed[0] += 1
+    if _listed[0] % 7 == 0:
+        _tick.nudge(sys._getframe())
+    yield from tree(node)
+
+
+def nudging_queens(n, node):
+    _listed[0] += 1
+    if _listed[0] % 50 == 0:
+        _tick.nudge(sys._getframe())
+    yield from nq.children(n, node)
+
+
 def full_count(node) -> int:
     return 1 + sum(full_count(c) for c in tree(node))
 
@@ -138,8 +157,8 @@ def last_is_one(node):
 @needs_ticker
 @pytest.mark.parametrize("accept", [None, last_is_one], ids=["all", "accept"])
 def test_ticked_splits_at_arbitrary_ticks_lose_no_node(monkeypatch, accept):
-    """A tick every ~20 us and a hungry peer (every poll splits): every split-off unit is
-    named by its true path, and nodes and solutions add up exactly."""
+    """Ticks every ~20 us (and nudges) with a hungry peer (every poll splits): every
+    split-off unit is named by its true path, and nodes and solutions add up exactly."""
     monkeypatch.setattr(T, "TICK_S", 0.00002)
     shipped = []
     monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append([(path, node)]))
@@ -148,7 +167,8 @@ def test_ticked_splits_at_arbitrary_ticks_lose_no_node(monkeypatch, accept):
     real_poll = E.Explorer.poll
     monkeypatch.setattr(E.Explorer, "poll", lambda self, f: polls.append(1) or real_poll(self, f))
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 counts as hungry
-    spec = M.SearchSpec(root=(), children=tree, goal=M.Goal.COUNT, control=None, accept=accept)
+    spec = M.SearchSpec(root=(), children=nudging_tree, goal=M.Goal.COUNT, control=None,
+                        accept=accept)
     nodes = count = tasks = 0
     todo = [[((), ())]]
     while todo:
@@ -189,7 +209,8 @@ def test_ticked_and_countdown_loops_agree_on_nqueens(monkeypatch):
 @needs_ticker
 def test_live_nodes_reach_the_control_array_before_the_unit_ends(monkeypatch):
     """progress= and the dashboard read Control's NODES: the ticked loop keeps no counter,
-    so its polls sum the frames' counts every LIVE_EVERY polls."""
+    so its polls sum the frames' counts every LIVE_EVERY polls (here: every poll; nudges
+    make polls however loaded the machine is)."""
     monkeypatch.setattr(T, "TICK_S", 0.00005)
     monkeypatch.setattr(T, "LIVE_EVERY", 1)
     ctl = np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64)  # nobody hungry
@@ -202,7 +223,7 @@ def test_live_nodes_reach_the_control_array_before_the_unit_ends(monkeypatch):
 
     monkeypatch.setattr(E.Explorer, "report", report)
     n = 9
-    spec = M.SearchSpec(root=nq.ROOT, children=functools.partial(nq.children, n),
+    spec = M.SearchSpec(root=nq.ROOT, children=functools.partial(nudging_queens, n),
                         goal=M.Goal.COUNT, control=None, accept=functools.partial(nq.is_solution, n))
     ex = E.Explorer(spec, (), ctl, 0, split=True)
     ex.dfs(spec.root)
@@ -224,7 +245,7 @@ def _worker_ticks() -> bool:
 def test_workers_run_the_ticked_loop_and_split_it():
     with shoal.Pilot(workers=2) as p:
         assert p.submit(_worker_ticks).result(timeout=60)
-        for n in (8, 11):
+        for n in (8, 12):
             r = backtracking.count(p, nq.ROOT, functools.partial(nq.children, n),
                                    accept=functools.partial(nq.is_solution, n))
             assert int(r) == OEIS_A000170[n]

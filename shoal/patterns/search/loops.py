@@ -560,10 +560,11 @@ def _yields(children) -> bool:
     return inspect.isgeneratorfunction(children)
 
 
-def register_recursions(*loops, lazy: bool = False) -> None:
+def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
     """Note the inner recursive functions of ``loops`` (the ``*_rec`` methods), and which
     user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
-    that keep no child index (``lazy_level``)."""
+    that keep no child index (``lazy_level``); ``accept_lines``: lines that evaluate an
+    inlined ``accept`` with no ``try`` around it (``INLINE_ACCEPT``, ticked.py)."""
     import dis
 
     for f in loops:
@@ -572,6 +573,9 @@ def register_recursions(*loops, lazy: bool = False) -> None:
                 _REC_CODES.add(code)
                 if lazy:
                     _LAZY_CODES.add(code)
+                for _, line in dis.findlinestarts(code):
+                    if line in accept_lines:
+                        _REC_LINES[(code, line)] = INLINE_ACCEPT
                 for ins in dis.get_instructions(code):
                     if (ins.argval in ("accept", "children", "iter", "bound", "objective")
                             and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")

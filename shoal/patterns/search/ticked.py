@@ -44,13 +44,13 @@ argument); rearming every level on every tick (64 cell writes each way per tick)
 
 from __future__ import annotations
 
-import dis
-
-from shoal import _tick
+from shoal._tick import available as _can_tick
+from shoal._tick import ticking
 
 from . import loops, shapes
 
-TICK_S = 0.0005  # seconds between two ticks (one poll at the next level entry after each)
+TICK_S = 0.005  # seconds between two ticks (one poll at the next level entry after each); a
+#                 thief's poke (SIGURG) arms the loop at once (shoal/_tick.py nudge)
 LIVE_EVERY = 32  # polls between two sums of the frames' in-flight node counts
 K = 1 << 64  # an accepted child's weight in a level's packed count
 MASK = K - 1
@@ -83,7 +83,7 @@ _CACHE: dict = {}
 
 def available() -> bool:
     """Can this thread run the ticked loop?"""
-    return _tick.available()
+    return _can_tick()
 
 
 class _Shape:
@@ -98,12 +98,12 @@ class _Shape:
 
 
 def _shape(ex) -> _Shape:
-    kcall, values = shapes._call(ex.children, "children")
+    kcall, values = shapes.call_source(ex.children, "children")
     if ex.accept is None:
         name, acall, inline = "all", None, None
     else:
         name = "acc"
-        acall, more = shapes._call(ex.accept, "accept")
+        acall, more = shapes.call_source(ex.accept, "accept")
         values.update(more)
         inline = shapes.inlined(ex.accept, "accept") if shapes.INLINE else None
     depth = loops.REC_DEPTH
@@ -128,15 +128,10 @@ def _shape(ex) -> _Shape:
         text = "\n".join(src)
         exec(compile(text, f"<shoal ticked search loop {name}: {kcall}, {acall}>", "exec"), ns)
         build = ns["build"]
-        loops.register_recursions(build, lazy=True)
-        if inline is not None:  # an error on such a line is accept's (loops.lazy_error)
-            lines = {n for n, line in enumerate(text.splitlines(), 1)
-                     if line.strip() == f"if {inline}:"}
-            for code in build.__code__.co_consts:
-                if getattr(code, "co_name", "").startswith("rec_"):
-                    for _, n in dis.findlinestarts(code):
-                        if n in lines:
-                            loops._REC_LINES[(code, n)] = loops.INLINE_ACCEPT
+        # an error on an inlined accept's line is accept's (loops.lazy_error)
+        lines = () if inline is None else {n for n, line in enumerate(text.splitlines(), 1)
+                                           if line.strip() == f"if {inline}:"}
+        loops.register_recursions(build, lazy=True, accept_lines=lines)
         levels = {}
         for code in build.__code__.co_consts:
             cname = getattr(code, "co_name", "")
@@ -217,7 +212,7 @@ def count_loop(ex):
         if always:
             for j in range(2, cap + 1):
                 cells[j].cell_contents = slow[j]
-        with _tick.ticking(arm, TICK_S):
+        with ticking(arm, TICK_S):
             c = fast[1](it)
         ex.rec_nodes = (c & MASK) - 1
         return ex.rec_nodes if ex.accept is None else c >> 64

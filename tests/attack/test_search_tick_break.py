@@ -126,3 +126,126 @@ def test_ticks_write_nothing_to_a_signal_wakeup_fd():
         b.close()
     assert ticked and nodes == 85
     assert data == b""
+
+
+# -- F3: live node counts across the deep hand-over ----------------------------------------
+
+
+def spine_with_bushes(node):
+    """A 100-level spine (past the recursion's 64-level cap) with 2**8-node bushes hanging
+    from levels 10, 30, 50 (in the recursion) and 70, 90 (in the iterative loop)."""
+    d, kind, b = node
+    if kind == "spine" and d < 100:
+        yield (d + 1, "spine", 0)
+    if (kind == "spine" and d % 20 == 10) or (kind == "bush" and b < 7):
+        for _ in range(2):
+            yield (d + 1, "bush", b + 1)
+
+
+@pytest.mark.parametrize("ticked", [True, False], ids=["ticked", "countdown"])
+def test_live_node_counts_never_go_backwards_across_the_deep_hand_over(monkeypatch, ticked):
+    """F3: below the 64-level cap the iterative loop's polls set ``seen`` to its own nodes
+    only, dropping the recursion's in-flight count: progress= and the dashboard showed the
+    node count fall by all the unit had visited (millions in a long unit) and climb again."""
+    if ticked and not T.available():
+        pytest.skip("shoal._ticker not built")
+    monkeypatch.setattr(_tick, "ENABLED", ticked)
+    monkeypatch.setattr(E, "POLL_S", 0)  # (deterministic: every loops.TICK-th entry polls)
+    monkeypatch.setattr(T, "LIVE_EVERY", 1)
+    monkeypatch.setattr(sys, "getrecursionlimit", lambda: 10_000)  # (room for 100 levels)
+    ctl = np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64)
+    seen = []
+    real = E.Explorer.report
+
+    def report(self):
+        real(self)
+        seen.append(int(ctl[0, C.NODES]))
+
+    monkeypatch.setattr(E.Explorer, "report", report)
+    spec = M.SearchSpec(root=(0, "spine", 0), children=spine_with_bushes, goal=M.Goal.COUNT,
+                        control=None)
+    ex = E.Explorer(spec, (), ctl, 0, split=False)
+    ex.dfs(spec.root)
+    ex.report()
+    assert (ex.tick_run is not None) == ticked
+    assert ex.tally.nodes == seen[-1] == plain_nodes(spine_with_bushes, spec.root)
+    assert len(seen) > 10
+    assert seen == sorted(seen)  # never backwards
+
+
+# -- guards (no bug found; each held in the attack) ----------------------------------------
+
+
+@needs_ticker
+def test_polls_come_while_threads_run_python_all_the_time(counted_polls):
+    """Other threads' eval-breaker recomputations (GIL hand-overs every 5 ms) clear the flag
+    the ticker set; the main thread recomputes it when it takes the GIL back: polls come."""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    threads = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
+    at = []
+
+    def busy(node):
+        if node == (1,):
+            for t in threads:
+                t.start()
+        if node == (2,):  # ticks come while the threads run: the next level entry polls
+            t0 = _tick._ticker.ticks()
+            wait_for(lambda: _tick._ticker.ticks() >= t0 + 3)
+            at.append(len(counted_polls))
+        yield from quad(5, node)
+
+    try:
+        count, nodes, ticked = count_inproc(busy)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert ticked and nodes == count == plain_nodes(functools.partial(quad, 5), ())
+    assert len(counted_polls) > at[0]
+
+
+def test_a_nested_search_in_children_counts_both_exactly():
+    """children() runs an in-process search of the same shape (the same generated code):
+    the inner one's hook is innermost, its frames end at the user's generator."""
+    inner = functools.partial(quad, 3)
+    got = []
+
+    def outer(node):
+        if len(node) == 2:
+            got.append(count_inproc(inner)[1])
+        yield from quad(3, node)
+
+    count, nodes, _ = count_inproc(outer)
+    assert nodes == count == 85
+    assert got == [85] * 16
+
+
+def test_errors_name_the_true_path_at_every_depth_past_the_cap(monkeypatch):
+    """A children() raising at depth 1, 40 and 70 (the iterative loop past the 64-level cap):
+    the message names the node's true path, the cause is the user's exception."""
+    from shoal.patterns.search.model import SearchError
+
+    monkeypatch.setattr(sys, "getrecursionlimit", lambda: 10_000)
+
+    for depth in (1, 40, 70):
+        def bad(node, depth=depth):
+            if len(node) == depth and node[-1] == 1:
+                raise ValueError("bad node")
+            if len(node) < depth + 1:
+                yield node + (0,)
+                yield node + (1,)
+
+        with pytest.raises(SearchError) as info:
+            count_inproc(bad)
+        want = (0,) * (depth - 1) + (1,)
+        assert f"path {want}" in str(info.value)
+        tb = info.value.__cause__.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        assert isinstance(info.value.__cause__, ValueError)
+        assert tb.tb_frame.f_code is bad.__code__  # raised in the user's own frame

@@ -21,8 +21,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <patchlevel.h>
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-#define Py_BUILD_CORE_MODULE 1 /* interp->ceval.eval_breaker: 3.11's layout (see run()) */
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030D0000
+/* interp->ceval.eval_breaker: the layout of 3.10, 3.11 and 3.12 (see run()); 3.13 sets the
+   main thread's own breaker bit in Py_AddPendingCall.  Without it a busy main thread of
+   3.10 or 3.12 never saw a tick (the first version set it for 3.11 only: no poll, so no
+   stop and no split, on two of the supported versions) */
+#define Py_BUILD_CORE_MODULE 1
 #define HAVE_BREAKER 1
 #endif
 #include <Python.h>

@@ -6,11 +6,16 @@ references for the counts (a plain recursion, OEIS).  Findings: /work/wt/notes/r
 from __future__ import annotations
 
 import functools
+import glob
+import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +254,65 @@ def test_errors_name_the_true_path_at_every_depth_past_the_cap(monkeypatch):
             tb = tb.tb_next
         assert isinstance(info.value.__cause__, ValueError)
         assert tb.tb_frame.f_code is bad.__code__  # raised in the user's own frame
+
+
+# -- F4: ticks reach a busy main thread on every supported Python --------------------------
+
+TICKER_C = Path(__file__).resolve().parents[2] / "shoal" / "_ticker.c"
+PROBE = """
+import importlib.machinery, importlib.util, sys, time
+loader = importlib.machinery.ExtensionFileLoader("_ticker", sys.argv[1])
+m = importlib.util.module_from_spec(importlib.util.spec_from_loader("_ticker", loader))
+loader.exec_module(m)
+calls = []
+m.start(0.001, lambda frame: calls.append(frame))
+end = time.monotonic() + 20
+while len(calls) < 3 and time.monotonic() < end:
+    pass  # a busy main thread: only the eval breaker makes it look
+m.stop()
+print(len(calls), all(f is not None for f in calls))
+"""
+
+
+def _interpreters() -> dict:
+    """{(major, minor): path} of the CPythons >= 3.10 here: this one, python3.X on PATH,
+    pyenv's versions."""
+    found = {sys.version_info[:2]: sys.executable}
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    cands = [shutil.which(f"python3.{m}") for m in range(10, 20)]
+    cands += sorted(glob.glob(os.path.join(root, "versions", "3.*", "bin", "python3")))
+    for exe in filter(None, cands):
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print(*sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            ver = tuple(int(x) for x in out.stdout.split())
+            if ver >= (3, 10) and "free-threading" not in exe:
+                found.setdefault(ver, exe)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc: cannot build the ticker "
+                    "(apt-get install gcc)")
+def test_ticks_reach_a_busy_main_thread_on_every_supported_python(tmp_path):
+    """F4: the helper thread's call sets the eval breaker only when made from the main
+    thread; the first ticker set it by hand for 3.11 only, so on 3.10 and 3.12 (both in
+    requires-python) a busy main thread never ran a tick: the ticked loop never polled (no
+    stop after an error elsewhere, no split, no progress).  Builds shoal/_ticker.c for
+    each CPython found here (pyenv's, python3.X on PATH; at least this one) and runs it."""
+    checked = []
+    for ver, exe in sorted(_interpreters().items()):
+        inc = subprocess.run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        if not os.path.exists(os.path.join(inc, "Python.h")):
+            continue  # (no headers for this one)
+        so = tmp_path / f"ticker{ver[0]}{ver[1]}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{inc}", str(TICKER_C), "-o", str(so),
+                        "-lpthread"], check=True, capture_output=True, timeout=120)
+        out = subprocess.run([exe, "-c", PROBE, str(so)], capture_output=True, text=True,
+                             timeout=60)
+        assert out.stdout.split() == ["3", "True"], (ver, out.stdout, out.stderr)
+        checked.append(ver)
+    assert sys.version_info[:2] in checked

@@ -316,3 +316,20 @@ def test_ticks_reach_a_busy_main_thread_on_every_supported_python(tmp_path):
         assert out.stdout.split() == ["3", "True"], (ver, out.stdout, out.stderr)
         checked.append(ver)
     assert sys.version_info[:2] in checked
+
+
+@needs_ticker
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_base_exceptions_pass_through_and_leave_no_hook_behind(exc):
+    """A BaseException from children() is no SearchError: it propagates as raised, the
+    ticker's hook stack is empty after, and the next search ticks and counts exactly."""
+
+    def raising(node):
+        if len(node) == 3:
+            raise exc("from children")
+        yield from quad(4, node)
+
+    with pytest.raises(exc):
+        count_inproc(raising)
+    assert _tick._hooks == []
+    assert count_inproc(functools.partial(quad, 4)) == (341, 341, True)

@@ -19,7 +19,7 @@ setup(
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
         ),
-        Extension(  # a periodic PyErr_SetInterruptEx without the GIL (shoal/_tick.py)
+        Extension(  # a periodic pending call without the GIL (shoal/_tick.py)
             "shoal._ticker",
             ["shoal/_ticker.c"],
             extra_compile_args=["-O2"],

@@ -7,25 +7,26 @@ generated count loop's countdown (``if tick: tick -= 1``) cost ~3% of an N-Queen
 and the depth argument it checked ~1%; a hand-written recursion pays neither, and that
 was the whole gap to a static ``multiprocessing.Pool`` split (docs/search.md).
 
-How: a helper thread in C (``shoal/_ticker.c``) calls ``PyErr_SetInterruptEx(SIG)``
-every ``period_s``; that sets the eval breaker as a signal would, so the main thread runs
-``SIG``'s Python handler at its next backward jump or call -- with no kernel signal (no
+How: a helper thread in C (``shoal/_ticker.c``) queues a *pending call*
+(``Py_AddPendingCall``) every ``period_s`` and sets the eval breaker, so the main thread
+calls ``_dispatch`` at its next backward jump or call -- with no kernel signal (no
 ``EINTR`` for anyone), no GIL hand-over (the helper never takes the GIL) and nothing done
-by the loop in between.  The handler calls the innermost active ``hook``: the search loop's
-rebinds its recursion's closure cells to polling twins, so the *next level entry* polls,
-at a point where the loop's state is whole (shapes.py).  A hook runs between any two
-bytecodes of the main thread, so it must only flip state the loop reads at safe points.
+by the loop in between.  ``_dispatch`` calls the innermost active ``hook``: the search
+loop's rebinds its recursion's closure cells to polling twins, so the *next level entry*
+polls, at a point where the loop's state is whole (shapes.py).  A hook runs between any
+two bytecodes of the main thread, so it must only flip state the loop reads at safe
+points.  No signal handler is involved: a task's own handlers (of any signal, SIGRTMAX
+included) and its ``signal.set_wakeup_fd`` descriptor see nothing of the ticks.
 
-``SIG`` is ``SIGRTMAX``: no signal is ever sent, but ``PyErr_SetInterruptEx`` runs only
-the handler of a signal number Python handles, and installing one makes real ``SIGRTMAX``
-signals (which nothing here sends; the default action kills) land in the same harmless
-handler.  ``available()`` is False, and callers keep their countdown, where the extension
-is not built, in a thread other than the main one (dask's worker threads: only the main
-thread runs signal handlers), when ``SHOAL_SEARCH_TICK=0`` (read at import: benchmarks'
-A/B), or when someone else owns ``SIG``'s handler.
+``available()`` is False, and callers keep their countdown, where the extension is not
+built, in a thread other than the main one (dask's worker threads: only the main thread
+runs pending calls), or when ``SHOAL_SEARCH_TICK=0`` (read at import: benchmarks' A/B).
 
-Alternatives rejected: ``setitimer`` (a kernel signal per tick: ``ITIMER_REAL`` at
-0.2 ms cost 14% of the loop, ``ITIMER_VIRTUAL`` ticks only every 4 ms, both interrupt
+Alternatives rejected: ``PyErr_SetInterruptEx(SIGRTMAX)`` and a Python handler of that
+signal (the first version: a task that installed its own SIGRTMAX handler mid-search got
+a phantom call per tick and the loop no polls -- no stop, no split -- and every tick wrote
+a byte to an asyncio loop's wakeup fd: tests/attack/test_search_tick_break.py);
+``setitimer`` (a kernel signal per tick: ``ITIMER_REAL`` at 0.2 ms cost 14% of the loop, ``ITIMER_VIRTUAL`` ticks only every 4 ms, both interrupt
 system calls and are process-wide state a user may own); a Python thread that sets a
 flag (the flag must be read per step, and each wake-up hands the GIL over, waiting up
 to the 5 ms switch interval); ``sys.setprofile``/``settrace`` (a call per event).
@@ -34,7 +35,6 @@ to the 5 ms switch interval); ``sys.setprofile``/``settrace`` (a call per event)
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from contextlib import contextmanager
 
@@ -43,29 +43,21 @@ try:
 except ImportError:  # the optional extension was not built (no C compiler)
     _ticker = None
 
-SIG = signal.SIGRTMAX if hasattr(signal, "SIGRTMAX") else None
 ENABLED = os.environ.get("SHOAL_SEARCH_TICK", "1") != "0"
 _hooks: list = []  # the active loops' hooks, innermost last (main thread only)
 
 
-def _handler(signum, frame) -> None:
+def _dispatch(frame) -> None:
+    """The tick (a pending call from the helper thread, in the main thread)."""
     if _hooks:
         _hooks[-1](frame)
 
 
 def available() -> bool:
     """Can ``ticking`` run here (this thread, this process)?"""
-    if not ENABLED or _ticker is None or SIG is None:
+    if not ENABLED or _ticker is None:
         return False
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    current = signal.getsignal(SIG)
-    if current is _handler:
-        return True
-    if current not in (signal.SIG_DFL, None):
-        return False  # someone else's handler: leave it alone
-    signal.signal(SIG, _handler)
-    return True
+    return threading.current_thread() is threading.main_thread()
 
 
 def nudge(frame=None) -> None:
@@ -82,7 +74,7 @@ def ticking(hook, period_s: float):
     runs (``frame``: the one interrupted; ``available()`` must be True).  Nested blocks:
     only the innermost hook is called."""
     _hooks.append(hook)
-    _ticker.start(period_s, SIG)
+    _ticker.start(period_s, _dispatch)
     try:
         yield
     finally:

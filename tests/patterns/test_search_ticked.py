@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import sys
 import threading
 import time
@@ -78,20 +77,12 @@ def test_nested_blocks_call_the_innermost_hook():
     assert len(outer) >= 3
 
 
-def test_not_available_off_the_main_thread_or_when_the_signal_is_taken(monkeypatch):
+def test_not_available_off_the_main_thread_or_when_disabled(monkeypatch):
     got = []
     t = threading.Thread(target=lambda: got.append(_tick.available()))
     t.start()
     t.join()
     assert got == [False]  # (dask's worker threads: the countdown loop)
-    if _tick.SIG is None:
-        return
-    old = signal.getsignal(_tick.SIG)
-    signal.signal(_tick.SIG, lambda s, f: None)  # a user's handler: left alone
-    try:
-        assert not _tick.available()
-    finally:
-        signal.signal(_tick.SIG, old if old is not None else signal.SIG_DFL)
     monkeypatch.setattr(_tick, "ENABLED", False)  # SHOAL_SEARCH_TICK=0
     assert not _tick.available()
 

@@ -198,10 +198,18 @@ class CountLoops:
         frames = self.rec_frames()
         base = self.base
         self.base = self.lazy_path(frames[:-1], keep=True)
+        # the recursion's in-flight nodes (``seen``, its last poll's) stay in the live count
+        # while dfs_count's polls set ``seen`` to its own nodes (else progress= and the
+        # dashboard fell by all the unit had visited: tests/attack/test_search_tick_break.py)
+        t, seen = self.tally, self.seen
+        t.nodes += seen
+        self.seen = 0
         try:
             self.dfs_count(None, top=it)
         finally:
             self.base = base
+            t.nodes -= seen
+            self.seen = seen
 
     # -- the recursive loops' state, read from their frames -----------------------------
 

@@ -52,6 +52,7 @@ import time
 from collections import deque
 
 from .._room import in_room
+from .._tick import nudge
 from ..queues import RingMatrix
 from . import context, policy, wire
 from .future import Future, set_local_exception, set_local_result
@@ -312,6 +313,7 @@ class Worker:
         """
         c = self.c
         c["pokes"] += 1
+        nudge(frame)  # a running search loop polls at its next level entry (shoal/_tick.py)
         if self.in_user:
             self.poll_in_task()
         else:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import shoal
+from shoal import _tick
 from shoal.patterns import backtracking, branch_and_bound
 from shoal.patterns.search import bnb as B
 from shoal.patterns.search import control as C
@@ -26,6 +27,16 @@ from shoal.patterns.search import model as M
 
 DEPTH = 600
 FORKS = frozenset(range(40, DEPTH, 70))  # depths with two children: 2^8 spines of ~600 nodes
+
+
+@pytest.fixture(autouse=True, params=["ticked", "countdown"])
+def count_loop(request, monkeypatch):
+    """Both count loops: the ticked one (where the native ticker is built) and the countdown
+    one it falls back to (dask's threads, no C compiler, SHOAL_SEARCH_TICK=0)."""
+    if request.param == "ticked" and not _tick.available():
+        pytest.skip("shoal._ticker not built: only the countdown loop runs here")
+    monkeypatch.setattr(_tick, "ENABLED", request.param == "ticked")
+    monkeypatch.setenv("SHOAL_SEARCH_TICK", "1" if request.param == "ticked" else "0")  # (pilots)
 
 
 def kids(node):

@@ -8,8 +8,9 @@ meets them (lexicographic tuple order = pre-order).
 Data flow::
 
     driver: make Control (control.py) [+ incumbent cell] --submit--> task(spec, root, ())
-    task:   visit the unit node, then depth-first from it (the hot loops: loops.py for
-            counting and finding, bnb.py for branch and bound); every ~0.2 ms poll:
+    task:   visit the unit node, then depth-first from it (the hot loops: loops.py and
+            ticked.py for counting and finding, bnb.py for branch and bound); every ~0.2 ms
+            (the ticked count loop: every 5 ms and when a thief pokes) poll:
               stop flag set?        -> unwind (find hit, error, KeyboardInterrupt)
               incumbent improved?   -> prune against it from now on
               work wanted?          -> split: spawn the shallowest unexplored
@@ -124,6 +125,7 @@ class Explorer(CountLoops, BnBLoop):
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.pending: list | None = None  # the lazy count loop: (path, node) units left here
         self.rdrained: dict | None = None  # ... and its drained levels: iterator -> index
+        self.tick_run = None  # ... and its ticked loop (ticked.py), once built
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         # several machines: keep RESERVE of this task's subtrees on offer for the runtime's

@@ -23,7 +23,7 @@ import numbers
 import sys
 import time
 
-from . import shapes
+from . import shapes, ticked
 from .model import Coordination, Goal, SearchError, _Stopped, where
 from .room import in_room
 
@@ -36,6 +36,7 @@ _END = object()  # next(iterator, _END): the end of a level
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
 _LAZY_CODES: set = set()  # ... those of them that keep no child index (lazy_level)
+INLINE_ACCEPT = "accept, inlined"  # a _REC_LINES value: an inlined accept() with no try
 
 
 class CountLoops:
@@ -128,11 +129,12 @@ class CountLoops:
 
     def dfs_count_gen(self, node) -> None:
         """``dfs`` for counting over generator children as a plain recursion: the loop
-        shapes.py generates for this search's ``children``/``accept``.
+        ticked.py generates for this search's ``children``/``accept`` (polls armed by a
+        tick: nothing per node but the recursion), or where it cannot tick, the one
+        shapes.py generates (a countdown and a depth argument per node).
 
-        Lazy splitting: per node the loop does what a hand-written recursion does, plus
-        a countdown and a depth argument; it keeps no stack, no child index and wraps no
-        call in a ``try``.  What a split, a hand-over or an error needs -- each level's
+        Lazy splitting: the loop keeps no stack, no child index and wraps no call in a
+        ``try``.  What a split, a hand-over or an error needs -- each level's
         iterator (``it``), the child it is on (``child``) and that child's index -- is
         read from the recursion's frames only then (``lazy_level``: the index is
         reconstructed by draining the level's iterator and counting its parent's
@@ -162,7 +164,12 @@ class CountLoops:
         """One unit (``node`` at ``self.base``) of ``dfs_count_gen``."""
         base, t = self.base, self.tally
         self.visit(node, len(base), base)
-        run = shapes.count_loop(self)
+        run = self.tick_run
+        if run is None:
+            if ticked.available():  # (built once per task: 2 functions per level)
+                run = self.tick_run = ticked.count_loop(self)
+            else:
+                run = shapes.count_loop(self)
         self.rnode = node  # the parent of the recursion's first level (lazy_level)
         self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0
@@ -172,7 +179,8 @@ class CountLoops:
         except (_Stopped, SearchError):
             raise
         except Exception as exc:  # a user function raised (or returned a non-iterable)
-            raise self.rec_error(exc) from exc
+            err = self.rec_error(exc)
+            raise err from (err.__cause__ or exc)  # (lazy_error may name a truer cause)
         finally:  # (without accept every node counts: also those of an interrupted run)
             t.nodes += self.rec_nodes
             t.count += self.rec_nodes if self.accept is None else count
@@ -190,10 +198,18 @@ class CountLoops:
         frames = self.rec_frames()
         base = self.base
         self.base = self.lazy_path(frames[:-1], keep=True)
+        # the recursion's in-flight nodes (``seen``, its last poll's) stay in the live count
+        # while dfs_count's polls set ``seen`` to its own nodes (else progress= and the
+        # dashboard fell by all the unit had visited: tests/attack/test_search_tick_break.py)
+        t, seen = self.tally, self.seen
+        t.nodes += seen
+        self.seen = 0
         try:
             self.dfs_count(None, top=it)
         finally:
             self.base = base
+            t.nodes -= seen
+            self.seen = seen
 
     # -- the recursive loops' state, read from their frames -----------------------------
 
@@ -347,8 +363,17 @@ class CountLoops:
             path = self.base + ("?",)
         if what is None:
             return SearchError(f"children() raised {exc!r} at {where(path, spec=self.spec)}")
-        return SearchError(f"{what}() raised {exc!r} at "
-                           f"{where(path, last.tb_frame.f_locals['child'])}")
+        child = last.tb_frame.f_locals["child"]
+        cause = None
+        if what == INLINE_ACCEPT:  # (ticked.py) the expression raised in the loop: the
+            what = "accept"        # function itself, called, raises it from its own frame
+            try:
+                self.accept(child)
+            except Exception as again:
+                cause = again
+        err = SearchError(f"{what}() raised {exc!r} at {where(path, child)}")
+        err.__cause__ = cause
+        return err
 
     def dfs_count(self, node, top=None) -> None:
         """``dfs`` specialised for counting: the hot loop of backtracking.count.
@@ -544,10 +569,11 @@ def _yields(children) -> bool:
     return inspect.isgeneratorfunction(children)
 
 
-def register_recursions(*loops, lazy: bool = False) -> None:
+def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
     """Note the inner recursive functions of ``loops`` (the ``*_rec`` methods), and which
     user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
-    that keep no child index (``lazy_level``)."""
+    that keep no child index (``lazy_level``); ``accept_lines``: lines that evaluate an
+    inlined ``accept`` with no ``try`` around it (``INLINE_ACCEPT``, ticked.py)."""
     import dis
 
     for f in loops:
@@ -556,6 +582,9 @@ def register_recursions(*loops, lazy: bool = False) -> None:
                 _REC_CODES.add(code)
                 if lazy:
                     _LAZY_CODES.add(code)
+                for _, line in dis.findlinestarts(code):
+                    if line in accept_lines:
+                        _REC_LINES[(code, line)] = INLINE_ACCEPT
                 for ins in dis.get_instructions(code):
                     if (ins.argval in ("accept", "children", "iter", "bound", "objective")
                             and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")

@@ -161,7 +161,7 @@ def build(ex, clock, TICK, cap, fast, slow, {params}):
 '''
 
 
-def _call(fn, name: str) -> tuple[str, dict]:
+def call_source(fn, name: str) -> tuple[str, dict]:
     """The source of the call ``fn(child)`` and the closure values it names."""
     if (isinstance(fn, functools.partial) and not fn.keywords and len(fn.args) <= 4
             and type(fn.func) is types.FunctionType):
@@ -185,7 +185,7 @@ _NOT_PLAIN = (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS | inspect.CO_GENERATOR
 def inlined(fn, name: str) -> str | None:
     """The source of ``fn(child)`` with ``fn``'s body in place of the call, or None.
 
-    Only for a plain function (or a ``functools.partial`` of one, as in ``_call``) whose
+    Only for a plain function (or a ``functools.partial`` of one, as in ``call_source``) whose
     body is ``return <expression>`` over its own parameters: attribute and item reads,
     operators, comparisons, constants -- no calls, no global names, no closures, no
     defaults.  Its parameters become the loop's names (``child``, ``{name}_a0``...), so
@@ -196,7 +196,7 @@ def inlined(fn, name: str) -> str | None:
     an error is the function's own, from its frame."""
     if isinstance(fn, functools.partial):
         if fn.keywords or len(fn.args) > 4 or type(fn.func) is not types.FunctionType:
-            return None  # (as _call: more bound arguments are no names in the loop)
+            return None  # (as call_source: more bound arguments are no names in the loop)
         f, nbound = fn.func, len(fn.args)
     elif type(fn) is types.FunctionType:
         f, nbound = fn, 0
@@ -251,12 +251,12 @@ def count_loop(ex):
     children), generated for the shape of its ``children`` and ``accept``."""
     from . import loops
 
-    kcall, values = _call(ex.children, "children")
+    kcall, values = call_source(ex.children, "children")
     if ex.accept is None:
         name, acall, inline = "all", None, None
     else:
         name = "acc"
-        acall, more = _call(ex.accept, "accept")
+        acall, more = call_source(ex.accept, "accept")
         values.update(more)
         inline = inlined(ex.accept, "accept") if INLINE else None
     key = (name, kcall, acall, inline)
@@ -356,7 +356,7 @@ BNB_LINES: dict = {}  # (rec_bnb's code, line) -> ("value", "bound()", local): w
 
 
 def read(fn, name: str) -> tuple[str, dict, bool]:
-    """``_call``, except that ``operator.attrgetter("a")``/``itemgetter(k)`` of one plain key
+    """``call_source``, except that ``operator.attrgetter("a")``/``itemgetter(k)`` of one plain key
     become ``child.a``/``child[k]`` in the loop's source (what they do, without the call), and
     so does a function whose body is one expression over its parameters (``inlined``:
     ``def value(node): return node.value``); the bool says the source is such a read."""
@@ -368,7 +368,7 @@ def read(fn, name: str) -> tuple[str, dict, bool]:
         key, *more = fn.__reduce__()[1]
         if not more and type(key) in (int, str):
             return f"child[{key!r}]", {}, True
-    src, values = _call(fn, name)
+    src, values = call_source(fn, name)
     expr = inlined(fn, name) if INLINE else None
     return (src, values, False) if expr is None else (expr, values, True)
 
@@ -387,7 +387,7 @@ def bnb_loop(ex, cap: int):
     values.update(more)
     ocall, more, oread = read(ex.objective, "objective")
     values.update(more)
-    kcall, more = _call(ex.children, "children")
+    kcall, more = call_source(ex.children, "children")
     values.update(more)
     pl, neg, ordered = bool(spec.prune_level), bool(spec.negate), bool(spec.ordered)
     key = ("bnb", bcall, ocall, kcall, pl, neg, ordered)

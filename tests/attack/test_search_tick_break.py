@@ -38,7 +38,7 @@ def count_inproc(children, root=(), accept=None, ctl_rows: int = 1, split: bool 
                         accept=accept)
     ex = E.Explorer(spec, (), ctl, 0, split=split)
     ex.dfs(spec.root)
-    return ex.tally.count, ex.tally.nodes, ex.tick_run is not None
+    return ex.tally.count, ex.tally.nodes, ex.ticked_runs > 0
 
 
 def plain_nodes(children, node) -> int:
@@ -172,7 +172,7 @@ def test_live_node_counts_never_go_backwards_across_the_deep_hand_over(monkeypat
     ex = E.Explorer(spec, (), ctl, 0, split=False)
     ex.dfs(spec.root)
     ex.report()
-    assert (ex.tick_run is not None) == ticked
+    assert (ex.ticked_runs > 0) == ticked
     assert ex.tally.nodes == seen[-1] == plain_nodes(spine_with_bushes, spec.root)
     assert len(seen) > 10
     assert seen == sorted(seen)  # never backwards

@@ -24,6 +24,14 @@ Per node this loop does what a hand-written recursion does and no more:
   would need 2**64 nodes (centuries) to overflow.  In-flight nodes for ``progress=`` and
   the dashboard are summed from the frames' ``count`` every ``LIVE_EVERY`` polls.
 
+Builds are reused: a shape's generated functions close over ``ex``, ``tick_poll`` and the
+user's functions and bound arguments through cells, so a finished run's build
+(``_Built``: 2 functions per level) is kept per shape and rebound by the next run
+(``_Shape.acquire``/``release``; the cells are cleared in between, so no user object
+outlives its search).  Building anew cost ~85 us per task (4x a small task's whole
+countdown loop); a run holds its build, so a nested search of the same shape inside
+``children`` gets another.
+
 Arming is cheap and safe anywhere: the handler finds the innermost level on the stack
 (a few ``f_back`` steps from the interrupted frame; all levels when it is not near one)
 and rebinds the cells of levels 2 .. that level + 1, the only ones the loop can enter
@@ -52,6 +60,7 @@ from . import loops, shapes
 TICK_S = 0.005  # seconds between two ticks (one poll at the next level entry after each); a
 #                 thief's poke (SIGURG) arms the loop at once (shoal/_tick.py nudge)
 LIVE_EVERY = 32  # polls between two sums of the frames' in-flight node counts
+FREE_BUILDS = 4  # builds of a shape kept for the next task's loop (more: nested searches)
 K = 1 << 64  # an accepted child's weight in a level's packed count
 MASK = K - 1
 
@@ -87,7 +96,8 @@ def available() -> bool:
 
 
 class _Shape:
-    """One compiled shape: ``build`` and the level of each of its functions' code."""
+    """One compiled shape: ``build``, the level of each of its functions' code, and the
+    builds no running loop holds (``acquire``/``release``)."""
 
     def __init__(self, build, levels: dict, depth: int, name: str):
         self.build, self.levels, self.depth, self.name = build, levels, depth, name
@@ -95,6 +105,57 @@ class _Shape:
         # level k + 1's cell is item next_cell[k] of level k's closure
         self.next_cell = [None, *(codes[f"rec_{name}{k}"].co_freevars.index(f"rec_{name}{k + 1}")
                                   for k in range(1, depth + 1))]
+        self.free: list = []  # builds between two runs (main thread only)
+
+    def acquire(self, values: dict) -> _Built:
+        """A build of this shape for one run, its cells bound to ``values``: a free one
+        (a task's loop costs ~85 us to build: 2 functions per level), else a new one.
+        A build is held by one run at a time (a nested search of the same shape inside
+        ``children`` gets another), so a run's cells are its own."""
+        b = self.free.pop() if self.free else _Built(self)
+        b.bind(values)
+        return b
+
+    def release(self, b: _Built) -> None:
+        b.unbind()
+        if len(self.free) < FREE_BUILDS:
+            self.free.append(b)
+
+
+class _Built:
+    """One ``build`` of a shape: level k's functions ``fast[k]``/``slow[k]``, the cell that
+    holds level k (``cells[k]``, k >= 2; item ``depth + 1``: the iterative loop's hand-over),
+    and the cells of the names the levels close over (``ex``, ``tick_poll``, the user's
+    functions and bound arguments), rebound per run and cleared between runs (a finished
+    search keeps none of the user's objects alive)."""
+
+    def __init__(self, shape: _Shape):
+        self.depth = depth = shape.depth
+        names = {}  # name -> a placeholder the cells are built with
+        fast, slow = shape.build(**{n: None for n in shape.build.__code__.co_varnames[
+            :shape.build.__code__.co_argcount]})
+        self.fast, self.slow = (None, *fast), (None, *slow)  # (indexed by level)
+        at = shape.next_cell
+        self.cells = [None, None, *(self.fast[k].__closure__[at[k]] for k in range(1, depth + 1))]
+        for f in (*fast, *slow):
+            for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
+                if not name.startswith("rec_"):
+                    names[name] = cell
+        self.named = names
+
+    def bind(self, values: dict) -> None:
+        named = self.named
+        for name, value in values.items():
+            cell = named.get(name)
+            if cell is not None:
+                cell.cell_contents = value
+
+    def unbind(self) -> None:
+        fast, cells = self.fast, self.cells
+        for j in range(2, self.depth + 2):  # (a run leaves cells armed, or its cap's hand-over)
+            cells[j].cell_contents = fast[j]
+        for cell in self.named.values():
+            cell.cell_contents = None
 
 
 def _shape(ex) -> _Shape:
@@ -173,12 +234,7 @@ def count_loop(ex):
             ex.seen = live()
         ex.poll(None)
 
-    fast, slow = shape.build(ex, tick_poll, **values)
-    fast, slow = (None, *fast), (None, *slow)  # (indexed by level)
-    at = shape.next_cell
-    cells = [None, None, *(fast[k].__closure__[at[k]] for k in range(1, depth + 1))]
-    if cap < depth:  # level cap + 1 is the iterative loop's
-        cells[cap + 1].cell_contents = fast[depth + 1]
+    fast = slow = cells = None  # (the run's build: run())
 
     def arm(frame) -> None:
         """The tick: rebind the cells of levels 2 .. (the innermost level) + 1."""
@@ -208,12 +264,22 @@ def count_loop(ex):
         return max(n, 0)
 
     def run(it):
+        nonlocal fast, slow, cells, armed_hi
         ex.rec_nodes = 0
-        if always:
-            for j in range(2, cap + 1):
-                cells[j].cell_contents = slow[j]
-        with ticking(arm, TICK_S):
-            c = fast[1](it)
+        armed_hi = 0
+        b = shape.acquire({"ex": ex, "tick_poll": tick_poll, **values})
+        fast, slow, cells = b.fast, b.slow, b.cells
+        try:
+            if cap < depth:  # level cap + 1 is the iterative loop's
+                cells[cap + 1].cell_contents = fast[depth + 1]
+            if always:
+                for j in range(2, cap + 1):
+                    cells[j].cell_contents = slow[j]
+            with ticking(arm, TICK_S):
+                c = fast[1](it)
+        finally:
+            fast = slow = cells = None
+            shape.release(b)
         ex.rec_nodes = (c & MASK) - 1
         return ex.rec_nodes if ex.accept is None else c >> 64
 

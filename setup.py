@@ -4,7 +4,10 @@ The extension gives C11 atomics (acquire/release, seq_cst fences) for the
 shared-memory rings.  It is optional: without a C compiler the pure-Python
 fallback in shoal.queues is used (correct on x86-64; see shoal/queues/DESIGN.md).
 The ensemble's spawn helper is optional too (without it: subprocess.Popen, slower;
-shoal/patterns/ensemble/spawn.py).
+shoal/patterns/ensemble/spawn.py), and so is the search's ticker (without it the count
+loop counts down to its polls at every node, ~4-7% slower on N-Queens; shoal/_tick.py).
+Optional means a failed compile is silent here: tests/patterns/test_search_ticked.py
+fails when the ring helper was built and the ticker was not.
 """
 from setuptools import Extension, setup
 

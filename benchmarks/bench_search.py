@@ -3,6 +3,7 @@
     python benchmarks/bench_search.py [--quick] [--workers 2] [--uts T3] [--apps ...] [--no-dask]
     python benchmarks/bench_search.py --cpu-overhead [--apps ...]   # 1-worker overhead, CPU time
     python benchmarks/bench_search.py --dask-machines [--repeat 2]  # 2 dask machines vs local
+    ... [--no-tick] [--no-inline]   # the count loop as it was: countdown polls; accept() called
 
 For each app, in one run: the hand-written sequential search (the reference,
 no shoal; it inlines accept/objective/bound as attribute reads), the same
@@ -589,7 +590,17 @@ def main() -> None:
     ap.add_argument("--no-inline", action="store_true",
                     help="the loops call accept()/objective()/bound() instead of inlining a "
                          "one-expression function (shapes.py; SHOAL_SEARCH_INLINE=0 for the workers)")
+    ap.add_argument("--no-tick", action="store_true",
+                    help="the count loop counts down to its polls at every node instead of being "
+                         "armed by the native ticker (patterns/search/ticked.py; "
+                         "SHOAL_SEARCH_TICK=0 for the workers)")
     args = ap.parse_args()
+    if args.no_tick:  # before any worker starts: they inherit the environment
+        os.environ["SHOAL_SEARCH_TICK"] = "0"
+        from shoal import _tick
+
+        _tick.ENABLED = False
+        print("# the countdown count loop, not the ticked one (--no-tick)")
     if args.no_inline:  # before any worker starts: they inherit the environment
         os.environ["SHOAL_SEARCH_INLINE"] = "0"
         shapes.INLINE = False

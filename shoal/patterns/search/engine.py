@@ -8,8 +8,9 @@ meets them (lexicographic tuple order = pre-order).
 Data flow::
 
     driver: make Control (control.py) [+ incumbent cell] --submit--> task(spec, root, ())
-    task:   visit the unit node, then depth-first from it (the hot loops: loops.py for
-            counting and finding, bnb.py for branch and bound); every ~0.2 ms poll:
+    task:   visit the unit node, then depth-first from it (the hot loops: loops.py and
+            ticked.py for counting and finding, bnb.py for branch and bound); every ~0.2 ms
+            (the ticked count loop: every 5 ms and when a thief pokes) poll:
               stop flag set?        -> unwind (find hit, error, KeyboardInterrupt)
               incumbent improved?   -> prune against it from now on
               work wanted?          -> split: spawn the shallowest unexplored

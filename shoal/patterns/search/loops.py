@@ -129,11 +129,12 @@ class CountLoops:
 
     def dfs_count_gen(self, node) -> None:
         """``dfs`` for counting over generator children as a plain recursion: the loop
-        shapes.py generates for this search's ``children``/``accept``.
+        ticked.py generates for this search's ``children``/``accept`` (polls armed by a
+        tick: nothing per node but the recursion), or where it cannot tick, the one
+        shapes.py generates (a countdown and a depth argument per node).
 
-        Lazy splitting: per node the loop does what a hand-written recursion does, plus
-        a countdown and a depth argument; it keeps no stack, no child index and wraps no
-        call in a ``try``.  What a split, a hand-over or an error needs -- each level's
+        Lazy splitting: the loop keeps no stack, no child index and wraps no call in a
+        ``try``.  What a split, a hand-over or an error needs -- each level's
         iterator (``it``), the child it is on (``child``) and that child's index -- is
         read from the recursion's frames only then (``lazy_level``: the index is
         reconstructed by draining the level's iterator and counting its parent's

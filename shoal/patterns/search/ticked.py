@@ -15,9 +15,9 @@ Per node this loop does what a hand-written recursion does and no more:
   on.  A poll therefore happens where the countdown's did: at a level entry, the loop's
   state whole in its frames (``loops.lazy_level`` reads them on a split);
 - **no depth argument**: each level is its own function (``rec_<shape><k>``, calling
-  level ``k + 1``), so depth is where the call goes; the level past ``ex.rec_cap()`` is
-  ``rec_<shape>_deep``, which hands its level to the iterative loop as before
-  (``Explorer._deep_level``);
+  level ``k + 1``), so depth is where the call goes; the level past ``ex.rec_cap()``
+  calls ``rec_<shape><REC_DEPTH + 1>``, which hands its level to the iterative loop as
+  before (``Explorer._deep_level``);
 - **no node counter**: every level entry returns its count with the node in it --
   ``count = 1`` per node, ``+ 2**64`` per accepted child -- so one sum carries both:
   nodes ``count & MASK`` (less the base's listing), solutions ``count >> 64``.  A unit
@@ -41,13 +41,20 @@ once more when entered and disarms itself (each twin restores its own cell first
 With ``engine.POLL_S == 0`` (tests) every cell stays armed: every ``loops.TICK``-th level
 entry polls, as the countdown loop's window of ``TICK`` nodes does then.
 
-Measured (N-Queens 13, CPU time, one process, reference = 1.00): the countdown loop
-1.03-1.06x; this loop ... (docs/search.md).
+Measured (N-Queens 12, CPU time, one process, 10-12 rounds in shuffled order, reference
+= the hand-written recursion = 1.00): this loop 0.965-0.967x; the same levels without
+ticks 0.963x; a single recursive function with neither (the floor: it calls ``children``
+directly where the reference goes through its partial) 0.95x; the countdown loop
+1.02-1.09x.  The tick itself was the dear part: at 0.5 ms its timer wake-ups cost ~3% on
+this VM, hence 5 ms and the poke (``_tick.nudge``) for prompt splits.
 
 Alternatives rejected: a countdown with a longer window (the check itself is the cost,
-not the polls); a flag cell tested per node (a load and a branch per node, ~1%); one
-function per level *with* a countdown (measured slower than one function with a depth
-argument); rearming every level on every tick (64 cell writes each way per tick).
+not the polls); a flag cell tested per node (a load and a branch per node); one function
+with a depth argument and no check (the depth between two ticks is unbounded when the
+ticker's thread waits for a busy core: a deep chain could hit the recursion limit);
+rearming every level on every tick (64 cell writes each way per tick); a ``try`` around
+the inlined ``accept`` (~1-2% per node: an error re-runs the function instead,
+``loops.lazy_error``).
 """
 
 from __future__ import annotations

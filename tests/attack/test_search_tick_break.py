@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ def count_inproc(children, root=(), accept=None, ctl_rows: int = 1, split: bool 
                         accept=accept)
     ex = E.Explorer(spec, (), ctl, 0, split=split)
     ex.dfs(spec.root)
-    return ex.tally.count, ex.tally.nodes, ex.tick_run is not None
+    return ex.tally.count, ex.tally.nodes, ex.ticked_runs > 0
 
 
 def plain_nodes(children, node) -> int:
@@ -172,7 +173,7 @@ def test_live_node_counts_never_go_backwards_across_the_deep_hand_over(monkeypat
     ex = E.Explorer(spec, (), ctl, 0, split=False)
     ex.dfs(spec.root)
     ex.report()
-    assert (ex.tick_run is not None) == ticked
+    assert (ex.ticked_runs > 0) == ticked
     assert ex.tally.nodes == seen[-1] == plain_nodes(spine_with_bushes, spec.root)
     assert len(seen) > 10
     assert seen == sorted(seen)  # never backwards
@@ -214,20 +215,19 @@ def test_polls_come_while_threads_run_python_all_the_time(counted_polls):
     assert len(counted_polls) > at[0]
 
 
+def nesting(depth: int, node):
+    if len(node) == 2:
+        assert count_inproc(functools.partial(quad, 3)) == (85, 85, True)
+    yield from quad(depth, node)
+
+
 def test_a_nested_search_in_children_counts_both_exactly():
-    """children() runs an in-process search of the same shape (the same generated code):
-    the inner one's hook is innermost, its frames end at the user's generator."""
-    inner = functools.partial(quad, 3)
-    got = []
-
-    def outer(node):
-        if len(node) == 2:
-            got.append(count_inproc(inner)[1])
-        yield from quad(3, node)
-
-    count, nodes, _ = count_inproc(outer)
-    assert nodes == count == 85
-    assert got == [85] * 16
+    """children() runs an in-process search of the same shape (the same generated code,
+    ``children(children_a0, child)``): the inner run gets a build of its own while the
+    outer one holds its build (F5's reuse), its hook is innermost, and its frames end at the
+    user's generator."""
+    count, nodes, ticked = count_inproc(functools.partial(nesting, 3))
+    assert (count, nodes, ticked) == (85, 85, T.available())
 
 
 def test_errors_name_the_true_path_at_every_depth_past_the_cap(monkeypatch):
@@ -333,3 +333,41 @@ def test_base_exceptions_pass_through_and_leave_no_hook_behind(exc):
         count_inproc(raising)
     assert _tick._hooks == []
     assert count_inproc(functools.partial(quad, 4)) == (341, 341, True)
+
+
+# -- F5: the per-task build -----------------------------------------------------------------
+
+
+class Arg:
+    """A bound argument of children (weakref-able: is it kept alive after the search?)."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+
+
+def arg_kids(arg, node):
+    if len(node) < arg.depth:
+        for i in range(3):
+            yield node + (i,)
+
+
+@needs_ticker
+def test_a_tasks_loop_reuses_a_free_build_and_keeps_no_user_object_alive():
+    """F5: every task built its loop anew (2 functions per level, 64 levels: ~85 us a task,
+    4x the countdown loop's whole task on a small tree).  A finished run's build is kept
+    per shape and rebound for the next task; it must hold none of the user's objects."""
+    import gc
+    import weakref
+
+    builds, refs = [], []
+    for depth in (3, 4):
+        arg = Arg(depth)
+        refs.append(weakref.ref(arg))
+        assert count_inproc(functools.partial(arg_kids, arg))[1:] == ((3 ** (depth + 1) - 1) // 2, True)
+        shape = T._shape(types.SimpleNamespace(children=functools.partial(arg_kids, arg),
+                                               accept=None))[0]
+        builds.append(T._FREE[shape][-1])  # (the last released)
+        del arg
+    assert builds[0] is builds[1]  # the second task ran on the first one's build
+    gc.collect()
+    assert [r() for r in refs] == [None, None]  # no user object kept by a free build

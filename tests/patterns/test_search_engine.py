@@ -179,7 +179,7 @@ def _run_tasks(spec, ctl, shipped) -> tuple[int, int, int]:
             assert node.path == path
         ex = E.Explorer(spec, given[0][0], ctl, 0, split=True)
         orig, units = ex._count_gen_unit, []
-        ex._count_gen_unit = lambda nd, _o=orig, _u=units: (_u.append(nd), _o(nd))[1]
+        ex._count_gen_unit = lambda nd, run, _o=orig, _u=units: (_u.append(nd), _o(nd, run))[1]
         ex.run_units(given)
         pending += len(units) - len(given)
         total += ex.tally.nodes

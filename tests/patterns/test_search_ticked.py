@@ -168,7 +168,7 @@ def test_ticked_splits_at_arbitrary_ticks_lose_no_node(monkeypatch, accept):
             assert node == path
         ex = E.Explorer(spec, units[0][0], ctl, 0, split=True)
         ex.run_units(units)
-        assert ex.tick_run is not None  # the ticked loop ran
+        assert ex.ticked_runs > 0  # the ticked loop ran
         nodes += ex.tally.nodes
         count += ex.tally.count
         tasks += 1
@@ -187,7 +187,7 @@ def test_ticked_and_countdown_loops_agree_on_nqueens(monkeypatch):
                             accept=functools.partial(nq.is_solution, n))
         ex = E.Explorer(spec, (), np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64), 0, split=False)
         ex.dfs(spec.root)
-        return ex.tally.count, ex.tally.nodes, ex.tick_run is not None
+        return ex.tally.count, ex.tally.nodes, ex.ticked_runs > 0
 
     for n in (1, 4, 6, 8):
         count, nodes, was_ticked = run(n)
@@ -275,3 +275,54 @@ def test_an_error_elsewhere_stops_a_running_ticked_loop(tmp_path):
         with pytest.raises(SearchError, match=r"boom"):
             backtracking.count(p, (), functools.partial(wide, str(tmp_path)))
         assert p.submit(int, 7).result(timeout=60) == 7
+
+
+class Model:
+    """A search's model object, bound into the loop as a partial's argument."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+
+def model_queens(model, node):
+    yield from nq.children(model.n, node)
+
+
+@needs_ticker
+def test_built_loops_are_reused_rebound_and_let_go():
+    """A task's loop is taken from the process's free built loops of its shape (building
+    costs more than a small task) and rebound to the new search's functions and arguments:
+    counts stay exact from one model to the next, and a released loop keeps no reference
+    to the last search's model."""
+    import gc
+    import weakref
+
+    def run(model):
+        spec = M.SearchSpec(root=nq.ROOT, children=functools.partial(model_queens, model),
+                            goal=M.Goal.COUNT, control=None)
+        ex = E.Explorer(spec, (), np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64), 0,
+                        split=False)
+        ex.dfs(spec.root)
+        assert ex.ticked_runs == 1
+        return ex.tally.nodes
+
+    want = {}
+    for n in (6, 8, 5):  # nodes of the plain recursion
+        stack, k = [nq.ROOT], 0
+        while stack:
+            k += 1
+            stack.extend(nq.children(n, stack.pop()))
+        want[n] = k
+    built = []
+    real = T.Loop.__init__
+    T.Loop.__init__ = lambda self, *a: built.append(1) or real(self, *a)
+    try:
+        models = [Model(n) for n in (6, 8, 5, 8)]
+        assert [run(m) for m in models] == [want[6], want[8], want[5], want[8]]
+    finally:
+        T.Loop.__init__ = real
+    assert len(built) <= 1  # one build, then the same loop rebound (none if an earlier test built it)
+    gone = weakref.ref(models[-1])
+    del models
+    gc.collect()
+    assert gone() is None  # the free loop holds nothing of the search

@@ -125,7 +125,7 @@ class Explorer(CountLoops, BnBLoop):
         self.rskips: dict | None = None  # the recursive loop: iterator -> children split off
         self.pending: list | None = None  # the lazy count loop: (path, node) units left here
         self.rdrained: dict | None = None  # ... and its drained levels: iterator -> index
-        self.tick_run = None  # ... and its ticked loop (ticked.py), once built
+        self.ticked_runs = 0  # ... how often it ran the ticked loop (ticked.py; tests)
         self.cell = spec.cell
         self.stop = spec.stop  # StopFlag: the search's stop on every machine
         # several machines: keep RESERVE of this task's subtrees on offer for the runtime's

@@ -149,27 +149,35 @@ class CountLoops:
         if owned:
             self.pending = []
         self.rdrained = {}
+        loop = ticked.acquire(self) if ticked.available() else None
         try:
-            self._count_gen_unit(node)
-            while self.pending:
-                self.base, nd = self.pending.pop()
-                self._count_gen_unit(nd)
+            if loop is None:
+                self._count_gen_units(node, None)
+            else:
+                self.ticked_runs += 1
+                with loop.ticking():
+                    self._count_gen_units(node, loop.run)
         finally:
+            if loop is not None:
+                ticked.release(loop)
             self.base = base0
             self.rdrained = None
             if owned:
                 self.pending = None
 
-    def _count_gen_unit(self, node) -> None:
+    def _count_gen_units(self, node, run) -> None:
+        """The unit ``node``, then the pending ones (``run``: the ticked loop's, or None)."""
+        self._count_gen_unit(node, run)
+        while self.pending:
+            self.base, nd = self.pending.pop()
+            self._count_gen_unit(nd, run)
+
+    def _count_gen_unit(self, node, run) -> None:
         """One unit (``node`` at ``self.base``) of ``dfs_count_gen``."""
         base, t = self.base, self.tally
         self.visit(node, len(base), base)
-        run = self.tick_run
         if run is None:
-            if ticked.available():  # (built once per task: 2 functions per level)
-                run = self.tick_run = ticked.count_loop(self)
-            else:
-                run = shapes.count_loop(self)
+            run = shapes.count_loop(self)
         self.rnode = node  # the parent of the recursion's first level (lazy_level)
         self.rdrained.clear()  # (the levels of the previous unit are gone)
         self.rec_nodes = 0

@@ -1,10 +1,12 @@
 """The count loop with nothing but the search in it: polls armed by a tick, not counted down.
 
-``count_loop(ex)`` returns ``run(it) -> count`` (and sets ``ex.rec_nodes``) like
-``shapes.count_loop`` -- the recursion of ``loops.dfs_count_gen`` compiled for the
-search's ``children``/``accept`` -- where ``shoal._tick`` can tick (the main thread of a
-process with the native ticker: a pilot's workers); elsewhere the caller uses
-``shapes.count_loop``, whose every node pays a countdown and a depth argument.
+``acquire(ex)`` gives a ``Loop`` whose ``run(it) -> count`` (setting ``ex.rec_nodes``) is
+what ``shapes.count_loop`` returns -- the recursion of ``loops.dfs_count_gen`` compiled
+for the search's ``children``/``accept`` -- where ``shoal._tick`` can tick (the main
+thread of a process with the native ticker: a pilot's workers); elsewhere the caller uses
+``shapes.count_loop``, whose every node pays a countdown and a depth argument.  A built
+loop (two functions per level) is kept per shape when its task is done (``release``) and
+rebound to the next task's search: building one costs more than a task of a few nodes.
 
 Per node this loop does what a hand-written recursion does and no more:
 
@@ -150,46 +152,81 @@ def _shape(ex) -> _Shape:
     return shape, values
 
 
-def count_loop(ex):
-    """``run(it) -> count`` for ``ex`` (an Explorer counting over generator children): the
-    ticked loop (module doc); ``available()`` must be True."""
-    from . import engine
+class Loop:
+    """One built ticked loop (two functions per level and their closure cells), bound to
+    one Explorer at a time: ``acquire`` binds a free one (or builds it: ~100 us, where a task
+    of a few nodes takes ~40 us), ``release`` unbinds it for the next task of the process.
+    ``run(it) -> count`` runs one unit (``loops.dfs_count_gen``)."""
 
-    shape, values = _shape(ex)
-    depth, levels = shape.depth, shape.levels
-    cap = max(1, min(depth, ex.rec_cap()))
-    always = engine.POLL_S == 0  # (tests: poll at every level entry)
-    armed_hi = 0  # cells 2 .. armed_hi may be armed
-    polls = entries = 0
+    def __init__(self, shape: _Shape, values: dict):
+        from . import engine
 
-    def tick_poll(k: int) -> None:
-        nonlocal armed_hi, polls, entries
-        if always:  # every entry comes here; poll at every loops.TICK-th, as the countdown
-            entries += 1
-            if entries < loops.TICK:
+        self.shape, self.engine = shape, engine
+        depth = shape.depth
+        fast, slow = shape.build(None, self.tick_poll, **values)
+        self.fast, self.slow = (None, *fast), (None, *slow)  # (indexed by level)
+        at = shape.next_cell
+        self.cells = [None, None, *(self.fast[k].__closure__[at[k]] for k in range(1, depth + 1))]
+        self.params = {}  # build's parameters' cells (ex, children, their bound arguments...)
+        for f in (*fast, *slow):
+            for var, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
+                if var not in ("tick_poll",) and not var.startswith(f"rec_{shape.name}"):
+                    self.params[var] = cell
+        self.ex = None
+        self.cap = depth
+        self.always = False
+        self.armed_hi = self.polls = self.entries = 0
+
+    def bind(self, ex, values: dict) -> None:
+        depth, cells, fast = self.shape.depth, self.cells, self.fast
+        self.ex = ex
+        for name, cell in self.params.items():
+            cell.cell_contents = ex if name == "ex" else values[name]
+        cap = max(1, min(depth, ex.rec_cap()))
+        if cap != self.cap:
+            if self.cap < depth:
+                cells[self.cap + 1].cell_contents = fast[self.cap + 1]
+            if cap < depth:  # level cap + 1 is the iterative loop's
+                cells[cap + 1].cell_contents = fast[depth + 1]
+            self.cap = cap
+        self.always = self.engine.POLL_S == 0  # (tests: poll at every level entry)
+        self.armed_hi = self.polls = self.entries = 0
+        if self.always:
+            for j in range(2, cap + 1):
+                cells[j].cell_contents = self.slow[j]
+
+    def unbind(self) -> None:
+        """Disarm every level and drop the references to the search (its model may be big)."""
+        cells, fast = self.cells, self.fast
+        for j in range(2, self.cap + 1):
+            cells[j].cell_contents = fast[j]
+        for cell in self.params.values():
+            cell.cell_contents = None
+        self.ex = None
+
+    def tick_poll(self, k: int) -> None:
+        """A polling twin's first step (level ``k`` entered after a tick)."""
+        if self.always:  # every entry comes here; poll at every loops.TICK-th, as the countdown
+            self.entries += 1
+            if self.entries < loops.TICK:
                 return
-            entries = 0
+            self.entries = 0
         else:
+            cells, fast = self.cells, self.fast
             cells[k].cell_contents = fast[k]  # (first: a tick meanwhile re-arms it)
-            hi, armed_hi = armed_hi, 0
+            hi, self.armed_hi = self.armed_hi, 0
             for j in range(2, hi + 1):
                 cells[j].cell_contents = fast[j]
-        polls += 1
-        if polls >= LIVE_EVERY:
-            polls = 0
-            ex.seen = live()
+        ex = self.ex
+        self.polls += 1
+        if self.polls >= LIVE_EVERY:
+            self.polls = 0
+            ex.seen = self.live()
         ex.poll(None)
 
-    fast, slow = shape.build(ex, tick_poll, **values)
-    fast, slow = (None, *fast), (None, *slow)  # (indexed by level)
-    at = shape.next_cell
-    cells = [None, None, *(fast[k].__closure__[at[k]] for k in range(1, depth + 1))]
-    if cap < depth:  # level cap + 1 is the iterative loop's
-        cells[cap + 1].cell_contents = fast[depth + 1]
-
-    def arm(frame) -> None:
+    def arm(self, frame) -> None:
         """The tick: rebind the cells of levels 2 .. (the innermost level) + 1."""
-        nonlocal armed_hi
+        cap, levels = self.cap, self.shape.levels
         hi = cap
         f = frame
         for _ in range(16):
@@ -200,28 +237,49 @@ def count_loop(ex):
                 hi = min(cap, k + 1)
                 break
             f = f.f_back
+        cells, slow = self.cells, self.slow
         for j in range(2, hi + 1):
             cells[j].cell_contents = slow[j]
-        if hi > armed_hi:
-            armed_hi = hi
+        if hi > self.armed_hi:
+            self.armed_hi = hi
 
-    def live() -> int:
+    def live(self) -> int:
         """Nodes of this unit so far, summed from the levels' frames (rare)."""
         n = -1  # (the first level lists the base: no node)
-        for f in ex.rec_frames():
+        for f in self.ex.rec_frames():
             c = f.f_locals.get("count")
             if c is not None:
                 n += c & MASK
         return max(n, 0)
 
-    def run(it):
+    def ticking(self):
+        """The block in which ticks arm this loop (``dfs_count_gen``: all of a task's units)."""
+        return ticking(self.arm, TICK_S)
+
+    def run(self, it):
+        ex = self.ex
         ex.rec_nodes = 0
-        if always:
-            for j in range(2, cap + 1):
-                cells[j].cell_contents = slow[j]
-        with ticking(arm, TICK_S):
-            c = fast[1](it)
+        c = self.fast[1](it)
         ex.rec_nodes = (c & MASK) - 1
         return ex.rec_nodes if ex.accept is None else c >> 64
 
-    return run
+
+_FREE: dict = {}  # shape key -> built loops not bound to a task (this process)
+FREE_PER_SHAPE = 4
+
+
+def acquire(ex) -> Loop:
+    """A ticked loop bound to ``ex`` (an Explorer counting over generator children;
+    ``available()`` must be True); ``release`` it when the task's units are done."""
+    shape, values = _shape(ex)
+    free = _FREE.get(shape)
+    loop = free.pop() if free else Loop(shape, values)
+    loop.bind(ex, values)
+    return loop
+
+
+def release(loop: Loop) -> None:
+    loop.unbind()
+    free = _FREE.setdefault(loop.shape, [])
+    if len(free) < FREE_PER_SHAPE:
+        free.append(loop)

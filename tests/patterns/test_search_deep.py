@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import shoal
-from shoal import _tick
 from shoal.patterns import backtracking, branch_and_bound
 from shoal.patterns.search import bnb as B
 from shoal.patterns.search import control as C
@@ -29,14 +28,7 @@ DEPTH = 600
 FORKS = frozenset(range(40, DEPTH, 70))  # depths with two children: 2^8 spines of ~600 nodes
 
 
-@pytest.fixture(autouse=True, params=["ticked", "countdown"])
-def count_loop(request, monkeypatch):
-    """Both count loops: the ticked one (where the native ticker is built) and the countdown
-    one it falls back to (dask's threads, no C compiler, SHOAL_SEARCH_TICK=0)."""
-    if request.param == "ticked" and not _tick.available():
-        pytest.skip("shoal._ticker not built: only the countdown loop runs here")
-    monkeypatch.setattr(_tick, "ENABLED", request.param == "ticked")
-    monkeypatch.setenv("SHOAL_SEARCH_TICK", "1" if request.param == "ticked" else "0")  # (pilots)
+pytestmark = pytest.mark.usefixtures("both_count_loops")  # (conftest.py)
 
 
 def kids(node):

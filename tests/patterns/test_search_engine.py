@@ -7,22 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from shoal import _tick
 from shoal.patterns.search import bnb as B
 from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
 from shoal.patterns.search import loops as L
 from shoal.patterns.search import model as M
 
-
-@pytest.fixture(autouse=True, params=["ticked", "countdown"])
-def count_loop(request, monkeypatch):
-    """Both count loops: the ticked one (where the native ticker is built) and the countdown
-    one it falls back to (dask's threads, no C compiler, SHOAL_SEARCH_TICK=0)."""
-    if request.param == "ticked" and not _tick.available():
-        pytest.skip("shoal._ticker not built: only the countdown loop runs here")
-    monkeypatch.setattr(_tick, "ENABLED", request.param == "ticked")
-    monkeypatch.setenv("SHOAL_SEARCH_TICK", "1" if request.param == "ticked" else "0")  # (pilots)
+pytestmark = pytest.mark.usefixtures("both_count_loops")  # (conftest.py)
 
 
 def tree(node):  # an irregular tree: node = its path

@@ -24,7 +24,7 @@ from shoal.workloads.nqueens import OEIS_A000170
 LIMIT = 3
 
 
-pytestmark = pytest.mark.usefixtures("both_count_loops")  # (conftest.py)
+pytestmark = pytest.mark.usefixtures("both_count_loops")  # (tests/conftest.py)
 
 
 def is_solution(n, node):

@@ -28,7 +28,7 @@ DEPTH = 600
 FORKS = frozenset(range(40, DEPTH, 70))  # depths with two children: 2^8 spines of ~600 nodes
 
 
-pytestmark = pytest.mark.usefixtures("both_count_loops")  # (conftest.py)
+pytestmark = pytest.mark.usefixtures("both_count_loops")  # (tests/conftest.py)
 
 
 def kids(node):

@@ -13,7 +13,7 @@ from shoal.patterns.search import engine as E
 from shoal.patterns.search import loops as L
 from shoal.patterns.search import model as M
 
-pytestmark = pytest.mark.usefixtures("both_count_loops")  # (conftest.py)
+pytestmark = pytest.mark.usefixtures("both_count_loops")  # (tests/conftest.py)
 
 
 def tree(node):  # an irregular tree: node = its path

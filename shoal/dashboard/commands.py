@@ -22,10 +22,17 @@ class DashboardError(ShoalError):
 
 
 def _serve_forever(dash, stop: threading.Event | None = None) -> None:
+    """Serve until SIGTERM, Ctrl-C or ``stop`` is set (by another thread).
+
+    The SIGTERM handler only raises a flag that the loop reads every 0.5 s.  It used to call
+    ``stop.set()``, which takes the Event's lock -- a plain Lock that the main thread itself
+    holds for a moment inside every ``stop.wait``: a SIGTERM landing there deadlocked the
+    handler on its own thread's lock."""
     stop = stop or threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    terminated: list = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
     try:
-        while not stop.wait(0.5):
+        while not terminated and not stop.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass

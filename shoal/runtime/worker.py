@@ -137,6 +137,8 @@ class Worker:
         self.in_user = False  # True while a task's own code runs (SIGURG may then poll)
         self.poked = False  # a SIGURG came while runtime code ran: poll when the task's code resumes
         self.busy = False  # True while polling from inside a running task (signal, spawn)
+        self.in_handler = False  # True while the SIGURG handler polls (on_signal)
+        self.unsettled: list = []  # Settle actions met in the handler, carried out by the next poll
         self.depth = 0  # tasks on this worker's stack (nested by help-first joins)
         self._cancel_local_cb = self.cancel_local  # one bound method, not one per spawn
         self._lent_cb = self.lent_out
@@ -227,7 +229,10 @@ class Worker:
             elif kind is SetHunger:
                 self.status[STATUS_HUNGRY] = act.value
             elif kind is Settle:
-                (set_local_result if act.ok else set_local_exception)(act.task.future, act.value)
+                if self.in_handler:  # never inside the user's code: see on_signal
+                    self.unsettled.append(act)
+                else:
+                    (set_local_result if act.ok else set_local_exception)(act.task.future, act.value)
             elif kind is Run:
                 self.deque.append(act.task)
             elif kind is Fail:
@@ -310,12 +315,37 @@ class Worker:
         (unpickling its arguments) or in ``spawn`` left the STEAL unread until the task
         spawned 32 children or ended, and the thief asleep meanwhile (its one request in
         flight; about 1 run in 12 of tests/runtime/test_worker_info.py's thief test).
+
+        The handler answers thieves and updates the loan book, but it never settles a
+        future: a result that comes home meanwhile is kept (``unsettled``) and settled by
+        the next ``poll`` outside the handler -- in the loop, a join, or ``spawn``.  Settling
+        runs the future's done-callbacks, and the handler interrupts the task between
+        any two bytecodes, also inside the standard library's ``add_done_callback``
+        between its check of the state and its append of the callback: a future settled
+        there ran the callbacks it had, then got the new one appended, never to be called
+        (a dask graph's walker waited forever for it: ``pilot.get`` hung in 6 runs of 9 on
+        a 10,000-node chain).  Worker-local futures have no lock to make that check and
+        append atomic, and a lock would not help either: the handler runs on the thread
+        that holds it, so it would deadlock where the RLock of driver-made futures lets it
+        in.  The same holds for the user's own locks, which a done-callback run from here
+        could find held by the code it interrupted.  Rejected: a guard that every
+        future's condition raises so the handler defers while it is held (it covers the
+        standard library's code but not a user's lock, and it costs every future
+        operation); answering only STEAL in the handler and leaving every other message
+        for later (reorders each ring's messages, which the loan book's proofs assume in
+        order).  Callbacks of spawned futures therefore run inside a call into the
+        runtime (``spawn``, ``result``/``exception``, a join) or between tasks, never
+        between two bytecodes of the user's code.
         """
         c = self.c
         c["pokes"] += 1
         nudge(frame)  # a running search loop polls at its next level entry (shoal/_tick.py)
-        if self.in_user:
-            self.poll_in_task()
+        if self.in_user and not self.in_handler:
+            self.in_handler = True
+            try:
+                self.poll_in_task()
+            finally:
+                self.in_handler = False
         else:
             c["pokes_deferred"] += 1
             self.poked = True
@@ -364,6 +394,9 @@ class Worker:
     def poll(self) -> bool:
         self.poked = False  # whatever a poke asked for is read now
         got = False
+        if self.unsettled and not self.in_handler:
+            got = True
+            self.settle_deferred()
         for src, box in self.inboxes:
             if box.ring.readable():
                 msgs = box.receive()
@@ -376,6 +409,13 @@ class Worker:
             if box.pending:
                 box.flush()
         return got
+
+    def settle_deferred(self) -> None:
+        """Settle the futures whose results came home while the SIGURG handler polled
+        (``on_signal``), in arrival order; their done-callbacks run here."""
+        todo, self.unsettled = self.unsettled, []
+        for act in todo:
+            (set_local_result if act.ok else set_local_exception)(act.task.future, act.value)
 
     def drain_driver(self) -> None:
         """Handle everything the driver has sent so far (a cancel may sit behind many tasks)."""

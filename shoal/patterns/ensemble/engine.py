@@ -293,10 +293,17 @@ class Engine:
             if self.interrupted:  # the second Ctrl-C: stop now (the journal stays resumable)
                 raise KeyboardInterrupt
             self.interrupted = signal.Signals(signum).name
-            with self.wake_lock:
-                if not self.wake_closed:
-                    with contextlib.suppress(OSError):
-                        os.write(self.wake_w, b"x")
+            # Never wait for wake_lock here: the handler runs on the main thread, which may
+            # hold it (``_poke``, ``_close_resources``) -- a plain ``with`` deadlocked there.
+            # Held by anyone, the lock means a wake-up byte is being written or the loop is
+            # closing; either way the loop sees ``interrupted`` without this write.
+            if self.wake_lock.acquire(blocking=False):
+                try:
+                    if not self.wake_closed:
+                        with contextlib.suppress(OSError):
+                            os.write(self.wake_w, b"x")
+                finally:
+                    self.wake_lock.release()
 
         old = {}
         for sig in (signal.SIGINT, signal.SIGTERM):

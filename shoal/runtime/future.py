@@ -198,6 +198,17 @@ class Future(cf.Future):
                 _refuse_wait(self)
         return super().exception(timeout)
 
+    def done(self) -> bool:
+        if self._state in _SETTLED:
+            return True
+        # In a worker, a result that came home while the SIGURG handler polled waits to be
+        # settled at a call into the runtime (Worker.on_signal); this is one, so that a task
+        # polling ``done()`` sees it.
+        worker = context.worker
+        if worker is not None and worker.unsettled and not worker.in_handler:
+            worker.settle_deferred()
+        return self._state in _SETTLED
+
     def running(self) -> bool:
         if self._state == PENDING and self._prober is not None:
             self._prober(self)

@@ -334,8 +334,8 @@ class Worker:
         operation); answering only STEAL in the handler and leaving every other message
         for later (reorders each ring's messages, which the loan book's proofs assume in
         order).  Callbacks of spawned futures therefore run inside a call into the
-        runtime (``spawn``, ``result``/``exception``, a join) or between tasks, never
-        between two bytecodes of the user's code.
+        runtime (``spawn``, ``result``/``exception``/``done``, a join) or between tasks,
+        never between two bytecodes of the user's code.
         """
         c = self.c
         c["pokes"] += 1
@@ -771,6 +771,7 @@ class Worker:
         self.out = _ForkedOut(self.ep)
         self.status = [0] * RingMatrix.STATUS_WORDS  # private now: the cell is the parent's
         self.deque = deque()
+        self.unsettled = []
         self.book.loans = {}
 
     # -- reporting ---------------------------------------------------------------------

@@ -254,16 +254,28 @@ def test_escape_sequences_in_stderr_or_a_crafted_journal_do_not_reach_the_termin
     assert "\\x1b[2J" in s.stdout and "PWNED" in s.stdout
 
 
-def test_an_entk_reference_built_from_uids_says_why(tmp_path):
+def test_an_entk_reference_built_from_uids_resolves(tmp_path, monkeypatch):
     """EnTK gives objects a uid at creation, so scripts write
-    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); in shoal the uids are None until
-    the run, and the task waited for 'None.None.None' until the run was declared stuck."""
-    from shoal.entk import EnsembleError, Pipeline, Stage, Task
+    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); those uids were None until the run
+    (the task waited for 'None.None.None', then a clear refusal).  Now they exist and resolve."""
+    from shoal.entk import AppManager, Pipeline, Stage, Task
 
+    monkeypatch.chdir(tmp_path)
     p, s, t = Pipeline(), Stage(), Task()
+    assert (p.uid, s.uid, t.uid) != (None, None, None)
+    t.executable, t.arguments = "/bin/sh", ["-c", "echo made > out.txt"]
+    s.add_tasks(t)
+    p.add_stages(s)
     t2 = Task()
-    with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
-        t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+    t2.executable, t2.arguments = "cat", ["out.txt"]
+    t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+    s2 = Stage()
+    s2.add_tasks(t2)
+    p.add_stages(s2)
+    appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 1, "cpus": 1})
+    appman.workflow = [p]
+    appman.run()
+    assert (tmp_path / "entk.sandbox/p0/s1/t0/stdout").read_text() == "made\n"
 
 
 # -- staging -------------------------------------------------------------------------------------

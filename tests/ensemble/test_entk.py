@@ -71,8 +71,8 @@ def test_unknown_attributes_raise_at_assignment_with_did_you_mean():
         t.cpu_reqs = {"cpu_processes": 1, "cpu_thread": 2}
     with pytest.raises(EnsembleError, match="MPI"):
         t.cpu_reqs = {"cpu_processes": 4, "cpu_process_type": "MPI"}
-    with pytest.raises(EnsembleError, match="stdout"):
-        t.stdout = "out.txt"
+    with pytest.raises(EnsembleError, match="lfs_per_process: not supported"):
+        t.lfs_per_process = 10
     with pytest.raises(EnsembleError, match=r"did you mean 'add_tasks'|did you mean 'tasks'"):
         Stage().taskz = []
     with pytest.raises(EnsembleError, match="did you mean 'stages'"):

@@ -66,7 +66,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
-        values: str = "data", resource=None) -> Report:
+        values: str = "data", resource=None, shared_data=()) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -100,6 +100,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     when given, and sandboxes and inputs must be on a filesystem the nodes
     share with the driver; the journal stays here (docs/ensemble.md).
 
+    ``shared_data``: EnTK's ``appman.shared_data`` — paths (``'path'`` or ``'path > name'``)
+    copied into the run's shared area ``<sandbox>/~shared`` before any task starts; a task
+    names them ``$SHARED/name`` (inputs, EnTK tasks' arguments, ``stage_out`` destinations).
+
     ``resource``: run in a batch allocation instead (a mapping or ``Resource``:
     ``{"backend": "slurm", "nodes": 2, "cores": 16, "partition": ..., "walltime": "2h"}``):
     a dask pilot of batch jobs is opened, the walltime counts from when the
@@ -123,11 +127,12 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        gpus=gpus, memory=memory, walltime=min(budget) if budget else None,
                        sandbox=sandbox, window=window, durability=durability,
                        progress=progress, patience=patience, new=new,
-                       retry_failed=retry_failed, values=values)
+                       retry_failed=retry_failed, values=values, shared_data=shared_data)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
-                    patience=patience, new=new, retry_failed=retry_failed, values=values)
+                    patience=patience, new=new, retry_failed=retry_failed, values=values,
+                    shared_data=shared_data)
     return engine.run()
 
 

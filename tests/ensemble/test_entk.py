@@ -227,3 +227,48 @@ def test_appmanager_raises_when_the_walltime_stops_the_run(tmp_path, monkeypatch
     with pytest.raises(EnsembleError, match=r"stopped before the end \(walltime: .*resume=True"):
         appman.run()
     assert appman.report.drained and appman.report.done == 0
+
+
+def test_entk_tasks_run_in_a_shell_and_shoal_tasks_keep_argv(tmp_path, monkeypatch):
+    """EnTK runs `executable arguments` in a shell (RADICAL-Pilot's task script): '>' redirects
+    and $VAR expands; shoal.ensemble's Task gives the program its arguments as they are."""
+    from shoal.ensemble import Pipeline as SPipeline, Stage as SStage, Task as STask
+
+    monkeypatch.setenv("GREETING", "hi there")
+    entk = Task()
+    entk.name = "entk"
+    entk.executable = "/bin/echo"
+    entk.arguments = ["$GREETING", ">", "out.txt"]
+    plain = STask(executable="/bin/echo", arguments=["$GREETING", ">", "out.txt"], name="plain")
+    report = run([Pipeline([Stage([entk])], name="e"), SPipeline([SStage([plain])], name="s")],
+                 journal=str(tmp_path / "run.db"))
+    assert report.ok, report.failures
+    assert (tmp_path / "run.sandbox/e/s0/entk/out.txt").read_text() == "hi there\n"
+    assert (tmp_path / "run.sandbox/s/s0/plain/stdout").read_text() == "$GREETING > out.txt\n"
+
+
+def test_name_keys_are_injective_and_leave_shoal_names_alone():
+    from shoal.patterns.ensemble.model import NAME_RE, name_key
+
+    names = ["sim-1_a", "my.task", "my~2Etask", "Pipeline 1", "Pipeline~201", "a.b c", "ü.x", "t0", "%41"]
+    keys = [name_key(n) for n in names if NAME_RE.match(n) or "~" not in n]
+    assert len(set(keys)) == len(keys)
+    assert name_key("sim-1_a") == "sim-1_a" and name_key("%41") == "%41"  # old journals keep their keys
+    assert name_key("my.task") == "my~2Etask" and name_key("Pipeline 1") == "Pipeline~201"
+    assert all(NAME_RE.match(name_key(n).replace("~", "")) for n in names if "~" not in n)
+
+
+def test_entk_naming_rule_refuses_what_entk_and_shoal_both_refuse():
+    t = Task()
+    for ok in ("my.first.task", "Pipeline 1", "sim_1", "a-b", "x,y"):
+        t.name = ok
+        t.executable = "/bin/true"
+        t.validate()
+    for bad in ("a/b", "$x", "a;b", "a*b"):
+        t.name = bad
+        with pytest.raises(EnsembleError, match="EnTK names are letters, digits, '.' and spaces"):
+            t.validate()
+    from shoal.ensemble import Task as STask
+
+    with pytest.raises(EnsembleError, match=r"must be letters, digits or _-:\+@%=,"):
+        STask(executable="/bin/true", name="my.task").validate()  # shoal's own rule is unchanged

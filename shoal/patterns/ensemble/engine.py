@@ -630,7 +630,8 @@ class Engine:
             environment=tuple((str(k), str(v)) for k, v in t.environment.items()),
             pre_exec=tuple(t.pre_exec), post_exec=tuple(t.post_exec),
             inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
-            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at)
+            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at,
+            shell=t._shell, shared=self.launcher.shared, stdout=t.stdout_file, stderr=t.stderr_file)
         try:
             gpus = dask_resources(t)  # {"GPU": k}: a dask worker resource
             submit = self.pilot.options(resources=gpus).submit if gpus else self.pilot.submit

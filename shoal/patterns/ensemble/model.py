@@ -531,9 +531,9 @@ def as_pipelines(workflow) -> Iterable[Pipeline]:
 
 # -- attribute checks and the EnTK vocabulary ------------------------------------------
 ENTK_TASK_UNSUPPORTED = {
-    "stdout": "shoal writes a task's stdout to <sandbox>/stdout (read it with results.path(task, 'stdout'))",
-    "stderr": "shoal writes a task's stderr to <sandbox>/stderr; failures show its tail",
-    "sandbox": "sandboxes are <journal>.sandbox/<pipeline>/<stage>/<task>; pass run(sandbox=root)",
+    "stdout": "shoal.ensemble writes a task's stdout to <sandbox>/stdout (read it with results.path(task, 'stdout')); shoal.entk.Task takes t.stdout",
+    "stderr": "shoal.ensemble writes a task's stderr to <sandbox>/stderr; shoal.entk.Task takes t.stderr",
+    "sandbox": "sandboxes are <journal>.sandbox/<pipeline>/<stage>/<task>; pass run(sandbox=root); shoal.entk.Task takes t.sandbox",
     "lfs_per_process": "local file-system space is not scheduled; drop it",
     "mem_per_process": "use memory= (bytes or '2G') for the whole task",
     "move_output_data": "use download_output_data / copy_output_data (copies), or stage_out",

@@ -232,7 +232,9 @@ def test_appmanager_raises_when_the_walltime_stops_the_run(tmp_path, monkeypatch
 def test_entk_tasks_run_in_a_shell_and_shoal_tasks_keep_argv(tmp_path, monkeypatch):
     """EnTK runs `executable arguments` in a shell (RADICAL-Pilot's task script): '>' redirects
     and $VAR expands; shoal.ensemble's Task gives the program its arguments as they are."""
-    from shoal.ensemble import Pipeline as SPipeline, Stage as SStage, Task as STask
+    from shoal.ensemble import Pipeline as SPipeline
+    from shoal.ensemble import Stage as SStage
+    from shoal.ensemble import Task as STask
 
     monkeypatch.setenv("GREETING", "hi there")
     entk = Task()

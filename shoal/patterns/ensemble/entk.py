@@ -1,10 +1,10 @@
 """RADICAL-EnTK's AppManager on shoal: move an EnTK script by changing its import line.
 
-``from shoal.entk import AppManager, Pipeline, Stage, Task`` gives the same
-Pipeline/Stage/Task classes as ``shoal.ensemble`` (model.py accepts EnTK's
-attribute style: ``t.executable = ...``, ``t.cpu_reqs = {...}``,
-``t.copy_input_data = [...]``, ``s.add_tasks(t)``, ``p.add_stages(s)``,
-no-argument ``post_exec``) and this ``AppManager`` facade::
+``from shoal.entk import AppManager, Pipeline, Stage, Task`` gives EnTK's
+Pipeline/Stage/Task (entk_model.py: ``shoal.ensemble``'s classes with EnTK's uids,
+names and shell; model.py accepts EnTK's attribute style: ``t.executable = ...``,
+``t.cpu_reqs = {...}``, ``t.copy_input_data = [...]``, ``s.add_tasks(t)``,
+``p.add_stages(s)``, no-argument ``post_exec``) and this ``AppManager`` facade::
 
     appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 10, "cpus": 4})
     appman.workflow = [p]      # or set([p]) as EnTK scripts write it

@@ -351,7 +351,8 @@ class Walker:
         uid = f"{srun.uid}.{srun.names.claim(task, srun.index, f'stage {srun.uid}: ')}"
         task.bind_path(uid)
         srun.index += 1
-        entk_refs = bool(task.inputs or task._shell) and self._resolve_entk_refs(task)
+        if task.inputs or task._shell:
+            self._resolve_entk_refs(task)  # before validate(): EnTK's references are not shoal's
         task.validate()
         why = self.intake.impossible(task)
         if why:
@@ -361,7 +362,7 @@ class Walker:
         known = self.specs.pop(id(task), None)  # computed by plan_of when the run started
         spec = known[1] if known is not None and known[0] is task else None
         spec = spec or spec_text(task)  # an unlisted one's after resolving EnTK references: its keys
-        del entk_refs  # are stable from run to run, EnTK uids need not be (entk_model.py)
+        # are stable from run to run, EnTK uids need not be (entk_model.py)
         if task.sandbox_dir is not None:
             self.intake.shared_sandbox(uid, task.sandbox_dir)
         if self.replay:

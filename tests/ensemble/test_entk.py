@@ -274,3 +274,23 @@ def test_entk_naming_rule_refuses_what_entk_and_shoal_both_refuse():
 
     with pytest.raises(EnsembleError, match=r"must be letters, digits or _-:\+@%=,"):
         STask(executable="/bin/true", name="my.task").validate()  # shoal's own rule is unchanged
+
+
+def test_entk_dicts_task_positional_and_from_dict_methods():
+    """EnTK's Task(dict) (positional from_dict), t.from_dict(d), Stage/Pipeline.from_dict(d)."""
+    t = Task({"executable": "/bin/echo", "arguments": [10], "name": "a.b",
+              "cpu_reqs": {"cpu_processes": 1, "cpu_threads": 2}, "state": "DONE", "uid": "task.custom"})
+    assert (t.uid, t.executable, t.cores, t.name, t.state) == ("task.custom", "/bin/echo", 2, "a.b", "DESCRIBED")
+    before = t.uid
+    t2 = Task()
+    keep = t2.uid
+    t2.from_dict({"executable": "true"})
+    assert (t2.uid, t2.executable) == (keep, "true") and before != keep
+    s, p = Stage(), Pipeline()
+    s.from_dict({"name": "Stage 1"})
+    p.from_dict({"uid": "pipeline.custom", "name": "pipe.1", "state": "DONE"})
+    assert (s.name, p.uid, p.name, p.state) == ("Stage 1", "pipeline.custom", "pipe.1", "DESCRIBED")
+    with pytest.raises(EnsembleError, match="holds /"):
+        Stage().from_dict({"name": "a/b"})
+    with pytest.raises(EnsembleError, match="takes a dict"):
+        Task(["/bin/echo"])

@@ -44,6 +44,7 @@ from .model import (
     TaskState,
     _attrs,
     _unknown_attr,
+    check_name,
 )
 from .model import (
     Pipeline as _Pipeline,
@@ -154,6 +155,18 @@ class Task(_Task):
         self._entk["state"] = _ENTK_STATE[state]
         self._entk["exit_code"] = exit_code
 
+    def from_dict(self, d) -> None:
+        """EnTK's ``t.from_dict(d)``: re-initialise this task from ``d`` (its uid kept unless
+        ``d`` gives one)."""
+        uid = self.uid
+        fresh = Task(d)
+        for f in dataclasses.fields(_Task):
+            if f.init:
+                object.__setattr__(self, f.name, getattr(fresh, f.name))
+        self._entk.update(fresh._entk)
+        if not (isinstance(d, Mapping) and d.get("uid")):
+            self._entk["uid"] = uid
+
     def to_dict(self) -> dict:
         return {"uid": self.uid, "name": self.name or "", "executable": self.executable or "",
                 "arguments": [str(a) for a in self.arguments], "stdout": self.stdout,
@@ -218,6 +231,18 @@ class _Extensible:
         object.__setattr__(self, name, value)
 
 
+def _from_dict(obj, d) -> None:
+    """EnTK's ``Stage.from_dict`` / ``Pipeline.from_dict``: ``uid`` and ``name`` from a dict (a
+    run's state in it is bookkeeping of another run: ignored)."""
+    if not isinstance(d, Mapping):
+        raise EnsembleError(f"{type(obj).__name__}.from_dict takes a dict, got {d!r}")
+    if d.get("uid"):
+        object.__setattr__(obj, "_entk_uid", str(d["uid"]))
+    if d.get("name"):
+        obj.name = d["name"]
+        check_name(obj, f"{type(obj).__name__.lower()} {obj.uid}")
+
+
 class Stage(_Extensible, _Stage):
     """EnTK's Stage: ``Stage()`` then ``add_tasks``; also shoal's ``Stage([tasks], name=...)``."""
 
@@ -231,9 +256,15 @@ class Stage(_Extensible, _Stage):
     uid = property(lambda self: self._entk_uid, lambda self, v: None)
     path_uid = property(lambda self: self._path)
     luid = path_uid
+    from_dict = _from_dict
 
     def bind_path(self, path: str) -> None:
         object.__setattr__(self, "_path", path)
+
+    def as_dict(self) -> dict:
+        return {"uid": self.uid, "name": self.name, "state": "DESCRIBED" if self._path is None else "SCHEDULING"}
+
+    to_dict = as_dict
 
 
 class Pipeline(_Extensible, _Pipeline):
@@ -251,6 +282,12 @@ class Pipeline(_Extensible, _Pipeline):
     uid = property(lambda self: self._entk_uid, lambda self, v: None)
     path_uid = property(lambda self: self._path)
     luid = path_uid
+    from_dict = _from_dict
+
+    def as_dict(self) -> dict:
+        return {"uid": self.uid, "name": self.name, "state": self.state, "state_history": self.state_history}
+
+    to_dict = as_dict
 
     def bind_path(self, path: str) -> None:
         object.__setattr__(self, "_path", path)

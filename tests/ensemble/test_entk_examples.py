@@ -214,18 +214,18 @@ def test_bag_of_pipelines_positional_task_dict(tmp_path):
 def _eop_pipeline(cnt, typo="Pipline"):
     p, s1, t1 = Pipeline(), Stage(), Task()
     t1.executable = "/bin/bash"
-    t1.arguments = ["-l", "-c", "head -c 2000 /dev/urandom | base64 > output.txt"]
+    t1.arguments = ["-c", "head -c 2000 /dev/urandom | base64 > output.txt"]
     s1.add_tasks(t1)
     p.add_stages(s1)
     s2, t2 = Stage(), Task()
     t2.executable = "/bin/bash"
-    t2.arguments = ["-l", "-c", "grep -o . output.txt | sort | uniq -c > ccount.txt"]
+    t2.arguments = ["-c", "grep -o . output.txt | sort | uniq -c > ccount.txt"]
     t2.copy_input_data = [f"${typo}_%s_Stage_%s_Task_%s/output.txt" % (p.uid, s1.uid, t1.uid)]
     s2.add_tasks(t2)
     p.add_stages(s2)
     s3, t3 = Stage(), Task()
     t3.executable = "/bin/bash"
-    t3.arguments = ["-l", "-c", "sha1sum ccount.txt > chksum.txt"]
+    t3.arguments = ["-c", "sha1sum ccount.txt > chksum.txt"]
     t3.copy_input_data = [f"${typo}_%s_Stage_%s_Task_%s/ccount.txt" % (p.uid, s2.uid, t2.uid)]
     t3.download_output_data = ["chksum.txt > chksum_%s.txt" % cnt]
     s3.add_tasks(t3)
@@ -234,7 +234,8 @@ def _eop_pipeline(cnt, typo="Pipline"):
 
 
 def test_eop_references_from_uids_with_the_examples_typo(tmp_path):
-    """simple/eop.py: ten pipelines whose references are built from uids, spelled
+    """simple/eop.py (bash without -l here: a login shell per task only costs time): pipelines
+    whose references are built from uids, spelled
     '$Pipline_...' (sic) — EnTK reads only the 2nd/4th/6th '_' parts, and so does shoal."""
     _run(set(_eop_pipeline(cnt) for cnt in range(3)), {"resource": "local.localhost", "walltime": 10,
                                                         "cpus": 1})
@@ -243,14 +244,14 @@ def test_eop_references_from_uids_with_the_examples_typo(tmp_path):
 
 
 def test_poe_thirty_named_tasks_referenced_by_uid(tmp_path):
-    """simple/poe.py: stage s2's tasks t1..tN copy t1's output by uid; s3's tasks reference
+    """simple/poe.py (bash without -l, as in eop): stage s2's tasks t1..tN copy t1's output by uid; s3's tasks reference
     s2's tasks through the uids collected in s2_task_uids."""
     p = Pipeline()
     p.name = "p1"
     s1, t1 = Stage(), Task()
     s1.name, t1.name = "s1", "t1"
     t1.executable = "/bin/bash"
-    t1.arguments = ["-l", "-c", "head -c 1000 /dev/urandom | base64 > output.txt"]
+    t1.arguments = ["-c", "head -c 1000 /dev/urandom | base64 > output.txt"]
     s1.add_tasks(t1)
     p.add_stages(s1)
     s2 = Stage()
@@ -260,7 +261,7 @@ def test_poe_thirty_named_tasks_referenced_by_uid(tmp_path):
         t2 = Task()
         t2.name = "t%s" % (cnt + 1)
         t2.executable = "/bin/bash"
-        t2.arguments = ["-l", "-c", "grep -o . output.txt | sort | uniq -c > ccount.txt"]
+        t2.arguments = ["-c", "grep -o . output.txt | sort | uniq -c > ccount.txt"]
         t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/output.txt" % (p.uid, s1.uid, t1.uid)]
         s2.add_tasks(t2)
         s2_task_uids.append(t2.uid)
@@ -271,7 +272,7 @@ def test_poe_thirty_named_tasks_referenced_by_uid(tmp_path):
         t3 = Task()
         t3.name = "t%s" % (cnt + 1)
         t3.executable = "/bin/bash"
-        t3.arguments = ["-l", "-c", "sha1sum ccount.txt > chksum.txt"]
+        t3.arguments = ["-c", "sha1sum ccount.txt > chksum.txt"]
         t3.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/ccount.txt" % (p.uid, s2.uid, s2_task_uids[cnt])]
         t3.download_output_data = ["chksum.txt > chksum_%s.txt" % cnt]
         s3.add_tasks(t3)

@@ -294,3 +294,18 @@ def test_entk_dicts_task_positional_and_from_dict_methods():
         Stage().from_dict({"name": "a/b"})
     with pytest.raises(EnsembleError, match="takes a dict"):
         Task(["/bin/echo"])
+
+
+def test_a_post_exec_reads_an_entk_tasks_result_by_the_object(tmp_path):
+    """ctx.results[t] / ctx.results.path(t, ...) with an EnTK Task: its uid is EnTK's
+    ('task.000000'), the journal's key is its luid — the lookup used the uid and found nothing."""
+    t = Task()
+    t.executable, t.arguments, t.stdout = "/bin/echo", ["hi"], "hi.txt"
+    seen = []
+    s = Stage()
+    s.add_tasks(t)
+    s.post_exec = lambda ctx: seen.append((ctx.results[t], open(ctx.results.path(t, t.stdout)).read()))
+    p = Pipeline()
+    p.add_stages(s)
+    assert run(p, journal=str(tmp_path / "run.db")).ok
+    assert seen == [(0, "hi\n")]

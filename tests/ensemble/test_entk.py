@@ -309,3 +309,17 @@ def test_a_post_exec_reads_an_entk_tasks_result_by_the_object(tmp_path):
     p.add_stages(s)
     assert run(p, journal=str(tmp_path / "run.db")).ok
     assert seen == [(0, "hi\n")]
+
+
+def test_on_retry_with_an_entk_task(tmp_path):
+    """on_retry returning t.replace(...) of an EnTK Task: the engine assigned new.uid = the run's
+    key, which an EnTK Task refuses (its uid is EnTK's and never re-assigned)."""
+    t = Task()
+    t.executable, t.arguments, t.retries = "/bin/sh", ["-c", "exit 3"], 1
+    t.on_retry = lambda task, failure: task.replace(arguments=["-c", "exit 0"])
+    s = Stage()
+    s.add_tasks(t)
+    p = Pipeline()
+    p.add_stages(s)
+    report = run(p, journal=str(tmp_path / "run.db"))
+    assert report.ok and report.retries == 1

@@ -831,7 +831,7 @@ class Engine:
             new = t.on_retry(t, failure)
             if not isinstance(new, Task):
                 raise EnsembleError(f"task {item.uid}: on_retry must return a Task, got {new!r}")
-            new.uid = item.uid
+            new.bind_path(item.uid)  # (an EnTK Task's uid is its own: entk_model.py)
             new.validate()
             item.task = new
         item.grant = item.pid = item.future = item.deadline = item.request = None

@@ -752,3 +752,29 @@ def test_a_resume_finds_tasks_with_dotted_and_duplicate_names_again(tmp_path):
     report = again.run()
     assert report.ok and report.done == 3
     assert sorted((tmp_path / "ran.txt").read_text().split()) == ["0", "1", "1", "2"]
+
+
+def test_darshan_enabled_shape_task_dicts_and_shared_outputs(tmp_path):
+    """misc/darshan_enabled.py without what is not supported (anl.polaris, the Darshan tools,
+    radical.pilot's constants): Task(dict) with upload_input_data and a copy_output_data into
+    '$SHARED/...', read by the next stage's copy_input_data from '$SHARED/...'."""
+    (tmp_path / "passwd").write_text("a b c\nd e\n")
+    task_00 = Task({"executable": "/bin/echo", "arguments": [10],
+                    "cpu_reqs": {"cpu_processes": 1, "cpu_threads": 2, "cpu_thread_type": "OpenMP"}})
+    task_01 = Task({"executable": "/bin/sh",
+                    "arguments": ["-c", "cat input.dat | wc > output_01.dat"],
+                    "upload_input_data": ["%s/passwd > input.dat" % tmp_path],
+                    "copy_output_data": ["output_01.dat > $SHARED/output_01.dat"]})
+    stage_0 = Stage()
+    stage_0.add_tasks([task_00, task_01])
+    task_10 = Task({"executable": "/bin/sh",
+                    "arguments": ["-c", "tr -s ' ' < output_01.dat | cut -d' ' -f2 > lines.txt"],
+                    "copy_input_data": ["$SHARED/output_01.dat > output_01.dat"]})
+    stage_1 = Stage()
+    stage_1.add_tasks([task_10])
+    pipeline = Pipeline()
+    pipeline.add_stages([stage_0, stage_1])
+    _run([pipeline], {"resource": "local.localhost", "cpus": 2, "walltime": 15})
+    assert (tmp_path / "entk.sandbox/~shared/output_01.dat").exists()
+    assert (tmp_path / "entk.sandbox/p0/s1/t0/lines.txt").read_text().strip() == "2"
+    assert (tmp_path / "entk.sandbox/p0/s0/t0/stdout").read_text() == "10\n"

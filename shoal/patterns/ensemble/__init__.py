@@ -10,7 +10,8 @@ journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 (function tasks on N CPUs; local code travelling to dask), ``report``
 (Results/StageContext/Report), ``walker`` (the Walker: pipelines, stages,
 the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
-the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager), and ``commands``
+the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager),
+``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
 (``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.

@@ -11,13 +11,17 @@
     appman.workflow = [p]
     appman.run()
 
-Pipeline/Stage/Task are ``shoal.ensemble``'s classes (one model, two styles);
-docs/entk.md is the migration guide.
+Pipeline/Stage/Task are subclasses of ``shoal.ensemble``'s classes with EnTK's identity
+(uids at construction, EnTK's names, duplicates allowed) and EnTK's execution (the command
+runs in a shell); see entk_model.py.  docs/entk.md is the migration guide.
 """
 
 from __future__ import annotations
 
-from shoal.patterns.ensemble import EnsembleError, Pipeline, Report, Stage, Task, TaskState
+from shoal.patterns.ensemble import EnsembleError, Report, TaskState
+from shoal.patterns.ensemble import entk_states as states
 from shoal.patterns.ensemble.entk import AppManager
+from shoal.patterns.ensemble.entk_model import Pipeline, PipelineState, Stage, Task
 
-__all__ = ["AppManager", "Pipeline", "Stage", "Task", "TaskState", "Report", "EnsembleError"]
+__all__ = ["AppManager", "Pipeline", "Stage", "Task", "TaskState", "PipelineState", "Report", "EnsembleError",
+           "states"]

@@ -228,6 +228,77 @@ def test_an_entk_set_of_unnamed_pipelines_resumes_after_sigkill(tmp_path):
             assert (tmp_path / f"entk.sandbox/p{i}/s0/t{j}/stdout").read_text().split() == [str(i), str(j)]
 
 
+ENTK_NAMES_SCRIPT = '''
+import sys
+from shoal.entk import AppManager, Pipeline, Stage, Task
+
+pipes = set()
+for i in range(3):                       # EnTK's names: dots, spaces, duplicates; a shared sandbox
+    p = Pipeline()
+    p.name = 'pipe.%03d' % i
+    s1 = Stage()
+    s1.name = 'Stage 1'
+    firsts = []
+    for j in range(2):
+        t = Task()
+        t.name = 'my.task'
+        t.executable = 'sh'
+        t.arguments = ['-c', 'touch ../started; while [ ! -e ../go ]; do sleep 0.02; done; echo %d %d' % (i, j)]
+        t.stdout = 'out.%d.txt' % j
+        t.sandbox = p.name
+        s1.add_tasks(t)
+        firsts.append(t)
+    p.add_stages(s1)
+    s2 = Stage()
+    t = Task()
+    t.name = 'sum'
+    t.executable = 'cat'
+    t.arguments = ['in.0', 'in.1', '>', 'both.txt']
+    t.copy_input_data = ['$Pipeline_%s_Stage_%s_Task_%s/out.%d.txt > in.%d' % (p.uid, s1.uid, f.uid, j, j)
+                         for j, f in enumerate(firsts)]
+    s2.add_tasks(t)
+    p.add_stages(s2)
+    pipes.add(p)
+appman = AppManager(resource_desc={'resource': 'local.localhost', 'cpus': 2}, resume=len(sys.argv) > 1)
+appman.workflow = pipes
+appman.run()
+print('done', appman.report.done)
+'''
+
+
+def test_an_entk_run_with_dotted_duplicate_names_resumes_after_sigkill(tmp_path):
+    """Names with '.' and spaces, two tasks of one name, a sandbox the pipeline's tasks share and
+    references built from uids: SIGKILL mid-stage, and AppManager(resume=True) finishes the run
+    (the names' journal keys and the '#<position>' of the duplicate are the same in the second
+    process; the uids the references name are resolved to those keys)."""
+    script = tmp_path / "entk_names.py"
+    script.write_text(ENTK_NAMES_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "entk.sandbox/started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        first.kill()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stderr.close()
+    (tmp_path / "entk.sandbox/go").touch()
+    r = subprocess.run([sys.executable, str(script), "resume"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "done 9" in r.stdout
+    for i in range(3):
+        box = tmp_path / "entk.sandbox" / ("pipe.%03d" % i)
+        assert box.joinpath("out.1.txt").read_text() == f"{i} 1\n"
+        assert (tmp_path / f"entk.sandbox/pipe~2E{i:03d}/s1/sum/both.txt").read_text() == f"{i} 0\n{i} 1\n"
+
+
 # -- what reaches the user's terminal ----------------------------------------------------------
 ESCAPES = r"ok\033]0;PWNED\007\033[2J\033]52;c;ZWNobyBoaQ==\007\233"
 
@@ -254,16 +325,28 @@ def test_escape_sequences_in_stderr_or_a_crafted_journal_do_not_reach_the_termin
     assert "\\x1b[2J" in s.stdout and "PWNED" in s.stdout
 
 
-def test_an_entk_reference_built_from_uids_says_why(tmp_path):
+def test_an_entk_reference_built_from_uids_resolves(tmp_path, monkeypatch):
     """EnTK gives objects a uid at creation, so scripts write
-    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); in shoal the uids are None until
-    the run, and the task waited for 'None.None.None' until the run was declared stuck."""
-    from shoal.entk import EnsembleError, Pipeline, Stage, Task
+    '$Pipeline_%s_Stage_%s_Task_%s' % (p.uid, s.uid, t.uid); those uids were None until the run
+    (the task waited for 'None.None.None', then a clear refusal).  Now they exist and resolve."""
+    from shoal.entk import AppManager, Pipeline, Stage, Task
 
+    monkeypatch.chdir(tmp_path)
     p, s, t = Pipeline(), Stage(), Task()
+    assert (p.uid, s.uid, t.uid) != (None, None, None)
+    t.executable, t.arguments = "/bin/sh", ["-c", "echo made > out.txt"]
+    s.add_tasks(t)
+    p.add_stages(s)
     t2 = Task()
-    with pytest.raises(EnsembleError, match="names None: EnTK gives objects a uid when they are created"):
-        t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+    t2.executable, t2.arguments = "cat", ["out.txt"]
+    t2.copy_input_data = ["$Pipeline_%s_Stage_%s_Task_%s/out.txt" % (p.uid, s.uid, t.uid)]
+    s2 = Stage()
+    s2.add_tasks(t2)
+    p.add_stages(s2)
+    appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 1, "cpus": 1})
+    appman.workflow = [p]
+    appman.run()
+    assert (tmp_path / "entk.sandbox/p0/s1/t0/stdout").read_text() == "made\n"
 
 
 # -- staging -------------------------------------------------------------------------------------

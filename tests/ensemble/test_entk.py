@@ -71,8 +71,8 @@ def test_unknown_attributes_raise_at_assignment_with_did_you_mean():
         t.cpu_reqs = {"cpu_processes": 1, "cpu_thread": 2}
     with pytest.raises(EnsembleError, match="MPI"):
         t.cpu_reqs = {"cpu_processes": 4, "cpu_process_type": "MPI"}
-    with pytest.raises(EnsembleError, match="stdout"):
-        t.stdout = "out.txt"
+    with pytest.raises(EnsembleError, match="lfs_per_process: not supported"):
+        t.lfs_per_process = 10
     with pytest.raises(EnsembleError, match=r"did you mean 'add_tasks'|did you mean 'tasks'"):
         Stage().taskz = []
     with pytest.raises(EnsembleError, match="did you mean 'stages'"):
@@ -227,3 +227,99 @@ def test_appmanager_raises_when_the_walltime_stops_the_run(tmp_path, monkeypatch
     with pytest.raises(EnsembleError, match=r"stopped before the end \(walltime: .*resume=True"):
         appman.run()
     assert appman.report.drained and appman.report.done == 0
+
+
+def test_entk_tasks_run_in_a_shell_and_shoal_tasks_keep_argv(tmp_path, monkeypatch):
+    """EnTK runs `executable arguments` in a shell (RADICAL-Pilot's task script): '>' redirects
+    and $VAR expands; shoal.ensemble's Task gives the program its arguments as they are."""
+    from shoal.ensemble import Pipeline as SPipeline
+    from shoal.ensemble import Stage as SStage
+    from shoal.ensemble import Task as STask
+
+    monkeypatch.setenv("GREETING", "hi there")
+    entk = Task()
+    entk.name = "entk"
+    entk.executable = "/bin/echo"
+    entk.arguments = ["$GREETING", ">", "out.txt"]
+    plain = STask(executable="/bin/echo", arguments=["$GREETING", ">", "out.txt"], name="plain")
+    report = run([Pipeline([Stage([entk])], name="e"), SPipeline([SStage([plain])], name="s")],
+                 journal=str(tmp_path / "run.db"))
+    assert report.ok, report.failures
+    assert (tmp_path / "run.sandbox/e/s0/entk/out.txt").read_text() == "hi there\n"
+    assert (tmp_path / "run.sandbox/s/s0/plain/stdout").read_text() == "$GREETING > out.txt\n"
+
+
+def test_name_keys_are_injective_and_leave_shoal_names_alone():
+    from shoal.patterns.ensemble.model import NAME_RE, name_key
+
+    names = ["sim-1_a", "my.task", "my~2Etask", "Pipeline 1", "Pipeline~201", "a.b c", "ü.x", "t0", "%41"]
+    keys = [name_key(n) for n in names if NAME_RE.match(n) or "~" not in n]
+    assert len(set(keys)) == len(keys)
+    assert name_key("sim-1_a") == "sim-1_a" and name_key("%41") == "%41"  # old journals keep their keys
+    assert name_key("my.task") == "my~2Etask" and name_key("Pipeline 1") == "Pipeline~201"
+    assert all(NAME_RE.match(name_key(n).replace("~", "")) for n in names if "~" not in n)
+
+
+def test_entk_naming_rule_refuses_what_entk_and_shoal_both_refuse():
+    t = Task()
+    for ok in ("my.first.task", "Pipeline 1", "sim_1", "a-b", "x,y"):
+        t.name = ok
+        t.executable = "/bin/true"
+        t.validate()
+    for bad in ("a/b", "$x", "a;b", "a*b"):
+        t.name = bad
+        with pytest.raises(EnsembleError, match="EnTK names are letters, digits, '.' and spaces"):
+            t.validate()
+    from shoal.ensemble import Task as STask
+
+    with pytest.raises(EnsembleError, match=r"must be letters, digits or _-:\+@%=,"):
+        STask(executable="/bin/true", name="my.task").validate()  # shoal's own rule is unchanged
+
+
+def test_entk_dicts_task_positional_and_from_dict_methods():
+    """EnTK's Task(dict) (positional from_dict), t.from_dict(d), Stage/Pipeline.from_dict(d)."""
+    t = Task({"executable": "/bin/echo", "arguments": [10], "name": "a.b",
+              "cpu_reqs": {"cpu_processes": 1, "cpu_threads": 2}, "state": "DONE", "uid": "task.custom"})
+    assert (t.uid, t.executable, t.cores, t.name, t.state) == ("task.custom", "/bin/echo", 2, "a.b", "DESCRIBED")
+    before = t.uid
+    t2 = Task()
+    keep = t2.uid
+    t2.from_dict({"executable": "true"})
+    assert (t2.uid, t2.executable) == (keep, "true") and before != keep
+    s, p = Stage(), Pipeline()
+    s.from_dict({"name": "Stage 1"})
+    p.from_dict({"uid": "pipeline.custom", "name": "pipe.1", "state": "DONE"})
+    assert (s.name, p.uid, p.name, p.state) == ("Stage 1", "pipeline.custom", "pipe.1", "DESCRIBED")
+    with pytest.raises(EnsembleError, match="holds /"):
+        Stage().from_dict({"name": "a/b"})
+    with pytest.raises(EnsembleError, match="takes a dict"):
+        Task(["/bin/echo"])
+
+
+def test_a_post_exec_reads_an_entk_tasks_result_by_the_object(tmp_path):
+    """ctx.results[t] / ctx.results.path(t, ...) with an EnTK Task: its uid is EnTK's
+    ('task.000000'), the journal's key is its luid — the lookup used the uid and found nothing."""
+    t = Task()
+    t.executable, t.arguments, t.stdout = "/bin/echo", ["hi"], "hi.txt"
+    seen = []
+    s = Stage()
+    s.add_tasks(t)
+    s.post_exec = lambda ctx: seen.append((ctx.results[t], open(ctx.results.path(t, t.stdout)).read()))
+    p = Pipeline()
+    p.add_stages(s)
+    assert run(p, journal=str(tmp_path / "run.db")).ok
+    assert seen == [(0, "hi\n")]
+
+
+def test_on_retry_with_an_entk_task(tmp_path):
+    """on_retry returning t.replace(...) of an EnTK Task: the engine assigned new.uid = the run's
+    key, which an EnTK Task refuses (its uid is EnTK's and never re-assigned)."""
+    t = Task()
+    t.executable, t.arguments, t.retries = "/bin/sh", ["-c", "exit 3"], 1
+    t.on_retry = lambda task, failure: task.replace(arguments=["-c", "exit 0"])
+    s = Stage()
+    s.add_tasks(t)
+    p = Pipeline()
+    p.add_stages(s)
+    report = run(p, journal=str(tmp_path / "run.db"))
+    assert report.ok and report.retries == 1

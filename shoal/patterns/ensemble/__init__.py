@@ -10,7 +10,8 @@ journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 (function tasks on N CPUs; local code travelling to dask), ``report``
 (Results/StageContext/Report), ``walker`` (the Walker: pipelines, stages,
 the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
-the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager), and ``commands``
+the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager),
+``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
 (``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
@@ -66,7 +67,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
-        values: str = "data", resource=None) -> Report:
+        values: str = "data", resource=None, shared_data=()) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -100,6 +101,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     when given, and sandboxes and inputs must be on a filesystem the nodes
     share with the driver; the journal stays here (docs/ensemble.md).
 
+    ``shared_data``: EnTK's ``appman.shared_data`` — paths (``'path'`` or ``'path > name'``)
+    copied into the run's shared area ``<sandbox>/~shared`` before any task starts; a task
+    names them ``$SHARED/name`` (inputs, EnTK tasks' arguments, ``stage_out`` destinations).
+
     ``resource``: run in a batch allocation instead (a mapping or ``Resource``:
     ``{"backend": "slurm", "nodes": 2, "cores": 16, "partition": ..., "walltime": "2h"}``):
     a dask pilot of batch jobs is opened, the walltime counts from when the
@@ -123,11 +128,12 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        gpus=gpus, memory=memory, walltime=min(budget) if budget else None,
                        sandbox=sandbox, window=window, durability=durability,
                        progress=progress, patience=patience, new=new,
-                       retry_failed=retry_failed, values=values)
+                       retry_failed=retry_failed, values=values, shared_data=shared_data)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
-                    patience=patience, new=new, retry_failed=retry_failed, values=values)
+                    patience=patience, new=new, retry_failed=retry_failed, values=values,
+                    shared_data=shared_data)
     return engine.run()
 
 

@@ -75,6 +75,7 @@ import fcntl
 import functools
 import os
 import select
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -82,7 +83,7 @@ from collections.abc import Callable
 import shoal
 
 from .functions import ship_code, with_cpus
-from .identity import count_tasks, diff_plans, diff_specs, plan_of, spec_text
+from .identity import count_tasks, diff_plans, diff_specs, listed_keys, plan_of, spec_text
 from .journal import Journal
 from .launcher import (
     Launcher,
@@ -127,7 +128,7 @@ class Engine:
                  walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
-                 new: bool = False, retry_failed: bool = False, values="data"):
+                 new: bool = False, retry_failed: bool = False, values="data", shared_data=()):
         if retry_failed and not resume:
             raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
                                 "journaled run: it needs resume=True (--resume)")
@@ -184,6 +185,11 @@ class Engine:
         except BaseException:
             self.journal.close(ended=False)
             raise
+        try:
+            self._stage_shared(shared_data)
+        except BaseException:
+            self.journal.close(ended=False)
+            raise
         self.results = Results(self.journal, self.launcher)
         self.waiting: collections.OrderedDict[int, Item] = collections.OrderedDict()
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
@@ -227,11 +233,10 @@ class Engine:
 
     def _spec_diffs(self, limit: int = 3) -> list[str]:
         out = []
-        for p in self.workflow_list:
-            for j, s in enumerate(p.stages):
-                for k, t in enumerate(s.tasks if isinstance(s.tasks, list | tuple) else ()):
-                    uid = f"{p.name or f'p{self.workflow_list.index(p)}'}.{s.name or f's{j}'}.{t.name or f't{k}'}"
-                    row = self.journal.replay_row(uid)
+        for _puid, stages in listed_keys(self.workflow_list):
+            for _suid, tasks in stages:
+                for uid, t in tasks or ():
+                    row = self.journal.replay_row(uid) if uid is not None else None
                     if row is not None and row[2] is not None and row[2] != spec_text(t):
                         out.append(diff_specs(uid, row[2], spec_text(t)))
                         if len(out) >= limit:
@@ -316,6 +321,26 @@ class Engine:
                 signal.signal(sig, h)
         return restore
 
+    def _stage_shared(self, shared_data) -> None:
+        """EnTK's ``appman.shared_data``: copy each ``'path'`` / ``'path > name'`` into the shared
+        area (after the journal moved an old run's sandbox aside: ``new``), every run, so a resume
+        sees the files as they are now."""
+        if not shared_data:
+            return
+        os.makedirs(self.launcher.shared, exist_ok=True)
+        for entry in shared_data:
+            src, _, dst = (x.strip() for x in str(entry).partition(">"))
+            src = src.rstrip("/")
+            target = os.path.join(self.launcher.shared, dst or os.path.basename(src))
+            try:
+                if os.path.isdir(src):
+                    shutil.copytree(src, target, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(src, target)
+            except OSError as exc:
+                raise EnsembleError(f"shared_data {entry!r}: cannot copy {src} into the shared area: "
+                                    f"{exc.strerror or exc}") from None
+
     def _finished(self) -> bool:
         return (self.walker.finished and not self.waiting and not self.running and not self.starting
                 and not self._events())
@@ -330,6 +355,10 @@ class Engine:
     def _stuck_message(self) -> str:
         blocked = [f"{it.uid} (after {', '.join(it.deps)})" for it in list(self.waiting.values())[:5]]
         stages = self.walker.active_stages()[:5]
+        suspended = self.walker.suspended()[:5]
+        if suspended:
+            return (f"the workflow cannot progress: pipelines {', '.join(suspended)} are suspended "
+                    "(Pipeline.suspend()) and nothing runs whose post_exec could resume() them")
         return ("the workflow cannot progress: nothing runs and the waiting tasks' dependencies "
                 f"never complete: {blocked or stages}. after= must name tasks, stages or pipelines "
                 "that come earlier in the workflow")
@@ -340,6 +369,9 @@ class Engine:
 
     def admit(self, item: Item) -> None:
         self.waiting[id(item)] = item
+
+    def shared_sandbox(self, uid: str, directory: str) -> None:
+        self.launcher.shared_sandbox(uid, directory)
 
     def _settle(self, item: Item, state: TaskState) -> None:
         self.session_counts[state] += 1
@@ -605,7 +637,8 @@ class Engine:
             environment=tuple((str(k), str(v)) for k, v in t.environment.items()),
             pre_exec=tuple(t.pre_exec), post_exec=tuple(t.post_exec),
             inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
-            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at)
+            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at,
+            shell=t._shell, shared=self.launcher.shared, stdout=t.stdout_file, stderr=t.stderr_file)
         try:
             gpus = dask_resources(t)  # {"GPU": k}: a dask worker resource
             submit = self.pilot.options(resources=gpus).submit if gpus else self.pilot.submit
@@ -621,7 +654,15 @@ class Engine:
         return True
 
     def _resolve(self, text: str) -> str:
-        return self.launcher.resolve(text, parse_ref(text)) if text.startswith("$") else text
+        if not text.startswith("$"):
+            return text
+        if text == "$SHARED" or text.startswith("$SHARED/"):
+            return self.launcher.shared + text[len("$SHARED"):]
+        return self.launcher.resolve(text, parse_ref(text))
+
+    def _shared_outputs(self, pairs):
+        """EnTK's ``copy_output_data = ['file > $SHARED/file']``: the destination in the shared area."""
+        return [(src, self._resolve(dst)) for src, dst in pairs]
 
     def _resolve_all(self, text: str) -> str:
         """Every ``$p.s.t/path`` inside ``text`` (an executable's argument) -> an absolute path."""
@@ -727,11 +768,11 @@ class Engine:
         sandbox = item.sandbox
         if timed_out or code != 0:
             return item, exit_failure(item.task.timeout, code, timed_out,
-                                      tail(os.path.join(sandbox, "stderr")), item.attempt), None
+                                      tail(os.path.join(sandbox, item.task.stderr_file)), item.attempt), None
         try:
             outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
             if item.task.stage_out:
-                stage_out(item.task.stage_out, sandbox, self.launcher.cwd)
+                stage_out(self._shared_outputs(item.task.stage_out), sandbox, self.launcher.cwd)
         except LaunchError as exc:
             return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, outputs)
@@ -754,7 +795,7 @@ class Engine:
             return item, Failure(out.failure, out.message, 0, "", item.attempt), None
         if item.task.stage_out:  # copied by the driver: the sandbox is on a shared filesystem
             try:
-                stage_out(item.task.stage_out, item.sandbox, self.launcher.cwd)
+                stage_out(self._shared_outputs(item.task.stage_out), item.sandbox, self.launcher.cwd)
             except LaunchError as exc:
                 return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
         return item, None, (0, list(out.outputs) if out.outputs else None)
@@ -784,18 +825,20 @@ class Engine:
                 self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
             else:
                 self.journal.done(item.uid, now, result=value)
+            t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return
         final = item.attempt > t.retries
         self.journal.failed(item.uid, failure, now, final=final)
         if final:
+            t.settle(TaskState.FAILED, failure.exit_code)
             self._settle(item, TaskState.FAILED)
             return
         if t.on_retry is not None:
             new = t.on_retry(t, failure)
             if not isinstance(new, Task):
                 raise EnsembleError(f"task {item.uid}: on_retry must return a Task, got {new!r}")
-            new.uid = item.uid
+            new.bind_path(item.uid)  # (an EnTK Task's uid is its own: entk_model.py)
             new.validate()
             item.task = new
         item.grant = item.pid = item.future = item.deadline = item.request = None

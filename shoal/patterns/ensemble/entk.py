@@ -1,10 +1,10 @@
 """RADICAL-EnTK's AppManager on shoal: move an EnTK script by changing its import line.
 
-``from shoal.entk import AppManager, Pipeline, Stage, Task`` gives the same
-Pipeline/Stage/Task classes as ``shoal.ensemble`` (model.py accepts EnTK's
-attribute style: ``t.executable = ...``, ``t.cpu_reqs = {...}``,
-``t.copy_input_data = [...]``, ``s.add_tasks(t)``, ``p.add_stages(s)``,
-no-argument ``post_exec``) and this ``AppManager`` facade::
+``from shoal.entk import AppManager, Pipeline, Stage, Task`` gives EnTK's
+Pipeline/Stage/Task (entk_model.py: ``shoal.ensemble``'s classes with EnTK's uids,
+names and shell; model.py accepts EnTK's attribute style: ``t.executable = ...``,
+``t.cpu_reqs = {...}``, ``t.copy_input_data = [...]``, ``s.add_tasks(t)``,
+``p.add_stages(s)``, no-argument ``post_exec``) and this ``AppManager`` facade::
 
     appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 10, "cpus": 4})
     appman.workflow = [p]      # or set([p]) as EnTK scripts write it
@@ -14,9 +14,12 @@ Mapping of ``resource_desc`` (EnTK's keys): ``resource`` must name this
 machine (``local.localhost``/``local``/``localhost``: shoal's SLURM support
 is ``shoal run --slurm``), ``walltime`` is **minutes** as in EnTK (drain and
 leave the journal resumable), ``cpus`` -> ``cores``, ``gpus`` -> ``gpus``,
-``memory`` -> ``memory``; ``project``, ``queue``, ``access_schema`` are batch
+``memory`` -> ``memory``; ``project``, ``queue``, ``access_schema`` (or ``schema``, the
+spelling of EnTK's own examples) are batch
 system settings with no meaning on one machine and are accepted and ignored
 only when ``resource`` is local.  Unknown keys are errors with a did-you-mean.
+``appman.shared_data = ['path', 'path > name']`` is staged into the run's shared area
+(``$SHARED``, ``<sandbox root>/~shared``) before any task starts.
 EnTK's connection arguments (``hostname``, ``port``, ``username``,
 ``password``: RabbitMQ) are accepted and unused — shoal needs no broker.
 
@@ -41,7 +44,7 @@ from .model import EnsembleError, Pipeline, in_creation_order
 
 _LOCAL = {"local.localhost", "local", "localhost", "local.localhost_anaconda"}
 _RESOURCE_KEYS = {"resource", "walltime", "cpus", "gpus", "memory", "project", "queue",
-                  "access_schema", "job_name"}
+                  "access_schema", "schema", "job_name"}  # 'schema': EnTK's examples' spelling
 _CONNECTION = {"hostname", "port", "username", "password", "reattempts", "resubmit_failed",
                "autoterminate", "write_workflow", "rts", "rmq_cleanup", "rts_config", "name"}
 
@@ -67,11 +70,13 @@ class AppManager:
         self.report = None
         self._resource: dict = {}
         self._workflow: list[Pipeline] | None = None
+        self._shared_data: list[str] = []
         if resource_desc is not None:
             self.resource_desc = resource_desc
 
     def __setattr__(self, name: str, value) -> None:
-        if name not in _APPMAN_ATTRS:
+        if name not in _APPMAN_ATTRS and not (name.startswith("_") and type(self) is not AppManager):
+            # a subclass (EnTK's examples subclass AppManager) keeps its own _private state
             public = sorted(a for a in _APPMAN_ATTRS if not a.startswith("_"))
             close = difflib.get_close_matches(name, public, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -94,16 +99,36 @@ class AppManager:
                 raise EnsembleError(f"resource_desc: unknown key {key!r}{hint}; allowed: "
                                     f"{', '.join(sorted(_RESOURCE_KEYS))}")
         resource = desc.get("resource", "local.localhost")
-        if resource not in _LOCAL:
+        if resource not in _LOCAL and not str(resource).startswith("local."):  # local.localhost_test, ...
             raise EnsembleError(
                 f"resource_desc: resource {resource!r}: AppManager runs on this machine "
                 "('local.localhost'); for a batch allocation run the workflow with shoal run --slurm, "
                 "or start a dask cluster there and pass pilot=shoal.Pilot(backend='dask', address=...)")
+        if "schema" in desc and "access_schema" in desc and desc["schema"] != desc["access_schema"]:
+            raise EnsembleError(f"resource_desc: 'schema' ({desc['schema']!r}) is another name of "
+                                f"'access_schema' ({desc['access_schema']!r}); give one")
         for key in ("walltime", "cpus", "gpus"):
             v = desc.get(key)
             if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < 0):
                 raise EnsembleError(f"resource_desc: {key} must be a number >= 0, got {v!r}")
         self._resource = dict(desc)
+        if "schema" in self._resource:
+            self._resource["access_schema"] = self._resource.pop("schema")
+
+    @property
+    def shared_data(self) -> list[str]:
+        """EnTK's shared data: files (``'path'`` or ``'path > name'``) copied into the run's shared
+        area before any task starts; tasks name them ``$SHARED/name`` (in ``*_input_data``, in
+        arguments and in ``copy_output_data`` destinations)."""
+        return list(self._shared_data)
+
+    @shared_data.setter
+    def shared_data(self, data) -> None:
+        if isinstance(data, str):
+            data = [data]
+        if not isinstance(data, list | tuple) or not all(isinstance(d, str) for d in data):
+            raise EnsembleError(f"AppManager.shared_data takes a list of paths, got {data!r}")
+        self._shared_data = list(data)
 
     @property
     def workflow(self) -> list[Pipeline] | None:
@@ -136,7 +161,8 @@ class AppManager:
                      new=not self.resume, retry_failed=self.retry_failed,
                      cores=int(desc["cpus"]) if desc.get("cpus") else None,
                      gpus=int(desc.get("gpus") or 0), memory=desc.get("memory"),
-                     walltime=minutes * 60 if minutes else None, progress=self.progress)
+                     walltime=minutes * 60 if minutes else None, progress=self.progress,
+                     shared_data=self._shared_data)
         self.report = report
         if report.drained:
             raise EnsembleError(
@@ -155,4 +181,4 @@ class AppManager:
 
 
 _APPMAN_ATTRS = frozenset({"journal", "resume", "retry_failed", "progress", "pilot", "report", "_resource",
-                           "_workflow", "resource_desc", "workflow"})
+                           "_workflow", "resource_desc", "workflow", "shared_data", "_shared_data"})

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .model import Pipeline, Task
+from .model import EnsembleError, NameRule, Pipeline, Task, name_key
 
 
 def fingerprint(value) -> str:
@@ -90,7 +90,7 @@ def task_spec(task: Task) -> dict:
 def _plain(value):
     """Task objects among arguments are references: name them by uid."""
     if isinstance(value, Task):
-        return f"<task {value.uid}>"
+        return f"<task {value.path_uid}>"
     return value
 
 
@@ -100,6 +100,108 @@ _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode  # json
 
 def spec_text(task: Task) -> str:
     return _ENCODE(task_spec(task))
+
+
+_AMBIGUOUS = "\0ambiguous"
+
+
+class Names:
+    """The final names in one scope — the workflow's pipelines, a pipeline's stages, a stage's
+    tasks — explicit or the positional default ``<prefix><position>``, as journal keys
+    (model.name_key: an EnTK name such as ``'my.task'`` becomes ``'my~2Etask'``).
+
+    Two of shoal's items with one name would share a uid and one of them would silently never
+    run, so a clash is an error naming both.  EnTK allows duplicate names (its uids tell them
+    apart): an EnTK item whose key is taken gets ``<key>#<position>`` — stable from run to run
+    as the default names are, so a resume finds it again.  Only explicit names (and EnTK uids,
+    for references: ``lookup``) are stored; a million unnamed shoal tasks cost nothing here."""
+
+    __slots__ = ("prefix", "what", "explicit", "named", "refs", "uids")
+
+    def __init__(self, prefix: str, what: str):
+        self.prefix, self.what = prefix, what  # "t", "task"
+        self.explicit: dict[str, int] = {}  # explicit key -> position
+        self.named: set[int] = set()  # positions that have an explicit name
+        self.refs: dict[str, str] = {}  # explicit name -> key (_AMBIGUOUS when two items have it)
+        self.uids: dict[str, str] = {}  # EnTK uid -> key
+
+    def claim(self, item, position: int, scope: str) -> str:
+        """The final key of ``item`` (a Task/Stage/Pipeline) at ``position``; EnsembleError if
+        another of shoal's items has it."""
+        name = getattr(item, "name", None) or None
+        entk = getattr(item, "_name_rule", NameRule.SHOAL) is NameRule.ENTK
+        if name is not None and not isinstance(name, str):
+            return str(name)  # validate() refuses it next, naming the field
+        key = self._claim(None if name is None else name_key(name), position, scope, entk)
+        if name is not None:
+            self.refs[name] = key if self.refs.get(name, key) == key else _AMBIGUOUS
+        if entk:
+            self.uids[item.uid] = key
+        return key
+
+    def lookup(self, ident: str) -> str:
+        """The key an EnTK reference's part names: by EnTK uid first, then by name (EnTK's task
+        processor resolves by uid, then by name), else the text as a key (``t0``, a shoal name)."""
+        key = self.uids.get(ident) or self.refs.get(ident)
+        if key == _AMBIGUOUS:
+            raise EnsembleError(f"{self.what} name {ident!r} is used by several {self.what}s; "
+                                f"reference one by its uid ({self.what[0]}.uid)")
+        return key or name_key(ident)
+
+    def _claim(self, name: str | None, position: int, scope: str, entk: bool) -> str:
+        w = self.what
+        if name is None:
+            name = f"{self.prefix}{position}"
+            other = self.explicit.get(name)
+            if other is not None:
+                if entk:
+                    return f"{name}#{position}"
+                raise EnsembleError(
+                    f"{scope}{w} name {name!r} is used twice: {w} {other} is named {name!r} and {w} "
+                    f"{position} (unnamed) gets {name!r} as its default name ({self.prefix}<position>); "
+                    f"rename {w} {other} or name {w} {position}")
+            return name
+        other = self.explicit.get(name)
+        if other == position:
+            return name  # the same item again (a stage that waited for its after=)
+        if other is not None:
+            if entk:
+                return self._claim(f"{name}#{position}", position, scope, entk)
+            raise EnsembleError(f"{scope}{w} name {name!r} is used twice ({w} {other} and {w} {position}); "
+                                f"{w} names must be unique")
+        digits = name[len(self.prefix):] if name.startswith(self.prefix) else ""
+        if digits.isdigit() and digits.isascii() and str(int(digits)) == digits:
+            k = int(digits)
+            if k < position and k not in self.named:
+                if entk:
+                    return self._claim(f"{name}#{position}", position, scope, entk)
+                raise EnsembleError(
+                    f"{scope}{w} name {name!r} is used twice: {w} {position} is named {name!r}, which "
+                    f"{w} {k} (unnamed) has as its default name ({self.prefix}<position>); "
+                    f"rename {w} {position} or name {w} {k}")
+        self.explicit[name] = position
+        self.named.add(position)
+        return name
+
+
+def listed_keys(pipelines):
+    """``(pipeline key, [(stage key, [(task uid, task), ...] or None when lazy), ...])`` for each
+    pipeline of a listed workflow, the keys given exactly as the walker gives them (``Names``)."""
+    pipes = Names("p", "pipeline")
+    for i, p in enumerate(pipelines):
+        puid = pipes.claim(p, i, "")
+        stage_names = Names("s", "stage")
+        stages = []
+        for j, s in enumerate(p.stages):
+            suid = f"{puid}.{stage_names.claim(s, j, f'pipeline {puid}: ')}"
+            tasks = getattr(s, "tasks", None)
+            if isinstance(tasks, list | tuple):
+                task_names = Names("t", "task")
+                stages.append((suid, [(f"{suid}.{task_names.claim(t, k, f'stage {suid}: ')}", t)
+                                      if isinstance(t, Task) else (None, t) for k, t in enumerate(tasks)]))
+            else:
+                stages.append((suid, None))
+        yield puid, stages
 
 
 def plan_of(pipelines, specs: dict | None = None) -> tuple[list | None, str | None]:
@@ -112,28 +214,26 @@ def plan_of(pipelines, specs: dict | None = None) -> tuple[list | None, str | No
     had when the run started)."""
     if not isinstance(pipelines, list | tuple):
         return None, None
+    if not all(isinstance(p, Pipeline) for p in pipelines):
+        return None, None
     h = hashlib.sha256()
     plan = []
-    for i, p in enumerate(pipelines):
-        if not isinstance(p, Pipeline):
-            return None, None
-        puid = p.name or f"p{i}"
-        stages = []
-        for j, s in enumerate(p.stages):
-            suid = f"{puid}.{getattr(s, 'name', None) or f's{j}'}"
-            tasks = getattr(s, "tasks", None)
-            listed = isinstance(tasks, list | tuple)
-            stages.append({"uid": suid, "tasks": len(tasks) if listed else None})
-            h.update(f"S{suid}:{len(tasks) if listed else '?'}\n".encode())
-            if listed:
-                for k, t in enumerate(tasks):
-                    if isinstance(t, Task):
+    try:
+        for puid, listed_stages in listed_keys(pipelines):
+            stages = []
+            for suid, tasks in listed_stages:
+                stages.append({"uid": suid, "tasks": len(tasks) if tasks is not None else None})
+                h.update(f"S{suid}:{len(tasks) if tasks is not None else '?'}\n".encode())
+                for uid, t in tasks or ():
+                    if uid is not None:
                         text = spec_text(t)
                         if specs is not None:
                             specs[id(t)] = (t, text)
-                        h.update(f"T{suid}.{t.name or f't{k}'}={text}\n".encode())
-        plan.append({"uid": puid, "stages": stages})
-        h.update(f"P{puid}\n".encode())
+                        h.update(f"T{uid}={text}\n".encode())
+            plan.append({"uid": puid, "stages": stages})
+            h.update(f"P{puid}\n".encode())
+    except EnsembleError:
+        return None, None  # a name clash: the walker raises it, naming both, when it gets there
     return plan, h.hexdigest()[:16]
 
 

@@ -224,9 +224,36 @@ def find_executable(exe: str, cwd: str, path: str | None) -> str:
     return found
 
 
-def command(exe: str, arguments, pre_exec, post_exec) -> list[str]:
-    """The argv to start: ``exe`` and its arguments, or ``/bin/sh -c`` around the shell lines."""
+_SHELL_OPERATORS = frozenset({">", ">>", "<", "<<", "|", "||", "&&", "&", ";", "2>", "2>>", "&>", "2>&1"})
+
+
+def entk_word(arg: str) -> str:
+    """One EnTK argument as RADICAL-Pilot writes it into its task's shell script: a redirection
+    or operator (``'>'``, ``'|'``, ...) and a one-word glob (``*.txt``) bare, a word already in
+    single quotes as it is, anything else in double quotes — so ``$VAR`` and ``$(...)`` expand
+    and a line with spaces (``['-c', 'cat *.txt | bc']``) stays one word, as on EnTK."""
+    if arg in _SHELL_OPERATORS or (("*" in arg or "?" in arg) and not any(c.isspace() for c in arg)):
+        return arg
+    if len(arg) >= 2 and arg[0] == arg[-1] == "'":
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def command(exe: str, arguments, pre_exec, post_exec, shell: bool = False, shared: str | None = None) -> list[str]:
+    """The argv to start: ``exe`` and its arguments, or ``/bin/sh -c`` around the shell lines.
+
+    ``shell``: EnTK's tasks — ``exe arguments`` is one shell line (``entk_word``), with ``$SHARED``
+    set to the run's shared area (EnTK's ``appman.shared_data``)."""
     argv = [exe, *arguments]
+    if shell:
+        line = " ".join([shlex.quote(exe), *(entk_word(str(a)) for a in arguments if str(a) != "")])
+        lines = [f"SHARED={shlex.quote(shared)}"] if shared else []
+        lines += [f"{line}\nrc=$?; [ $rc -eq 0 ] || exit $rc" for line in pre_exec]
+        lines.append(line)
+        lines.append("rc=$?")
+        lines += list(post_exec)
+        lines.append("exit $rc")
+        return ["/bin/sh", "-c", "\n".join(lines)]
     if pre_exec or post_exec:
         lines = [f"{line}\nrc=$?; [ $rc -eq 0 ] || exit $rc" for line in pre_exec]
         lines.append(shlex.join(argv))
@@ -274,10 +301,20 @@ class Launcher:
         self._spawner = Spawner.load(self._null)  # the C vfork helper; None: subprocess.Popen
         self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
         self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
+        self.shared = os.path.join(self.root, "~shared")  # EnTK's $SHARED ('~' is in no key: name_key)
+        self._shared_sandboxes: dict[str, str] = {}  # uid -> EnTK's t.sandbox, absolute
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
-        return self._prefix + uid.replace(".", "/")  # = os.path.join(root, *uid.split(".")): names hold no "/"
+        if self._shared_sandboxes:
+            found = self._shared_sandboxes.get(uid)
+            if found is not None:
+                return found
+        return self._prefix + uid.replace(".", "/")  # = os.path.join(root, *uid.split(".")): keys hold no "/"
+
+    def shared_sandbox(self, uid: str, directory: str) -> None:
+        """Task ``uid`` runs in ``directory`` (EnTK's ``t.sandbox``; relative to the root, or absolute)."""
+        self._shared_sandboxes[uid] = os.path.normpath(os.path.join(self.root, directory))
 
     def resolve(self, text: str, ref) -> str:
         """``$p.s.t/file`` -> ``<sandbox of p.s.t>/file``; other strings unchanged."""
@@ -316,12 +353,12 @@ class Launcher:
         reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
         left running)."""
         exe = self._executable(task.executable)
-        argv = command(exe, arguments, task.pre_exec, task.post_exec)
+        argv = command(exe, arguments, task.pre_exec, task.post_exec, task._shell, self.shared)
         if "\0" in "".join(argv) or (task.environment and "\0" in "".join(map(str, _flat(task.environment)))):
             raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {stdin} does not exist")
-        out, err = sandbox + "/stdout", sandbox + "/stderr"  # sandbox_of: absolute, no trailing "/"
+        out, err = sandbox + "/" + task.stdout_file, sandbox + "/" + task.stderr_file  # sandbox_of: absolute
         try:
             if self._spawner is not None:
                 pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus),

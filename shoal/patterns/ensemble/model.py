@@ -34,15 +34,63 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import shoal
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-:+@%=,]+$")
 REF_RE = re.compile(r"^\$([^./\s$]+)\.([^./\s$]+)\.([^./\s$]+)(?:/(.*))?$")
 # a reference inside a longer argument (a shell line): "$p.s.t" or "$p.s.t/some/path"
-EMBEDDED_REF_RE = re.compile(r"\$([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)\.([A-Za-z0-9_\-:+@%=,]+)"
+EMBEDDED_REF_RE = re.compile(r"\$([A-Za-z0-9_\-:+@%=,~#]+)\.([A-Za-z0-9_\-:+@%=,~#]+)\.([A-Za-z0-9_\-:+@%=,~#]+)"
                              r"((?:/[A-Za-z0-9_\-.+@%=,]+)*)")
+
+
+class NameRule(enum.Enum):
+    """Which names a class accepts: shoal's own (they are their journal keys as they are) or
+    RADICAL-EnTK's (any text without the punctuation EnTK refuses; mapped by ``name_key``)."""
+
+    SHOAL = "shoal"
+    ENTK = "entk"
+
+
+# EnTK refuses every ASCII punctuation mark but '.' in a name (task.py/stage.py/pipeline.py:
+# ``punctuation.replace('.', '')``): '_' separates the parts of its $Pipeline_p_Stage_s_Task_t
+# references.  shoal's own names may hold _-:+@%=, and the classes mix, so the EnTK rule here
+# refuses only what both refuse: a script EnTK accepts is accepted, and so is a shoal name.
+ENTK_REFUSED = frozenset("!\"#$&'()*/;<>?[\\]^`{|}~")
+_KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:+@%=,")
+
+
+def name_key(name: str) -> str:
+    """A name as its journal key and directory name: itself when it is a shoal name, else each
+    character outside shoal's set as ``~XX`` (its UTF-8 bytes in hex): ``'my.task'`` ->
+    ``'my~2Etask'``.  Injective, and the identity on shoal's names (which never hold '~'), so
+    journals written before EnTK names were accepted keep their keys.
+
+    Rejected: allowing '.' in keys (a uid ``p.s.t`` splits on '.'; ``$p.s.t/file`` references
+    and ``sandbox/p/s/t`` directories follow from it) and percent-encoding (``%`` is a legal
+    shoal name character, so old names holding it would change key)."""
+    if NAME_RE.match(name):
+        return name
+    return "".join(c if c in _KEY_SAFE else "".join(f"~{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   for c in name)
+
+
+def check_name(obj, who: str) -> None:
+    """EnsembleError unless ``obj.name`` is None/'' or a name its class's ``NameRule`` accepts."""
+    name = obj.name
+    if name is None or name == "":
+        return
+    if obj._name_rule is NameRule.ENTK:
+        if not isinstance(name, str):
+            raise EnsembleError(f"{who}: name must be a string, got {name!r}")
+        bad = sorted(set(name) & ENTK_REFUSED)
+        if bad:
+            raise EnsembleError(f"{who}: name {name!r} holds {' '.join(bad)}; EnTK names are letters, "
+                                "digits, '.' and spaces (shoal also takes _-:+@%=,)")
+        return
+    if not (isinstance(name, str) and NAME_RE.match(name)):
+        raise EnsembleError(f"{who}: name {name!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
 
 
 _CREATED = itertools.count()  # creation order of Tasks/Stages/Pipelines: how a set of them is ordered
@@ -145,7 +193,7 @@ def parse_ref(text: str) -> tuple[str, str] | None:
 def _ref_uid(item: Any, what: str) -> str:
     if isinstance(item, str):
         return item
-    uid = getattr(item, "uid", None)
+    uid = getattr(item, "path_uid", None)
     if uid is None:
         raise EnsembleError(
             f"{what}: {item!r} has no uid yet; add it to a Stage/Pipeline first or name it by uid string"
@@ -188,6 +236,8 @@ class Task:
     stage_out: Sequence[tuple[str, str]] = ()  # (file in the sandbox, destination) copied before DONE
     uid: str | None = dataclasses.field(default=None, init=False)
     _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
+    _name_rule: ClassVar[NameRule] = NameRule.SHOAL
+    _shell: ClassVar[bool] = False  # EnTK's tasks run `executable arguments` in a shell (launcher.command)
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _TASK_ATTRS:
@@ -252,7 +302,27 @@ class Task:
 
     @property
     def label(self) -> str:
-        return self.uid or self.name or "<unnamed task>"
+        return self.path_uid or self.name or "<unnamed task>"
+
+    # where the launcher writes stdout/stderr (names in the sandbox) and a sandbox several tasks
+    # share (None: the task's own <root>/p/s/t); EnTK's Task sets them (entk_model.py)
+    stdout_file = property(lambda self: "stdout")
+    stderr_file = property(lambda self: "stderr")
+    sandbox_dir = property(lambda self: None)
+
+    def settle(self, state: TaskState, exit_code: int | None) -> None:
+        """Told by the engine when the task is terminal (EnTK's Task keeps state and exit code)."""
+
+    @property
+    def path_uid(self) -> str | None:
+        """The ``pipeline.stage.task`` key the run gives this task (its journal row, its sandbox
+        ``<root>/pipeline/stage/task``); None before the run reaches it.  EnTK's classes keep
+        their own ``uid`` (``task.000000``) and hold this one apart (entk_model.py)."""
+        return self.uid
+
+    def bind_path(self, path: str) -> None:
+        """Set by the walker when the run reaches this task (see ``path_uid``)."""
+        object.__setattr__(self, "uid", path)
 
     def replace(self, **changes) -> Task:
         """A copy with ``changes`` (what an ``on_retry`` hook usually returns)."""
@@ -298,8 +368,7 @@ class Task:
                 raise EnsembleError(f"{who}: function must be callable, got {self.function!r}")
             if self.pre_exec or self.post_exec or self.stdin:
                 raise EnsembleError(f"{who}: pre_exec/post_exec/stdin apply to executables only")
-        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
-            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
+        check_name(self, who)
         for field, low in (("cores", 1), ("gpus", 0), ("retries", 0)):
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -321,7 +390,8 @@ class Task:
                 raise EnsembleError(f"{who}: environment variable names must be non-empty strings "
                                     f"without '=' or NUL, got {k!r}")
         for inp in self.staged_inputs():
-            if inp.source.startswith("$") and parse_ref(inp.source) is None:
+            if inp.source.startswith("$") and parse_ref(inp.source) is None and not (
+                    inp.source == "$SHARED" or inp.source.startswith("$SHARED/")):
                 raise EnsembleError(
                     f"{who}: input {inp.source!r} is not a reference '$pipeline.stage.task/path'"
                 )
@@ -356,6 +426,7 @@ class Stage:
     when: Callable[[Any], bool] | None = None
     uid: str | None = dataclasses.field(default=None, init=False)
     _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
+    _name_rule: ClassVar[NameRule] = NameRule.SHOAL
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _STAGE_ATTRS:
@@ -375,14 +446,18 @@ class Stage:
         self.tasks.extend(flat)
         return self
 
+    path_uid = property(lambda self: self.uid, doc="``pipeline.stage``: see Task.path_uid")
+
+    def bind_path(self, path: str) -> None:
+        object.__setattr__(self, "uid", path)
+
     def post_exec_arity(self) -> int:
         """0 for EnTK's ``post_exec()``, 1 for ``post_exec(ctx)``; EnsembleError otherwise."""
-        return _arity(self.post_exec, f"stage {self.uid or self.name or '<unnamed>'}: post_exec")
+        return _arity(self.post_exec, f"stage {self.path_uid or self.name or '<unnamed>'}: post_exec")
 
     def validate(self) -> None:
-        who = f"stage {self.uid or self.name or '<unnamed>'}"
-        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
-            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=,")
+        who = f"stage {self.path_uid or self.name or '<unnamed>'}"
+        check_name(self, who)
         if isinstance(self.tasks, Task | str | bytes) or not isinstance(self.tasks, Iterable):
             raise EnsembleError(f"{who}: tasks must be an iterable of Task, got {self.tasks!r}")
         for field in ("post_exec", "when"):
@@ -405,6 +480,7 @@ class Pipeline:
     after: Sequence[Any] = ()
     uid: str | None = dataclasses.field(default=None, init=False)
     _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
+    _name_rule: ClassVar[NameRule] = NameRule.SHOAL
 
     def __post_init__(self):
         stages = self.stages
@@ -415,15 +491,19 @@ class Pipeline:
             raise _unknown_attr(self, name, _PIPELINE_ATTRS, {})
         object.__setattr__(self, name, value)
 
+    path_uid = property(lambda self: self.uid, doc="the pipeline's key: see Task.path_uid")
+
+    def bind_path(self, path: str) -> None:
+        object.__setattr__(self, "uid", path)
+
     def add_stages(self, *stages) -> Pipeline:
         """Add a Stage, several, or a list of them (also from a running ``post_exec``)."""
         self.stages.extend(_flatten(stages, Stage, f"pipeline {self.name or '<unnamed>'}: add_stages"))
         return self
 
     def validate(self) -> None:
-        who = f"pipeline {self.uid or self.name or '<unnamed>'}"
-        if self.name is not None and not (isinstance(self.name, str) and NAME_RE.match(self.name)):
-            raise EnsembleError(f"{who}: name {self.name!r} must be letters, digits or _-:+@%=,")
+        who = f"pipeline {self.path_uid or self.name or '<unnamed>'}"
+        check_name(self, who)
         for s in self.stages:
             if not isinstance(s, Stage):
                 raise EnsembleError(f"{who}: stages must be Stage objects, got {s!r}")
@@ -451,9 +531,9 @@ def as_pipelines(workflow) -> Iterable[Pipeline]:
 
 # -- attribute checks and the EnTK vocabulary ------------------------------------------
 ENTK_TASK_UNSUPPORTED = {
-    "stdout": "shoal writes a task's stdout to <sandbox>/stdout (read it with results.path(task, 'stdout'))",
-    "stderr": "shoal writes a task's stderr to <sandbox>/stderr; failures show its tail",
-    "sandbox": "sandboxes are <journal>.sandbox/<pipeline>/<stage>/<task>; pass run(sandbox=root)",
+    "stdout": "shoal.ensemble writes a task's stdout to <sandbox>/stdout (read it with results.path(task, 'stdout')); shoal.entk.Task takes t.stdout",
+    "stderr": "shoal.ensemble writes a task's stderr to <sandbox>/stderr; shoal.entk.Task takes t.stderr",
+    "sandbox": "sandboxes are <journal>.sandbox/<pipeline>/<stage>/<task>; pass run(sandbox=root); shoal.entk.Task takes t.sandbox",
     "lfs_per_process": "local file-system space is not scheduled; drop it",
     "mem_per_process": "use memory= (bytes or '2G') for the whole task",
     "move_output_data": "use download_output_data / copy_output_data (copies), or stage_out",
@@ -546,14 +626,6 @@ def _reqs(task, field: str, reqs, kind: str) -> tuple[int, int]:
     return procs, threads
 
 
-ENTK_REF_RE = re.compile(r"\$Pipeline_(.+?)_Stage_(.+?)_Task_([^/\s]+)")
-
-
-def entk_ref(text: str) -> str:
-    """EnTK's ``$Pipeline_p_Stage_s_Task_t/file`` -> shoal's ``$p.s.t/file`` (other text unchanged)."""
-    return ENTK_REF_RE.sub(lambda m: f"${m[1]}.{m[2]}.{m[3]}", text)
-
-
 def _split_arrow(text: str) -> tuple[str, str | None]:
     if ">" in text:
         src, dst = (x.strip() for x in text.split(">", 1))
@@ -568,29 +640,54 @@ def _entk_list(task, field: str, value) -> list[str]:
     return list(value)
 
 
+def entk_placeholder(text: str) -> tuple[str, str, str, str] | None:
+    """EnTK's ``$Pipeline_<p>_Stage_<s>_Task_<t>/rest`` -> (p, s, t, rest); None for other text.
+
+    Read the way EnTK's task processor reads it: the part before the first '/' split on '_'
+    must give six parts, of which the 2nd, 4th and 6th are the pipeline, stage and task, each
+    a name or an EnTK uid (``pipeline.0000``); the words between are not checked, so EnTK's
+    own examples that write ``$Pipline_`` work there and here."""
+    if not text.startswith("$") or text.startswith("$SHARED"):
+        return None
+    head, _, rest = text.partition("/")
+    parts = head.split("_")
+    if len(parts) != 6 or not parts[0].startswith("$"):
+        return None
+    return parts[1], parts[3], parts[5], rest
+
+
 def _entk_input(task, field: str, text: str, mode: Staging) -> Input:
     src, dst = _split_arrow(text)
-    if src.startswith("$SHARED"):
-        raise EnsembleError(f"task {task.label}: {field} {text!r}: $SHARED (the pilot's shared space) does "
-                            "not exist in shoal; name the file by its path")
-    src = entk_ref(src)
-    ref = parse_ref(src)
-    if ref is not None and "None" in ref[0].split("."):
-        raise EnsembleError(f"task {task.label}: {field} {text!r} names None: EnTK gives objects a uid when "
-                            "they are created, shoal when the run starts; name them (p.name = 'sim', "
-                            "s.name = ..., t.name = ...) and build the reference from the names")
-    if src.startswith("$") and ref is None:
-        raise EnsembleError(f"task {task.label}: {field} {text!r}: not a reference "
-                            "'$Pipeline_<p>_Stage_<s>_Task_<t>/file'")
-    target = dst or (ref[1] if ref else src).rsplit("/", 1)[-1]
-    inp = _EntkInput(src, target, mode)
+    found = entk_placeholder(src)
+    if found is not None:
+        p, s, t, rest = found
+        unset = [w for w, v in (("pipeline", p), ("stage", s), ("task", t)) if v in ("None", "")]
+        if unset:
+            raise EnsembleError(
+                f"task {task.label}: {field} {text!r} names no {' and no '.join(unset)} (a name that was "
+                "never set); build the reference from names you set (p.name = 'sim') or from the uids "
+                "(p.uid, s.uid, t.uid: given when an EnTK object is created)")
+        target = dst or (rest.rsplit("/", 1)[-1] if rest else t)
+        inp = _EntkInput(src, target, mode)
+        object.__setattr__(inp, "_placeholder", found)
+    else:
+        if src.startswith("$") and not src.startswith("$SHARED") and parse_ref(src) is None:
+            raise EnsembleError(f"task {task.label}: {field} {text!r}: not a reference "
+                                "'$Pipeline_<p>_Stage_<s>_Task_<t>/file' or '$SHARED/file'")
+        target = dst or (parse_ref(src) or ("", src))[1].rsplit("/", 1)[-1]
+        inp = _EntkInput(src, target, mode)
+        object.__setattr__(inp, "_placeholder", None)
     object.__setattr__(inp, "_entk", field)
     return inp
 
 
 @dataclasses.dataclass(frozen=True)
 class _EntkInput(Input):
-    """An Input set through one of EnTK's ``*_input_data`` attributes (re-assignment replaces them)."""
+    """An Input set through one of EnTK's ``*_input_data`` attributes (re-assignment replaces them).
+
+    ``_placeholder`` is the (pipeline, stage, task, rest) of an EnTK reference: the walker
+    resolves it when the run reaches the task, by EnTK uid first and then by name as EnTK's
+    task processor does (walker.py ``EntkRefs``), into shoal's ``$p.s.t/rest``."""
 
 
 _TASK_ATTRS = _attrs(Task)

@@ -110,6 +110,10 @@ class ExecSpec:
     outputs: tuple[str, ...] = ()
     timeout: float | None = None
     walltime_at: float | None = None  # epoch seconds: kill (not fail) the process then
+    shell: bool = False  # EnTK's task: `executable arguments` as one shell line (launcher.command)
+    shared: str | None = None  # EnTK's $SHARED
+    stdout: str = "stdout"  # file names in the sandbox (EnTK's t.stdout / t.stderr)
+    stderr: str = "stderr"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +140,7 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
         if spec.inputs:
             stage_in(spec.inputs, spec.sandbox)
         exe = find_executable(spec.executable, spec.cwd, os.environ.get("PATH"))
-        argv = command(exe, spec.arguments, spec.pre_exec, spec.post_exec)
+        argv = command(exe, spec.arguments, spec.pre_exec, spec.post_exec, spec.shell, spec.shared)
         env = task_env(os.environ, spec.cores, dict(spec.environment), spec.sandbox, spec.uid)
         if spec.stdin is not None and not os.path.isfile(spec.stdin):
             raise LaunchError(FailureKind.STAGING, f"stdin file {spec.stdin} does not exist")
@@ -147,7 +151,7 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
         # has drained and journalled it PENDING, so starting it now would run it beside the
         # resume's attempt
         return ExecOutcome(Ended.WALLTIME, host=host, seconds=time.monotonic() - t0)
-    out, err = os.path.join(spec.sandbox, "stdout"), os.path.join(spec.sandbox, "stderr")
+    out, err = os.path.join(spec.sandbox, spec.stdout), os.path.join(spec.sandbox, spec.stderr)
     try:
         with open(spec.stdin or os.devnull, "rb") as i, open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.Popen(argv, executable=argv[0], cwd=spec.sandbox, env=env, stdin=i,

@@ -28,7 +28,7 @@ def printable(text: str) -> str:
 
 
 def _uid(ref) -> str:
-    uid = ref if isinstance(ref, str) else getattr(ref, "uid", None)
+    uid = ref if isinstance(ref, str) else getattr(ref, "path_uid", None)  # EnTK's t.uid is its own
     if uid is None:
         raise EnsembleError(f"{ref!r} has not been scheduled yet, so it has no result")
     return uid

@@ -130,7 +130,7 @@ class Resource:
         if not isinstance(desc, dict):
             raise EnsembleError(f"resource_desc must be a mapping, got {desc!r}")
         known = {"resource", "walltime", "cpus", "gpus", "queue", "project", "backend",
-                 "access_schema", "memory", "nodes"}
+                 "access_schema", "schema", "memory", "nodes"}  # schema: access_schema's other spelling
         unknown = sorted(set(desc) - known)
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)

@@ -60,9 +60,18 @@ import collections
 from collections.abc import Iterator
 from typing import Protocol
 
-from .identity import count_tasks, diff_specs, plan_of, spec_text
+from .identity import Names, count_tasks, diff_specs, plan_of, spec_text
 from .journal import Journal
-from .model import EnsembleError, Pipeline, Stage, Task, TaskState, parse_ref
+from .model import (
+    EnsembleError,
+    Pipeline,
+    Stage,
+    Task,
+    TaskState,
+    entk_placeholder,
+    name_key,
+    parse_ref,
+)
 from .report import Results, StageContext
 
 
@@ -79,51 +88,10 @@ class Intake(Protocol):
     def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
 
-
-class _Names:
-    """The final names in one scope — the workflow's pipelines, a pipeline's stages, a stage's
-    tasks — explicit or the positional default ``<prefix><position>``; two items with one name
-    would share a uid and one of them would silently never run, so a clash is an error naming
-    both.  Only explicit names are stored (a million unnamed tasks cost nothing here)."""
-
-    __slots__ = ("prefix", "what", "explicit", "named")
-
-    def __init__(self, prefix: str, what: str):
-        self.prefix, self.what = prefix, what  # "t", "task"
-        self.explicit: dict[str, int] = {}  # explicit name -> position
-        self.named: set[int] = set()  # positions that have an explicit name
-
-    def claim(self, name: str | None, position: int, scope: str) -> str:
-        """The final name of the item at ``position``; EnsembleError if another item has it."""
-        w = self.what
-        if name is not None and not isinstance(name, str):
-            return str(name)  # validate() refuses it next, naming the field
-        if name is None:
-            name = f"{self.prefix}{position}"
-            other = self.explicit.get(name)
-            if other is not None:
-                raise EnsembleError(
-                    f"{scope}{w} name {name!r} is used twice: {w} {other} is named {name!r} and {w} "
-                    f"{position} (unnamed) gets {name!r} as its default name ({self.prefix}<position>); "
-                    f"rename {w} {other} or name {w} {position}")
-            return name
-        other = self.explicit.get(name)
-        if other == position:
-            return name  # the same item again (a stage that waited for its after=)
-        if other is not None:
-            raise EnsembleError(f"{scope}{w} name {name!r} is used twice ({w} {other} and {w} {position}); "
-                                f"{w} names must be unique")
-        digits = name[len(self.prefix):] if name.startswith(self.prefix) else ""
-        if digits.isdigit() and digits.isascii() and str(int(digits)) == digits:
-            k = int(digits)
-            if k < position and k not in self.named:
-                raise EnsembleError(
-                    f"{scope}{w} name {name!r} is used twice: {w} {position} is named {name!r}, which "
-                    f"{w} {k} (unnamed) has as its default name ({self.prefix}<position>); "
-                    f"rename {w} {position} or name {w} {k}")
-        self.explicit[name] = position
-        self.named.add(position)
-        return name
+    def shared_sandbox(self, uid: str, directory: str) -> None:
+        """Task ``uid`` runs in ``directory`` (EnTK's ``t.sandbox``: relative to the run's sandbox
+        root, or absolute), which other tasks may share; told for every such task the walker
+        reaches, also those a resume finds DONE, so references to them resolve there."""
 
 
 class _Ended(list):
@@ -173,7 +141,7 @@ class _StageRun:
         self.exhausted = False
         self.outstanding = 0  # pulled from the iterator, not yet terminal
         self.failed = 0
-        self.names = _Names("t", "task")  # the tasks' final names (a clash is an error)
+        self.names = Names("t", "task")  # the tasks' final names (a clash is an error)
         self.index = 0
 
 
@@ -182,7 +150,7 @@ class _PipeRun:
 
     def __init__(self, pipeline: Pipeline, uid: str):
         self.pipeline, self.uid = pipeline, uid
-        self.names = _Names("s", "stage")  # the stages' final names
+        self.names = Names("s", "stage")  # the stages' final names
         self.next_stage = 0
         self.stage: _StageRun | None = None
         self.stopped = False
@@ -226,7 +194,11 @@ class Walker:
         self.replay = replay  # look each task up in the journal (resume)
         self.specs = specs if specs is not None else {}  # id(task) -> (task, spec): see _add_task
         self.pipes: list[_PipeRun] = []
-        self.pipe_names = _Names("p", "pipeline")  # the pipelines' final names
+        self.pipe_names = Names("p", "pipeline")  # the pipelines' final names
+        # the names of a pipeline's stages / a stage's tasks, by key, for EnTK references
+        # ($Pipeline_p_Stage_s_Task_t); kept after the scope ends only when it holds a name or uid
+        self.stage_scopes: dict[str, Names] = {}
+        self.task_scopes: dict[str, Names] = {}
         self.pipe_count = 0
         self.workflow_done = False
         self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
@@ -238,6 +210,10 @@ class Walker:
     def finished(self) -> bool:
         """Every pipeline pulled and ended."""
         return self.workflow_done and not self.pipes
+
+    def suspended(self) -> list[str]:
+        """The pipelines held by EnTK's ``Pipeline.suspend()``."""
+        return [p.uid for p in self.pipes if getattr(p.pipeline, "suspended", False)]
 
     def active_stages(self) -> list[str]:
         return [p.stage.uid for p in self.pipes if p.stage is not None]
@@ -296,15 +272,19 @@ class Walker:
     def _add_pipeline(self, pipeline: Pipeline) -> None:
         if not isinstance(pipeline, Pipeline):
             raise EnsembleError(f"workflow item {self.pipe_count} is {pipeline!r}, not a Pipeline")
-        name = self.pipe_names.claim(pipeline.name or None, self.pipe_count, "")
+        name = self.pipe_names.claim(pipeline, self.pipe_count, "")
         self.pipe_count += 1
-        pipeline.uid = name
+        pipeline.bind_path(name)
         pipeline.validate()
-        self.pipes.append(_PipeRun(pipeline, name))
+        prun = _PipeRun(pipeline, name)
+        self.pipes.append(prun)
+        self.stage_scopes[name] = prun.names
         self.moves += 1
 
     def _advance(self, prun: _PipeRun) -> None:
         """Start the pipeline's next stage if it may, then pull its tasks up to the window."""
+        if getattr(prun.pipeline, "suspended", False):
+            return  # EnTK's Pipeline.suspend(): what runs goes on, nothing new starts until resume()
         while True:
             if prun.stage is None:
                 if not self._start_next_stage(prun):
@@ -342,8 +322,8 @@ class Walker:
         stage = pipeline.stages[prun.next_stage]
         if not isinstance(stage, Stage):
             raise EnsembleError(f"pipeline {prun.uid}: stage {prun.next_stage} is {stage!r}, not a Stage")
-        name = prun.names.claim(stage.name or None, prun.next_stage, f"pipeline {prun.uid}: ")
-        stage.uid = f"{prun.uid}.{name}"
+        suid = f"{prun.uid}.{prun.names.claim(stage, prun.next_stage, f'pipeline {prun.uid}: ')}"
+        stage.bind_path(suid)
         stage.validate()
         for dep in stage.dependency_uids():
             state = self.dep_state(dep)
@@ -352,38 +332,46 @@ class Walker:
             if state is not TaskState.DONE:
                 prun.next_stage += 1
                 self.grow_total([stage], -1)
-                self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
+                self.journal.stage(suid, prun.uid, TaskState.SKIPPED)
                 prun.stopped, prun.failed = True, True
                 return self._start_next_stage(prun)
         prun.next_stage += 1
         if stage.when is not None and not stage.when(self.results):
             self.grow_total([stage], -1)
-            self.journal.stage(stage.uid, prun.uid, TaskState.SKIPPED)
+            self.journal.stage(suid, prun.uid, TaskState.SKIPPED)
             return self._start_next_stage(prun)
-        prun.stage = _StageRun(stage, stage.uid, prun)
+        prun.stage = _StageRun(stage, suid, prun)
+        self.task_scopes[suid] = prun.stage.names
         self.moves += 1
         return True
 
     def _add_task(self, srun: _StageRun, task: Task) -> None:
         if not isinstance(task, Task):
             raise EnsembleError(f"stage {srun.uid}: task {srun.index} is {task!r}, not a Task")
-        task.uid = f"{srun.uid}.{srun.names.claim(task.name or None, srun.index, f'stage {srun.uid}: ')}"
+        uid = f"{srun.uid}.{srun.names.claim(task, srun.index, f'stage {srun.uid}: ')}"
+        task.bind_path(uid)
         srun.index += 1
+        if task.inputs or task._shell:
+            self._resolve_entk_refs(task)  # before validate(): EnTK's references are not shoal's
         task.validate()
         why = self.intake.impossible(task)
         if why:
-            raise EnsembleError(f"task {task.uid} {why}; lower its needs or give the run more resources")
+            raise EnsembleError(f"task {uid} {why}; lower its needs or give the run more resources")
         srun.outstanding += 1
         attempt = 0
         known = self.specs.pop(id(task), None)  # computed by plan_of when the run started
-        spec = known[1] if known is not None and known[0] is task else spec_text(task)
+        spec = known[1] if known is not None and known[0] is task else None
+        spec = spec or spec_text(task)  # an unlisted one's after resolving EnTK references: its keys
+        # are stable from run to run, EnTK uids need not be (entk_model.py)
+        if task.sandbox_dir is not None:
+            self.intake.shared_sandbox(uid, task.sandbox_dir)
         if self.replay:
-            row = self.journal.replay_row(task.uid)
+            row = self.journal.replay_row(uid)
             if row is not None:
                 state, attempt, old = row
                 if old is not None and old != spec:
                     raise EnsembleError(
-                        f"journal {self.journal_path} holds another workflow: {diff_specs(task.uid, old, spec)}. "
+                        f"journal {self.journal_path} holds another workflow: {diff_specs(uid, old, spec)}. "
                         "Resume with the workflow that started it, or start afresh with new=True "
                         "(shoal run --new)")
                 if state.terminal:
@@ -391,7 +379,43 @@ class Walker:
                     self._settle_counts(srun, state)
                     return
         self.moves += 1
-        self.intake.admit(Item(task, task.uid, srun, attempt, spec))
+        self.intake.admit(Item(task, uid, srun, attempt, spec))
+
+    def _resolve_entk_refs(self, task: Task) -> bool:
+        """EnTK's ``$Pipeline_p_Stage_s_Task_t/file`` (in ``*_input_data``, and as an EnTK task's
+        argument, as EnTK's task processor reads them) -> ``$<p>.<s>.<t>/file`` with the keys of
+        the tasks they name (by uid, then by name); True if there were any."""
+        inputs = list(task.inputs)
+        found = False
+        for i, inp in enumerate(inputs):
+            ref = getattr(inp, "_placeholder", None)
+            if ref is None:
+                continue
+            found = True
+            resolved = type(inp)(self._entk_ref(task, ref, f"{inp._entk} {inp.source!r}"), inp.target, inp.mode)
+            object.__setattr__(resolved, "_entk", inp._entk)
+            object.__setattr__(resolved, "_placeholder", None)
+            inputs[i] = resolved
+        if found:
+            task.inputs = inputs
+        if task._shell and any(isinstance(a, str) and a.startswith("$") for a in task.arguments):
+            args = [self._entk_ref(task, ref, f"argument {a!r}") if (ref := entk_placeholder(a)) else a
+                    for a in (x if isinstance(x, str) else str(x) for x in task.arguments)]
+            if args != list(task.arguments):
+                task.arguments, found = args, True
+        return found
+
+    def _entk_ref(self, task: Task, ref: tuple, what: str) -> str:
+        p, s, t, rest = ref
+        try:
+            pkey = self.pipe_names.lookup(p)
+            stages = self.stage_scopes.get(pkey)
+            skey = stages.lookup(s) if stages is not None else name_key(s)
+            tasks = self.task_scopes.get(f"{pkey}.{skey}")
+            tkey = tasks.lookup(t) if tasks is not None else name_key(t)
+        except EnsembleError as exc:
+            raise EnsembleError(f"task {task.label}: {what}: {exc}") from None
+        return f"${pkey}.{skey}.{tkey}" + (f"/{rest}" if rest else "")
 
     def _settle_counts(self, srun: _StageRun, state: TaskState) -> None:
         srun.outstanding -= 1
@@ -406,6 +430,8 @@ class Walker:
         if srun is None:
             return
         prun.stage = None
+        if not (srun.names.refs or srun.names.uids):
+            self.task_scopes.pop(srun.uid, None)
         state = TaskState.FAILED if srun.failed else TaskState.DONE
         self.journal.stage(srun.uid, prun.uid, state)
         self.journal.commit()
@@ -436,6 +462,9 @@ class Walker:
         self.moves += 1
         if state is None:
             state = TaskState.FAILED if prun.failed else TaskState.DONE
+        if not (prun.names.refs or prun.names.uids):
+            self.stage_scopes.pop(prun.uid, None)
+        getattr(prun.pipeline, "settle", lambda state: None)(state)  # EnTK's Pipeline.state
         self.journal.stage(prun.uid, prun.uid, state)
         self.journal.commit()
         if type(prun.pipeline.stages) is list:  # from now on a stage added to it is refused

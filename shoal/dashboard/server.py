@@ -14,6 +14,7 @@ this process).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import threading
@@ -21,6 +22,9 @@ import time
 import weakref
 
 DEFAULT_HOST = "127.0.0.1"
+_ADVICE = {errno.EADDRINUSE: " (another program has it: choose another port, or 0 for any free one)",
+           errno.EACCES: " (ports below 1024 need root: choose a port >= 1024, or 0)",
+           errno.EADDRNOTAVAIL: " (not an address of this machine: leave the host out for 127.0.0.1)"}
 _SERVING: weakref.WeakSet = weakref.WeakSet()  # this process's servers (for the fork hook)
 
 
@@ -59,6 +63,23 @@ def parse_address(value) -> tuple[str, int]:
     return host, port
 
 
+def _bounded_h11():
+    """uvicorn's h11 protocol with a small write buffer per connection: the ASGI ``send`` of
+    a stream waits once SEND_HIGH_WATER bytes are buffered (asyncio's default is 64 KiB),
+    so what a client that stops reading costs the driver is bounded by that plus one
+    slice (broadcast.py).  A class made here because uvicorn is an optional import."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from .broadcast import SEND_HIGH_WATER
+
+    class BoundedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            transport.set_write_buffer_limits(high=SEND_HIGH_WATER)
+
+    return BoundedH11Protocol
+
+
 class WebServer:
     """uvicorn in a thread: ``start()`` once, ``close()`` once (idempotent)."""
 
@@ -70,15 +91,16 @@ class WebServer:
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind((host, port))
-        except OSError as exc:
+        except OSError as exc:  # taken, not ours, no such address: one line naming it
             self.sock.close()
-            raise OSError(exc.errno, f"dashboard: cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise OSError(exc.errno, f"dashboard: cannot listen on {host}:{port}: {exc.strerror}"
+                          f"{_ADVICE.get(exc.errno, '')}") from None
         self.sock.listen(128)
         self.sock.set_inheritable(False)
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio", http="h11", ws="none", timeout_graceful_shutdown=2,
-                                timeout_keep_alive=2)
+                                loop="asyncio", http=_bounded_h11(), ws="none",
+                                timeout_graceful_shutdown=2, timeout_keep_alive=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
         self.error: BaseException | None = None
@@ -88,6 +110,14 @@ class WebServer:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
+
+    def abort(self, client) -> None:
+        """Close the connection from ``client`` (its ASGI ``scope["client"]``) now, dropping
+        what its transport still buffers (a stream that fell behind; broadcast.py).  Runs
+        in the server's loop."""
+        for conn in list(self.server.server_state.connections):
+            if conn.client == client and conn.transport is not None:
+                conn.transport.abort()
 
     def _serve(self) -> None:
         try:

@@ -1,0 +1,190 @@
+"""One encoding per sample, shared by every event stream; a stream that falls behind is dropped.
+
+How a sample reaches N open pages::
+
+    sources ──state()──► Broadcaster (one task in the server's loop, 4 ticks a second)
+                          │ the state changed: encode it once (JSON bytes, in a thread)
+                          ▼
+            Stream.pending = the same bytes object, for every stream (latest wins)
+                          ▼
+            each stream's pump sends it in SLICE_BYTES pieces; the connection's
+            transport buffers at most SEND_HIGH_WATER bytes before the pump waits
+
+A stream holds at most one sample it has not started to send (a newer one replaces
+it: every sample is the whole state, so a slow page skips samples and loses
+nothing) and one it is sending.  Those are shared objects; what is the stream's own
+is the transport's buffer and one slice in flight, so memory per stream is bounded
+(~48 KiB) whatever the state's size or the client's speed.  A stream that has not
+finished taking one sample for ``stall_s`` seconds (a client that connected and
+never reads, a suspended laptop) is dropped: its connection is aborted (the
+buffered bytes freed at once) and its id remembered, so when the browser reconnects
+(``EventSource`` does, sending ``Last-Event-ID``) the first event tells it why.  At
+most ``max_streams`` streams are open at once; past that ``/events`` answers 503
+with a line saying so, and the page falls back to polling ``/api/state``.
+
+``/api/state`` answers from the same cache: a request between two samples costs a
+lookup, not an encoding.
+
+Rejected: a queue per client (a stalled client grew it without bound, or needed a
+policy to discard from the middle of it, when only the newest state matters);
+encoding per client (200 pages re-encoded a 100 KB state 200 times a sample: the
+pilot's tiny-task rate fell to 0.1x); counting bytes the kernel accepted (loopback
+absorbs megabytes per connection before anything blocks, so a byte budget would
+not see a stalled client for minutes, while the time a sample has been waiting
+does); sending deltas (smaller frames, but a page that missed one would need a
+resync protocol; the full state keeps every event self-contained).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+import secrets
+import time
+
+from .._json import dumps
+
+SLICE_BYTES = 32 * 1024  # a sample goes out in pieces this big: the transport buffers at most one
+SEND_HIGH_WATER = 16 * 1024  # the connection's write buffer before the pump waits (server.py)
+TICK_S = 0.25  # how often the sources' seqs are looked at
+DROPPED_REMEMBERED = 1024  # ids of dropped streams kept for their reconnect notice
+MAX_STREAMS_ENV = "SHOAL_DASHBOARD_MAX_STREAMS"
+DEFAULT_MAX_STREAMS = 256
+
+
+def max_streams_from(value: int | None) -> int:
+    """``value``, else ``$SHOAL_DASHBOARD_MAX_STREAMS``, else 256; a clear error when bad."""
+    where = "max_streams"
+    if value is None:
+        text = os.environ.get(MAX_STREAMS_ENV)
+        if text is None:
+            return DEFAULT_MAX_STREAMS
+        where = f"${MAX_STREAMS_ENV}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{where}={text!r}: must be a whole number of event streams >= 1") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}={value!r}: must be a whole number of event streams >= 1")
+    return value
+
+
+class StreamsFull(Exception):
+    """``max_streams`` event streams are open already."""
+
+
+@dataclasses.dataclass(eq=False)
+class Stream:
+    """One open ``/events`` connection, as the broadcaster sees it."""
+
+    token: str
+    client: tuple | None  # the peer (host, port): what the server aborts
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    pending: bytes | None = None  # the newest sample not yet started (shared bytes)
+    final: bool = False  # pending is the last sample: end the stream after it
+    sending_since: float | None = None  # monotonic time the sample in flight was started
+    dropped: str | None = None  # why the server gave up on it
+    ending: bool = False  # the server is closing
+    sent: int = 0
+    skipped: int = 0  # samples replaced before this stream started them
+
+
+class Broadcaster:
+    """Samples ``snapshot()`` for every open stream at once; see the module docstring.
+
+    ``abort(client)`` closes a dropped stream's connection at once (the server's);
+    ``stopping()`` true ends every stream.  All methods run in the server's loop.
+    """
+
+    def __init__(self, snapshot, *, abort=lambda client: None, stopping=lambda: False,
+                 max_streams: int = DEFAULT_MAX_STREAMS, stall_s: float = 10.0):
+        self.snapshot = snapshot
+        self.abort = abort
+        self.stopping = stopping
+        self.max_streams = max_streams
+        self.stall_s = stall_s
+        self.streams: set[Stream] = set()
+        self.dropped: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self.drops = 0  # streams dropped since the start (for tests and the benchmark)
+        self.encodings = 0  # samples encoded since the start
+        self._key = None
+        self._json: bytes = b""
+        self._closed = False
+        self._lock: asyncio.Lock | None = None
+        self._task: asyncio.Task | None = None
+
+    # -- the shared sample -----------------------------------------------------------
+    def _sample(self):
+        """(key, json bytes, closed), encoding only when the sources' seqs moved (a thread)."""
+        state = self.snapshot()
+        key = tuple(s.get("seq") for s in state.values() if isinstance(s, dict)) + (state["closed"],)
+        if key != self._key:
+            self._json = dumps(state, compact=True).encode()
+            self._key, self._closed = key, bool(state["closed"])
+            self.encodings += 1
+        return self._key, self._json, self._closed
+
+    async def current(self):
+        """The latest (key, json bytes, closed); encodes at most once per change."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return await asyncio.to_thread(self._sample)
+
+    # -- streams ---------------------------------------------------------------------
+    def subscribe(self, client, last_event_id: str | None) -> tuple[Stream, dict | None]:
+        """A new stream, and the drop notice for the one it replaces (``Last-Event-ID``)."""
+        if len(self.streams) >= self.max_streams:
+            raise StreamsFull(len(self.streams))
+        stream = Stream(secrets.token_urlsafe(9), client)
+        self.streams.add(stream)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        notice = self.dropped.pop(last_event_id, None) if last_event_id else None
+        return stream, notice
+
+    def unsubscribe(self, stream: Stream) -> None:
+        self.streams.discard(stream)
+
+    def drop(self, stream: Stream, reason: str) -> None:
+        """Give up on ``stream``: abort its connection, remember why for its reconnect."""
+        stream.dropped = reason
+        self.streams.discard(stream)
+        self.drops += 1
+        self.dropped[stream.token] = {"reason": reason, "at": time.time(), "sent": stream.sent,
+                                      "skipped": stream.skipped}
+        while len(self.dropped) > DROPPED_REMEMBERED:
+            self.dropped.popitem(last=False)
+        stream.wake.set()
+        self.abort(stream.client)
+
+    async def _run(self) -> None:
+        """The one sampling task: while streams are open, hand each new sample to all."""
+        last = None
+        while self.streams:
+            if self.stopping():
+                for s in list(self.streams):
+                    s.ending = True
+                    s.wake.set()
+                return
+            key, body, closed = await self.current()
+            now = time.monotonic()
+            frame = None
+            if key != last:
+                last = key
+                frame = b"data: " + body + b"\n\n"
+            for s in list(self.streams):
+                if s.sending_since is not None and now - s.sending_since > self.stall_s:
+                    self.drop(s, f"it had not taken a sample for {self.stall_s:g} s "
+                                 f"(a page that stopped reading, or a connection too slow for "
+                                 f"{len(body) // 1024 + 1} KiB a sample)")
+                elif frame is not None:
+                    if s.pending is not None:
+                        s.skipped += 1
+                    s.pending, s.final = frame, closed
+                    s.wake.set()
+            if closed:
+                return  # every stream has the last sample; the pumps end after it
+            await asyncio.sleep(TICK_S)

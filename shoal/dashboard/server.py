@@ -14,9 +14,11 @@ this process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -112,11 +114,16 @@ class WebServer:
         return f"http://{host}:{self.port}/"
 
     def abort(self, client) -> None:
-        """Close the connection from ``client`` (its ASGI ``scope["client"]``) now, dropping
-        what its transport still buffers (a stream that fell behind; broadcast.py).  Runs
-        in the server's loop."""
+        """Reset the connection from ``client`` (its ASGI ``scope["client"]``) now, dropping
+        what its transport and the kernel still buffer for it (a stream that fell behind;
+        broadcast.py): a plain close would queue its FIN behind the bytes the client never
+        reads, and the connection would stay open.  Runs in the server's loop."""
         for conn in list(self.server.server_state.connections):
             if conn.client == client and conn.transport is not None:
+                sock = conn.transport.get_extra_info("socket")
+                if sock is not None:  # a reset, not a FIN queued behind what it never read:
+                    with contextlib.suppress(OSError):  # the kernel's copy is freed too
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.transport.abort()
 
     def _serve(self) -> None:

@@ -11,7 +11,8 @@ its tiny-task rate (``inc(x)`` submits, one future each, for ``--seconds``) in t
 phases per round, in rotating order: *alone* (served, nobody watching), *reading*
 (``--clients`` server-sent-event streams read by a separate process), *stalled*
 (``--clients`` connections that request ``/events`` and never read a byte; one that the
-server drops reconnects, so the pressure stays).  Reported per round: the rate, its
+server drops reconnects, so the pressure stays).  Clients ask for gzip as browsers do
+(``--plain``: they do not, and get the uncompressed stream).  Reported per round: the rate, its
 ratio to the round's *alone*, the driver's resident memory (peak during the phase minus
 before it), samples encoded, streams dropped, bytes the readers got, and how long
 ``/api/state`` took meanwhile.  The machine's load and its 2-process ceiling
@@ -169,10 +170,11 @@ def cpu_accounting(browser, n_tiny: int, seconds: float = 10.0) -> str:
 READY = "clients ready"
 
 
-def run_clients(url: str, n: int, mode: str) -> int:
+def run_clients(url: str, n: int, mode: str, gzip: bool) -> int:
     """The client process: ``n`` /events streams on ``url``, read (``reading``) or never read
-    (``stalled``); one the server closes is opened again.  Prints READY once all are open,
-    and on SIGTERM one JSON line of totals."""
+    (``stalled``); one the server closes is opened again.  ``gzip``: ask for it, as every
+    browser does (then ``events`` is not counted: the bytes are compressed).  Prints READY
+    once all are open, and on SIGTERM one JSON line of totals."""
     import json
     import selectors
     import signal
@@ -182,7 +184,8 @@ def run_clients(url: str, n: int, mode: str) -> int:
 
     parts = urllib.parse.urlsplit(url)
     request = (f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{parts.port}\r\n"
-               "Accept: text/event-stream\r\n\r\n").encode()
+               "Accept: text/event-stream\r\n"
+               + ("Accept-Encoding: gzip, deflate, br\r\n" if gzip else "") + "\r\n").encode()
     sel = selectors.DefaultSelector()
     totals = {"bytes": 0, "events": 0, "reconnects": 0, "refused": 0}
 
@@ -239,7 +242,7 @@ def publish_board(topics: int = 3, records: int = 240) -> None:
                           lr=0.001, epoch=i // 24)
 
 
-def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int) -> dict:
+def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int, gzip: bool) -> dict:
     """The tiny-task rate for ``seconds`` with ``clients`` streams ``mode`` (or ``alone``)."""
     import json
     import subprocess
@@ -254,7 +257,8 @@ def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int) ->
     enc0, drops0 = bc.encodings, bc.drops
     if mode != "alone":
         proc = subprocess.Popen([sys.executable, __file__, "--client", mode, "--url",
-                                 pilot.dashboard_url, "--clients", str(clients)],
+                                 pilot.dashboard_url, "--clients", str(clients)]
+                                + ([] if gzip else ["--plain"]),
                                 stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline().strip()
         if line != READY:
@@ -307,18 +311,22 @@ def viewers(args) -> int:
 
         with urllib.request.urlopen(pilot.dashboard_url + "api/state", timeout=60) as resp:
             size = len(resp.read())
-        print(f"state: {size / 1024:.0f} KiB a sample; {args.clients} clients; {args.seconds:g} s "
+        gz = len(pilot._dashboard.app.state.broadcaster.frames()[1])
+        print(f"state: {size / 1024:.0f} KiB a sample ({gz / 1024:.0f} KiB gzipped); {args.clients} clients"
+              f"{' (plain: no gzip)' if args.plain else ' asking for gzip, as browsers do'}; {args.seconds:g} s "
               f"of tiny tasks (batches of {args.batch}) per phase", flush=True)
         for r in range(args.rounds):
             order = modes[r % 3:] + modes[:r % 3]
             got = {}
             for mode in order:
-                got[mode] = viewers_phase(pilot, mode, args.clients, args.seconds, args.batch)
+                got[mode] = viewers_phase(pilot, mode, args.clients, args.seconds, args.batch,
+                                          not args.plain)
                 g = got[mode]
                 print(f"round {r + 1} {mode:<8} {g['rate']:>9,.0f} tasks/s  driver RSS +{g['rss_mib']:.1f} MiB"
                       f"  encoded {g['encodings']}  dropped {g['drops']}  /api/state {g['api_s']:.3f} s"
-                      + (f"  clients got {g.get('bytes', 0) / 2**20:.1f} MiB, {g.get('events', 0)} "
-                         f"samples, reconnected {g.get('reconnects', 0)}" if mode != "alone" else "")
+                      + (f"  clients got {g.get('bytes', 0) / 2**20:.1f} MiB"
+                         + ("" if not args.plain else f", {g.get('events', 0)} samples")
+                         + f", reconnected {g.get('reconnects', 0)}" if mode != "alone" else "")
                       + f"  CPU: dashboard threads {g['server_ms_s']:.0f} ms/s, clients "
                         f"{g['client_ms_s']:.0f} ms/s  load {os.getloadavg()[0]:.2f}", flush=True)
                 mem[mode].append(g["rss_mib"])
@@ -344,6 +352,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="viewers: rounds of the three phases")
     ap.add_argument("--seconds", type=float, default=8.0, help="viewers: tiny tasks per phase, s")
     ap.add_argument("--batch", type=int, default=5000, help="viewers: submits per batch")
+    ap.add_argument("--plain", action="store_true", help="viewers: clients do not ask for gzip")
     ap.add_argument("--client", choices=["reading", "stalled"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--pairs", type=int, default=6)
@@ -352,7 +361,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-browser", action="store_true", help="serve the dashboard, open no page")
     args = ap.parse_args(argv)
     if args.client:
-        return run_clients(args.url, args.clients, args.client)
+        return run_clients(args.url, args.clients, args.client, not args.plain)
     if not args.overhead:
         return viewers(args)
     params = uts.UTSParams.preset(args.uts)

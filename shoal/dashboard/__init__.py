@@ -97,6 +97,8 @@ class Dashboard:
         deadline = time.monotonic() + 1.0  # open event streams send "closed" and end (0.25 s)
         while self.app.state.streams and time.monotonic() < deadline:
             time.sleep(0.02)
+        if self.app.state.streams:  # pages that stopped reading still hold a stream
+            self.server.reset_all()
         self._stopping = True
         self.server.close()
 

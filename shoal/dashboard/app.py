@@ -29,7 +29,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._json import dumps
-from .broadcast import DEFAULT_MAX_STREAMS, MAX_STREAMS_ENV, SLICE_BYTES, Broadcaster, StreamsFull
+from .broadcast import (
+    DEFAULT_MAX_STREAMS,
+    GZIP_HEADER,
+    MAX_STREAMS_ENV,
+    SLICE_BYTES,
+    Broadcaster,
+    StreamsFull,
+    gzip_block,
+)
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PAGES = ("workers", "progress", "journal")
@@ -159,16 +167,22 @@ class EventStream:
         state = self.app_state()
         state.streams += 1
         watcher = None
+        accept = headers.get(b"accept-encoding", b"").decode("latin-1").replace(" ", "").lower()
+        stream.gzip = "gzip" in accept and "gzip;q=0" not in accept
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")]})
+            head = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
+                    (b"vary", b"accept-encoding")]
+            if stream.gzip:
+                head.append((b"content-encoding", b"gzip"))
+            await send({"type": "http.response.start", "status": 200, "headers": head})
             hello = dumps({"stream": stream.token, "max_streams": self.broadcaster.max_streams,
                            "stall_s": self.broadcaster.stall_s}, compact=True)
             first = f"retry: 2000\nid: {stream.token}\nevent: hello\ndata: {hello}\n\n"
             if notice is not None:
                 first += f"event: dropped\ndata: {dumps(notice, compact=True)}\n\n"
-            await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
+            body = GZIP_HEADER + gzip_block(first.encode()) if stream.gzip else first.encode()
+            await send({"type": "http.response.body", "body": body, "more_body": True})
             watcher = asyncio.ensure_future(self._until_disconnect(receive, stream))
             await self._pump(stream, send)
         finally:
@@ -191,9 +205,10 @@ class EventStream:
             stream.wake.clear()
             if stream.dropped:
                 return  # aborted by the server, or gone: nothing more can be sent
-            frame, final = stream.pending, stream.final
+            frames, final = stream.pending, stream.final
             stream.pending = None
-            if frame is not None:
+            if frames is not None:
+                frame = frames[1] if stream.gzip else frames[0]
                 stream.sending_since = time.monotonic()
                 for i in range(0, len(frame), SLICE_BYTES):
                     await send({"type": "http.response.body", "body": frame[i:i + SLICE_BYTES],
@@ -203,6 +218,11 @@ class EventStream:
                 stream.sending_since = None
                 stream.sent += 1
             if final or stream.ending:
-                await send({"type": "http.response.body", "body": b"event: end\ndata: {}\n\n",
-                            "more_body": False})
+                end = _END_GZIP if stream.gzip else _END
+                await send({"type": "http.response.body", "body": end, "more_body": False})
                 return
+
+
+_END = b"event: end\ndata: {}\n\n"
+_END_GZIP = gzip_block(_END)  # then the stream just ends: no final block, no trailer (its CRC
+# would be per stream); the page has closed its EventSource on "end" by then

@@ -106,6 +106,7 @@ class WebServer:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         _SERVING.add(self)
 
     @property
@@ -126,11 +127,31 @@ class WebServer:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.transport.abort()
 
+    def reset_all(self, timeout: float = 2.0) -> None:
+        """Reset every open connection (any thread): at close, the streams of pages that
+        stopped reading, whose FIN would otherwise wait behind what they never read."""
+        loop, done = self.loop, threading.Event()
+        if loop is None or loop.is_closed():
+            return
+
+        def reset() -> None:
+            for conn in list(self.server.server_state.connections):
+                self.abort(conn.client)
+            done.set()
+
+        with contextlib.suppress(RuntimeError):  # the loop just ended: nothing is open
+            loop.call_soon_threadsafe(reset)
+            done.wait(timeout)
+
     def _serve(self) -> None:
         try:
-            asyncio.run(self.server.serve(sockets=[self.sock]))
+            asyncio.run(self._serve_here())
         except BaseException as exc:  # noqa: BLE001 - reported by start()/close()
             self.error = exc
+
+    async def _serve_here(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self.sock])
 
     def start(self, timeout: float = 10.0) -> None:
         self.thread.start()

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 
 import pytest
 from dash_tasks import nap, wait_for
@@ -44,19 +45,21 @@ def _journal(path, n=3):
 class SSE:
     """A raw event-stream client on a real socket: ``read_event()`` parses one event."""
 
-    def __init__(self, url, headers=(), rcvbuf=None):
+    def __init__(self, url, headers=(), rcvbuf=None, gzip=False):
         parts = urllib.parse.urlsplit(url)
         self.sock = socket.socket()
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(30)
         self.sock.connect((parts.hostname, parts.port))
+        headers = list(headers) + ([("Accept-Encoding", "gzip, deflate, br")] if gzip else [])
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
         self.sock.sendall(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{parts.port}\r\n{extra}\r\n".encode())
         self.buf = b""
         head = self._until(b"\r\n\r\n")
         self.status = int(head.split()[1])
         self.chunked = b"chunked" in head.lower()
+        self.gunzip = zlib.decompressobj(31) if b"content-encoding: gzip" in head.lower() else None
         self.body = b""
 
     def _until(self, sep):
@@ -82,7 +85,8 @@ class SSE:
             if not got:
                 raise EOFError("the server closed the stream")
             self.buf += got
-        self.body += self.buf[:size]
+        piece = self.buf[:size]
+        self.body += self.gunzip.decompress(piece) if self.gunzip is not None else piece
         self.buf = self.buf[size + 2:]
 
     def read_event(self) -> dict:
@@ -118,7 +122,7 @@ def test_a_sample_is_encoded_once_for_all_streams(tmp_path):
         calls = []
         inner = src.state
         src.state = lambda: calls.append(1) or inner()
-        streams = [SSE(dash.url) for _ in range(20)]
+        streams = [SSE(dash.url, gzip=i % 2 == 1) for i in range(20)]  # half take gzip
         try:
             firsts = [s.next_state() for s in streams]
             t0, n0 = time.monotonic(), len(calls)
@@ -129,6 +133,7 @@ def test_a_sample_is_encoded_once_for_all_streams(tmp_path):
         finally:
             for s in streams:
                 s.close()
+    assert sum(s.gunzip is not None for s in streams) == 10
     assert all(strict_json(d)["journal"]["counts"]["done"] == 3 for d in firsts + seconds)
     assert len(set(seconds)) <= 2  # the same sample (two if a new one came mid-read)
     ticks = elapsed / 0.25 + 2

@@ -13,9 +13,11 @@ phases per round, in rotating order: *alone* (served, nobody watching), *reading
 (``--clients`` connections that request ``/events`` and never read a byte; one that the
 server drops reconnects, so the pressure stays).  Clients ask for gzip as browsers do
 (``--plain``: they do not, and get the uncompressed stream).  Reported per round: the rate, its
-ratio to the round's *alone*, the driver's resident memory (peak during the phase minus
-before it), samples encoded, streams dropped, bytes the readers got, and how long
-``/api/state`` took meanwhile.  The machine's load and its 2-process ceiling
+ratio to the round's *alone*, the CPU time of the driver and its workers per task (far
+less sensitive to other users' load than the rate) and its ratio, the CPU of the
+dashboard's threads and of the client process, the driver's resident memory (peak
+during the phase minus before it), samples encoded, streams dropped, bytes the readers
+got, and how long ``/api/state`` took meanwhile.  The machine's load and its 2-process ceiling
 (benchmarks/run.py's ``parallel_ceiling``: 2.0 on an idle 2-core machine) are measured
 before and after, in the same run.
 
@@ -266,7 +268,7 @@ def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int, gz
         time.sleep(1.0)
     peak = me.memory_info().rss
     api_s: list[float] = []
-    cpu0 = dashboard_threads_cpu()
+    cpu0, work0 = dashboard_threads_cpu(), _cpu_s()
     client0 = sum(psutil.Process(proc.pid).cpu_times()[:2]) if proc is not None else 0.0
     done, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -281,7 +283,7 @@ def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int, gz
                 r.read()
             api_s.append(time.perf_counter() - a0)
     wall = time.perf_counter() - t0
-    cpu = dashboard_threads_cpu() - cpu0
+    cpu, work = dashboard_threads_cpu() - cpu0, _cpu_s() - work0
     client = sum(psutil.Process(proc.pid).cpu_times()[:2]) - client0 if proc is not None else 0.0
     totals = {}
     if proc is not None:
@@ -290,7 +292,7 @@ def viewers_phase(pilot, mode: str, clients: int, seconds: float, batch: int, gz
         totals = json.loads(out.strip().splitlines()[-1])
     return {"rate": done / wall, "rss_mib": (peak - rss0) / 2**20, "encodings": bc.encodings - enc0,
             "drops": bc.drops - drops0, "api_s": max(api_s) if api_s else float("nan"),
-            "server_ms_s": 1000 * cpu / wall, "client_ms_s": 1000 * client / wall, **totals,
+            "server_ms_s": 1000 * cpu / wall, "cpu_us_task": 1e6 * work / done, "client_ms_s": 1000 * client / wall, **totals,
             "wall": wall}
 
 
@@ -300,8 +302,9 @@ def viewers(args) -> int:
     print(f"command: python benchmarks/bench_dashboard.py {' '.join(sys.argv[1:])}")
     print(f"machine: {bench_run.machine()}")
     print(f"2-process ceiling before: {ceil0:.2f} (2.00 = two idle cores)", flush=True)
-    modes = ["alone", "reading", "stalled"]
-    ratios: dict[str, list[float]] = {"reading": [], "stalled": []}
+    modes = ["alone"] + [m for m in ("reading", "stalled") if m in args.modes.split(",")]
+    ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+    cpu_ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
     mem: dict[str, list[float]] = {m: [] for m in modes}
     publish_board()
     with shoal.Pilot(2, dashboard=0) as pilot:
@@ -315,8 +318,10 @@ def viewers(args) -> int:
         print(f"state: {size / 1024:.0f} KiB a sample ({gz / 1024:.0f} KiB gzipped); {args.clients} clients"
               f"{' (plain: no gzip)' if args.plain else ' asking for gzip, as browsers do'}; {args.seconds:g} s "
               f"of tiny tasks (batches of {args.batch}) per phase", flush=True)
+        for _ in range(2):  # warm: the first batches' allocations are not the clients'
+            sum(f.result() for f in [pilot.submit(bench_run.inc, i) for i in range(args.batch)])
         for r in range(args.rounds):
-            order = modes[r % 3:] + modes[:r % 3]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             got = {}
             for mode in order:
                 got[mode] = viewers_phase(pilot, mode, args.clients, args.seconds, args.batch,
@@ -327,16 +332,20 @@ def viewers(args) -> int:
                       + (f"  clients got {g.get('bytes', 0) / 2**20:.1f} MiB"
                          + ("" if not args.plain else f", {g.get('events', 0)} samples")
                          + f", reconnected {g.get('reconnects', 0)}" if mode != "alone" else "")
-                      + f"  CPU: dashboard threads {g['server_ms_s']:.0f} ms/s, clients "
+                      + f"  CPU: {g['cpu_us_task']:.0f} us/task (driver + workers), dashboard threads"
+                        f" {g['server_ms_s']:.0f} ms/s, clients "
                         f"{g['client_ms_s']:.0f} ms/s  load {os.getloadavg()[0]:.2f}", flush=True)
                 mem[mode].append(g["rss_mib"])
                 time.sleep(2.0)  # dropped and closed streams settle before the next phase
             for m in ratios:
                 ratios[m].append(got[m]["rate"] / got["alone"]["rate"])
+                cpu_ratios[m].append(got[m]["cpu_us_task"] / got["alone"]["cpu_us_task"])
     print()
     for m, rs in ratios.items():
         print(f"{m}: tiny-task rate / alone median {statistics.median(rs):.3f} (min {min(rs):.3f}, "
-              f"max {max(rs):.3f}, {len(rs)} rounds); driver RSS growth max {max(mem[m]):.1f} MiB")
+              f"max {max(rs):.3f}, {len(rs)} rounds); CPU per task / alone median "
+              f"{statistics.median(cpu_ratios[m]):.3f} (min {min(cpu_ratios[m]):.3f}, max "
+              f"{max(cpu_ratios[m]):.3f}); driver RSS growth max {max(mem[m]):.1f} MiB")
     load1 = os.getloadavg()
     ceil1 = bench_run.parallel_ceiling()
     print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
@@ -353,6 +362,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="viewers: tiny tasks per phase, s")
     ap.add_argument("--batch", type=int, default=5000, help="viewers: submits per batch")
     ap.add_argument("--plain", action="store_true", help="viewers: clients do not ask for gzip")
+    ap.add_argument("--modes", default="reading,stalled",
+                    help="viewers: phases beside 'alone' (e.g. stalled with --seconds 90: long "
+                         "enough for the kernel's buffers to fill and the drops to happen)")
     ap.add_argument("--client", choices=["reading", "stalled"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--pairs", type=int, default=6)

@@ -15,7 +15,7 @@ A stream holds at most one sample it has not started to send (a newer one replac
 it: every sample is the whole state, so a slow page skips samples and loses
 nothing) and one it is sending.  Those are shared objects; what is the stream's own
 is the transport's buffer and one slice in flight, so memory per stream is bounded
-(~48 KiB) whatever the state's size or the client's speed.  A stream that has not
+(~32-48 KiB) whatever the state's size or the client's speed.  A stream that has not
 finished taking one sample for ``stall_s`` seconds (a client that connected and
 never reads, a suspended laptop) is dropped: its connection is aborted (the
 buffered bytes freed at once) and its id remembered, so when the browser reconnects
@@ -33,7 +33,11 @@ pilot's tiny-task rate fell to 0.1x); counting bytes the kernel accepted (loopba
 absorbs megabytes per connection before anything blocks, so a byte budget would
 not see a stalled client for minutes, while the time a sample has been waiting
 does); sending deltas (smaller frames, but a page that missed one would need a
-resync protocol; the full state keeps every event self-contained).
+resync protocol; the full state keeps every event self-contained); compressing per
+stream (a deflate context per page, and the compression paid per page: the shared
+blocks of ``gzip_block`` cost one compression per sample); a gzip trailer (its CRC
+covers what this stream got, so it is per stream; a stream ends after its ``end``
+event, which the page has acted on).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import zlib
 
 from .._json import dumps
 
-SLICE_BYTES = 32 * 1024  # a sample goes out in pieces this big: the transport buffers at most one
+SLICE_BYTES = 16 * 1024  # a sample goes out in pieces this big: the transport buffers at most one
 SEND_HIGH_WATER = 16 * 1024  # the connection's write buffer before the pump waits (server.py)
 TICK_S = 0.25  # how often the sources' seqs are looked at
 DROPPED_REMEMBERED = 1024  # ids of dropped streams kept for their reconnect notice

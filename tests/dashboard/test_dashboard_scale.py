@@ -135,7 +135,6 @@ def test_a_sample_is_encoded_once_for_all_streams(tmp_path):
                 s.close()
     assert sum(s.gunzip is not None for s in streams) == 10
     assert all(strict_json(d)["journal"]["counts"]["done"] == 3 for d in firsts + seconds)
-    assert len(set(seconds)) <= 2  # the same sample (two if a new one came mid-read)
     ticks = elapsed / 0.25 + 2
     assert n <= 2 * ticks, f"{n} state() calls in {elapsed:.2f} s for 20 streams"
 
@@ -262,11 +261,16 @@ WORKFLOW = [Pipeline([Stage([Task(executable="/bin/true")])])]
 """
 
 
+@pytest.fixture(scope="module")
+def one_task_journal(tmp_path_factory):
+    return _journal(tmp_path_factory.mktemp("journal") / "run.db", n=1)
+
+
 @pytest.mark.parametrize("how", ["taken", "out-of-range", "no-such-host", "not-ours",
                                  "run-taken", "run-not-a-number"])
-def test_port_and_host_errors_are_one_line_and_status_2(tmp_path, how):
+def test_port_and_host_errors_are_one_line_and_status_2(tmp_path, how, one_task_journal):
     # Before: an 18-line traceback and exit status 1 from both commands.
-    db = _journal(tmp_path / "run.db", n=1)
+    db = one_task_journal
     wf = tmp_path / "wf.py"
     wf.write_text(WORKFLOW)
     holder = socket.socket()

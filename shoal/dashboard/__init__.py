@@ -75,6 +75,7 @@ class Dashboard:
             self.app = make_app(self.sources, lambda: self._stopping,
                                 loopback_only=host_name(host) in LOOPBACK_NAMES,
                                 abort=lambda client: self.server.abort(client),
+                                unsent=lambda client: self.server.unsent(client),
                                 max_streams=max_streams, stall_s=stall_s)
             self.server = WebServer(self.app, host, port)
             self.server.start()

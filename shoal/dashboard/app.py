@@ -83,12 +83,12 @@ class LoopbackOnly:
 
 
 def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = False,
-             abort=lambda client: None, max_streams: int = DEFAULT_MAX_STREAMS,
-             stall_s: float = 10.0) -> Starlette:
+             abort=lambda client: None, unsent=lambda client: 0,
+             max_streams: int = DEFAULT_MAX_STREAMS, stall_s: float = 10.0) -> Starlette:
     """An app over ``sources`` (``{"pilot": PilotSource, "journal": JournalSource}``, either
     optional); ``stopping()`` true ends every event stream (the server is closing).
     ``app.state.streams`` counts the event streams open now, ``app.state.broadcaster`` is
-    the sampler they share (broadcast.py: ``abort``, ``max_streams``, ``stall_s``).
+    the sampler they share (broadcast.py: ``abort``, ``unsent``, ``max_streams``, ``stall_s``).
     ``loopback_only``: refuse requests whose Host header is not a loopback name."""
 
     def pages() -> list[str]:
@@ -108,8 +108,8 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
 
     with open(os.path.join(STATIC, "page.html"), encoding="utf-8") as f:
         template = f.read()
-    broadcaster = Broadcaster(snapshot, abort=abort, stopping=stopping, max_streams=max_streams,
-                              stall_s=stall_s)
+    broadcaster = Broadcaster(snapshot, abort=abort, unsent=unsent, stopping=stopping,
+                              max_streams=max_streams, stall_s=stall_s)
 
     async def page(request):
         name = request.url.path.strip("/")

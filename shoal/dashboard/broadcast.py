@@ -17,7 +17,9 @@ nothing) and one it is sending.  Those are shared objects; what is the stream's 
 is the transport's buffer and one slice in flight, so memory per stream is bounded
 (~32-48 KiB) whatever the state's size or the client's speed.  A stream that has not
 finished taking one sample for ``stall_s`` seconds (a client that connected and
-never reads, a suspended laptop) is dropped: its connection is aborted (the
+never reads, a suspended laptop), or whose send is blocked while the kernel holds more
+than KERNEL_BACKLOG bytes it has not read (loopback takes megabytes per connection
+before a send blocks: that copying is what a stalled page costs), is dropped: its connection is aborted (the
 buffered bytes freed at once) and its id remembered, so when the browser reconnects
 (``EventSource`` does, sending ``Last-Event-ID``) the first event tells it why.  At
 most ``max_streams`` streams are open at once; past that ``/events`` answers 503
@@ -54,6 +56,7 @@ from .._json import dumps
 
 SLICE_BYTES = 16 * 1024  # a sample goes out in pieces this big: the transport buffers at most one
 SEND_HIGH_WATER = 16 * 1024  # the connection's write buffer before the pump waits (server.py)
+KERNEL_BACKLOG = 1 << 20  # bytes in the kernel a stream has not read, on top of a blocked send
 TICK_S = 0.25  # how often the sources' seqs are looked at
 DROPPED_REMEMBERED = 1024  # ids of dropped streams kept for their reconnect notice
 MAX_STREAMS_ENV = "SHOAL_DASHBOARD_MAX_STREAMS"
@@ -118,10 +121,12 @@ class Broadcaster:
     ``stopping()`` true ends every stream.  All methods run in the server's loop.
     """
 
-    def __init__(self, snapshot, *, abort=lambda client: None, stopping=lambda: False,
-                 max_streams: int = DEFAULT_MAX_STREAMS, stall_s: float = 10.0):
+    def __init__(self, snapshot, *, abort=lambda client: None, unsent=lambda client: 0,
+                 stopping=lambda: False, max_streams: int = DEFAULT_MAX_STREAMS,
+                 stall_s: float = 10.0):
         self.snapshot = snapshot
         self.abort = abort
+        self.unsent = unsent
         self.stopping = stopping
         self.max_streams = max_streams
         self.stall_s = stall_s
@@ -207,6 +212,10 @@ class Broadcaster:
                     self.drop(s, f"it had not taken a sample for {self.stall_s:g} s "
                                  f"(a page that stopped reading, or a connection too slow for "
                                  f"{len(body) // 1024 + 1} KiB a sample)")
+                elif frame is not None and s.sending_since is not None \
+                        and self.unsent(s.client) > KERNEL_BACKLOG:
+                    self.drop(s, f"it had {KERNEL_BACKLOG // 2**20} MiB sent and not read "
+                                 "(a page that stopped reading)")
                 elif frame is not None:
                     if s.pending is not None:
                         s.skipped += 1

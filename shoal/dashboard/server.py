@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import os
 import socket
 import struct
+import termios
 import threading
 import time
 import weakref
@@ -65,7 +67,7 @@ def parse_address(value) -> tuple[str, int]:
     return host, port
 
 
-def _bounded_h11():
+def _bounded_h11(connections: dict):
     """uvicorn's h11 protocol with a small write buffer per connection: the ASGI ``send`` of
     a stream waits once SEND_HIGH_WATER bytes are buffered (asyncio's default is 64 KiB),
     so what a client that stops reading costs the driver is bounded by that plus one
@@ -78,6 +80,12 @@ def _bounded_h11():
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             transport.set_write_buffer_limits(high=SEND_HIGH_WATER)
+            connections[self.client] = transport  # by peer: what scope["client"] names
+
+        def connection_lost(self, exc) -> None:
+            if connections.get(self.client) is self.transport:
+                del connections[self.client]
+            super().connection_lost(exc)
 
     return BoundedH11Protocol
 
@@ -88,6 +96,7 @@ class WebServer:
     def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0):
         import uvicorn
 
+        self.connections: dict = {}  # peer (host, port) -> transport, kept by the protocol
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -101,7 +110,7 @@ class WebServer:
         self.sock.set_inheritable(False)
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio", http=_bounded_h11(), ws="none",
+                                loop="asyncio", http=_bounded_h11(self.connections), ws="none",
                                 timeout_graceful_shutdown=2, timeout_keep_alive=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
@@ -119,13 +128,27 @@ class WebServer:
         what its transport and the kernel still buffer for it (a stream that fell behind;
         broadcast.py): a plain close would queue its FIN behind the bytes the client never
         reads, and the connection would stay open.  Runs in the server's loop."""
-        for conn in list(self.server.server_state.connections):
-            if conn.client == client and conn.transport is not None:
-                sock = conn.transport.get_extra_info("socket")
-                if sock is not None:  # a reset, not a FIN queued behind what it never read:
-                    with contextlib.suppress(OSError):  # the kernel's copy is freed too
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.transport.abort()
+        transport = self.connections.get(client)
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a FIN queued behind what it never read:
+            with contextlib.suppress(OSError):  # the kernel's copy is freed too
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+
+    def unsent(self, client) -> int:
+        """Bytes the kernel holds for ``client`` that it has not read yet (Linux: SIOCOUTQ;
+        0 where that cannot be asked).  Loopback accepts megabytes per connection before a
+        send blocks: this is how far behind a page that stopped reading already is."""
+        transport = self.connections.get(client)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return 0
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return 0
 
     def reset_all(self, timeout: float = 2.0) -> None:
         """Reset every open connection (any thread): at close, the streams of pages that
@@ -135,8 +158,8 @@ class WebServer:
             return
 
         def reset() -> None:
-            for conn in list(self.server.server_state.connections):
-                self.abort(conn.client)
+            for client in list(self.connections):
+                self.abort(client)
             done.set()
 
         with contextlib.suppress(RuntimeError):  # the loop just ended: nothing is open

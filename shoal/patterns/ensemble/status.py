@@ -326,8 +326,6 @@ def _driver(meta: dict, sessions: int) -> Driver:
         rec = {}
     pid, host, start = rec.get("pid"), rec.get("host"), rec.get("start")
     since = rec.get("since")
-    if not _is_time(since):  # json.loads takes Infinity/NaN; a string would fail the rate
-        since = None
     if meta.get(f"session.{sessions}.ended"):
         return Driver(pid, host, DriverState.ENDED, since)
     if pid is None:

@@ -19,7 +19,9 @@ sampler and the server, and frees the port.
 Invariants: the runtime's hot path does nothing for the dashboard (workers are
 asked for the counters they keep anyway, once per interval, answered between
 tasks); a failing sampler shows an error on the page and never raises into the
-pilot; nothing listens beyond 127.0.0.1 unless a host is given.
+pilot; nothing listens beyond 127.0.0.1 unless a host is given; a sample is
+encoded once however many pages are open, and a page that stops reading costs
+a bounded few KiB until it is dropped (broadcast.py).
 
 Rejected: Bokeh (a server with its own document model and a large page for what
 is a table, a heat strip and line charts); a hand-rolled ``http.server``;
@@ -38,7 +40,10 @@ class Dashboard:
     """The pages over a pilot's backend and/or a journal, served until ``close()``."""
 
     def __init__(self, *, backend=None, journal: str | None = None, address=0,
-                 interval: float = 1.0):
+                 interval: float = 1.0, max_streams: int | None = None, stall_s: float = 10.0):
+        """``max_streams``: event streams (open pages) served at once, past which ``/events``
+        answers 503 (default ``$SHOAL_DASHBOARD_MAX_STREAMS``, else 256); ``stall_s``: a
+        stream that has not taken a sample for this long is dropped (broadcast.py)."""
         try:
             import starlette  # noqa: F401
             import uvicorn  # noqa: F401
@@ -46,12 +51,17 @@ class Dashboard:
             raise ImportError(f"the dashboard needs starlette and uvicorn: pip install 'shoal[dashboard]' "
                               f"({exc})") from None
         from .app import LOOPBACK_NAMES, host_name, make_app
+        from .broadcast import max_streams_from
         from .server import WebServer
         from .sources import JournalSource, PilotSource
 
         if (isinstance(interval, bool) or not isinstance(interval, (int, float))
                 or not 0 < interval < float("inf")):  # 0 spun the sampler at 100% CPU
             raise ValueError(f"Dashboard interval must be a number of seconds > 0, got {interval!r}")
+        if (isinstance(stall_s, bool) or not isinstance(stall_s, (int, float))
+                or not 0 < stall_s < float("inf")):
+            raise ValueError(f"Dashboard stall_s must be a number of seconds > 0, got {stall_s!r}")
+        max_streams = max_streams_from(max_streams)
         host, port = parse_address(address)
         self.sources: dict = {}
         self._stopping = False
@@ -63,7 +73,10 @@ class Dashboard:
             if not self.sources:
                 raise ValueError("Dashboard needs a backend= or a journal=")
             self.app = make_app(self.sources, lambda: self._stopping,
-                                loopback_only=host_name(host) in LOOPBACK_NAMES)
+                                loopback_only=host_name(host) in LOOPBACK_NAMES,
+                                abort=lambda client: self.server.abort(client),
+                                unsent=lambda client: self.server.unsent(client),
+                                max_streams=max_streams, stall_s=stall_s)
             self.server = WebServer(self.app, host, port)
             self.server.start()
         except BaseException:
@@ -85,6 +98,8 @@ class Dashboard:
         deadline = time.monotonic() + 1.0  # open event streams send "closed" and end (0.25 s)
         while self.app.state.streams and time.monotonic() < deadline:
             time.sleep(0.02)
+        if self.app.state.streams:  # pages that stopped reading still hold a stream
+            self.server.reset_all()
         self._stopping = True
         self.server.close()
 

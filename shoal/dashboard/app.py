@@ -8,7 +8,9 @@ Routes::
     /journal     an ensemble journal: states by pipeline and stage, ETA, failures
     /api/state   {"pages": [...], "pilot": {...}, "journal": {...}}  (JSON)
     /events      the same object as server-sent events, whenever a source's seq grows;
-                 a last event with "closed": true when the pilot closes, then the end
+                 a last event with "closed": true when the pilot closes, then the end.
+                 One encoding per sample for all streams, slow streams dropped, at most
+                 ``max_streams`` open (broadcast.py)
 
 The pages are static HTML plus ``static/dashboard.js`` (rendering, and a small SVG
 chart drawer of our own, so nothing is fetched from the internet); they draw
@@ -18,20 +20,27 @@ whatever state arrives and say when the stream ends or breaks.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import time
 
 from starlette.applications import Starlette
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .._json import dumps
+from .broadcast import (
+    DEFAULT_MAX_STREAMS,
+    GZIP_HEADER,
+    MAX_STREAMS_ENV,
+    SLICE_BYTES,
+    Broadcaster,
+    StreamsFull,
+    gzip_block,
+)
+
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PAGES = ("workers", "progress", "journal")
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, default=str, separators=(",", ":"))
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -73,11 +82,14 @@ class LoopbackOnly:
         await self.app(scope, receive, send)
 
 
-def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = False) -> Starlette:
+def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = False,
+             abort=lambda client: None, unsent=lambda client: 0,
+             max_streams: int = DEFAULT_MAX_STREAMS, stall_s: float = 10.0) -> Starlette:
     """An app over ``sources`` (``{"pilot": PilotSource, "journal": JournalSource}``, either
     optional); ``stopping()`` true ends every event stream (the server is closing).
-    ``app.state.streams`` counts the event streams open now.  ``loopback_only``: refuse
-    requests whose Host header is not a loopback name (``LoopbackOnly``)."""
+    ``app.state.streams`` counts the event streams open now, ``app.state.broadcaster`` is
+    the sampler they share (broadcast.py: ``abort``, ``unsent``, ``max_streams``, ``stall_s``).
+    ``loopback_only``: refuse requests whose Host header is not a loopback name."""
 
     def pages() -> list[str]:
         out = []
@@ -96,6 +108,8 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
 
     with open(os.path.join(STATIC, "page.html"), encoding="utf-8") as f:
         template = f.read()
+    broadcaster = Broadcaster(snapshot, abort=abort, unsent=unsent, stopping=stopping,
+                              max_streams=max_streams, stall_s=stall_s)
 
     async def page(request):
         name = request.url.path.strip("/")
@@ -109,40 +123,106 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
         return RedirectResponse(f"/{pages()[0]}")
 
     async def api_state(request):
-        state = await asyncio.to_thread(snapshot)
-        return JSONResponse(json.loads(_dumps(state)))
+        _, body, _ = await broadcaster.current()  # the sample the streams share
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
-    async def events(request):
-        async def stream():
-            last = None
-            yield "retry: 2000\n\n"
-            app.state.streams += 1
-            try:
-                async for chunk in updates(last):
-                    yield chunk
-            finally:
-                app.state.streams -= 1
-
-        async def updates(last):
-            while True:
-                state = await asyncio.to_thread(snapshot)
-                key = tuple(s.get("seq") for k, s in state.items() if isinstance(s, dict))
-                if key != last or state["closed"]:
-                    last = key
-                    yield f"data: {_dumps(state)}\n\n"
-                if state["closed"] or stopping():
-                    yield "event: end\ndata: {}\n\n"
-                    return
-                await asyncio.sleep(0.25)
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    routes = [Route("/", root), Route("/api/state", api_state), Route("/events", events)]
+    routes = [Route("/", root), Route("/api/state", api_state),
+              Route("/events", EventStream(broadcaster, app_state=lambda: app.state))]
     routes += [Route(f"/{p}", page) for p in PAGES]
     routes.append(Mount("/static", app=StaticFiles(directory=STATIC), name="static"))
     from starlette.middleware import Middleware
 
     app = Starlette(routes=routes, middleware=[Middleware(LoopbackOnly)] if loopback_only else [])
     app.state.streams = 0
+    app.state.broadcaster = broadcaster
     return app
+
+
+class EventStream:
+    """``/events`` (ASGI): one stream's pump over the broadcaster's shared samples.
+
+    Events: first ``hello`` (its ``id:`` names this stream, so a browser's reconnect
+    sends it back as ``Last-Event-ID``), then ``dropped`` if the stream this one replaces
+    was dropped for falling behind, then the states (``data:``), and ``end`` after the
+    last.  Past ``max_streams``: 503 and one line saying so."""
+
+    def __init__(self, broadcaster: Broadcaster, app_state):
+        self.broadcaster = broadcaster
+        self.app_state = app_state
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or ())
+        last_id = headers.get(b"last-event-id", b"").decode("latin-1").strip() or None
+        try:
+            stream, notice = self.broadcaster.subscribe(scope.get("client"), last_id)
+        except StreamsFull as full:
+            body = (f"this dashboard has {full.args[0]} live streams open, its cap (max_streams, "
+                    f"${MAX_STREAMS_ENV}); close some pages, or read /api/state\n").encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"retry-after", b"10"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        state = self.app_state()
+        state.streams += 1
+        watcher = None
+        accept = headers.get(b"accept-encoding", b"").decode("latin-1").replace(" ", "").lower()
+        stream.gzip = "gzip" in accept and "gzip;q=0" not in accept
+        try:
+            head = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
+                    (b"vary", b"accept-encoding")]
+            if stream.gzip:
+                head.append((b"content-encoding", b"gzip"))
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            hello = dumps({"stream": stream.token, "max_streams": self.broadcaster.max_streams,
+                           "stall_s": self.broadcaster.stall_s}, compact=True)
+            first = f"retry: 2000\nid: {stream.token}\nevent: hello\ndata: {hello}\n\n"
+            if notice is not None:
+                first += f"event: dropped\ndata: {dumps(notice, compact=True)}\n\n"
+            body = GZIP_HEADER + gzip_block(first.encode()) if stream.gzip else first.encode()
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            watcher = asyncio.ensure_future(self._until_disconnect(receive, stream))
+            await self._pump(stream, send)
+        finally:
+            state.streams -= 1
+            self.broadcaster.unsubscribe(stream)
+            if watcher is not None:
+                watcher.cancel()
+
+    @staticmethod
+    async def _until_disconnect(receive, stream) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        stream.dropped = stream.dropped or "the client went away"
+        stream.wake.set()
+
+    @staticmethod
+    async def _pump(stream, send) -> None:
+        while True:
+            await stream.wake.wait()
+            stream.wake.clear()
+            if stream.dropped:
+                return  # aborted by the server, or gone: nothing more can be sent
+            frames, final = stream.pending, stream.final
+            stream.pending = None
+            if frames is not None:
+                frame = frames[1] if stream.gzip else frames[0]
+                stream.sending_since = time.monotonic()
+                for i in range(0, len(frame), SLICE_BYTES):
+                    await send({"type": "http.response.body", "body": frame[i:i + SLICE_BYTES],
+                                "more_body": True})
+                    if stream.dropped:
+                        return
+                stream.sending_since = None
+                stream.sent += 1
+            if final or stream.ending:
+                end = _END_GZIP if stream.gzip else _END
+                await send({"type": "http.response.body", "body": end, "more_body": False})
+                return
+
+
+_END = b"event: end\ndata: {}\n\n"
+_END_GZIP = gzip_block(_END)  # then the stream just ends: no final block, no trailer (its CRC
+# would be per stream); the page has closed its EventSource on "end" by then

@@ -43,18 +43,41 @@ def _serve_forever(dash, stop: threading.Event | None = None) -> None:
 
 def _dashboard(args: argparse.Namespace) -> int:
     from ..patterns.ensemble.model import EnsembleError
-    from . import Dashboard
     from .journal import check_journal
 
     try:
         check_journal(args.journal)
     except EnsembleError as exc:
         raise DashboardError(str(exc)) from None
-    dash = Dashboard(journal=args.journal, address=_address(args))
+    dash = _start(journal=args.journal, address=_address(args), max_streams=args.max_streams,
+                  flag="--port/--host")
     print(f"shoal dashboard: {dash.url}journal  (journal {os.path.abspath(args.journal)}; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     _serve_forever(dash)
     return 0
+
+
+def _start(*, flag: str, **kwargs):
+    """A Dashboard, or one DashboardError line (exit status 2) for a port or host that cannot
+    be served: taken, out of range, not a number, not an address of this machine."""
+    from . import Dashboard
+
+    try:
+        return Dashboard(**kwargs)
+    except (OSError, ValueError, TypeError) as exc:
+        text = (exc.strerror if isinstance(exc, OSError) and exc.strerror else None) or str(exc)
+        if not text.startswith("dashboard"):
+            text = f"dashboard: {text}"
+        raise DashboardError(f"{text} ({flag})") from None
+
+
+def _streams(text: str) -> int:
+    from .broadcast import max_streams_from
+
+    try:
+        return max_streams_from(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of live pages >= 1") from None
 
 
 def _address(args) -> int | str:
@@ -72,6 +95,9 @@ def add_dashboard(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8787, help="port (default 8787; 0: any free one)")
     parser.add_argument("--host", default=None,
                         help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--max-streams", type=_streams, default=None, metavar="N",
+                        help="live pages served at once (default $SHOAL_DASHBOARD_MAX_STREAMS, "
+                             "else 256); past it a page refreshes every 5 s instead")
     parser.set_defaults(handler=_dashboard)
 
 
@@ -85,11 +111,9 @@ def with_dashboard(run_parser: argparse.ArgumentParser) -> None:
     def handler(args: argparse.Namespace) -> int:
         if args.dashboard is None:
             return inner(args)
-        from . import Dashboard
-
         value = args.dashboard
         address = int(value) if value.isdigit() else value
-        dash = Dashboard(journal=args.journal, address=address)
+        dash = _start(journal=args.journal, address=address, flag="--dashboard")
         print(f"shoal run: dashboard at {dash.url}journal", file=sys.stderr, flush=True)
         try:
             return inner(args)

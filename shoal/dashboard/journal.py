@@ -7,7 +7,9 @@ never journaled); failures with their stderr tails.  Works while a run writes
 the journal (WAL readers never block the writer) and on a finished one.
 
 Errors (no file, not a journal, a locked or corrupt file) come back as an
-``error`` string that names the path, never as an exception to the page.
+``error`` string that names the path, never as an exception to the page.  Rows
+whose cells are not what shoal writes (``started='abc'``, ``finished=+Inf``) are
+listed in ``malformed`` (``RunStatus.malformed``) and the rest is shown.
 """
 
 from __future__ import annotations
@@ -101,5 +103,5 @@ def journal_state(path: str, total: int | None = None) -> dict:
         "failures": failures[::-1], "settled": settled, "known": known, "total": total,
         "started": first, "last_finished": last, "driver": d["driver"]["state"],
         "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": round(rate, 3),
-        "eta_s": eta, "finished": finished,
+        "eta_s": eta, "finished": finished, "malformed": d["malformed"],
     }

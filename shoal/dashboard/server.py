@@ -14,13 +14,21 @@ this process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import os
 import socket
+import struct
+import termios
 import threading
 import time
 import weakref
 
 DEFAULT_HOST = "127.0.0.1"
+_ADVICE = {errno.EADDRINUSE: " (another program has it: choose another port, or 0 for any free one)",
+           errno.EACCES: " (ports below 1024 need root: choose a port >= 1024, or 0)",
+           errno.EADDRNOTAVAIL: " (not an address of this machine: leave the host out for 127.0.0.1)"}
 _SERVING: weakref.WeakSet = weakref.WeakSet()  # this process's servers (for the fork hook)
 
 
@@ -59,29 +67,55 @@ def parse_address(value) -> tuple[str, int]:
     return host, port
 
 
+def _bounded_h11(connections: dict):
+    """uvicorn's h11 protocol with a small write buffer per connection: the ASGI ``send`` of
+    a stream waits once SEND_HIGH_WATER bytes are buffered (asyncio's default is 64 KiB),
+    so what a client that stops reading costs the driver is bounded by that plus one
+    slice (broadcast.py).  A class made here because uvicorn is an optional import."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from .broadcast import SEND_HIGH_WATER
+
+    class BoundedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            transport.set_write_buffer_limits(high=SEND_HIGH_WATER)
+            connections[self.client] = transport  # by peer: what scope["client"] names
+
+        def connection_lost(self, exc) -> None:
+            if connections.get(self.client) is self.transport:
+                del connections[self.client]
+            super().connection_lost(exc)
+
+    return BoundedH11Protocol
+
+
 class WebServer:
     """uvicorn in a thread: ``start()`` once, ``close()`` once (idempotent)."""
 
     def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0):
         import uvicorn
 
+        self.connections: dict = {}  # peer (host, port) -> transport, kept by the protocol
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind((host, port))
-        except OSError as exc:
+        except OSError as exc:  # taken, not ours, no such address: one line naming it
             self.sock.close()
-            raise OSError(exc.errno, f"dashboard: cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise OSError(exc.errno, f"dashboard: cannot listen on {host}:{port}: {exc.strerror}"
+                          f"{_ADVICE.get(exc.errno, '')}") from None
         self.sock.listen(128)
         self.sock.set_inheritable(False)
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio", http="h11", ws="none", timeout_graceful_shutdown=2,
-                                timeout_keep_alive=2)
+                                loop="asyncio", http=_bounded_h11(self.connections), ws="none",
+                                timeout_graceful_shutdown=2, timeout_keep_alive=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="shoal-dashboard", daemon=True)
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         _SERVING.add(self)
 
     @property
@@ -89,11 +123,58 @@ class WebServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
 
+    def abort(self, client) -> None:
+        """Reset the connection from ``client`` (its ASGI ``scope["client"]``) now, dropping
+        what its transport and the kernel still buffer for it (a stream that fell behind;
+        broadcast.py): a plain close would queue its FIN behind the bytes the client never
+        reads, and the connection would stay open.  Runs in the server's loop."""
+        transport = self.connections.get(client)
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a FIN queued behind what it never read:
+            with contextlib.suppress(OSError):  # the kernel's copy is freed too
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+
+    def unsent(self, client) -> int:
+        """Bytes the kernel holds for ``client`` that it has not read yet (Linux: SIOCOUTQ;
+        0 where that cannot be asked).  Loopback accepts megabytes per connection before a
+        send blocks: this is how far behind a page that stopped reading already is."""
+        transport = self.connections.get(client)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return 0
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return 0
+
+    def reset_all(self, timeout: float = 2.0) -> None:
+        """Reset every open connection (any thread): at close, the streams of pages that
+        stopped reading, whose FIN would otherwise wait behind what they never read."""
+        loop, done = self.loop, threading.Event()
+        if loop is None or loop.is_closed():
+            return
+
+        def reset() -> None:
+            for client in list(self.connections):
+                self.abort(client)
+            done.set()
+
+        with contextlib.suppress(RuntimeError):  # the loop just ended: nothing is open
+            loop.call_soon_threadsafe(reset)
+            done.wait(timeout)
+
     def _serve(self) -> None:
         try:
-            asyncio.run(self.server.serve(sockets=[self.sock]))
+            asyncio.run(self._serve_here())
         except BaseException as exc:  # noqa: BLE001 - reported by start()/close()
             self.error = exc
+
+    async def _serve_here(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self.sock])
 
     def start(self, timeout: float = 10.0) -> None:
         self.thread.start()

@@ -153,3 +153,41 @@ def test_journal_page_over_a_bad_path_says_what_is_wrong(page, tmp_path):
         page.wait_for_selector("#journal-error")
         assert f"no journal at {missing}" in page.locator("#journal-error").inner_text()
         assert "error" in page.locator("#status").get_attribute("class")
+
+
+def test_a_malformed_journal_row_is_shown_on_the_page_over_a_gzip_stream(page, tmp_path):
+    # Before: /events sent "Infinity" for finished=+Inf: JSON.parse threw, the page stayed
+    # empty. Now the page shows the counts and a box naming the malformed cells; the stream
+    # it reads is the shared gzip one (Chromium asks for gzip).
+    import sqlite3
+
+    db = str(tmp_path / "run.db")
+    run([Pipeline([Stage([Task(function=nap, args=(0, i), name=f"t{i}") for i in range(3)])],
+                  name="p")], journal=db, workers=1)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE tasks SET started='abc' WHERE rowid=1")
+    con.execute("UPDATE tasks SET finished=9e999 WHERE rowid=2")
+    con.commit()
+    con.close()
+    with Dashboard(journal=db, address=0) as dash:
+        page.goto(dash.url + "journal")
+        page.wait_for_selector("#journal-malformed")
+        text = page.locator("#journal-malformed").inner_text()
+        assert "started='abc' is not a time" in text and "finished=inf is not a time" in text
+        assert page.locator("#journal-summary .count-done").inner_text() == "3"
+        assert [s.gzip for s in dash.app.state.broadcaster.streams] == [True]
+
+
+def test_a_page_past_the_stream_cap_says_so_and_polls(browser, tmp_path):
+    db = str(tmp_path / "run.db")
+    run([Pipeline([Stage([Task(function=nap, args=(0, 1), name="t")])], name="p")], journal=db,
+        workers=1)
+    with Dashboard(journal=db, address=0, max_streams=1) as dash:
+        first, second = browser.new_page(), browser.new_page()
+        first.goto(dash.url + "journal")
+        first.wait_for_function("() => document.querySelector('#status').textContent.startsWith('live')")
+        second.goto(dash.url + "journal")
+        second.wait_for_function(
+            "() => document.querySelector('#status').textContent.includes('too many live pages')")
+        assert second.locator("#journal-summary .count-done").inner_text() == "1"  # from /api/state
+        first.close(), second.close()

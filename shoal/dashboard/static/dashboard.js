@@ -140,6 +140,10 @@ function renderJournal(st) {
   const total = j.total || (ens && ens.total) || null;
   const eta = j.eta_s !== null && j.eta_s !== undefined ? j.eta_s : (ens ? ens.eta : null);
   let html = `<p class="muted">journal <code id="journal-path">${esc(j.path)}</code> · ${j.finished ? "finished" : "in progress"}</p>`;
+  if ((j.malformed || []).length) {
+    html += `<div class="error-box" id="journal-malformed"><b>malformed rows in this journal</b> (not written by shoal, or damaged):` +
+      `<ul>${j.malformed.map(m => `<li>${esc(m)}</li>`).join("")}</ul></div>`;
+  }
   html += `<div class="cards" id="journal-summary">` + states.map(s => card(s, `<span class="count-${esc(s)}">${fmt(c[s])}</span>`)).join("") +
     card("settled / known" + (total ? " / total" : ""), `${fmt(j.settled)} / ${fmt(j.known)}${total ? " / " + fmt(total) : ""}`) +
     card("tasks/s", fmt(j.rate)) + card("elapsed", clock(j.elapsed_s)) +
@@ -180,10 +184,36 @@ function onState(st) {
   }
 }
 
+// The live stream; the server drops a page that stops reading (a suspended laptop) and says
+// so when it reconnects ("dropped"); past its cap on open pages it refuses the stream (503)
+// and this page polls /api/state every 5 s instead.
+let dropNote = "";
+let polling = null;
+function poll() {
+  fetch("/api/state", {cache: "no-store"}).then(r => r.json()).then(st => {
+    onState(st);
+    if (!st.closed) setStatus("lost", "too many live pages open on this dashboard: refreshing every 5 s (" + new Date().toLocaleTimeString() + ")");
+    else clearInterval(polling);
+  }).catch(() => setStatus("lost", "the server is gone"));
+}
 const es = new EventSource("/events");
-es.onmessage = ev => onState(JSON.parse(ev.data));
+es.onmessage = ev => {
+  onState(JSON.parse(ev.data));
+  if (dropNote && !document.body.dataset.closed) setStatus("live", "live · " + new Date().toLocaleTimeString() + " · " + dropNote);
+};
+es.addEventListener("dropped", ev => {
+  const d = JSON.parse(ev.data);
+  dropNote = "reconnected: the server had dropped this page at " + new Date(d.at * 1000).toLocaleTimeString() + " because " + d.reason;
+  document.body.dataset.dropped = "1";
+  setStatus("lost", dropNote);
+});
 es.addEventListener("end", () => { ended = true; es.close(); });
 es.onerror = () => {
   if (ended || document.body.dataset.closed) { es.close(); return; }
+  if (es.readyState === EventSource.CLOSED && polling === null) {  // refused, not lost: poll
+    polling = setInterval(poll, 5000);
+    poll();
+    return;
+  }
   setStatus("lost", "connection lost (the pilot or the server is gone); retrying…");
 };

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import runpy
@@ -33,6 +32,7 @@ import shlex
 import sys
 import time
 
+from ... import _json
 from . import run
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
@@ -167,7 +167,7 @@ def _status(args: argparse.Namespace) -> int:
 
     while True:
         status = RunStatus.load(args.journal)
-        text = json.dumps(status.to_dict(), indent=2) if args.json else status.table()
+        text = _json.dumps(status.to_dict(), indent=2) if args.json else status.table()
         if args.watch is None:
             print(text)
             return 0

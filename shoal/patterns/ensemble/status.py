@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import socket
 import time
 
@@ -117,6 +118,7 @@ class RunStatus:
     rate: float | None  # tasks/s settled in the current session
     eta: float | None  # seconds, when the driver is alive and the total known
     sessions: int = 1
+    malformed: tuple[str, ...] = ()  # journal cells that are not what shoal writes, in words
 
     # -- building ---------------------------------------------------------------------
     @classmethod
@@ -188,7 +190,13 @@ class RunStatus:
         failures = [TaskFailure(u, k, c, r, t or "", a or 0) for u, k, c, r, t, a in db.execute(
             "SELECT uid, failure, exit_code, reason, stderr_tail, attempt FROM tasks WHERE state=? "
             "ORDER BY finished LIMIT ?", (TaskState.FAILED.value, int(limit)))]
-        first, last = db.execute("SELECT min(started), max(finished) FROM tasks").fetchone()
+        # a time shoal writes is a finite number of seconds; anything else (a string, +Inf)
+        # is named in ``malformed`` and left out of elapsed, rate and ETA (not a TypeError
+        # deep in a reader, not Infinity in --json)
+        first, last = db.execute(
+            f"SELECT (SELECT min(started) FROM tasks WHERE {_TIME_OK.format('started')}), "
+            f"(SELECT max(finished) FROM tasks WHERE {_TIME_OK.format('finished')})").fetchone()
+        malformed = tuple(_malformed_rows(db))
         since = driver.since
         settled_now = db.execute(
             "SELECT count(*) FROM tasks WHERE session=? AND state IN (?,?,?,?)",
@@ -202,7 +210,7 @@ class RunStatus:
             left = total - sum(counts[s] for s in _STATES if s.terminal)
             eta = max(0.0, left / rate)
         return cls(path, meta.get("identity"), driver, pipelines, counts, interrupted, total,
-                   failures, first, last, rate, eta, sessions)
+                   failures, first, last, rate, eta, sessions, malformed)
 
     # -- reading ----------------------------------------------------------------------
     @property
@@ -229,6 +237,7 @@ class RunStatus:
                  "total": s.total, "pending": s.pending, "interrupted": s.interrupted}
                 for s in p.stages]} for p in self.pipelines],
             "failures": [dataclasses.asdict(f) for f in self.failures],
+            "malformed": list(self.malformed),
         }
 
     def table(self, max_failures: int = 20) -> str:
@@ -264,6 +273,7 @@ class RunStatus:
         more = self.counts[TaskState.FAILED] - min(len(self.failures), max_failures)
         if more > 0:
             lines.append(f"... and {more} more failures")
+        lines += [f"MALFORMED {m}" for m in self.malformed]
         return printable("\n".join(lines))
 
     def _driver_line(self) -> str:
@@ -283,6 +293,30 @@ class RunStatus:
                     f"{c[TaskState.SKIPPED]} skipped, {c[TaskState.CANCELED]} canceled")
         return f"run {self.journal}: stopped with work left; finish with: shoal run <workflow> " \
                f"--journal {self.journal} --resume"
+
+
+_TIME_OK = "({0} IS NULL OR (typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e13))"
+MALFORMED_SHOWN = 20
+
+
+def _malformed_rows(db):
+    """Words for each task row (up to MALFORMED_SHOWN) whose times are not finite seconds."""
+    rows = db.execute(
+        f"SELECT uid, started, finished FROM tasks WHERE NOT ({_TIME_OK.format('started')} AND "
+        f"{_TIME_OK.format('finished')}) ORDER BY rowid LIMIT ?", (MALFORMED_SHOWN + 1,)).fetchall()
+    for i, (uid, started, finished) in enumerate(rows):
+        if i == MALFORMED_SHOWN:
+            yield "... and more rows like these"
+            return
+        bad = [f"{name}={value!r}" for name, value in (("started", started), ("finished", finished))
+               if not _is_time(value)]
+        yield (f"task {printable(str(uid))[:200]!r}: {', '.join(bad)} is not a time "
+               "(seconds since 1970); left out of elapsed, rate and ETA")
+
+
+def _is_time(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value) and abs(value) < 1e13)
 
 
 def _driver(meta: dict, sessions: int) -> Driver:

@@ -52,9 +52,18 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
+from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
+
+PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
+
+
+def _threads(task: Task) -> int:
+    """OMP_NUM_THREADS of a task: its cores, or an MPI task's cores per rank."""
+    return task.cores_per_rank if task.mpi else task.cores
 
 
 class LaunchError(Exception):
@@ -311,12 +320,21 @@ class Launcher:
         return found
 
     def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
-              stdin: str | None, quick_s: float = 0.0) -> int | tuple[int, int]:
+              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int]:
         """Start ``task``: its pid, or (pid, exit code) when it exited within ``quick_s`` and was
         reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
-        left running)."""
+        left running).  ``ranks``: (RankLauncher, RankPlacement) of an MPI task (mpi.py): the
+        launcher's command starts every rank through rank_exec.py; pre/post_exec run once,
+        around the launch."""
         exe = self._executable(task.executable)
-        argv = command(exe, arguments, task.pre_exec, task.post_exec)
+        extra: dict[str, str] = {}
+        if ranks is not None and ranks[0].kind is not LauncherKind.NONE:
+            rank_launcher, placement = ranks
+            full = rank_launcher.argv(placement, [sys.executable, "-S", RANK_EXEC, exe, *arguments])
+            argv = command(full[0], full[1:], task.pre_exec, task.post_exec)
+            extra = placement.env(sandbox)
+        else:
+            argv = command(exe, arguments, task.pre_exec, task.post_exec)
         if "\0" in "".join(argv) or (task.environment and "\0" in "".join(map(str, _flat(task.environment)))):
             raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
@@ -324,10 +342,11 @@ class Launcher:
         out, err = sandbox + "/stdout", sandbox + "/stderr"  # sandbox_of: absolute, no trailing "/"
         try:
             if self._spawner is not None:
-                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus),
+                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
                                                   sandbox, stdin, out, err, int(quick_s * 1000))
                 return pid if status is None else (pid, os.waitstatus_to_exitcode(status))
-            env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
+            env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
+            env.update(extra)
             if self.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             return self._spawn_popen(argv, env, sandbox, stdin, out, err)
@@ -336,23 +355,23 @@ class Launcher:
                 find_executable(task.executable, self.cwd, None)  # LaunchError: missing, not executable
             raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
 
-    def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:
+    def _envp(self, task: Task, sandbox: str, uid: str, gpus, extra=None) -> list[bytes]:
         """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once,
         and the part that does not change per task is built once per (cores, environment, gpus)."""
-        key = (task.cores, tuple((k, str(v)) for k, v in task.environment.items()) if task.environment else (),
+        key = (_threads(task), tuple((k, str(v)) for k, v in task.environment.items()) if task.environment else (),
                tuple(gpus) if self.gpus else ())
         fixed = self._envp_cache.get(key)
         if fixed is None:
-            over = {"OMP_NUM_THREADS": str(task.cores)}
+            over = {"OMP_NUM_THREADS": str(_threads(task))}
             over.update({k: str(v) for k, v in task.environment.items()})
             if self.gpus:
                 over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            per_task = ("SHOAL_SANDBOX", "SHOAL_TASK")
+            per_task = PER_TASK_VARS
             fixed = [e for k, e in self._base_envp.items() if k not in over and k not in per_task] + envp(
                 {k: v for k, v in over.items() if k not in per_task})
             if len(self._envp_cache) < 256:  # bounded: environments may differ per task
                 self._envp_cache[key] = fixed
-        return fixed + envp({"SHOAL_SANDBOX": sandbox, "SHOAL_TASK": uid})
+        return fixed + envp({"SHOAL_SANDBOX": sandbox, "SHOAL_TASK": uid, **(extra or {})})
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC

@@ -28,16 +28,17 @@ def main() -> int:
                    "cpus": sorted(os.sched_getaffinity(0)), "sum": total,
                    "omp": os.environ.get("OMP_NUM_THREADS"), "pid": os.getpid()}, f)
     fail = a.fail_rank is not None and rank == a.fail_rank
-    if fail and a.fail_once:
-        fail = not os.path.exists(a.fail_once)
+    if a.fail_once:  # every rank looks before any creates the file
+        fail = fail and not os.path.exists(a.fail_once)
         comm.Barrier()
-        if fail:
-            open(a.fail_once, "w").close()
     if fail:
+        if a.fail_once:
+            open(a.fail_once, "w").close()
         sys.stderr.write(f"rank {rank}: failing on purpose with code {a.code}\n")
         sys.stderr.flush()
         sys.exit(a.code)
-    comm.Barrier() if a.fail_rank is None else None
+    if a.fail_rank is None:
+        comm.Barrier()
     return 0
 
 

@@ -194,3 +194,22 @@ def test_mpi_probe_runs_under_mpirun_directly(tmp_path):
                            str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, textwrap.shorten(done.stderr, 2000)
     assert [r["sum"] for r in ranks_of(out)] == [3, 3]
+
+
+def test_a_yaml_mpi_task_through_shoal_run_with_launcher(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "wf.yaml").write_text(textwrap.dedent(f"""\
+        pipelines:
+          - stages:
+              - tasks:
+                  - name: mpi
+                    executable: {sys.executable}
+                    arguments: [{PROBE}, {out}]
+                    ranks: 2
+                    cores_per_rank: 1
+        """))
+    done = subprocess.run([sys.executable, "-m", "shoal", "run", "wf.yaml", "--launcher", "mpirun"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["sum"] for r in ranks_of(out)] == [3, 3]

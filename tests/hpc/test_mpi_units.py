@@ -52,8 +52,11 @@ def test_command_lines_of_the_launchers():
     srun = mpi.Srun("/usr/bin/srun").argv(p, ["prog", "x"])
     assert srun[0] == "/usr/bin/srun" and srun[-2:] == ["prog", "x"]
     for flag in ("--ntasks=4", "--cpus-per-task=2", "--nodes=2", "--nodelist=h1,h2", "--overlap",
-                 "--kill-on-bad-exit=1"):
+                 "--kill-on-bad-exit=1", "--mpi=pmix"):
         assert flag in srun
+    # the user's SLURM_MPI_TYPE (srun's own variable) stands: no --mpi flag then
+    mine = mpi.choose(env={"SLURM_JOB_ID": "1", "SLURM_MPI_TYPE": "pmi2"}, which=which_of("srun"))
+    assert not [a for a in mine.argv(p, ["prog"]) if a.startswith("--mpi")]
     run_ = mpi.Mpirun("/usr/bin/mpirun").argv(p, ["prog", "x"])
     i = run_.index("--host")
     assert run_[i + 1] == "h1:2,h2:2" and run_[run_.index("-np") + 1] == "4"

@@ -8,10 +8,13 @@ engine asks the run's one ``RankLauncher`` for the command line::
     placement = RankPlacement(ranks=R, cores_per_rank=C, hosts=((host, cpus),))
     argv      = launcher.argv(placement, [python, rank_exec.py, exe, *arguments])
 
-* ``srun``   (inside a SLURM allocation): ``srun --ntasks=R --cpus-per-task=C --nodes=1
-  --nodelist=HOST --overlap --kill-on-bad-exit=1 ...`` — the step runs on the node shoal
-  placed it on; ``--overlap`` because shoal, not SLURM, keeps the cores apart (SLURM's step
-  allocator would otherwise block the step behind the CPUs the pilot already holds);
+* ``srun``   (inside a SLURM allocation): ``srun --mpi=pmix --ntasks=R --cpus-per-task=C
+  --nodes=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 ...`` — the step runs on the node
+  shoal placed it on; ``--overlap`` because shoal, not SLURM, keeps the cores apart (SLURM's
+  step allocator would otherwise block the step behind the CPUs the pilot already holds);
+  ``--mpi=pmix`` because sites (and Debian's SLURM) often leave ``MpiDefault=none``, under
+  which Open MPI 4's ranks cannot find each other ("install PMI-2 ..."), unless the user set
+  ``SLURM_MPI_TYPE`` (srun's own variable: then srun's choice stands);
 * ``mpirun`` (Open MPI, elsewhere): ``mpirun -np R --host HOST:R --bind-to none ...``
   (``--allow-run-as-root`` when run as root, as Open MPI refuses root otherwise);
 * ``none``: the executable is started once, as before MPI tasks existed, with all ``R * C``
@@ -106,12 +109,16 @@ class RankLauncher(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Srun:
+    """``mpi``: srun's ``--mpi=`` plugin; None leaves it to SLURM_MPI_TYPE / the site's MpiDefault."""
+
     program: str = "srun"
+    mpi: str | None = "pmix"
     kind: LauncherKind = LauncherKind.SRUN
 
     def argv(self, placement: RankPlacement, command: Sequence[str]) -> list[str]:
         hosts = placement.ranks_per_host()
-        return [self.program, f"--ntasks={placement.ranks}",
+        plugin = [f"--mpi={self.mpi}"] if self.mpi else []
+        return [self.program, *plugin, f"--ntasks={placement.ranks}",
                 f"--cpus-per-task={placement.cores_per_rank}", f"--nodes={len(hosts)}",
                 "--nodelist=" + ",".join(h for h, _ in hosts),
                 "--distribution=block", "--overlap", "--kill-on-bad-exit=1", "--export=ALL",
@@ -175,8 +182,8 @@ def choose(kind=None, *, env: Mapping[str, str] | None = None,
         return NoLauncher()
     if kind in (None, LauncherKind.SRUN) and (kind is LauncherKind.SRUN or env.get("SLURM_JOB_ID")):
         srun = which("srun")
-        if srun:
-            return Srun(srun)
+        if srun:  # PMIx unless the user chose srun's plugin (SLURM_MPI_TYPE): see the module doc
+            return Srun(srun, mpi=None if env.get("SLURM_MPI_TYPE") else "pmix")
         if kind is LauncherKind.SRUN:
             return NotFound("launcher='srun' but srun is not on PATH")
     mpirun = which("mpirun")

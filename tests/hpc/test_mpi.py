@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -213,3 +214,22 @@ def test_a_yaml_mpi_task_through_shoal_run_with_launcher(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["sum"] for r in ranks_of(out)] == [3, 3]
+
+
+def test_an_mpi_task_killed_at_its_timeout_leaves_no_rank_running(tmp_path):
+    """mpirun's ranks run in process groups of their own: killing the launcher's group alone
+    left both ranks of a timed-out task sleeping (this test failed so before Launcher.kill sent
+    mpirun SIGTERM and then killed what was left of the task's session)."""
+    mark = f"shoal-mpi-timeout-{os.getpid()}"
+    t = Task(executable=sys.executable, arguments=["-c", f"import time; time.sleep(120)  # {mark}"],
+             ranks=2, name="slow", timeout=3)
+    report = run([Pipeline([Stage([t])])], journal=str(tmp_path / "j.db"), launcher="mpirun", cores=2)
+    (failure,) = report.failures
+    assert failure["reason"].startswith("killed after timeout=3")
+    deadline = time.monotonic() + 15  # the launcher's grace (3 s) and the kill, under load
+    while True:
+        left = subprocess.run(["pgrep", "-f", mark], capture_output=True, text=True).stdout.split()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left, f"ranks still running after the task was killed: {left}"

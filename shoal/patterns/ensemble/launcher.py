@@ -46,6 +46,7 @@ Failure there, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -53,11 +54,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
 from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
 
+MPI_KILL_GRACE_S = 3.0  # an MPI launcher's time to stop its ranks after SIGTERM (Launcher.kill)
 PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
 
 
@@ -283,6 +286,7 @@ class Launcher:
         self._spawner = Spawner.load(self._null)  # the C vfork helper; None: subprocess.Popen
         self._base_envp = {k: os.fsencode(k) + b"=" + os.fsencode(v) for k, v in self.base_env.items()}
         self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
+        self._rank_launchers: dict[int, str] = {}  # pid of an MPI task's launcher -> task uid
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
@@ -344,12 +348,17 @@ class Launcher:
             if self._spawner is not None:
                 pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
                                                   sandbox, stdin, out, err, int(quick_s * 1000))
-                return pid if status is None else (pid, os.waitstatus_to_exitcode(status))
-            env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
-            env.update(extra)
-            if self.gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            return self._spawn_popen(argv, env, sandbox, stdin, out, err)
+                if status is not None:
+                    return pid, os.waitstatus_to_exitcode(status)
+            else:
+                env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
+                env.update(extra)
+                if self.gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+                pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
+            if extra:
+                self._rank_launchers[pid] = uid  # kill() stops it the MPI way
+            return pid
         except OSError as exc:
             if "/" in task.executable:
                 find_executable(task.executable, self.cwd, None)  # LaunchError: missing, not executable
@@ -403,6 +412,7 @@ class Launcher:
         """Block until ``pid`` (a child this launcher spawned) exits and reap it: its exit status
         (negative: killed by that signal).  Called by the runner thread that spawned it."""
         proc = self._procs.pop(pid, None)
+        self._rank_launchers.pop(pid, None)
         try:
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
@@ -412,10 +422,25 @@ class Launcher:
             proc.returncode = code  # no "still running" warning when the Popen is collected
         return code
 
-    @staticmethod
-    def kill(pid: int) -> None:
-        """SIGKILL the task's whole process group (it may have started children)."""
-        kill_group(pid)
+    def kill(self, pid: int) -> None:
+        """SIGKILL the task's whole process group (it may have started children).
+
+        An MPI task's launcher gets SIGTERM instead (mpirun and srun pass it on to every rank
+        and clean up after them), and ``MPI_KILL_GRACE_S`` later its group and every process
+        still in its session that carries the task's SHOAL_TASK get SIGKILL: mpirun's ranks
+        run in process groups of their own, so a group kill alone left them running (seen:
+        a 2-rank task killed at its timeout left both ranks sleeping)."""
+        uid = self._rank_launchers.get(pid)
+        if uid is None:
+            kill_group(pid)
+            return
+        for target in (lambda: os.killpg(pid, signal.SIGTERM), lambda: os.kill(pid, signal.SIGTERM)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                target()
+                break
+        timer = threading.Timer(MPI_KILL_GRACE_S, kill_session, (pid, uid))
+        timer.daemon = True
+        timer.start()
 
 
 def process_start(pid: int) -> float:
@@ -466,6 +491,26 @@ def kill_leftover(pid, start, uid: str, sandbox: str | None) -> bool:
 def check_root(root: str) -> None:
     if os.path.exists(root) and not os.path.isdir(root):
         raise EnsembleError(f"sandbox root {root} exists and is not a directory; pass another sandbox=")
+
+
+def kill_session(sid: int, uid: str) -> None:
+    """SIGKILL the group led by ``sid`` and every process of session ``sid`` whose environment
+    says it belongs to task ``uid`` (the session alone could be a newcomer's reusing the number)."""
+    kill_group(sid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) != sid:  # after ") ": state, ppid, pgrp, session
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"SHOAL_TASK={uid}".encode() not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue
 
 
 def kill_group(pid: int) -> None:

@@ -67,7 +67,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
-        values: str = "data", resource=None, shared_data=()) -> Report:
+        values: str = "data", resource=None, shared_data=(), launcher=None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -93,6 +93,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     data, numpy arrays; reading never runs code) or ``"pickle"`` (any value;
     reading a journal then runs code its author chose: trusted journals only).
     Ctrl-C / SIGTERM drain like the walltime (the report says so; resume to finish).
+
+    ``launcher``: how MPI tasks (``Task(ranks=R, cores_per_rank=C)``) start their ranks —
+    ``"srun"``, ``"mpirun"`` (Open MPI) or ``"none"`` (the executable once, with all R x C
+    cores); default: srun inside a SLURM job, else mpirun when on PATH (mpi.py, docs/hpc.md).
 
     On a dask pilot (``pilot.backend is BackendKind.DASK``) executables run on
     the cluster's nodes as pilot tasks, ``cores`` is a number of slots
@@ -128,12 +132,13 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        gpus=gpus, memory=memory, walltime=min(budget) if budget else None,
                        sandbox=sandbox, window=window, durability=durability,
                        progress=progress, patience=patience, new=new,
-                       retry_failed=retry_failed, values=values, shared_data=shared_data)
+                       retry_failed=retry_failed, values=values, shared_data=shared_data,
+                       launcher=launcher)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
                     patience=patience, new=new, retry_failed=retry_failed, values=values,
-                    shared_data=shared_data)
+                    shared_data=shared_data, launcher=launcher)
     return engine.run()
 
 

@@ -118,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
                          walltime=walltime, sandbox=args.sandbox, progress=progress,
                          resource=resource,
                          new=args.new, retry_failed=args.retry_failed,
-                         values="pickle" if args.pickle_values else "data")
+                         values="pickle" if args.pickle_values else "data",
+                         launcher=args.launcher)
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
             progress.end()
             print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",
@@ -155,6 +156,9 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpus", type=_count, default=0, help="GPUs to hand out via CUDA_VISIBLE_DEVICES")
     parser.add_argument("--walltime", default=None, help="e.g. 90s, 30m, 2h, 1:30:00")
     parser.add_argument("--sandbox", default=None, help="task directories root (default <journal>.sandbox)")
+    parser.add_argument("--launcher", choices=["srun", "mpirun", "none"], default=None,
+                        help="how MPI tasks (ranks=) start their ranks (default: srun inside a "
+                             "SLURM job, else mpirun; docs/hpc.md)")
     parser.add_argument("--pickle-values", action="store_true",
                         help="store function results with pickle (any type); reading such a journal runs "
                              "code its author chose: only for journals you trust")

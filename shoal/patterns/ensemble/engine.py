@@ -82,6 +82,7 @@ from collections.abc import Callable
 
 import shoal
 
+from . import mpi
 from .functions import ship_code, with_cpus
 from .identity import count_tasks, diff_plans, diff_specs, listed_keys, plan_of, spec_text
 from .journal import Journal
@@ -128,7 +129,8 @@ class Engine:
                  walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
-                 new: bool = False, retry_failed: bool = False, values="data", shared_data=()):
+                 new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
+                 launcher=None):
         if retry_failed and not resume:
             raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
                                 "journaled run: it needs resume=True (--resume)")
@@ -173,6 +175,8 @@ class Engine:
         root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
         self.launcher = Launcher(root, gpus=gpus)
+        self.launcher_kind = mpi.parse_kind(launcher)
+        self._rank_launcher = None  # chosen on the first MPI task (mpi.choose), then kept
         self.runners: Runners | None = None  # started with the first local executable
         self.starting: dict[int, Item] = {}  # id(item) -> handed to a runner, no SPAWNED yet
         self.progress = progress_callback(progress)
@@ -381,9 +385,17 @@ class Engine:
         # on dask, GPUs are dask worker resources (remote.dask_resources), not the driver's;
         # queueable: a 1-core local executable may wait behind another on its CPU's runner
         memory = task.memory_bytes
-        queueable = (not self.remote and task.cores == 1 and not task.gpus and not memory
-                     and task.function is None)
-        return Request(key, task.cores, 0 if self.remote else task.gpus, memory, queueable)
+        cores = task.reserved_cores
+        queueable = (not self.remote and cores == 1 and not task.gpus and not memory
+                     and task.function is None and not task.mpi)
+        return Request(key, cores, 0 if self.remote else task.gpus, memory, queueable)
+
+    @property
+    def rank_launcher(self):
+        """How this run starts MPI tasks' ranks: chosen once (mpi.choose), on first use."""
+        if self._rank_launcher is None:
+            self._rank_launcher = mpi.choose(self.launcher_kind)
+        return self._rank_launcher
 
     def _may_queue(self) -> bool:
         """Hand each CPU's runner its next task before the current one ends (Scheduler: queueing
@@ -400,7 +412,15 @@ class Engine:
 
     def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
+        if task.mpi and self.remote:
+            return ("is an MPI task (ranks=): MPI tasks run on a local pilot, also inside a "
+                    "SLURM allocation (srun); a dask pilot does not start ranks")
+        if task.mpi and isinstance(self.rank_launcher, mpi.NotFound):
+            return f"is an MPI task (ranks={task.ranks}) but {self.rank_launcher.why}"
         why = self.sched.impossible(self._request(task, 0))
+        if why and task.mpi:
+            return (f"{why} ({task.ranks} ranks x {task.cores_per_rank} cores per rank; "
+                    f"the largest node has {len(self.sched.cpus)} cores)")
         if why and self.remote:
             if task.cores > len(self.sched.cpus):
                 return (f"asks for {task.cores} cores but the dask pilot has "
@@ -497,6 +517,8 @@ class Engine:
         by its ``timeout``, an upper bound and not an estimate), else 0 (start it)."""
         if task.estimate:
             return task.estimate
+        if task.mpi and task.timeout:  # an MPI task is never started unless its timeout fits
+            return task.timeout
         total, n = self.durations
         mean = total / n if n else 0.0
         return min(mean, task.timeout) if task.timeout else mean
@@ -537,7 +559,11 @@ class Engine:
         stdin = self._resolve(t.stdin) if t.stdin else None
         if stdin is not None and not os.path.isabs(stdin):
             stdin = os.path.join(item.sandbox, stdin)
-        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin, QUICK_S)
+        ranks = None
+        if t.mpi:
+            ranks = (self.rank_launcher, mpi.local_placement(t.ranks, t.cores_per_rank, item.grant.cpus))
+        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin, QUICK_S,
+                                   ranks=ranks)
 
     def _take_events(self, ended: list, *, stopping: bool = False) -> None:
         """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when
@@ -767,8 +793,10 @@ class Engine:
         timed_out = item.future is False
         sandbox = item.sandbox
         if timed_out or code != 0:
-            return item, exit_failure(item.task.timeout, code, timed_out,
-                                      tail(os.path.join(sandbox, item.task.stderr_file)), item.attempt), None
+            err = tail(os.path.join(sandbox, item.task.stderr_file))
+            if item.task.mpi and self.rank_launcher.kind is not mpi.LauncherKind.NONE:
+                err = mpi.rank_tails(sandbox, item.task.ranks, err)
+            return item, exit_failure(item.task.timeout, code, timed_out, err, item.attempt), None
         try:
             outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
             if item.task.stage_out:

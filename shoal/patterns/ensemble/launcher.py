@@ -46,15 +46,27 @@ Failure there, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
+from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
+
+MPI_KILL_GRACE_S = 3.0  # an MPI launcher's time to stop its ranks after SIGTERM (Launcher.kill)
+PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
+
+
+def _threads(task: Task) -> int:
+    """OMP_NUM_THREADS of a task: its cores, or an MPI task's cores per rank."""
+    return task.cores_per_rank if task.mpi else task.cores
 
 
 class LaunchError(Exception):
@@ -303,6 +315,7 @@ class Launcher:
         self._envp_cache: dict[tuple, list[bytes]] = {}  # see _envp; dict ops are atomic under the GIL
         self.shared = os.path.join(self.root, "~shared")  # EnTK's $SHARED ('~' is in no key: name_key)
         self._shared_sandboxes: dict[str, str] = {}  # uid -> EnTK's t.sandbox, absolute
+        self._rank_launchers: dict[int, str] = {}  # pid of an MPI task's launcher -> task uid
 
     # -- paths ------------------------------------------------------------------------
     def sandbox_of(self, uid: str) -> str:
@@ -348,12 +361,21 @@ class Launcher:
         return found
 
     def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
-              stdin: str | None, quick_s: float = 0.0) -> int | tuple[int, int]:
+              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int]:
         """Start ``task``: its pid, or (pid, exit code) when it exited within ``quick_s`` and was
         reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
-        left running)."""
+        left running).  ``ranks``: (RankLauncher, RankPlacement) of an MPI task (mpi.py): the
+        launcher's command starts every rank through rank_exec.py; pre/post_exec run once,
+        around the launch."""
         exe = self._executable(task.executable)
-        argv = command(exe, arguments, task.pre_exec, task.post_exec, task._shell, self.shared)
+        extra: dict[str, str] = {}
+        if ranks is not None and ranks[0].kind is not LauncherKind.NONE:
+            rank_launcher, placement = ranks
+            full = rank_launcher.argv(placement, [sys.executable, "-S", RANK_EXEC, exe, *arguments])
+            argv = command(full[0], full[1:], task.pre_exec, task.post_exec, task._shell, self.shared)
+            extra = placement.env(sandbox)
+        else:
+            argv = command(exe, arguments, task.pre_exec, task.post_exec, task._shell, self.shared)
         if "\0" in "".join(argv) or (task.environment and "\0" in "".join(map(str, _flat(task.environment)))):
             raise LaunchError(FailureKind.SPAWN, _nul_culprit(argv, task.environment))
         if stdin is not None and not os.path.isfile(stdin):
@@ -361,35 +383,41 @@ class Launcher:
         out, err = sandbox + "/" + task.stdout_file, sandbox + "/" + task.stderr_file  # sandbox_of: absolute
         try:
             if self._spawner is not None:
-                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus),
+                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
                                                   sandbox, stdin, out, err, int(quick_s * 1000))
-                return pid if status is None else (pid, os.waitstatus_to_exitcode(status))
-            env = task_env(self.base_env, task.cores, task.environment, sandbox, uid)
-            if self.gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            return self._spawn_popen(argv, env, sandbox, stdin, out, err)
+                if status is not None:
+                    return pid, os.waitstatus_to_exitcode(status)
+            else:
+                env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
+                env.update(extra)
+                if self.gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+                pid = self._spawn_popen(argv, env, sandbox, stdin, out, err)
+            if extra:
+                self._rank_launchers[pid] = uid  # kill() stops it the MPI way
+            return pid
         except OSError as exc:
             if "/" in task.executable:
                 find_executable(task.executable, self.cwd, None)  # LaunchError: missing, not executable
             raise LaunchError(FailureKind.SPAWN, f"cannot start {task.executable!r}: {exc}") from None
 
-    def _envp(self, task: Task, sandbox: str, uid: str, gpus) -> list[bytes]:
+    def _envp(self, task: Task, sandbox: str, uid: str, gpus, extra=None) -> list[bytes]:
         """``task_env`` (+ CUDA_VISIBLE_DEVICES) as execve entries; the inherited part is encoded once,
         and the part that does not change per task is built once per (cores, environment, gpus)."""
-        key = (task.cores, tuple((k, str(v)) for k, v in task.environment.items()) if task.environment else (),
+        key = (_threads(task), tuple((k, str(v)) for k, v in task.environment.items()) if task.environment else (),
                tuple(gpus) if self.gpus else ())
         fixed = self._envp_cache.get(key)
         if fixed is None:
-            over = {"OMP_NUM_THREADS": str(task.cores)}
+            over = {"OMP_NUM_THREADS": str(_threads(task))}
             over.update({k: str(v) for k, v in task.environment.items()})
             if self.gpus:
                 over["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            per_task = ("SHOAL_SANDBOX", "SHOAL_TASK")
+            per_task = PER_TASK_VARS
             fixed = [e for k, e in self._base_envp.items() if k not in over and k not in per_task] + envp(
                 {k: v for k, v in over.items() if k not in per_task})
             if len(self._envp_cache) < 256:  # bounded: environments may differ per task
                 self._envp_cache[key] = fixed
-        return fixed + envp({"SHOAL_SANDBOX": sandbox, "SHOAL_TASK": uid})
+        return fixed + envp({"SHOAL_SANDBOX": sandbox, "SHOAL_TASK": uid, **(extra or {})})
 
     def _spawn_popen(self, argv, env, sandbox, stdin, out, err) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
@@ -421,6 +449,7 @@ class Launcher:
         """Block until ``pid`` (a child this launcher spawned) exits and reap it: its exit status
         (negative: killed by that signal).  Called by the runner thread that spawned it."""
         proc = self._procs.pop(pid, None)
+        self._rank_launchers.pop(pid, None)
         try:
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
@@ -430,10 +459,25 @@ class Launcher:
             proc.returncode = code  # no "still running" warning when the Popen is collected
         return code
 
-    @staticmethod
-    def kill(pid: int) -> None:
-        """SIGKILL the task's whole process group (it may have started children)."""
-        kill_group(pid)
+    def kill(self, pid: int) -> None:
+        """SIGKILL the task's whole process group (it may have started children).
+
+        An MPI task's launcher gets SIGTERM instead (mpirun and srun pass it on to every rank
+        and clean up after them), and ``MPI_KILL_GRACE_S`` later its group and every process
+        still in its session that carries the task's SHOAL_TASK get SIGKILL: mpirun's ranks
+        run in process groups of their own, so a group kill alone left them running (seen:
+        a 2-rank task killed at its timeout left both ranks sleeping)."""
+        uid = self._rank_launchers.get(pid)
+        if uid is None:
+            kill_group(pid)
+            return
+        for target in (lambda: os.killpg(pid, signal.SIGTERM), lambda: os.kill(pid, signal.SIGTERM)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                target()
+                break
+        timer = threading.Timer(MPI_KILL_GRACE_S, kill_session, (pid, uid))
+        timer.daemon = True
+        timer.start()
 
 
 def process_start(pid: int) -> float:
@@ -484,6 +528,26 @@ def kill_leftover(pid, start, uid: str, sandbox: str | None) -> bool:
 def check_root(root: str) -> None:
     if os.path.exists(root) and not os.path.isdir(root):
         raise EnsembleError(f"sandbox root {root} exists and is not a directory; pass another sandbox=")
+
+
+def kill_session(sid: int, uid: str) -> None:
+    """SIGKILL the group led by ``sid`` and every process of session ``sid`` whose environment
+    says it belongs to task ``uid`` (the session alone could be a newcomer's reusing the number)."""
+    kill_group(sid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) != sid:  # after ") ": state, ppid, pgrp, session
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"SHOAL_TASK={uid}".encode() not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue
 
 
 def kill_group(pid: int) -> None:

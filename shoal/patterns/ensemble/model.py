@@ -222,6 +222,8 @@ class Task:
     post_exec: Sequence[str] = ()
     stdin: str | None = None
     cores: int = 1
+    ranks: int | None = None  # an MPI task: this many ranks (mpi.py), cores_per_rank cores each
+    cores_per_rank: int = 1
     gpus: int = 0
     memory: int | str = 0
     timeout: float | None = None
@@ -247,13 +249,20 @@ class Task:
     # -- the RADICAL-EnTK attribute style (entk.py documents the mapping) -------------
     @property
     def cpu_reqs(self) -> dict:
+        if self.ranks is not None:
+            return {"cpu_processes": self.ranks, "cpu_process_type": "MPI",
+                    "cpu_threads": self.cores_per_rank, "cpu_thread_type": None}
         return {"cpu_processes": 1, "cpu_process_type": None, "cpu_threads": self.cores,
                 "cpu_thread_type": None}
 
     @cpu_reqs.setter
     def cpu_reqs(self, reqs) -> None:
         procs, threads = _reqs(self, "cpu_reqs", reqs, "cpu")
-        self.cores = max(1, procs) * max(1, threads)
+        if _is_mpi(reqs):  # EnTK's MPI task: procs ranks of threads cores each
+            self.ranks, self.cores_per_rank, self.cores = max(1, procs), max(1, threads), 1
+        else:
+            self.ranks, self.cores_per_rank = None, 1
+            self.cores = max(1, procs) * max(1, threads)
 
     @property
     def gpu_reqs(self) -> dict:
@@ -292,6 +301,16 @@ class Task:
     @property
     def kind(self) -> TaskKind:
         return TaskKind.FUNCTION if self.function is not None else TaskKind.EXECUTABLE
+
+    @property
+    def mpi(self) -> bool:
+        """An MPI task (``ranks=`` given): its ranks are started by the run's launcher (mpi.py)."""
+        return self.ranks is not None
+
+    @property
+    def reserved_cores(self) -> int:
+        """The cores the task holds while it runs: ``ranks * cores_per_rank`` for an MPI task."""
+        return self.ranks * self.cores_per_rank if self.ranks is not None else self.cores
 
     @property
     def memory_bytes(self) -> int:
@@ -373,6 +392,18 @@ class Task:
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise EnsembleError(f"{who}: {field} must be an integer >= {low}, got {v!r}")
+        if self.ranks is not None or self.cores_per_rank != 1:
+            for field in ("ranks", "cores_per_rank"):
+                v = getattr(self, field)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise EnsembleError(f"{who}: {field} must be an integer >= 1, got {v!r}")
+            if self.function is not None:
+                raise EnsembleError(f"{who}: ranks= applies to executables (the launcher starts "
+                                    "the program on each rank); run an mpi4py script as an "
+                                    "executable task (docs/hpc.md, MPI tasks)")
+            if self.cores != 1:
+                raise EnsembleError(f"{who}: an MPI task's cores are ranks x cores_per_rank; give "
+                                    f"cores_per_rank= instead of cores={self.cores!r}")
         for field in ("timeout", "estimate"):
             v = getattr(self, field)
             if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
@@ -538,7 +569,8 @@ ENTK_TASK_UNSUPPORTED = {
     "mem_per_process": "use memory= (bytes or '2G') for the whole task",
     "move_output_data": "use download_output_data / copy_output_data (copies), or stage_out",
     "tag": "placement tags are not supported; use after= for ordering",
-    "executor": "shoal runs executables without an MPI launcher; put srun/mpirun in executable/arguments",
+    "executor": "the MPI launcher is chosen per run: run(launcher='srun'|'mpirun'|'none') "
+                "(shoal run --launcher); ask for ranks with cpu_reqs' cpu_process_type='MPI'",
 }
 
 
@@ -619,11 +651,18 @@ def _reqs(task, field: str, reqs, kind: str) -> tuple[int, int]:
             else:
                 threads = value
         elif value is not None and str(value).upper() == "MPI":
-            raise EnsembleError(f"{who}: {key}='MPI': shoal starts the executable once and does not "
-                                "launch MPI ranks; put mpirun/srun in the executable and arguments")
+            if kind == "gpu" or role == "tt":
+                raise EnsembleError(f"{who}: {key}='MPI': the ranks come from cpu_reqs' "
+                                    "cpu_process_type='MPI'; give this one None, 'POSIX', "
+                                    "'OpenMP' or 'CUDA'")
         elif value not in (None, "", "POSIX", "OpenMP", "CUDA"):
             raise EnsembleError(f"{who}: {key}={value!r}: expected None, 'POSIX', 'OpenMP' or 'CUDA'")
     return procs, threads
+
+
+def _is_mpi(reqs) -> bool:
+    return any(_REQ_KEYS["cpu"].get(k) == "pt" and v is not None and str(v).upper() == "MPI"
+               for k, v in reqs.items())
 
 
 def _split_arrow(text: str) -> tuple[str, str | None]:

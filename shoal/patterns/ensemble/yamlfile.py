@@ -59,7 +59,8 @@ TASK_KEYS = {
     "executable": "string", "arguments": "list of strings", "environment": "mapping of strings",
     "pre_exec": "list of strings", "post_exec": "list of strings", "stdin": "string",
     "function": "'module:function'", "args": "list", "kwargs": "mapping",
-    "cores": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
+    "cores": "integer", "ranks": "integer (an MPI task's ranks)",
+    "cores_per_rank": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
     "retries": "integer", "on_retry": "'module:function'", "name": "name", "tags": "mapping",
     "inputs": "list of inputs", "outputs": "list of strings", "after": "list of uids",
     "when": "'module:function'", "replicas": "integer >= 1 (copies; {i} is the copy number)",
@@ -365,7 +366,7 @@ class _Loader:
             kw["kwargs"] = self.plain(*at("kwargs"), dict)
         if "tags" in keys:
             kw["tags"] = self.plain(*at("tags"), dict)
-        for key, low in (("cores", 1), ("gpus", 0), ("retries", 0)):
+        for key, low in (("cores", 1), ("ranks", 1), ("cores_per_rank", 1), ("gpus", 0), ("retries", 0)):
             if key in keys:
                 kw[key] = self.integer(*at(key), low)
         for key in ("timeout", "estimate"):

@@ -116,12 +116,15 @@ def test_a_driver_shared_array_is_refused_on_another_host_naming_both(pilot):
     assert "SharedArray.per_node" in text
 
 
-def test_search_checkpoint_survives_a_killed_driver_across_hosts(no_leftovers, tmp_path):
+def test_search_checkpoint_survives_a_killed_driver_across_hosts(no_leftovers, tmp_path,
+                                                                monkeypatch):
     """A checkpointed N-Queens 12 count whose driver is SIGKILLed mid-search, resumed by a new
     driver on the same test-bed cluster: exact (OEIS A000170).  The checkpoint is on the
-    driver's disk; the search's work was on the three hosts."""
+    driver's disk; the search's work was on the three hosts.  The killed driver's node
+    runtimes go after their ``idle_timeout`` (5 s here), so the hosts end clean."""
     from checkpoint_kill import kill_and_resume
 
+    monkeypatch.setenv("SHOAL_TEST_IDLE_TIMEOUT", "5")
     from shoal.workloads.nqueens import OEIS_A000170
 
     res = kill_and_resume(tmp_path, "queens", 12, no_leftovers.dask)

@@ -210,8 +210,10 @@ class DaskBackend(CancelPaths):
         self.hub.on_started = self._on_started
         self.hub.on_ended = self._on_ended
         self.shared = self.hub  # SharedFactory: cluster cells, per-node arrays, channels
-        self.liveness = LivenessWatch(self.client, silent_after_s)
+        self.liveness = LivenessWatch(self.client, silent_after_s,
+                                      busy=lambda: bool(getattr(self, "_pending", None)))
         self.balancer = Balancer(self)
+        self.liveness.start()
         self.topology = None  # each host has its own; see stats()
         self.closing = False
         self.closed = False
@@ -636,6 +638,7 @@ class DaskBackend(CancelPaths):
             cf.wait(futs)
         self.closed = True
         self.balancer.close()
+        self.liveness.close()
         self.hub.close()
         try:
             if self.client.status == "running":

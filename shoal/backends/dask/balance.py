@@ -125,10 +125,6 @@ class Balancer:
             except Exception:  # pragma: no cover - the cluster is going away
                 pass
             try:
-                self.backend.liveness.watch()  # a silent (cut off) dask worker: lost
-            except Exception:  # pragma: no cover - the cluster is going away
-                pass
-            try:
                 self._settle()
                 self._balance()
             except Exception:  # the cluster is going away; the pilot reports that itself

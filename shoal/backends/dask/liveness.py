@@ -7,7 +7,7 @@ stay open and silent, and dask's scheduler waits for ``distributed.scheduler.wor
 cluster cannot change) before it gives the worker's tasks to others.  Until then every
 future of a task there waits.
 
-So while a dask pilot has tasks in flight, its balancer thread asks the scheduler every
+So while a dask pilot has tasks in flight, a thread of the pilot asks the scheduler every
 ``silent_after_s / 4`` seconds (at least every ``MIN_EVERY_S``) which workers have not
 been heard from (no heartbeat, ``WorkerState.last_seen``) for ``silent_after_s`` seconds
 (``Pilot(backend="dask", silent_after_s=30)``, the default; ``None`` turns it off) and has
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
 import cloudpickle
@@ -71,25 +72,44 @@ async def evict_silent(after_s: float, dask_scheduler=None) -> list[tuple[str, s
 
 
 class LivenessWatch:
-    """The driver's side: ``watch()`` from the balancer's thread while tasks are out; asks
-    the scheduler at most once a ``period``.  ``evicted``: what it removed, with when."""
+    """The driver's side: a thread of its own (the balancer's calls to every node block on a
+    silent one for the TCP timeout, ~30 s, so the check cannot live there) that asks the
+    scheduler once a ``period`` while ``busy()`` says the pilot has tasks out.
+    ``evicted``: what it removed, with when."""
 
-    def __init__(self, client, after_s: float | None):
+    def __init__(self, client, after_s: float | None, busy=None):
         if after_s is not None and (isinstance(after_s, bool) or not isinstance(after_s, (int, float))
                                     or not after_s > 0):
             raise ValueError(f"silent_after_s must be a number of seconds > 0 or None, "
                              f"got {after_s!r}")
-        self.client, self.after_s = client, after_s
+        self.client, self.after_s, self.busy = client, after_s, busy
         self.evicted: list[dict] = []
-        self._asked = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.after_s is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="shoal-dask-liveness",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(period(self.after_s)):
+            if self.busy is not None and not self.busy():
+                continue
+            try:
+                self.watch()
+            except Exception:  # noqa: BLE001 - the cluster is going away; the pilot says so
+                pass
 
     def watch(self) -> None:
-        if self.after_s is None:
-            return
-        now = time.monotonic()
-        if now - self._asked < period(self.after_s):
-            return
-        self._asked = now
+        """Ask the scheduler once (the thread's step)."""
         gone = self.client.run_on_scheduler(evict_silent, self.after_s)
         for addr, name, quiet in gone or ():
             log.warning("dask worker %s (%s) silent for %.1f s (silent_after_s=%s): removed; its "

@@ -168,7 +168,7 @@ def test_exact_answers_with_the_balancer_moving_work(dask_kind, clusters, app):
 
 def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
     with clusters.pilot(dask_kind) as pilot, clusters.client(dask_kind) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(client.scheduler_info()["workers"])[:2]
         cell = shoal.BestCell.for_pilot(pilot, "max")
         assert client.run(st.replica_value, cell, workers=[b])[b] == float("-inf")
         client.run(st.write_worker_slot, cell, 5.0, workers=[a])

@@ -57,12 +57,32 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 
 
 def shoal_workers(pid: int | None = None) -> list[int]:
-    """Pids of shoal worker processes below ``pid`` (default: this process)."""
+    """Pids of shoal worker processes below ``pid`` (default: this process, and then also
+    those on the hosts of a scripts/testbed that is up: their dask workers are not our
+    children)."""
     out = []
     for p in descendants(pid):
         with contextlib.suppress(psutil.Error):
             if "shoal.runtime.worker" in " ".join(p.cmdline()):
                 out.append(p.pid)
+    if pid is None:
+        out.extend(testbed_shoal_workers())
+    return out
+
+
+def testbed_shoal_workers() -> list[int]:
+    """Pids of the shoal workers on the test bed's hosts (none when it is not up)."""
+    from multihost.testbed_helpers import host_pids, read_env_cached
+
+    bed = read_env_cached()
+    if bed is None:
+        return []
+    out = []
+    for host in bed.hosts:
+        for pid in host_pids(host):
+            with contextlib.suppress(psutil.Error):
+                if "shoal.runtime.worker" in " ".join(psutil.Process(pid).cmdline()):
+                    out.append(pid)
     return out
 
 
@@ -125,6 +145,9 @@ def local_cluster(n_workers: int = 2):
 
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]
+# The dask cluster of scripts/testbed (a worker on each of 3 hosts that share neither memory
+# nor /tmp): the conformance suite's column with -m multihost (tests/multihost/README).
+TESTBED = "dask-testbed"
 
 
 class Clusters:
@@ -141,6 +164,11 @@ class Clusters:
 
         if kind == "local":
             return shoal.Pilot(2)
+        if kind == TESTBED:
+            from multihost.testbed_helpers import needs_testbed
+
+            return shoal.Pilot(backend="dask", address=needs_testbed(dask=True, hosts=3).dask,
+                               workers=1)
         if kind not in self.made:
             self.made[kind] = local_cluster(2) if kind == "dask-localcluster" else CliCluster(2)
         cluster = self.made[kind]
@@ -156,6 +184,10 @@ class Clusters:
             return
         import shoal
 
+        if kind == TESTBED:
+            from multihost.testbed_helpers import needs_testbed
+
+            needs_testbed(dask=True, hosts=3)  # skip before any pilot when it is not up
         with self.pilot(kind) as pilot:
             list(pilot.map(abs, range(100)))
             pilot.stats()
@@ -167,6 +199,10 @@ class Clusters:
         """A new distributed.Client to the cluster of ``kind`` (close it)."""
         from distributed import Client
 
+        if kind == TESTBED:
+            from multihost.testbed_helpers import needs_testbed
+
+            return Client(needs_testbed(dask=True, hosts=3).dask, set_as_default=False)
         cluster = self.made[kind]
         return Client(cluster if kind == "dask-localcluster" else cluster.address,
                       set_as_default=False)

@@ -18,6 +18,7 @@ field the page shows (the file may appear later: a run that is starting).
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -77,7 +78,11 @@ class PilotSource:
         if raw.get("closing"):
             return  # the pilot is shutting down: the page keeps the last numbers
         now = time.time()
-        pids = [w.get("pid") for w in raw.get("workers", []) if w.get("pid")]
+        # CPU % from this host's /proc: only for workers on this host (a pid of another
+        # host names nothing here, or another process)
+        here = socket.gethostname()
+        pids = [w.get("pid") for w in raw.get("workers", [])
+                if w.get("pid") and w.get("host", here) in (here, None)]
         rows = self.view.update(raw, now, self._cpu_percent(pids))
         progress = self.board.snapshot(last=240)
         with self._lock:
@@ -89,6 +94,7 @@ class PilotSource:
                 "workers": rows, "totals": workers_view.totals(rows),
                 "driver": raw.get("driver", {}), "nodes": sorted({r["dask_worker"] for r in rows
                                                                  if r.get("dask_worker")}),
+                "hosts": workers_view.hosts_of(rows),
                 "dask_dashboard": raw.get("dashboard_link"), "progress": progress,
                 "interval": self.interval, "closed": False,
             }

@@ -125,7 +125,8 @@ class Workers:
                         - prev.get("messages_in", 0) - prev.get("messages_out", 0))
                 rate = round(msgs / d_up, 1) if d_up > 0 else None
             rows.append({
-                "worker": w.get("worker"), "dask_worker": w.get("dask_worker"), "pid": pid,
+                "worker": w.get("worker"), "dask_worker": w.get("dask_worker"),
+                "host": w.get("host"), "pid": pid,
                 "cpu": w.get("cpu", cur.get("cpu")), "node": w.get("node", cur.get("node")),
                 "state": state.value, "tasks": cur.get("tasks_run", 0),
                 "tasks_total": track.tasks_before + cur.get("tasks_run", 0),
@@ -138,7 +139,18 @@ class Workers:
                 "replaced": track.replaced, "previous_pids": list(track.pids[-5:]),
                 "history": list(track.history),
             })
+        # grouped by host (then dask worker, then shoal worker): a host's workers side by side
+        rows.sort(key=lambda r: (r["host"] or "", r["dask_worker"] or "", r["worker"] or 0))
         return rows
+
+
+def hosts_of(rows: list[dict]) -> dict[str, list[str]]:
+    """``{host: [its dask workers' addresses]}`` of the rows (dask pilots; hosts sorted)."""
+    out: dict[str, set] = {}
+    for r in rows:
+        if r.get("dask_worker"):
+            out.setdefault(r.get("host") or "?", set()).add(r["dask_worker"])
+    return {h: sorted(out[h]) for h in sorted(out)}
 
 
 def totals(rows: list[dict]) -> dict:

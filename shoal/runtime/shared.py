@@ -1,9 +1,13 @@
 """Shared memory that tasks can hold: ``SharedArray`` and ``BestCell``.
 
 ``SharedArray(shape, dtype)`` is a numpy array in an anonymous memfd made by
-the driver.  Its handle pickles to ``(driver pid, fd, shape, dtype)``; a
+the driver.  Its handle pickles to ``(driver pid, fd, shape, dtype, host)``; a
 worker that unpickles it opens ``/proc/<driver pid>/fd/<fd>`` (workers are the
-driver's children, same user) and maps the same pages.  No name ever exists in
+driver's children, same user) and maps the same pages.  A pid and an fd mean
+something only on the host that made them: a handle that reaches a process on
+another host (its hostname differs) refuses with an error naming both hosts,
+instead of opening whatever that pid is there (rejected: trusting the pid, which
+on another machine is another process or none).  No name ever exists in
 /dev/shm, so nothing can leak, even when the driver is SIGKILLed: the pages go
 when the last process holding them does.  Workers write results in place — no
 per-element messages through the driver.
@@ -37,6 +41,7 @@ import math
 import mmap
 import os
 import pickle
+import socket
 import threading
 import uuid
 import weakref
@@ -223,9 +228,16 @@ class SharedArray:
                                        dtype, fill)
 
     @classmethod
-    def _attach(cls, token: str, pid: int, fd: int, shape, dtype) -> SharedArray:
+    def _attach(cls, token: str, pid: int, fd: int, shape, dtype,
+                host: str | None = None) -> SharedArray:
         """Unpickling: map the creator's memfd once per process (cached by token)."""
         import numpy as np
+
+        here = this_host()
+        if host is not None and host != here:
+            # not an error here: unpickling runs inside dask's comms, where an exception
+            # takes the whole dask worker down; the task fails when it touches the array
+            return _Elsewhere(token, pid, fd, shape, dtype, host, here)
 
         cached = _ATTACHED.get(token)
         if cached is not None:
@@ -271,7 +283,7 @@ class SharedArray:
         if self._fd is None:
             raise ValueError("a closed SharedArray cannot be sent to a task")
         pid, fd = self._origin  # the creator's fd, not this process's copy
-        return (_attach, (self._token, pid, fd, self.shape, self.dtype.str))
+        return (_attach, (self._token, pid, fd, self.shape, self.dtype.str, this_host()))
 
     def close(self) -> None:
         """Drop this process's mapping (the array must not be used after)."""
@@ -300,10 +312,50 @@ class SharedArray:
         return f"<shoal.SharedArray shape={self.shape} dtype={self.dtype}>"
 
 
-def _attach(token, pid, fd, shape, dtype) -> SharedArray:
+def _attach(token, pid, fd, shape, dtype, host=None) -> SharedArray:
     # A module-level function, not the classmethod itself: cloudpickle would send a
     # classmethod by value (its qualified name does not lead back to the function).
-    return SharedArray._attach(token, pid, fd, shape, dtype)
+    return SharedArray._attach(token, pid, fd, shape, dtype, host)
+
+
+class _Elsewhere(SharedArray):
+    """A SharedArray handle unpickled on another host than its memory's: any use raises
+    ``OSError`` naming both hosts (``.array``; ``close()`` does nothing).  It pickles back to
+    the original handle, so it still works if it travels home."""
+
+    def __init__(self, token, pid, fd, shape, dtype, home: str, here: str):
+        import numpy as np
+
+        self._token, self._pid, self._origin = token, pid, (pid, fd)
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self._fd, self._home, self._here = None, home, here
+
+    @property
+    def array(self):
+        raise OSError(f"a SharedArray made on host {self._home!r} (process {self._pid}) reached "
+                      f"a task on host {self._here!r}: its memory exists only on "
+                      f"{self._home!r}; give tasks on other hosts SharedArray.per_node(pilot, ...) "
+                      "(one copy per machine), or send the data itself")
+
+    @array.setter
+    def array(self, value):
+        self.array  # noqa: B018 - raises
+
+    def close(self) -> None:
+        return
+
+    def __reduce__(self):
+        pid, fd = self._origin
+        return (_attach, (self._token, pid, fd, self.shape, self.dtype.str, self._home))
+
+    def __repr__(self) -> str:
+        return f"<shoal.SharedArray shape={self.shape} dtype={self.dtype} on host {self._home!r}>"
+
+
+def this_host() -> str:
+    """This process's host name, as handles of host-local memory record it (a pid and an fd
+    name something only there)."""
+    return socket.gethostname()
 
 
 class _OnOneArray:

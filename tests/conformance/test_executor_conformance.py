@@ -48,12 +48,23 @@ import numpy as np
 import pytest
 import rt_tasks as t
 from conftest import check_leaks
-from dask_cluster import BACKENDS, clusters, shoal_workers, wait_until  # noqa: F401 - fixture
+from dask_cluster import (  # noqa: F401 - fixture
+    BACKENDS,
+    TESTBED,
+    clusters,
+    shoal_workers,
+    wait_until,
+)
 
 import shoal
 from shoal.workloads import nqueens
 
-WORKERS = 2  # shoal workers on every backend
+WORKERS = 2  # shoal workers on every backend but the test bed's
+TESTBED_WORKERS = 3  # one dask worker of one shoal worker on each of the test bed's 3 hosts
+
+
+def workers_of(backend: str) -> int:
+    return TESTBED_WORKERS if backend == TESTBED else WORKERS
 DASK = ("dask-localcluster", "dask-cli")
 
 # (test, backend) -> ("skip" | "xfail" | "flaky", reason); "xfail" is strict, "flaky" (a
@@ -89,6 +100,14 @@ def pytest_generate_tests(metafunc):
         if kind == "dask-cli" and name not in CLI_DEFAULT:
             marks.append(pytest.mark.conformance_full)
         params.append(pytest.param(kind, marks=marks, id=kind))
+    # the dask column again with a worker on each of 3 hosts of scripts/testbed (-m multihost)
+    how, why = DIFFERENCES.get((name, TESTBED), (None, None))
+    marks = [pytest.mark.multihost]
+    if how == "skip":
+        marks.append(pytest.mark.skip(reason=f"{TESTBED}: {why}"))
+    elif how in ("xfail", "flaky"):
+        marks.append(pytest.mark.xfail(reason=f"{TESTBED}: {why}", strict=how == "xfail"))
+    params.append(pytest.param(TESTBED, marks=marks, id=TESTBED))
     metafunc.parametrize("backend", params, indirect=True, scope="module")
 
 
@@ -172,8 +191,10 @@ def gate(tmp_path):
     t.release(path)
 
 
-def started_blockers(pilot, gate, tmp_path, n=WORKERS):
-    """``n`` tasks blocked on ``gate``, returned once each has started (a file says so)."""
+def started_blockers(pilot, gate, tmp_path, n=None):
+    """``n`` (default: one per shoal worker) tasks blocked on ``gate``, returned once each
+    has started (a file says so)."""
+    n = pilot.workers if n is None else n
     marks = [str(tmp_path / f"started{i}") for i in range(n)]
     futs = [pilot.submit(t.wait_for, gate, started=m) for m in marks]
     wait_until(lambda: all(os.path.exists(m) for m in marks), 60, "the blocking tasks to start")
@@ -407,7 +428,7 @@ def test_cancel_between_attempts_takes_the_queued_retry(backend, pilot, gate, tm
         if backend == "local":
             pilot = stack.enter_context(shoal.Pilot(1))
         else:
-            started_blockers(pilot, gate, tmp_path, 1)  # the other dask worker busy
+            started_blockers(pilot, gate, tmp_path, pilot.workers - 1)  # the other dask workers busy
         fut = pilot.options(retries=1).submit(t.fail_first, marks, hold, gate, child)
         wait_until(fut.running, 60, "the first attempt to run")
         ahead = pilot.submit(t.wait_for, gate)  # local: the retry queues behind it
@@ -441,7 +462,7 @@ def test_cancel_pending(pilot, gate, tmp_path):
     done, not_done = cf.wait(queued, timeout=0)
     assert done == set(queued) and not not_done
     t.release(gate)
-    assert [b.result(timeout=60) for b in blockers] == [gate] * WORKERS
+    assert [b.result(timeout=60) for b in blockers] == [gate] * len(blockers)
     assert pilot.submit(t.inc, 1).result(timeout=30) == 2  # the queue behind them drained
 
 
@@ -451,7 +472,7 @@ def test_cancelled_task_never_runs(pilot, gate, tmp_path):
     queued = [pilot.submit(t.touch, str(tmp_path / f"q{i}")) for i in range(10)]
     assert all(f.cancel() for f in queued)
     t.release(gate)
-    assert [b.result(timeout=60) for b in blockers] == [gate] * WORKERS
+    assert [b.result(timeout=60) for b in blockers] == [gate] * len(blockers)
     pilot.submit(t.inc, 1).result(timeout=30)  # runs after anything queued before it
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("q")], "a cancelled task ran"
 
@@ -525,14 +546,14 @@ def test_stats_keys(pilot, backend):
     pilot.submit(t.inc, 1).result(30)
     stats = pilot.stats()
     assert stats["backend"] == ("local" if backend == "local" else "dask")
-    assert len(stats["workers"]) == WORKERS
+    assert len(stats["workers"]) == workers_of(backend)
     for w in stats["workers"]:
         for key in ("tasks_run", "spawned", "steal_requests_sent", "stolen_local",
                     "stolen_remote", "idle_s", "messages_in", "messages_out", "pid"):
             assert key in w, key
     assert sum(w["tasks_run"] for w in stats["workers"]) >= 1
     assert "outstanding" in stats["driver"]
-    assert pilot.workers == WORKERS
+    assert pilot.workers == workers_of(backend)
 
 
 def test_current_worker(pilot):
@@ -545,12 +566,17 @@ def test_current_worker(pilot):
 # -- shared objects ---------------------------------------------------------------------
 
 
-def test_shared_objects(pilot):
-    """SharedArray written by spawned children; a BestCell offered to from tasks; a Channel
+def test_shared_objects(pilot, backend):
+    """SharedArray written by spawned children (on the test bed, whose hosts are not the
+    driver's: refused with both host names); a BestCell offered to from tasks; a Channel
     from tasks to the driver."""
     with shoal.SharedArray((64,), "int64") as arr:
-        assert pilot.submit(t.fill_slices, arr, 4).result(60) == 64
-        assert np.array_equal(arr.array, np.arange(64))
+        if backend == TESTBED:
+            with pytest.raises(OSError, match=r"made on host .* reached a task on host 'h\d'"):
+                pilot.submit(t.fill_slices, arr, 4).result(60)
+        else:
+            assert pilot.submit(t.fill_slices, arr, 4).result(60) == 64
+            assert np.array_equal(arr.array, np.arange(64))
     best = shoal.BestCell.for_pilot(pilot, "max")
     try:
         futs = [pilot.submit(t.offer_all, best, [i, i * 3, -i]) for i in range(20)]
@@ -613,7 +639,7 @@ def test_shutdown_nowait(fresh_pilot, gate, tmp_path):
         fresh_pilot.submit(t.inc, 1)
     t.release(gate)
     fresh_pilot.shutdown(wait=True)
-    assert [b.result(0) for b in blockers] == [gate] * WORKERS
+    assert [b.result(0) for b in blockers] == [gate] * len(blockers)
     assert [f.result(0) for f in queued] == list(range(1, 11))
 
 
@@ -625,7 +651,7 @@ def test_shutdown_cancel_futures(fresh_pilot, gate, tmp_path):
     assert all(f.cancelled() for f in queued)
     t.release(gate)
     fresh_pilot.shutdown(wait=True)
-    assert [b.result(0) for b in blockers] == [gate] * WORKERS
+    assert [b.result(0) for b in blockers] == [gate] * len(blockers)
 
 
 def test_exception_in_with_body_cleans_up(backend, clusters, other_workers, gate):  # noqa: F811

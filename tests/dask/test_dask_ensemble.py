@@ -35,7 +35,7 @@ import dask
 import psutil
 import pytest
 import rt_tasks as t
-from dask_cluster import ROOT, CliCluster, local_cluster, shoal_workers, wait_until
+from dask_cluster import ROOT, TESTBED, CliCluster, local_cluster, shoal_workers, wait_until
 
 import shoal
 from shoal.ensemble import EnsembleError, FailureKind, Pipeline, Stage, Task, TaskState, run
@@ -73,12 +73,21 @@ def _pilot(kind, clusters, workers=1):
         if kind not in clusters:
             clusters[kind] = local_cluster(2)
         return shoal.Pilot(backend="dask", cluster=clusters[kind], workers=workers)
+    if kind == TESTBED:
+        from multihost.testbed_helpers import needs_testbed
+
+        return shoal.Pilot(backend="dask", address=needs_testbed(dask=True, hosts=3).dask,
+                           workers=workers)
     if kind not in clusters:
         clusters[kind] = CliCluster(2)
     return shoal.Pilot(backend="dask", address=clusters[kind].address, workers=workers)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+# the dask column again with a worker on each of 3 hosts of scripts/testbed (-m multihost):
+# the sandbox and journal live in tmp_path, on the shared filesystem (--basetemp), and each
+# host's /tmp is its own
+@pytest.fixture(scope="module",
+                params=[*BACKENDS, pytest.param(TESTBED, marks=pytest.mark.multihost)])
 def kind(request, clusters):
     if request.param != "local":  # start the cluster before the per-test leak check snapshots
         _pilot(request.param, clusters).close()
@@ -228,8 +237,10 @@ def test_dask_refuses_gpus_and_cpu_ids(kind, clusters, tmp_path):
         report = run(Pipeline([Stage([Task(executable="/bin/true", gpus=1)])]), pilot=p,
                      journal=str(tmp_path / "c.db"))
         assert not report.ok and "no dask worker of this cluster offers" in str(report.failures)
-        with pytest.raises(EnsembleError, match="asks for 3 cores but the dask pilot has 2 slots"):
-            run(Pipeline([Stage([Task(executable="/bin/true", cores=3)])]), pilot=p,
+        slots = p.workers
+        with pytest.raises(EnsembleError,
+                           match=f"asks for {slots + 1} cores but the dask pilot has {slots} slots"):
+            run(Pipeline([Stage([Task(executable="/bin/true", cores=slots + 1)])]), pilot=p,
                 journal=str(tmp_path / "d.db"))
     wait_until(lambda: not shoal_workers(), 10, "the pilot's shoal workers to exit")
 

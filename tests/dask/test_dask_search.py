@@ -17,6 +17,7 @@ import pytest
 import search_tasks as st
 from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
     BACKENDS,
+    TESTBED,
     clusters,
     local_cluster,
     pilot,
@@ -37,7 +38,9 @@ COORDS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
 pytestmark = pytest.mark.fd_slack(8)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+# the dask column again with a worker on each of 3 hosts of scripts/testbed (-m multihost)
+@pytest.fixture(scope="module",
+                params=[*BACKENDS, pytest.param(TESTBED, marks=pytest.mark.multihost)])
 def kind(request, clusters):
     clusters.warm(request.param)  # before the per-test leak check looks
     return request.param
@@ -112,7 +115,7 @@ def test_find_stops_every_node(dask_kind, clusters):
     """The other machines are deep in subtrees that never end: only the stop broadcast
     (hit on one node -> driver -> every node) lets find() return."""
     with clusters.pilot(dask_kind) as pilot:
-        assert pilot.nodes == 2
+        assert pilot.nodes == (3 if dask_kind == TESTBED else 2)
         got = bt.find(pilot, ("r", 0), st.needle, st.is_needle, stats=True)
         assert got.node == ("g", 6) and got.path == (0,) * 6
         assert got.stats.stop_latency_s is not None
@@ -165,7 +168,7 @@ def test_exact_answers_with_the_balancer_moving_work(dask_kind, clusters, app):
 
 def test_cells_kept_in_step_across_nodes(dask_kind, clusters):
     with clusters.pilot(dask_kind) as pilot, clusters.client(dask_kind) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(client.scheduler_info()["workers"])[:2]
         cell = shoal.BestCell.for_pilot(pilot, "max")
         assert client.run(st.replica_value, cell, workers=[b])[b] == float("-inf")
         client.run(st.write_worker_slot, cell, 5.0, workers=[a])

@@ -75,7 +75,9 @@ def main() -> None:
     address = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
     resumed = os.path.exists(checkpoint)
     pilot = (shoal.Pilot(2) if address is None
-             else shoal.Pilot(backend="dask", address=address, workers=1))
+             else shoal.Pilot(backend="dask", address=address, workers=1,
+                              # a killed driver's node runtimes go after this long idle
+                              idle_timeout=float(os.environ.get("SHOAL_TEST_IDLE_TIMEOUT", 600))))
     with pilot:
         res = run(pilot, app, size, checkpoint)
     res["resumed"] = resumed

@@ -30,7 +30,10 @@ Two levels::
 * Failure: ``retries`` is dask's (any exception, incl. ``WorkerLost`` and
   ``TaskTimeout`` from the node); a dask worker that dies mid-task is re-run
   by dask, and after ``distributed.scheduler.allowed-failures`` deaths the
-  future gets ``WorkerLost``.  A scheduler that vanishes cancels the client's
+  future gets ``WorkerLost`` (naming the last dask worker and its host).  A dask
+  worker not heard from for ``silent_after_s`` (default 30 s; a cut-off host keeps
+  its connections open and silent) is removed through the scheduler, so its tasks
+  re-run elsewhere as for a death (liveness.py).  A scheduler that vanishes cancels the client's
   futures: they get ``BackendUnavailable``; an address that refuses
   connections raises it from the constructor within ``connect_timeout``.
 * Cancel (the stdlib's promise: True only if the call never runs; cancel.py):
@@ -98,6 +101,7 @@ from .cells import CellHub
 from .claims import CANCELLED
 from .errors import gone, unpicklable, unwrap
 from .jobs import JobPolicy, JobWatch
+from .liveness import DEFAULT_SILENT_AFTER_S, LivenessWatch
 from .node import (
     NodeConfig,
     NodePlugin,
@@ -147,7 +151,8 @@ class DaskBackend(CancelPaths):
     def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
                  cluster=None, provider: str | Provider | None = None, seed: int = 0,
                  connect_timeout: float = 10.0, idle_timeout: float = 600.0, jobs: int = 1,
-                 resource_wait_s: float = 60.0, **provider_options):
+                 resource_wait_s: float = 60.0,
+                 silent_after_s: float | None = DEFAULT_SILENT_AFTER_S, **provider_options):
         given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
                                 ("provider", provider)) if v is not None]
         if len(given) != 1:
@@ -159,6 +164,7 @@ class DaskBackend(CancelPaths):
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                     or workers < 1):
             raise ValueError(f"workers must be an int >= 1 or None, got workers={workers!r}")
+        LivenessWatch(None, silent_after_s)  # a bad value fails before anything connects
         from distributed import Client
 
         self.token = uuid.uuid4().hex[:12]
@@ -204,7 +210,10 @@ class DaskBackend(CancelPaths):
         self.hub.on_started = self._on_started
         self.hub.on_ended = self._on_ended
         self.shared = self.hub  # SharedFactory: cluster cells, per-node arrays, channels
+        self.liveness = LivenessWatch(self.client, silent_after_s,
+                                      busy=lambda: bool(getattr(self, "_pending", None)))
         self.balancer = Balancer(self)
+        self.liveness.start()
         self.topology = None  # each host has its own; see stats()
         self.closing = False
         self.closed = False
@@ -590,8 +599,9 @@ class DaskBackend(CancelPaths):
         workers = []
         for addr, st in sorted(nodes.items()):
             if isinstance(st, dict):
+                host = (st.get("node") or {}).get("host")  # pids mean something only there
                 for w in st.get("workers", []):
-                    workers.append({**w, "dask_worker": addr})
+                    workers.append({**w, "dask_worker": addr, "host": host})
         with self._lock:
             driver = {**self.counters, "outstanding": len(self._pending)}
         driver.update(dask_workers=len(nodes), scheduler=self._scheduler_address(),
@@ -628,6 +638,7 @@ class DaskBackend(CancelPaths):
             cf.wait(futs)
         self.closed = True
         self.balancer.close()
+        self.liveness.close()
         self.hub.close()
         try:
             if self.client.status == "running":

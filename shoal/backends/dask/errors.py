@@ -37,7 +37,8 @@ def unwrap(exc: BaseException, tb, key: str) -> BaseException:
 
     if isinstance(exc, KilledWorker):
         err = WorkerLost(f"dask workers died while running task {key}, more often than "
-                         f"distributed.scheduler.allowed-failures allows: {exc}")
+                         f"distributed.scheduler.allowed-failures allows; the last was "
+                         f"{last_worker(exc)}: {exc}")
         err.__cause__ = exc
         return err
     text = exc.__dict__.pop(TB_ATTR, None) if hasattr(exc, "__dict__") else None
@@ -46,6 +47,17 @@ def unwrap(exc: BaseException, tb, key: str) -> BaseException:
     if text:
         exc.__cause__ = RemoteTraceback(text)
     return exc
+
+
+def last_worker(exc) -> str:
+    """``dask worker NAME at ADDRESS (host HOST)`` of a ``KilledWorker``'s last worker (the
+    host is what a user looks for: a dask worker's address is an ip and a port)."""
+    ws = getattr(exc, "last_worker", None)
+    addr = getattr(ws, "address", None) or str(ws)
+    name = getattr(ws, "name", None)
+    host = getattr(ws, "host", None) or addr.rsplit("//", 1)[-1].rsplit(":", 1)[0]
+    named = f"{name!s} " if name is not None and str(name) != addr else ""
+    return f"dask worker {named}at {addr} (host {host})"
 
 
 def gone(key: str, why) -> BackendUnavailable:

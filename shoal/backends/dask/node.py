@@ -46,6 +46,7 @@ would have no worker loop to push to).
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import traceback
@@ -649,7 +650,7 @@ def node_stats(token: str) -> dict | None:
         if node is None:
             return None
         counters = {"dask_tasks": node.tasks, "seceded": node.seceded, "inflight": node.inflight,
-                    "pid": os.getpid()}
+                    "pid": os.getpid(), "host": socket.gethostname()}
     stats = node.backend.stats()
     stats["node"] = counters
     return stats

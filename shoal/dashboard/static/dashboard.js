@@ -71,17 +71,17 @@ function renderWorkers(st) {
   const dask = (p.nodes || []).length > 0;
   let html = (p.error ? `<div class="error-box">${esc(p.error)}</div>` : "") +
     `<div class="cards">${card("backend", esc(p.backend))}${card("workers", p.workers.length)}` +
-    `${card("tasks run", fmt(tot.tasks))}${card("busy (mean)", tot.busy === null || tot.busy === undefined ? "–" : fmt(tot.busy) + "%")}` +
+    `${dask ? card("hosts", Object.keys(p.hosts || {}).length) : ""}${card("tasks run", fmt(tot.tasks))}${card("busy (mean)", tot.busy === null || tot.busy === undefined ? "–" : fmt(tot.busy) + "%")}` +
     `${card("steals local / remote", `<span id="steals-local">${fmt(tot.stolen_local)}</span> / <span id="steals-remote">${fmt(tot.stolen_remote)}</span>`)}` +
     `${card("ring messages/s", fmt(tot.ring_msgs_per_s))}${card("workers replaced", fmt(tot.replaced))}` +
     `${card("outstanding tasks", fmt((p.driver || {}).outstanding))}</div>`;
-  html += `<h2>Workers</h2><table id="workers"><thead><tr>${dask ? '<th class="text">machine (dask worker)</th>' : ""}` +
+  html += `<h2>Workers</h2><table id="workers"><thead><tr>${dask ? '<th class="text">host</th><th class="text">dask worker</th>' : ""}` +
     `<th>worker</th><th>pid</th><th>CPU</th><th>NUMA node</th><th class="text">state</th><th>tasks</th>` +
     `<th>busy %</th><th>CPU %</th><th>queued</th><th>stolen local</th><th>stolen remote</th><th>ring msgs/s</th>` +
     `<th class="text">replaced</th><th class="text">last minute (busy; ▼ steal)</th></tr></thead><tbody>`;
   for (const r of p.workers) {
     html += `<tr class="worker${r.replaced ? " replaced" : ""}" data-worker="${esc(r.worker)}" data-pid="${esc(r.pid)}">` +
-      (dask ? `<td class="text node-addr">${esc(r.dask_worker)}</td>` : "") +
+      (dask ? `<td class="text host">${esc(r.host || "?")}</td><td class="text node-addr">${esc(r.dask_worker)}</td>` : "") +
       `<td class="worker-id">${esc(r.worker)}</td><td class="pid">${esc(r.pid)}</td><td class="cpu">${fmt(r.cpu)}</td>` +
       `<td class="node">${fmt(r.node)}</td><td class="text state state-${esc(r.state)}">${esc(r.state)}</td>` +
       `<td class="tasks">${fmt(r.tasks_total)}</td><td class="busy">${fmt(r.busy)}</td><td>${fmt(r.cpu_percent)}</td>` +

@@ -1,0 +1,66 @@
+"""Tasks for the multi-host tests (module-level: the test bed's dask workers import them by
+name; scripts/testbed puts tests/multihost on their PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+
+from rt_tasks import append_line, wait_for
+
+
+def where(i):
+    """(host, i): which host ran the task."""
+    return socket.gethostname(), i
+
+
+def leave_temp_file(name: str):
+    """Write ``name`` in this host's temp folder; (host, path)."""
+    path = os.path.join(tempfile.gettempdir(), name)
+    with open(path, "w") as f:
+        f.write(socket.gethostname())
+    return socket.gethostname(), path
+
+
+def exists(path: str):
+    """(host, whether ``path`` exists on this host)."""
+    return socket.gethostname(), os.path.exists(path)
+
+
+def remove(path: str) -> None:
+    os.unlink(path)
+
+
+def gated(i, gate: str, marks: str, timeout: float = 240.0):
+    """Append ``start i HOST`` to ``marks``, block until ``gate`` exists, append ``end i HOST``;
+    ``i * i``.  The marks file is on the shared filesystem."""
+    host = socket.gethostname()
+    append_line(marks, f"start {i} {host}")
+    wait_for(gate, timeout)
+    append_line(marks, f"end {i} {host}")
+    return i * i
+
+
+def marks_of(path: str) -> list[tuple[str, int, str]]:
+    """(start|end, i, host) lines of a marks file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [(a, int(b), c) for a, b, c in (line.split() for line in f if line.strip())]
+
+
+def echo(blob: bytes, pause: float = 0.0):
+    """(host, len, blob back): a task whose argument and result cross the link."""
+    if pause:
+        time.sleep(pause)
+    return socket.gethostname(), len(blob), blob
+
+
+def mean_of(arr) -> float:
+    return float(arr.array.mean())
+
+
+def size_diff(a, b):
+    return abs(a - b)

@@ -1,0 +1,220 @@
+"""shoal's workloads on the hosts of scripts/testbed: a dask worker on each of 3 hosts that
+share neither memory, /dev/shm nor /tmp with each other or with this driver (which runs in
+the root namespace, on no test-bed host).
+
+Every test opens its own pilot and checks, after closing it, that no host holds a shoal
+process or a /dev/shm or /tmp entry it did not hold before (``no_leftovers``).
+
+The conformance suite's dask column (tests/conformance), the search skeletons
+(tests/dask/test_dask_search.py) and the ensemble conformance (tests/dask/test_dask_ensemble.py)
+run on this cluster too, as their ``dask-testbed`` parameter (-m multihost).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import sys
+import urllib.request
+
+import mh_tasks as mt
+import numpy as np
+import pytest
+from testbed_helpers import ROOT, testbed, wait_until  # noqa: F401 - fixture
+
+sys.path[:0] = [os.path.join(ROOT, "tests", d) for d in ("dask", "patterns")]
+import search_tasks as st  # noqa: E402
+
+import shoal  # noqa: E402
+from shoal.patterns import all_pairs  # noqa: E402
+from shoal.patterns import backtracking as bt  # noqa: E402
+
+pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check]
+
+
+@pytest.fixture
+def no_leftovers(testbed):  # noqa: F811
+    """The hosts' /dev/shm and /tmp and shoal processes now; after the test: nothing new."""
+    testbed.ensure_up()
+    before = testbed.snapshot()
+    yield testbed
+    testbed.assert_clean(before)
+
+
+@pytest.fixture
+def pilot(no_leftovers):
+    with shoal.Pilot(backend="dask", address=no_leftovers.dask, workers=1) as p:
+        yield p
+
+
+def test_each_host_is_a_machine_of_its_own(pilot, no_leftovers):
+    """Tasks run on all three hosts, none on the driver's; a file a task leaves in its
+    host's temp folder exists there only."""
+    hosts = {h for h, _ in pilot.map(mt.where, range(60))}
+    assert hosts == set(no_leftovers.hosts) and socket.gethostname() not in hosts
+    host, path = pilot.submit(mt.leave_temp_file, f"shoal-mh-{os.getpid()}").result(60)
+    try:
+        assert not os.path.exists(path)  # not in the driver's /tmp
+        seen = {h: no_leftovers.run(h, "test", "-e", path, check=False).returncode == 0
+                for h in no_leftovers.hosts}
+        assert seen == {h: h == host for h in no_leftovers.hosts}
+    finally:
+        no_leftovers.run(host, "rm", "-f", path)
+
+
+def test_spawn_program_with_pilot_cells_and_per_node_arrays(pilot, no_leftovers):
+    """A ``shoal.spawn`` program that carries a ``BestCell.for_pilot`` stop flag and a
+    ``SharedArray.per_node``: the balancer moves its leaves between hosts, each leaf sees the
+    flag the driver raises, and each host's copy of the array counts the leaves it ran."""
+    from distributed import Client
+
+    n = 9
+    flag = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+    rows = shoal.SharedArray.per_node(pilot, (pilot.workers + 1, 1), "int64", fill=0)
+    try:
+        fut = pilot.submit(st.spinners, flag, rows, n)
+        try:
+            wait_until(lambda: pilot.stats()["driver"]["moved"] >= 1, 120,
+                       "the balancer to move a leaf to another host")
+        finally:
+            flag.offer(1.0)
+        assert fut.result(120) == ["stopped"] * n
+        with Client(no_leftovers.dask, set_as_default=False) as client:
+            names = no_leftovers.dask_hosts(client)
+            per_host = {names[a]: v for a, v in client.run(st.node_rows, rows).items()}
+        assert sum(per_host.values()) == n
+        assert sum(1 for v in per_host.values() if v > 0) >= 2, per_host  # leaves ran on 2+ hosts
+    finally:
+        flag.close()
+        rows.close()
+
+
+def test_stop_flag_reaches_every_host(pilot):
+    """``StopFlag.for_pilot`` through ``bt.find``: the needle is deep on one host while the
+    others are in subtrees that never end; only the flag, relayed through the driver to every
+    host, lets ``find`` return."""
+    assert pilot.nodes == 3
+    got = bt.find(pilot, ("r", 0), st.needle, st.is_needle, stats=True)
+    assert got.node == ("g", 6) and got.stats.stop_latency_s is not None
+
+
+def test_a_driver_shared_array_is_refused_on_another_host_naming_both(pilot):
+    """A plain ``SharedArray`` is memory of the driver's host, named by the driver's pid and
+    fd.  Before, a task on another host of this test bed opened /proc/<driver pid>/fd/<fd>
+    (visible here only because the hosts share one kernel) and silently wrote the driver's
+    memory; on real hosts that pid is another process or none.  Now: refused, with both
+    host names in the error."""
+    with shoal.SharedArray((8,), "float64", fill=1.0) as arr:
+        fut = pilot.submit(mt.mean_of, arr)
+        with pytest.raises(Exception) as info:
+            fut.result(60)
+    text = str(info.value) + str(info.value.__cause__ or "")
+    assert socket.gethostname() in text and "made on host" in text, text
+    assert any(f"'{h}'" in text for h in ("h1", "h2", "h3")), text
+    assert "SharedArray.per_node" in text
+
+
+def test_search_checkpoint_survives_a_killed_driver_across_hosts(no_leftovers, tmp_path,
+                                                                monkeypatch):
+    """A checkpointed N-Queens 12 count whose driver is SIGKILLed mid-search, resumed by a new
+    driver on the same test-bed cluster: exact (OEIS A000170).  The checkpoint is on the
+    driver's disk; the search's work was on the three hosts.  The killed driver's node
+    runtimes go after their ``idle_timeout`` (5 s here), so the hosts end clean."""
+    from checkpoint_kill import kill_and_resume
+
+    monkeypatch.setenv("SHOAL_TEST_IDLE_TIMEOUT", "5")
+    from shoal.workloads.nqueens import OEIS_A000170
+
+    res = kill_and_resume(tmp_path, "queens", 12, no_leftovers.dask)
+    assert res["value"] == OEIS_A000170[12]
+
+
+def test_exact_clique_number_across_hosts(pilot):
+    """A DIMACS clique number (brock200_2: 12, published) by branch and bound over 3 hosts."""
+    from shoal.patterns import branch_and_bound as bb
+
+    adj = st.read_dimacs(os.path.join(ROOT, "examples", "data", "dimacs", "brock200_2.clq"))
+    got = bb.maximise(pilot, st.clique_root(adj), functools.partial(st.clique_children, adj),
+                      st.clique_size, st.clique_bound, prune_level=True, stats=True)
+    assert got.value == 12 and st.is_clique(adj, got.node[1])
+
+
+ALL_PAIRS_XFAIL = ("all_pairs keeps its items, counters and result in SharedArrays of the "
+                   "driver (shoal/patterns/all_pairs.py): a tile task on another host is "
+                   "refused ('a SharedArray made on host ... reached a process on host ...'); "
+                   "all_pairs across hosts needs per-host item copies and results sent back")
+
+
+@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
+def test_all_pairs_in_memory_arrays_across_hosts(pilot):
+    from scipy.spatial.distance import cdist, pdist
+
+    X = np.random.default_rng(3).normal(size=(60, 5))
+    got = all_pairs.compute(pilot, X, block=cdist, condensed=True)
+    assert np.allclose(got, pdist(X))
+
+
+@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
+def test_all_pairs_file_items_on_the_shared_checkout(pilot):
+    paths = sorted(os.path.join(ROOT, "examples", "data", "dimacs", f)
+                   for f in os.listdir(os.path.join(ROOT, "examples", "data", "dimacs")))
+    got = all_pairs.compute(pilot, paths, mt.size_diff, load=os.path.getsize)
+    sizes = np.array([os.path.getsize(p) for p in paths], dtype=float)
+    assert np.array_equal(np.asarray(got), np.abs(sizes[:, None] - sizes[None, :]))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 29: a dl.Trainer task reached a worker on host 'hN', but the training run's memory "
+    "(its arena) is on the driver's host (shoal/workloads/dl/program.py refuses)"))
+def test_dl_trainer_on_a_multi_host_pilot(pilot):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dl"))
+    from dl_models import digits, mlp
+
+    from shoal.workloads import dl
+
+    Xtr, Xte, ytr, yte = digits(400)
+    trainer = dl.Trainer(mlp(), optimizer=dl.SGD(lr=0.1, momentum=0.9), pilot=pilot,
+                         plan=dl.Plan(replicas=3, stages=1, micro_batches=2))
+    trainer.fit(Xtr, ytr, epochs=1, batch_size=32, shuffle=True, seed=3)
+    assert trainer.predict(Xte).shape[0] == len(Xte)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 30: txstream.Engine keeps its store and batch state in the driver's memory "
+    "(SharedArrays, files under the driver's /tmp): a task on another host is refused "
+    "('a SharedArray made on host ... reached a process on host ...'; before the host check: "
+    "FileNotFoundError for /tmp/shoal-txstream-... on that host)"))
+def test_txstream_engine_on_a_multi_host_pilot(pilot):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "txstream"))
+    from txs_helpers import assert_same, run
+
+    from shoal.workloads.txstream.apps import APPS
+
+    app = APPS[sorted(APPS)[0]]
+    evs = app.events(60, 12, theta=1.0, abort=0.2, seed=21)
+    ref = run(app.tables(12), evs, "serial")
+    got = run(app.tables(12), evs, "adaptive", pilot, punctuation=20)
+    assert_same(got, ref, "txstream across hosts")
+
+
+def test_dashboard_groups_workers_by_host(no_leftovers):
+    """The pilot's workers view on a 3-host cluster: one row per shoal worker with its host's
+    name, grouped by host; CPU % only for workers of the driver's host (none here: a pid of
+    another host names nothing, or another process, in this host's /proc)."""
+    with shoal.Pilot(backend="dask", address=no_leftovers.dask, workers=1, dashboard=0) as p:
+        list(p.map(mt.where, range(30)))
+
+        def state():
+            with urllib.request.urlopen(p.dashboard_url.rstrip("/") + "/api/state",
+                                        timeout=10) as r:
+                s = json.load(r).get("pilot") or {}
+            return s if len(s.get("workers", [])) == 3 else None
+
+        s = wait_until(state, 60, "the workers view to list the 3 hosts' workers")
+        hosts = [r["host"] for r in s["workers"]]
+        assert hosts == sorted(hosts) == sorted(no_leftovers.hosts)  # grouped, in host order
+        assert sorted(s["hosts"]) == sorted(no_leftovers.hosts)
+        assert all(len(v) == 1 for v in s["hosts"].values())
+        assert all(r["cpu_percent"] is None for r in s["workers"])

@@ -322,14 +322,35 @@ class WriterLock:
     """``flock`` on ``lock_path`` for a writer's life; a second live writer is refused.
 
     The lock file holds ``pid N host H`` for the message.  It is opened with ``O_NOFOLLOW``
-    (a planted link is refused) and left in place at release: unlinking a lock file races
-    with a writer that has it open and waits."""
+    (a planted link is refused) and removed at release, while still locked; an acquirer
+    checks that the file it locked is still the one at the path (else it retries), so the
+    removal cannot let two writers in.  Rejected: leaving lock files behind (a finished
+    search or fit is expected to leave nothing but its result)."""
 
     def __init__(self, lock_path: str, what: str, owner: str):
         self.path, self.what, self.owner = lock_path, what, owner
         self.fd: int | None = None
 
     def acquire(self, error=CheckpointInUse) -> WriterLock:
+        for _ in range(20):
+            fd = self._open()
+            try:
+                self._flock(fd, error)
+                # the holder before us may have removed the file at release: a lock on an
+                # unlinked inode guards nothing, so it must still be the file at the path
+                if _same_file(fd, self.path):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
+                    self.fd = fd
+                    return self
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise error(f"{self.owner}: its lock file {self.path} keeps being replaced; is another "
+                    "driver starting and stopping on it?")
+
+    def _open(self) -> int:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
@@ -337,27 +358,23 @@ class WriterLock:
                 raise DurableIOError(f"{self.what} lock {self.path} is a symbolic link; remove it "
                                      "(shoal never writes through a link)", exc, self.path) from None
             raise explain(f"{self.what} lock", self.path, exc, "opening it") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise DurableIOError(f"{self.what} lock {self.path} is not a regular file; remove it",
-                                     None, self.path)
-            for attempt in range(5):  # a reader probing the lock holds it for microseconds
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if attempt == 4:
-                        raise error(f"{self.owner} is in use by another live driver "
-                                    f"({self.holder(fd)}); wait for it to end, stop it (kill that "
-                                    "pid), or give this run its own path") from None
-                    time.sleep(0.02)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
-        except BaseException:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise
-        self.fd = fd
-        return self
+            raise DurableIOError(f"{self.what} lock {self.path} is not a regular file; remove it",
+                                 None, self.path)
+        return fd
+
+    def _flock(self, fd: int, error) -> None:
+        for attempt in range(5):  # a reader probing the lock holds it for microseconds
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if attempt == 4:
+                    raise error(f"{self.owner} is in use by another live driver "
+                                f"({self.holder(fd)}); wait for it to end, stop it (kill that "
+                                "pid), or give this run its own path") from None
+                time.sleep(0.02)
 
     @staticmethod
     def holder(fd: int) -> str:
@@ -368,11 +385,21 @@ class WriterLock:
         return text or "pid unknown"
 
     def release(self) -> None:
+        """Remove the lock file (while still holding it: see ``acquire``) and drop the lock."""
         if self.fd is not None:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
+                if _same_file(self.fd, self.path):
+                    os.unlink(self.path)
             os.close(self.fd)  # closing drops the flock
             self.fd = None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 # -- the checked container -------------------------------------------------------------------

@@ -29,7 +29,7 @@ import json
 
 from .model import EnsembleError, Pipeline, Task
 
-MAX_NODES = 10_000_000  # values, lists and keys one argument may hold, shared ones at every use
+MAX_NODES = 1_000_000  # values, lists and keys one argument may hold, shared ones at every use
 
 
 def fingerprint(value) -> str:
@@ -44,9 +44,9 @@ def fingerprint(value) -> str:
     nine deep are 10**9 leaves in 669 bytes of YAML: the hash spun for ever)."""
     from .values import _pack
 
-    budget = [MAX_NODES]
+    canonical = _canonical(value, [MAX_NODES])  # (its EnsembleError is a ValueError: not caught)
     try:
-        blob = _pack(_canonical(value, budget))
+        blob = _pack(canonical)
     except (TypeError, ValueError, OverflowError):
         return f"<{type(value).__qualname__}>"
     return hashlib.sha1(blob).hexdigest()[:16]

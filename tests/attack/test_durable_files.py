@@ -63,7 +63,8 @@ def checkpoint_of(kind, tmp_path):
 
 
 # -- 1. planted links --------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["dl", "txstream", "search"])
+@pytest.mark.parametrize("kind", ["dl", "txstream",
+                                  pytest.param("search", marks=pytest.mark.slow)])
 def test_links_planted_at_every_temporary_name_are_never_written_through(tmp_path, kind):
     """Before: ``open(tmp, "wb")`` at ``state.npz.tmp`` / ``fit.npz.tmp<pid>`` /
     ``.<base>.<host>.<pid>.tmp`` followed a planted link and overwrote the file outside the
@@ -82,6 +83,7 @@ def test_links_planted_at_every_temporary_name_are_never_written_through(tmp_pat
     assert got == result(drive(kind, clean))  # the checkpointed run still did its work
 
 
+@pytest.mark.slow  # a driver process per case: .ci/run runs them (-m slow)
 def test_a_link_at_the_checkpoint_or_its_lock_is_refused(tmp_path):
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
@@ -117,7 +119,10 @@ def test_a_loop_of_one_epoch_fits_trains_one_epoch_per_call(tmp_path):
     once.fit(X, Y, epochs=5)
     assert [r["epoch"] for r in looped.history] == [0, 1, 2, 3, 4]
     assert all(np.array_equal(a, b) for a, b in zip(looped.parameters(), once.parameters(), strict=True))
-    # and across processes: every run of the script trains EPOCHS more
+
+
+@pytest.mark.slow  # a driver process per case: .ci/run runs them (-m slow)
+def test_a_script_of_one_epoch_run_three_times_trains_three_epochs(tmp_path):
     ck2 = tmp_path / "ck" / "c"
     (tmp_path / "ck").mkdir()
     assert [result(drive("dl", ck2, EPOCHS="1"))["epochs"] for _ in range(3)] == [1, 2, 3]
@@ -154,6 +159,7 @@ class _Exit:
         return (SystemExit, (7,))
 
 
+@pytest.mark.slow  # a driver process per case: .ci/run runs them (-m slow)
 @pytest.mark.parametrize("header", ["none", "another search"])
 def test_a_crafted_search_checkpoint_runs_no_code(tmp_path, header):
     """Before: the file was unpickled before it was checked: a crafted one wrote a marker
@@ -241,6 +247,7 @@ def test_every_unpickling_call_is_a_documented_trust_boundary():
 
 
 # -- 4. two drivers ------------------------------------------------------------------------------
+@pytest.mark.slow  # a driver process per case: .ci/run runs them (-m slow)
 @pytest.mark.parametrize("kind", ["txstream", "dl"])
 def test_a_second_driver_on_one_checkpoint_is_refused_and_the_first_resumes(tmp_path, kind):
     """Before (txstream): the second died with a raw FileNotFoundError after deleting a
@@ -321,6 +328,7 @@ def test_every_yaml_value_is_bounded(tmp_path, where):
         load_yaml(str(wf))
 
 
+@pytest.mark.slow  # walks a million nodes before it refuses: .ci/run runs it (-m slow)
 def test_the_identity_fingerprint_is_bounded_for_python_values():
     from shoal.patterns.ensemble.identity import fingerprint
     from shoal.patterns.ensemble.model import EnsembleError
@@ -526,6 +534,7 @@ def test_read_only_and_missing_folders_fail_before_any_work(tmpfs, tmp_path):
         subprocess.run(["umount", str(tmp_path / "ro")], capture_output=True)
 
 
+@pytest.mark.slow  # a driver process per case: .ci/run runs them (-m slow)
 def test_temporaries_of_killed_writers_are_removed_at_the_next_open(tmp_path):
     """Before: dl left a temporary (63 MiB for a real model) behind for every save a SIGKILL
     interrupted, and never removed it."""

@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from . import durable
+import shoal._durable as durable
 
 
 class Tracer:

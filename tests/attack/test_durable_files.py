@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pytest
 
+from shoal import _durable as durable
 from shoal.patterns.search import checkpoint as SC
-from shoal.runtime import durable
 from shoal.workloads import dl
 from shoal.workloads import txstream as ts
 from shoal.workloads.txstream.apps import sl

@@ -21,9 +21,9 @@ from checkpoint_driver import graph
 from checkpoint_kill import kill_and_resume
 
 import shoal
+from shoal import _durable as durable
 from shoal.patterns import SearchError, backtracking, branch_and_bound
 from shoal.patterns.search import checkpoint as C
-from shoal.runtime import durable
 from shoal.workloads.nqueens import OEIS_A000170
 
 

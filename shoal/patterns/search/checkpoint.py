@@ -24,7 +24,7 @@ still found and the answer is the same node an uninterrupted run returns
 (chunks are given their units in path order, so a chunk's own best always
 lies before the nodes it prunes against it).
 
-Writes are atomic (``shoal.runtime.durable``): a temporary file created with
+Writes are atomic (``shoal._durable``): a temporary file created with
 ``O_EXCL|O_NOFOLLOW`` under an unpredictable name in the same directory
 (a link planted there is never written through), fsync, rename, fsync of the
 directory; a kill at any moment leaves the previous checkpoint or the new
@@ -60,7 +60,8 @@ import stat
 import time
 from pickle import _Pickler as _PurePickler  # pure-Python: its dispatch table extends
 
-from ...runtime import durable
+import shoal._durable as durable
+
 from .control import slot, stopped
 from .engine import Explorer
 from .model import Goal, SearchError, SearchSpec, Tally, _Stopped, listing

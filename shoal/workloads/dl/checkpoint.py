@@ -25,7 +25,7 @@ from ``set_parameters(pretrained)`` with an old checkpoint still there, which
 used to discard the pretrained weights silently) is refused unless the call
 passes ``resume=True``, which takes the checkpoint's weights.
 
-The file is a checked container (``shoal.runtime.durable``): the header (and
+The file is a checked container (``shoal._durable``): the header (and
 its body checksum) is verified before the ``.npz`` body is opened (without
 pickle); then every field is validated against the run: the parameter count,
 shapes and dtypes, the optimizer's slots, the call's epoch range, the history's
@@ -44,7 +44,7 @@ import os
 
 import numpy as np
 
-from ...runtime import durable
+import shoal._durable as durable
 
 KIND = "dl.fit"
 WHAT = "dl checkpoint"

@@ -15,7 +15,7 @@ the dead driver's shared memory, so every event takes effect exactly once.
 Rejected: a write-ahead log of operations (replaying it needs the UDFs; the
 source is replayable anyway) and SQLite (one more moving part for two files).
 
-Every file is a checked container (``shoal.runtime.durable``): a header with
+Every file is a checked container (``shoal._durable``): a header with
 the format, what it belongs to (the store's layout; a segment also its batch
 number) and the SHA-256 of its body, verified before the body (an ``.npz``
 read with ``allow_pickle=False``) is decoded; the body is then validated
@@ -37,7 +37,7 @@ import os
 
 import numpy as np
 
-from ...runtime import durable
+import shoal._durable as durable
 
 STATE = "state.npz"
 LOCK = ".lock"

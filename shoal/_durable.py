@@ -56,7 +56,7 @@ import socket
 import stat
 import time
 
-from .._errors import ShoalError
+from ._errors import ShoalError
 
 HOST = socket.gethostname().replace(os.sep, "_")
 MAGIC = b"SHOAL-CHECKPOINT\n"

@@ -18,6 +18,8 @@ import json
 import os
 import time
 
+import shoal._durable as durable
+
 
 class Tracer:
     """Event buffer of one worker: owner only."""
@@ -41,8 +43,7 @@ class Tracer:
         )
 
     def dump(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.events, f)
+        durable.write_atomic(path, [json.dumps(self.events).encode()], "trace part")
 
 
 def merge(path: str, endpoints: list[int]) -> int:
@@ -60,6 +61,6 @@ def merge(path: str, endpoints: list[int]) -> int:
             os.unlink(part)
         except (OSError, ValueError):
             continue  # a worker that died leaves no part
-    with open(path, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    durable.write_atomic(path, [json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()],
+                         "trace")
     return len(events)

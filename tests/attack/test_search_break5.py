@@ -575,8 +575,11 @@ def test_a_checkpoint_with_a_foreign_body_is_unreadable_not_a_traceback(pilot2, 
     ck = tmp_path / "c"
     with pytest.raises(SearchError, match="stop here"):  # a real checkpoint, saved at the error
         backtracking.count(pilot2, 0, _boom_at_15, checkpoint=str(ck), checkpoint_interval=0.001)
-    state = pickle.loads(ck.read_bytes())
+    from shoal import _durable as durable
+
+    belongs, body = durable.unpack(ck.read_bytes(), str(ck), "search", "search checkpoint")
+    state = pickle.loads(body)
     state[field] = value
-    ck.write_bytes(pickle.dumps(state))
+    ck.write_bytes(b"".join(durable.pack("search", belongs, pickle.dumps(state))))
     with pytest.raises(SearchError, match="unreadable"):
         backtracking.count(pilot2, 0, _boom_at_15, checkpoint=str(ck))

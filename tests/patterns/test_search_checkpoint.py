@@ -21,9 +21,16 @@ from checkpoint_driver import graph
 from checkpoint_kill import kill_and_resume
 
 import shoal
+from shoal import _durable as durable
 from shoal.patterns import SearchError, backtracking, branch_and_bound
 from shoal.patterns.search import checkpoint as C
 from shoal.workloads.nqueens import OEIS_A000170
+
+
+def read_search_checkpoint(path) -> dict:
+    """A checkpoint's pickled state, once its header is checked (as the driver reads it)."""
+    _, body = durable.unpack(open(path, "rb").read(), str(path), C.KIND, C.WHAT)
+    return pickle.loads(body)
 
 mc = apps.search_maxclique
 nq = apps.search_nqueens
@@ -80,7 +87,8 @@ def test_interrupted_and_resumed_in_process(pilot2, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         nq.count_queens(pilot2, 10, checkpoint=ck, checkpoint_interval=0.001)
     monkeypatch.setattr(C.SearchCheckpoint, "save", real)
-    tally, units = pickle.loads(ck.read_bytes())["tally"], pickle.loads(ck.read_bytes())["units"]
+    state = read_search_checkpoint(ck)
+    tally, units = state["tally"], state["units"]
     assert units and 0 < tally.nodes  # a real frontier, part of the work done
     assert [u[1] for u in units] == sorted(u[1] for u in units)
     r = nq.count_queens(pilot2, 10, checkpoint=ck, checkpoint_interval=0.001, stats=True)
@@ -137,5 +145,6 @@ def test_atomic_write_leaves_old_or_new(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         ck.save(C.Tally(count=2), [])
     monkeypatch.undo()
-    assert ck.load()[0].count == 1
-    assert os.listdir(tmp_path) == ["a"]  # no temporary left behind
+    assert ck.load()[0].count == 1  # (load takes the writer lock, close drops it)
+    ck.close()
+    assert os.listdir(tmp_path) == ["a"]  # no temporary (nor lock file) left behind

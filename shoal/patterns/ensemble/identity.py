@@ -29,36 +29,50 @@ import json
 
 from .model import EnsembleError, NameRule, Pipeline, Task, name_key
 
+MAX_NODES = 1_000_000  # values, lists and keys one argument may hold, shared ones at every use
+
 
 def fingerprint(value) -> str:
     """A stable short hash of plain data (by its data encoding), else its type's name.
 
     Stable across processes: a set's elements are encoded in a canonical order (their
     iteration order follows str hashes, which change per process, so a function task given
-    a set of names had another spec in every process and its run could never be resumed)."""
+    a set of names had another spec in every process and its run could never be resumed).
+
+    Bounded: a value of more than ``MAX_NODES`` nodes, counting a shared list at each of its
+    uses as the encoding does, is an ``EnsembleError`` (10 lists of 10 aliases of each other
+    nine deep are 10**9 leaves in 669 bytes of YAML: the hash spun for ever)."""
     from .values import _pack
 
+    canonical = _canonical(value, [MAX_NODES])  # (its EnsembleError is a ValueError: not caught)
     try:
-        blob = _pack(_canonical(value))
+        blob = _pack(canonical)
     except (TypeError, ValueError, OverflowError):
         return f"<{type(value).__qualname__}>"
     return hashlib.sha1(blob).hexdigest()[:16]
 
 
-def _canonical(value):
+def _canonical(value, budget: list):
     """``value`` with every set/frozenset replaced by ``(tag, its elements sorted by their
-    encoding)``; other containers rebuilt only when they hold one."""
+    encoding)``; other containers rebuilt only when they hold one.  ``budget[0]``: nodes
+    left (each visit spends one; below zero: ``EnsembleError``)."""
     from .values import _pack
 
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise EnsembleError(f"a task's argument holds more than {MAX_NODES:,} values (counting a "
+                            "shared list at each use, as YAML aliases expand): too large for the "
+                            "run's identity; pass a file name or an array instead")
     t = type(value)
     if t is set or t is frozenset:
-        items = [_canonical(x) for x in value]
+        items = [_canonical(x, budget) for x in value]
         return (f"\0{t.__name__}", sorted(items, key=_pack))
     if t is list or t is tuple:
-        items = [_canonical(x) for x in value]
+        items = [_canonical(x, budget) for x in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else t(items)
     if t is dict:
-        items = {k: _canonical(v) for k, v in value.items()}
+        budget[0] -= len(value)  # the keys
+        items = {k: _canonical(v, budget) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items
     return value
 

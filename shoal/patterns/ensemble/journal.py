@@ -166,9 +166,16 @@ class DriverLock:
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a link planted at the lock's name is refused, never written through
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise JournalError(f"journal lock {self.path} is a symbolic link; remove it (shoal "
+                                   "never writes through a link)") from None
             raise _explain(self.path, exc) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise JournalError(f"journal lock {self.path} is not a regular file; remove it")
         for attempt in range(5):  # a `shoal status` probing the lock holds it for microseconds
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -76,13 +76,23 @@ class _Loader:
         self.uids: set[str] = set()  # every pipeline, stage and task uid the file defines
         self.refs: list[tuple[str, object, str]] = []  # (uid, node, where) checked at the end
         self.templating = False  # parsing a replicas:/sweep: task: names may hold {placeholders}
+        self.sizes: dict[int, int] = {}  # id(node) -> its expanded size (``expanded``'s memo)
 
     # -- errors and plain values ------------------------------------------------------
     def error(self, node, where: str, message: str) -> EnsembleError:
         line = node.start_mark.line + 1 if node is not None else 1
         return EnsembleError(f"{self.path}:{line}: {where}: {message}")
 
-    def value(self, node):
+    def bounded(self, node, where: str) -> None:
+        """Refuse a value whose aliases expand it past ``MAX_VALUE_NODES`` (see ``expanded``)."""
+        n = expanded(node, MAX_VALUE_NODES, self.sizes)
+        if n > MAX_VALUE_NODES:
+            raise self.error(node, where, f"this value expands to more than {MAX_VALUE_NODES:,} "
+                             "nodes through its aliases (*name); a workflow file's values are small "
+                             "data: pass large inputs as a file name")
+
+    def value(self, node, where: str = "value"):
+        self.bounded(node, where)
         try:
             return self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:  # a tag SafeLoader does not know (!!python/..., !custom)
@@ -165,7 +175,7 @@ class _Loader:
         if container is list and not isinstance(node, SequenceNode):
             raise self.error(node, where, f"expected a list, got {self.kind(node)}")
         try:
-            v = self.value(node)
+            v = self.value(node, where)
         except yaml.YAMLError as exc:
             raise self.error(node, where, str(exc).splitlines()[0]) from None
         if container is dict and not all(isinstance(k, str) for k in v):
@@ -543,6 +553,41 @@ def _merge_keys(node, seen: set, path: str) -> None:
     node.value = own
 
 
+MAX_VALUE_NODES = 1_000_000  # nodes one value (args, kwargs, environment, a sweep, tags) may expand to
+MAX_DOCUMENT_NODES = 20_000_000  # nodes the whole file may expand to
+
+
+def expanded(node, bound: int, sizes: dict) -> int:
+    """How many nodes ``node`` stands for once every alias is expanded (a node reached twice
+    counts twice), computed once per distinct node (``sizes``), so a file of nested aliases
+    is measured in its own size, not in the 10**9 nodes it expands to; values above ``bound``
+    are reported as ``bound + 1``.  Rejected: limiting the number of aliases (a legitimate
+    file reuses ``*defaults`` in every task) or the depth (a bomb is shallow)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    stack, order = [node], []
+    while stack:  # post-order without recursion: a deep file must not hit the recursion limit
+        n = stack.pop()
+        if id(n) in sizes:
+            continue
+        order.append(n)
+        sizes[id(n)] = -1  # visiting (a cycle cannot happen: YAML aliases point backwards)
+        if isinstance(n, SequenceNode):
+            stack.extend(c for c in n.value if id(c) not in sizes)
+        elif isinstance(n, MappingNode):
+            stack.extend(c for kv in n.value for c in kv if id(c) not in sizes)
+    for n in reversed(order):
+        if isinstance(n, SequenceNode):
+            kids = n.value
+        elif isinstance(n, MappingNode):
+            kids = [c for kv in n.value for c in kv]
+        else:
+            kids = ()
+        sizes[id(n)] = min(bound + 1, 1 + sum(max(sizes[id(c)], 0) for c in kids))
+    return sizes[id(node)]
+
+
 def load_yaml(path: str) -> list[Pipeline]:
     """The pipelines a YAML workflow file describes; ``EnsembleError`` with ``file:line:`` if invalid."""
     if yaml is None:  # pragma: no cover
@@ -567,7 +612,12 @@ def load_yaml(path: str) -> list[Pipeline]:
     except yaml.YAMLError as exc:
         raise EnsembleError(f"{path}: not valid YAML: {exc}") from None
     _merge_keys(root, set(), path)
+    loader = _Loader(path)
+    if root is not None and expanded(root, MAX_DOCUMENT_NODES, loader.sizes) > MAX_DOCUMENT_NODES:
+        raise EnsembleError(f"{path}: the file expands to more than {MAX_DOCUMENT_NODES:,} nodes "
+                            "through its aliases (*name); a workflow that large is generated "
+                            "with replicas: or sweep:, not spelled out by aliases")
     here = os.path.dirname(os.path.abspath(path))
     if here not in sys.path:
         sys.path.insert(0, here)  # 'module:function' next to the file imports (workers inherit sys.path)
-    return _Loader(path).top(root)
+    return loader.top(root)

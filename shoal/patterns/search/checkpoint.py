@@ -24,14 +24,20 @@ still found and the answer is the same node an uninterrupted run returns
 (chunks are given their units in path order, so a chunk's own best always
 lies before the nodes it prunes against it).
 
-Writes are atomic: a temporary file in the same directory, fsync, rename,
-fsync of the directory; a kill at any moment leaves the previous checkpoint or
-the new one.  A periodic save that fails (OSError: a purged scratch directory,
+Writes are atomic (``shoal._durable``): a temporary file created with
+``O_EXCL|O_NOFOLLOW`` under an unpredictable name in the same directory
+(a link planted there is never written through), fsync, rename, fsync of the
+directory; a kill at any moment leaves the previous checkpoint or the new
+one, and the next run removes a dead driver's temporary.  One driver per
+checkpoint: ``<path>.lock`` is held for the search (a second one is refused).  A periodic save that fails (OSError: a purged scratch directory,
 a full disk) is a RuntimeWarning, not the end of the search: the previous file
-stays, and the next interval tries again.  A finished search deletes its checkpoint.  The file is a pickle
-(nodes are arbitrary Python objects): load only checkpoints you wrote.  A
-checkpoint names the search it belongs to (the skeleton and a digest of the
-root and the options that change the answer) and is refused by another one.
+stays, and the next interval tries again.  A finished search deletes its checkpoint.  The file is a
+checked header (format, the search it belongs to -- the skeleton and a digest
+of the root and the options that change the answer --, the body's SHA-256)
+and a pickled body (nodes are arbitrary Python objects), unpickled only after
+the header matched: a damaged file, or one of another search, is refused
+before any of it is decoded.  A crafted file with a valid header still runs
+code: load only checkpoints you (or a process you trust) wrote.
 
 Alternatives rejected: snapshotting the self-splitting engine's task tree
 (its unexplored siblings live in generators inside worker stacks: neither
@@ -50,16 +56,18 @@ import io
 import math
 import os
 import pickle
-import socket
 import stat
 import time
 from pickle import _Pickler as _PurePickler  # pure-Python: its dispatch table extends
+
+import shoal._durable as durable
 
 from .control import slot, stopped
 from .engine import Explorer
 from .model import Goal, SearchError, SearchSpec, Tally, _Stopped, listing
 
-FORMAT = 1
+KIND = "search"
+WHAT = "search checkpoint"
 CHUNK_S = 0.25  # seconds a chunk explores before it returns what it left
 FIRST_CHUNK_S = 0.02  # the root's chunk: return soon, so every worker gets a piece
 CLOCK_EVERY = 64  # a chunk looks at the clock (and the cells) once per this many nodes
@@ -159,17 +167,19 @@ class SearchCheckpoint:
         self._check_path()
         self.interval = float(interval)
         self.kind, self.digest = kind, digest
+        self._lock = durable.WriterLock(self.path + ".lock", WHAT, f"search checkpoint {self.path!r}")
         self.saves = 0
         self.failed = 0  # periodic saves that could not be written
         self._failing = False
 
     def _check_path(self) -> None:
         """Refuse, before the search starts, a path no save could write: a directory, a FIFO
-        or device (opening it to load would block), a missing or read-only directory (the
-        first save, ``interval`` seconds in, would fail)."""
+        or device (opening it to load would block), a symbolic link (``lstat``: a save never
+        writes through one), a missing or read-only directory (the first save, ``interval``
+        seconds in, would fail)."""
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
-            mode = os.stat(self.path).st_mode
+            mode = os.lstat(self.path).st_mode
         except FileNotFoundError:
             mode = None
         except OSError as exc:
@@ -177,6 +187,9 @@ class SearchCheckpoint:
         if mode is not None and stat.S_ISDIR(mode):
             raise SearchError(f"checkpoint {self.path!r} is a directory; give a file path such as "
                               f"{os.path.join(self.path, 'search.ckpt')!r}")
+        if mode is not None and stat.S_ISLNK(mode):
+            raise SearchError(f"checkpoint {self.path!r} is a symbolic link; a checkpoint is never "
+                              "read or written through a link: give the real path")
         if mode is not None and not stat.S_ISREG(mode):
             raise SearchError(f"checkpoint {self.path!r} is not a regular file (a FIFO or a device)")
         if not os.path.isdir(directory):
@@ -184,47 +197,48 @@ class SearchCheckpoint:
         if not os.access(directory, os.W_OK | os.X_OK):
             raise SearchError(f"checkpoint {self.path!r}: directory {directory} is not writable")
 
-    def _tmp_name(self, pid: int) -> str:
-        directory, base = os.path.split(os.path.abspath(self.path))
-        return os.path.join(directory, f".{base}.{_HOST}.{pid}.tmp")
-
-    def _sweep(self) -> None:
-        """Remove the temporary files of saves that a SIGKILL interrupted (a driver of this
-        host that is gone); a live driver's, or another host's, are left alone."""
-        directory, base = os.path.split(os.path.abspath(self.path))
-        prefix = f".{base}.{_HOST}."
-        try:
-            names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".tmp")]
-        except OSError:
-            return
-        for name in names:
-            pid = name[len(prefix):-4]
-            if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
-                continue
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
+    def _belongs(self) -> dict:
+        return {"kind": self.kind, "digest": self.digest}
 
     def load(self) -> tuple[Tally, list] | None:
-        """(Tally so far, units left) from the file, or None when there is none."""
-        self._sweep()
+        """(Tally so far, units left) from the file, or None when there is none.
+
+        Takes the writer lock (``close`` drops it), removes dead writers' temporaries,
+        probes the folder, then checks the header -- format, this search's digest, the body's
+        checksum -- and only then unpickles the body (nodes are arbitrary objects: the one
+        place a checkpoint needs pickle, a trust boundary in docs/runtime.md)."""
+        self._lock.acquire()
         try:
-            with open(self.path, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
+            durable.sweep(self.path)
+            durable.probe_writable(self.path, WHAT)
+            return self._load()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def close(self) -> None:
+        self._lock.release()
+
+    def _load(self) -> tuple[Tally, list] | None:
+        blob = durable.read_file(self.path, WHAT)
+        if blob is None:
             return None
         try:
-            state = pickle.loads(blob)
-            fmt, kind, digest = state["format"], state["kind"], state["digest"]
+            belongs, body = durable.unpack(blob, self.path, KIND, WHAT)
+        except durable.CheckpointError as exc:
+            raise SearchError(f"checkpoint {self.path!r} is unreadable "
+                              f"({str(exc).split('(', 1)[1].rsplit(')', 1)[0]}); "
+                              "delete it to start the search afresh") from None
+        if belongs != self._belongs():
+            raise SearchError(f"checkpoint {self.path!r} belongs to another search "
+                              f"({belongs.get('kind')!r:.40}); this is a {self.kind} of another root or "
+                              "with other options.  Delete it, or give this search its own path")
+        try:
+            state = pickle.loads(body)  # trust boundary: only after the header matched
+            tally, units = state["tally"], state["units"]
         except Exception as exc:
-            raise SearchError(f"checkpoint {self.path!r} is unreadable ({exc!r}); delete it "
+            raise SearchError(f"checkpoint {self.path!r} is unreadable ({exc!r:.200}); delete it "
                               "to start the search afresh") from None
-        if fmt != FORMAT or kind != self.kind or digest != self.digest:
-            raise SearchError(f"checkpoint {self.path!r} belongs to another search ({kind}, "
-                              f"format {fmt}); this is a {self.kind} of another root or with "
-                              "other options.  Delete it, or give this search its own path")
-        tally, units = state.get("tally"), state.get("units")
         if not (isinstance(tally, Tally) and isinstance(units, list)
                 and all(type(u) is tuple and len(u) == 2 and type(u[1]) is tuple for u in units)):
             # (a file of the right search whose body is not what save writes: a raw
@@ -234,34 +248,8 @@ class SearchCheckpoint:
         return tally, units
 
     def save(self, tally: Tally, units: list) -> None:
-        state = {"format": FORMAT, "kind": self.kind, "digest": self.digest, "tally": tally,
-                 "units": sorted(units, key=lambda u: u[1]), "saved_at": time.time()}
-        blob = dumps(state)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = self._tmp_name(os.getpid())
-        try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            pass
-        else:
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        state = {"tally": tally, "units": sorted(units, key=lambda u: u[1]), "saved_at": time.time()}
+        durable.write_atomic(self.path, durable.pack(KIND, self._belongs(), dumps(state)), WHAT)
         self.saves += 1
 
     def save_or_warn(self, tally: Tally, units: list) -> bool:
@@ -292,20 +280,7 @@ class SearchCheckpoint:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        self._sweep()
-
-
-_HOST = socket.gethostname().replace(os.sep, "_")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists
-        return True
-    return True
+        durable.sweep(self.path)
 
 
 class Frozen:

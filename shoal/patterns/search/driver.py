@@ -147,11 +147,16 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
     progress = spec_kw.pop("progress", False)
     ck = spec_kw.pop("checkpoint", None)  # a checkpoint.SearchCheckpoint
     check_picklable(root, (), "the root is sent to a worker")
-    resumed = ck.load() if ck is not None else None
+    resumed = ck.load() if ck is not None else None  # takes the checkpoint's writer lock
     # Control is per node (who is hungry *here*); the incumbent and the stop flag are
     # cells, which on a pilot of several machines are kept in step across them
-    ctl = make_control(pilot)
-    owned = [ctl]
+    try:
+        ctl = make_control(pilot)
+    except BaseException:
+        if ck is not None:
+            ck.close()
+        raise
+    owned = [ctl] + ([ck] if ck is not None else [])
     try:
         stop = StopFlag.for_pilot(pilot)
         owned.append(stop)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import json
 import os
 import threading
 import time
@@ -37,6 +36,7 @@ import numpy as np
 import shoal
 
 from .arena import Arena, Layout
+from .checkpoint import FitCheckpoint, parameters_hash
 from .layers import ShapeError
 from .losses import Loss
 from .model import layer_name
@@ -115,19 +115,32 @@ class Trainer:
         return self.model.parameters()
 
     def fit(self, X, y, epochs: int = 1, batch_size: int = 32, shuffle: bool = False, seed: int = 0,
-            checkpoint: str | os.PathLike | None = None, callback=None) -> list[dict]:
-        """Train ``epochs`` more epochs; returns the history (one dict per epoch: loss, accuracy, ...).
+            checkpoint: str | os.PathLike | None = None, callback=None, *,
+            resume: bool = False) -> list[dict]:
+        """Train ``epochs`` more epochs (this call's); returns the history (one dict per epoch:
+        loss, accuracy, ...).
 
         Records number the epochs over all ``fit`` calls of this trainer (``epoch``).
         ``shuffle=True`` permutes the rows each epoch from ``(seed, epoch number)``.  With
-        ``checkpoint=path`` the state is saved after every epoch and a later ``fit`` with
-        the same arguments resumes after the last saved epoch.  ``callback(record)`` is
-        called in this process after each epoch (after the checkpoint is written).
-        Fits of one trainer from several threads run one after the other."""
+        ``checkpoint=path`` the state is saved after every epoch; a later ``fit`` with the
+        same arguments continues from it: it finishes the epochs of a call that was
+        interrupted (a crash, a kill), else it trains ``epochs`` more (a loop of
+        ``fit(epochs=1, checkpoint=p)`` trains one epoch per call).  A checkpoint written
+        from other starting parameters than the model's is refused unless ``resume=True``
+        (which takes its weights).  ``callback(record)`` is called in this process after
+        each epoch (after the checkpoint is written).  Fits of one trainer from several
+        threads run one after the other."""
+        if not isinstance(resume, bool):
+            raise TypeError(f"fit: resume must be True or False, got {resume!r}")
         with self._fitting:
-            return self._fit(X, y, epochs, batch_size, shuffle, seed, checkpoint, callback)
+            if checkpoint is None:
+                return self._fit(X, y, epochs, batch_size, shuffle, seed, None, callback, resume)
+            if os.path.isdir(checkpoint):  # ("remove it" would be bad advice)
+                raise ValueError(f"checkpoint={os.fspath(checkpoint)!r} is a directory; give a file path "
+                                 f"such as {os.path.join(os.fspath(checkpoint), 'fit.npz')!r}")
+            return self._fit(X, y, epochs, batch_size, shuffle, seed, checkpoint, callback, resume)
 
-    def _fit(self, X, y, epochs, batch_size, shuffle, seed, checkpoint, callback) -> list[dict]:
+    def _fit(self, X, y, epochs, batch_size, shuffle, seed, checkpoint, callback, resume) -> list[dict]:
         for name, v, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"fit: {name} must be an int >= {low}, got {v!r}")
@@ -137,13 +150,35 @@ class Trainer:
         # a batch larger than the data is the whole data: the same batches, and the arena's
         # micro-batch buffers sized by rows that exist (batch_size=10**12 asked for TBs)
         batch_size = min(int(batch_size), n)
-        start = 0
-        if checkpoint is not None and os.path.isdir(checkpoint):  # ("remove it" would be bad advice)
-            raise ValueError(f"checkpoint={os.fspath(checkpoint)!r} is a directory; give a file path "
-                             f"such as {os.path.join(os.fspath(checkpoint), 'fit.npz')!r}")
-        if checkpoint is not None and os.path.exists(checkpoint):
-            start = self._load_checkpoint(checkpoint, fingerprint)
-        if start >= epochs:
+        ck = None
+        if checkpoint is not None:
+            params = self.model.parameters()
+            need = sum(p.nbytes for p in params) * (1 + self.optimizer.slots) + (1 << 20)
+            ck = FitCheckpoint(checkpoint, fingerprint, need)
+            ck.open()  # the lock, stale temporaries, a test write: before any epoch
+        try:
+            return self._fit_checked(X, Y, shapes, n, epochs, batch_size, shuffle, seed, ck,
+                                     callback, resume)
+        finally:
+            if ck is not None:
+                ck.close()
+
+    def _fit_checked(self, X, Y, shapes, n, epochs, batch_size, shuffle, seed, ck, callback,
+                     resume) -> list[dict]:
+        done, target, origin = 0, int(epochs), None
+        if ck is not None:
+            params = self.model.parameters()
+            saved = ck.load(params, self.optimizer.slots, resume)
+            origin = parameters_hash(params)
+            if saved is not None:
+                self.model.set_parameters(saved.params)
+                self._state = saved.state
+                self.step = saved.step
+                self.history[:] = saved.history  # in place: a dashboard may hold the list
+                origin = saved.start
+                if not saved.finished:  # an interrupted call: this one finishes it
+                    done = saved.call_done
+        if done >= target:
             return self.history
         stage_layers = self._stages(shapes, batch_size)
         plan = self.plan
@@ -161,7 +196,7 @@ class Trainer:
             # more replicas: a reduction tree and R update tasks per stage share the work
             graph = step_graph(R, S, M, plan.schedule, chunks=R, fuse_update=R <= 2)
             pilot = self.pilot if self.pilot is not None else _Inline()
-            for epoch in range(start, epochs):
+            for epoch in range(done, target):
                 t0 = time.perf_counter()
                 number = len(self.history)  # epochs this trainer has finished, over all fits
                 perm = (np.random.default_rng([seed, number]).permutation(n) if shuffle
@@ -182,8 +217,9 @@ class Trainer:
                 self.history.append(record)
                 _publish("train", {**record, "replicas": R, "stages": S, "micro_batches": M,
                                    "schedule": getattr(plan.schedule, "value", str(plan.schedule))})
-                if checkpoint is not None:
-                    self._save_checkpoint(checkpoint, fingerprint, epoch)
+                if ck is not None:
+                    ck.save(self.model.parameters(), self._state, self.history, self.step, origin,
+                            target, epoch + 1)
                 if callback is not None:
                     callback(dict(record))
         finally:
@@ -478,41 +514,6 @@ class Trainer:
         return {"model": repr(self.model), "plan": self.plan.describe(), "optimizer": repr(self.optimizer),
                 "loss": self.loss.value, "batch_size": int(batch_size), "shuffle": bool(shuffle),
                 "seed": int(seed), "data": digest.hexdigest()}
-
-    def _save_checkpoint(self, path, fingerprint, epoch) -> None:
-        meta = {"fingerprint": fingerprint, "epoch": epoch, "step": self.step,
-                "history": self.history, "format": 1}
-        arrays = {f"param_{i}": p for i, p in enumerate(self.model.parameters())}
-        for j, state in enumerate(self._state or []):
-            for i, a in enumerate(state):
-                arrays[f"state_{j}_{i}"] = a
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
-    def _load_checkpoint(self, path, fingerprint) -> int:
-        try:
-            data = np.load(path, allow_pickle=False)
-            meta = json.loads(bytes(data["meta"]).decode())
-        except Exception as exc:
-            raise ValueError(f"checkpoint {os.fspath(path)!r} cannot be read ({exc}); remove it to "
-                             "start afresh") from None
-        with data:
-            mine = meta.get("fingerprint", {})
-            differ = [k for k in fingerprint if mine.get(k) != fingerprint[k]]
-            if differ:
-                raise ValueError(f"checkpoint {os.fspath(path)!r} was written by a different run: "
-                                 f"{', '.join(differ)} differ (remove it to start afresh)")
-            count = sum(1 for k in data.files if k.startswith("param_"))
-            self.model.set_parameters([data[f"param_{i}"] for i in range(count)])
-            self._state = [[data[f"state_{j}_{i}"] for i in range(count)]
-                           for j in range(self.optimizer.slots)] or None
-        self.step = int(meta["step"])
-        self.history[:] = meta["history"]  # in place: a dashboard may hold the list
-        return int(meta["epoch"]) + 1
 
 
 def _publish(topic: str, record: dict) -> None:

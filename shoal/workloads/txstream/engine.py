@@ -334,14 +334,22 @@ class Engine:
     def run(self, events) -> Report:
         """Run every event of the iterable (resuming from the checkpoint, if any)."""
         report = Report()
+        if self.checkpoint is None:
+            return self._run(events, report, 0, 0)
+        self.checkpoint.lock()  # one driver per checkpoint, for the whole run
         offset, batch_no = 0, 0
-        if self.checkpoint is not None:
+        try:
             loaded = self.checkpoint.load()
             if loaded is not None:
                 flat, offset, batch_no, segs = loaded
                 self.store.flat[:] = flat
                 for seq0, ts_, vals, committed, errors in segs:
                     report._add(seq0, ts_, vals, committed, errors, self.keep_outputs)
+            return self._run(events, report, offset, batch_no)
+        finally:
+            self.checkpoint.unlock()
+
+    def _run(self, events, report: Report, offset: int, batch_no: int) -> Report:
         it = iter(events)
         if offset:
             skipped = sum(1 for _ in islice(it, offset))

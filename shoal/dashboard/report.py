@@ -167,7 +167,10 @@ th{{background:#eceef2}}.text{{text-align:left}}h2{{font-size:110%;margin-top:1.
 
 
 def write(path: str, out: str) -> str:
+    from .._durable import write_atomic
+
     text = render(path)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+    # a temporary beside ``out`` renamed into place: a link planted at ``out`` is replaced,
+    # never written through, and a reader never sees half a report
+    write_atomic(out, [text.encode("utf-8")], "trace report")
     return out

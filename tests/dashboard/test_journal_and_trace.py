@@ -174,3 +174,18 @@ def test_journal_of_a_killed_driver_says_dead_not_running(tmp_path):
     assert st["driver"] == "dead" and not st["finished"]
     assert st["interrupted"] >= 1 and st["total"] == 20
     assert st["counts"]["done"] >= 2 and st["eta_s"] is None  # no ETA for a run nobody drives
+
+
+def test_trace_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    """``shoal trace --html out`` opened ``out`` with a plain ``open(..., "w")``: a link
+    planted there (a shared output folder) overwrote the file it points to."""
+    trace = str(tmp_path / "run.json")
+    with shoal.Pilot(1, trace=trace) as pilot:
+        assert pilot.submit(abs, -3).result(30) == 3
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "report.html"
+    os.symlink(victim, out)
+    assert main(["trace", trace, "--html", str(out)]) == 0
+    assert victim.read_text() == "keep me"
+    assert not out.is_symlink() and "<h1>" in out.read_text()

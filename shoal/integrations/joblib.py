@@ -155,6 +155,12 @@ class ShoalBackend(AutoBatchingMixin, ParallelBackendBase):
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         self.parallel = parallel
         self.backend_args = backend_args
+        args = {**self.backend_kwargs, **backend_args}  # parallel_config's, then Parallel's
+        unknown = sorted(set(args) - _ARGS)
+        if unknown:
+            raise TypeError(f"joblib backend 'shoal' got unexpected argument(s) {', '.join(unknown)}; "
+                            f"it takes {', '.join(sorted(_ARGS))} (and pilot=)")
+        init = (args.get("initializer"), tuple(args.get("initargs", ())))
         if self.in_task:
             self.pilot = None
         elif self.given is not None:
@@ -162,9 +168,15 @@ class ShoalBackend(AutoBatchingMixin, ParallelBackendBase):
         else:
             self.pilot = _innermost()
             if self.pilot is None:
-                self.pilot = self.leased = _default.acquire(n)
+                self.pilot = self.leased = _default.acquire(n, init)
+        if init[0] is not None and self.leased is None:
+            where = "inside a shoal task" if self.in_task else f"on {self.pilot!r}"
+            raise ValueError(
+                f"joblib's initializer= runs once in each new worker, and {where} the workers "
+                "run already: pass initializer=/initargs= to shoal.Pilot(...) instead, or leave "
+                "the call to the backend's default pilot (no pilot open)")
         local = self.in_task or self.pilot.backend is BackendKind.LOCAL
-        self.memmaps = _Memmaps.for_call(backend_args, getattr(parallel, "_id", None), local,
+        self.memmaps = _Memmaps.for_call(args, getattr(parallel, "_id", None), local,
                                          auto=not self.in_task)
         self.jobs = _Jobs(n, self.pilot, self.memmaps)
         return n
@@ -418,19 +430,24 @@ class _DefaultPilot:
     def __init__(self):
         self.lock = threading.Lock()
         self.pilot: shoal.Pilot | None = None
+        self.init: tuple = (None, ())  # the (initializer, initargs) it was started with
         self.users: dict[shoal.Pilot, int] = {}
 
-    def acquire(self, n: int) -> shoal.Pilot:
+    def acquire(self, n: int, init: tuple = (None, ())) -> shoal.Pilot:
+        """The default pilot with at least ``n`` workers started with ``init``, an
+        ``(initializer, initargs)`` pair (joblib's, passed on to ``shoal.Pilot``)."""
         retired = None
         with self.lock:
             pilot = self.pilot
             if pilot is not None and _unusable(pilot) is not None:
                 self.users.pop(pilot, None)
                 pilot = self.pilot = None
-            if pilot is None or pilot.workers < n:
+            if pilot is None or pilot.workers < n or not _same(self.init, init):
                 if pilot is not None and not self.users.get(pilot):
                     retired = pilot
-                self.pilot = pilot = shoal.Pilot(n)
+                initializer, initargs = init
+                self.pilot = pilot = shoal.Pilot(n, initializer=initializer, initargs=initargs)
+                self.init = init
                 _context.drop_pilot(pilot)
             self.users[pilot] = self.users.get(pilot, 0) + 1
         if retired is not None:
@@ -461,6 +478,7 @@ class _DefaultPilot:
         every use, lifecycle.py ``_forked``)."""
         self.lock = threading.Lock()
         self.pilot = None
+        self.init = (None, ())
         self.users = {}
 
 
@@ -478,6 +496,21 @@ def default_pilot() -> shoal.Pilot | None:
     """The default pilot if one is running, else None (for inspection: ``.workers``)."""
     pilot = _default.pilot
     return pilot if pilot is not None and _unusable(pilot) is None else None
+
+
+# what joblib passes to configure() (Parallel's and parallel_config's keywords): "context"
+# is multiprocessing's (ignored: shoal starts its workers itself)
+_ARGS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbose", "context",
+                   "initializer", "initargs"})
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two (initializer, initargs) pairs are the same (loky's test for reusing its
+    executor); objects that cannot be compared are different."""
+    try:
+        return a[0] is b[0] and (a[1] is b[1] or bool(a[1] == b[1]))
+    except Exception:  # noqa: BLE001 - e.g. numpy arrays among initargs
+        return False
 
 
 def _unusable(pilot: shoal.Pilot) -> str | None:

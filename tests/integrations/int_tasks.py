@@ -119,3 +119,16 @@ def nested_default(n):
 
     backend = type(parallel.get_active_backend()[0]).__name__
     return backend, Parallel(n_jobs=2)(delayed(inc)(i) for i in range(n))
+
+
+def touch_pid(folder):
+    """An initializer: a file named after this worker's pid."""
+    import os
+
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+
+
+def initialized_here(folder, _=None):
+    import os
+
+    return os.path.exists(os.path.join(folder, str(os.getpid())))

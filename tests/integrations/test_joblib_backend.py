@@ -307,3 +307,18 @@ def test_a_parents_pilot_given_explicitly_in_a_forked_child_is_one_clear_error()
         out = _in_fork(use)
         assert pilot.submit(it.inc, 1).result() == 2  # the parent's pilot is untouched
     assert out.startswith("PilotClosed: ") and "fork" in out and "open a new shoal.Pilot" in out, out
+
+
+def test_initializer_runs_in_every_worker_of_the_default_pilot(tmp_path):
+    """joblib's initializer=/initargs= (as for loky): the default pilot is (re)started with
+    them; on a pilot of the user's they are refused (its workers run already)."""
+    out = joblib.Parallel(n_jobs=2, backend="shoal", initializer=it.touch_pid, initargs=(str(tmp_path),))(
+        joblib.delayed(it.initialized_here)(str(tmp_path), i) for i in range(20))
+    assert out == [True] * 20
+    with shoal.Pilot(2) as pilot, joblib.parallel_config(backend="shoal", pilot=pilot):
+        with pytest.raises(ValueError, match="initializer=/initargs= to shoal.Pilot"):
+            joblib.Parallel(n_jobs=2, initializer=it.touch_pid, initargs=(str(tmp_path),))(
+                joblib.delayed(it.inc)(i) for i in range(2))
+    with pytest.raises(TypeError, match="unexpected argument.*idle_worker_timeout"):
+        joblib.Parallel(n_jobs=2, backend="shoal", idle_worker_timeout=3)(
+            joblib.delayed(it.inc)(i) for i in range(2))

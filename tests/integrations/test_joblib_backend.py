@@ -147,7 +147,7 @@ def test_arrays_arrive_as_with_loky_and_the_temporary_folder_is_removed(tmp_path
             joblib.delayed(it.array_kind)(a) for a in [big, small, m])
     assert [list(k[:2]) for k in kinds] == loky_memmaps["kinds"] == [
         ["memmap", False], ["ndarray", True], ["memmap", True]]
-    assert kinds[2][2] == str(tmp_path / "m.dat")
+    assert str(kinds[2][2]) == str(tmp_path / "m.dat")
     assert kinds[0][2].startswith(str(tmp_path / "tmp"))
     assert not os.path.exists(os.path.dirname(kinds[0][2]))  # removed with the call
     # max_nbytes=None turns it off, as for loky

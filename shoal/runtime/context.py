@@ -24,6 +24,10 @@ worker = None  # the Worker loop when this process is a shoal worker
 pilots: list = []  # weak references to the open pilots of this driver process, innermost last
 backends: weakref.WeakSet = weakref.WeakSet()  # backends of open (or closing) pilots
 exiting = False  # the interpreter is shutting down: no new work
+# module -> modules a worker imports right after it (``shoal.runtime.post_import``): an
+# integration the driver imported registers itself there, e.g. the joblib backend once a
+# task imports joblib.parallel (set in the driver, sent with every worker's start spec)
+worker_after_import: dict[str, set[str]] = {}
 loading: str | None = None  # what this shoal worker is unpickling now (a task's function or
 #                             arguments): no pilot may start then (refuse_while_loading)
 

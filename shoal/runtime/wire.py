@@ -145,12 +145,26 @@ class _Pickler(cloudpickle.Pickler):
         cloudpickle.Pickler.dispatch_table)
 
 
-def cloud_dumps(obj) -> bytes:
-    """cloudpickle.dumps with protocol 5, refusing open files (see ``_Pickler``)."""
+def cloud_dumps(obj, reducers: dict | None = None) -> bytes:
+    """cloudpickle.dumps with protocol 5, refusing open files (see ``_Pickler``);
+    ``reducers`` (type -> reduce function) take precedence over the pickler's own, e.g.
+    joblib's memmapping reducers for numpy arrays (``shoal.integrations.joblib``)."""
     _by_value_mp_main()
     buf = io.BytesIO()
-    _Pickler(buf, protocol=_PROTO).dump(obj)
+    if reducers:
+        _ReducingPickler(buf, reducers).dump(obj)
+    else:
+        _Pickler(buf, protocol=_PROTO).dump(obj)
     return buf.getvalue()
+
+
+class _ReducingPickler(_Pickler):
+    """``_Pickler`` with more reducers (the C pickler reads ``dispatch_table`` when it is
+    initialised, so it is set on the instance before that)."""
+
+    def __init__(self, file, reducers: dict):
+        self.dispatch_table = ChainMap(reducers, _Pickler.dispatch_table)
+        super().__init__(file, protocol=_PROTO)
 
 
 _mp_main_done = False

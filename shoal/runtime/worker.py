@@ -846,10 +846,30 @@ def _room_for_deep_joins() -> None:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), min(100_000, have // _STACK_PER_LEVEL)))
 
 
+def _adopt_driver_state(spec: dict) -> None:
+    """What a task may need of the driver, adopted when the task imports what needs it
+    (``post_import``: no worker start pays for ``multiprocessing`` or joblib up front):
+    the driver's ``multiprocessing`` authkey, read from its pipe now (lifecycle.py
+    ``_authkey_pipe``), and the modules the driver's integrations ask for."""
+    from . import post_import
+
+    fd = spec.get("authkey_fd")
+    if fd is not None:
+        with os.fdopen(fd, "rb") as pipe:
+            key = pipe.read()
+        if key:
+            post_import.when_imported("multiprocessing.process", lambda mod: setattr(
+                mod.current_process(), "authkey", key))
+    for name, modules in spec.get("after_import", {}).items():
+        for module in modules:
+            post_import.when_imported(name, lambda _mod, module=module: __import__(module))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
     sys.path[:0] = [p for p in spec.get("sys_path", ()) if p not in sys.path]
+    _adopt_driver_state(spec)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         os.sched_setaffinity(0, {spec["real_cpu"]})

@@ -82,15 +82,21 @@ class Lifecycle:
             "trace": self.trace_path,
             "max_tasks": self.max_tasks,
             "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
+            # modules to import in the worker right after others are (shoal.runtime.post_import)
+            "after_import": {k: sorted(v) for k, v in context.worker_after_import.items()},
         }
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_root(), env.get("PYTHONPATH")] if p)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal.runtime.worker", json.dumps(spec)],
-            pass_fds=[*self.matrix.fds(), self.lifeline_r],
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        key_fd = spec["authkey_fd"] = _authkey_pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shoal.runtime.worker", json.dumps(spec)],
+                pass_fds=[*self.matrix.fds(), self.lifeline_r, key_fd],
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(key_fd)
         try:
             pidfd = os.pidfd_open(proc.pid)
         except BaseException:
@@ -332,6 +338,26 @@ class Lifecycle:
 def _after_fork_in_child() -> None:
     for backend in list(_live):
         backend._forked()
+
+
+def _authkey_pipe() -> int:
+    """The read end of a pipe holding the driver's ``multiprocessing`` authkey, for a worker.
+
+    ``Manager`` proxies (and ``multiprocessing.connection`` listeners of the driver)
+    authenticate with ``multiprocessing.current_process().authkey``; the stdlib's pool
+    children inherit it, so a worker adopts it too (worker.py ``_adopt_authkey``).  A pipe,
+    not the command line or the environment: argv is world-readable in /proc, and the key
+    lets its holder talk to every manager of the driver.  The key is 32 bytes: the write
+    never blocks (a pipe holds 64 KiB)."""
+    from multiprocessing import process  # the driver's key exists from this import on
+
+    key = bytes(process.current_process().authkey)
+    r, w = os.pipe()
+    try:
+        os.write(w, key)
+    finally:
+        os.close(w)
+    return r
 
 
 def _package_root() -> str:

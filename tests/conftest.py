@@ -55,6 +55,27 @@ def _shoal_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("shoal")}
 
 
+# dask's scheduler falls back from a taken port with a warning ("Port 8787 is already in use"),
+# which pyproject.toml makes an error.  Holding 8787 for the session makes a test that starts a
+# dashboard on the fixed default port (``dashboard_address=None`` still binds 8787) fail here
+# every time, not only on a machine where something else happens to listen there.
+DASK_DEFAULT_DASHBOARD_PORT = 8787
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dask_default_port_held():
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", DASK_DEFAULT_DASHBOARD_PORT))
+        sock.listen(1)
+    except OSError:  # taken by someone else: a fixed-port test warns (an error) all the same
+        pass
+    yield
+    sock.close()
+
+
 @pytest.fixture(autouse=True)
 def leak_check(request):
     yield from check_leaks(request)

@@ -81,7 +81,8 @@ class CliCluster:
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.scheduler = _start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                 "--port", str(self.port), "--no-dashboard"])
+                                 "--port", str(self.port), "--no-dashboard",
+                                 "--dashboard-address", "127.0.0.1:0"])
         self.workers = [
             _start(["distributed.cli.dask_worker", self.address, "--nworkers", "1",
                     "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
@@ -121,7 +122,7 @@ def local_cluster(n_workers: int = 2):
     from distributed import LocalCluster
 
     return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                        dashboard_address=None)
+                        dashboard_address="127.0.0.1:0")
 
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]

@@ -197,8 +197,10 @@ def test_conformance(pilot, kind, tmp_path):
     assert by_uid["bad.s.exit3"]["kind"] is FailureKind.EXIT_CODE
     assert "oops" in by_uid["bad.s.exit3"]["stderr_tail"]
     text = str(report)
-    assert "FAILED bad.s.exit3: exit_code: exit code 3 (exit code 3, attempts 1)" in text
-    assert "FAILED bad.s.slow: timeout" in text
+    assert "FAILED bad.s.exit3: exit code 3\n" in text  # once, not "exit_code: ... (exit code 3, ...)"
+    assert "FAILED bad.s.slow: killed after timeout=0.5s (exit code -9)" in text
+    assert "FAILED bad.s.noexe: executable 'no-such-program-shoal' not found on PATH\n" in text
+    assert "exit code None" not in text
 
 
 def test_executables_run_on_the_nodes(pilot, kind, tmp_path):

@@ -126,6 +126,10 @@ def local_cluster(n_workers: int = 2):
 
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]
+# The same, for a module fixture's params: the command-line cluster's column (the costliest:
+# a scheduler and worker processes per module, every test run a third time) is in .ci/run's
+# ``-m heavy`` run; the default suite covers each behaviour on local and LocalCluster.
+BACKEND_PARAMS = ["local", "dask-localcluster", pytest.param("dask-cli", marks=pytest.mark.heavy)]
 
 
 class Clusters:

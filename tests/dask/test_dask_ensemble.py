@@ -78,7 +78,8 @@ def _pilot(kind, clusters, workers=1):
     return shoal.Pilot(backend="dask", address=clusters[kind].address, workers=workers)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=["local", "dask-localcluster",
+                                        pytest.param("dask-cli", marks=pytest.mark.heavy)])
 def kind(request, clusters):
     if request.param != "local":  # start the cluster before the per-test leak check snapshots
         _pilot(request.param, clusters).close()

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import search_tasks as st
 from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
-    BACKENDS,
+    BACKEND_PARAMS,
     clusters,
     local_cluster,
     pilot,
@@ -37,7 +37,7 @@ COORDS = ["sequential", "depth-bounded", "budget", "stack-stealing", "indexed"]
 pytestmark = pytest.mark.fd_slack(8)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKEND_PARAMS)
 def kind(request, clusters):
     clusters.warm(request.param)  # before the per-test leak check looks
     return request.param

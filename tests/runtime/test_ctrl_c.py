@@ -101,5 +101,8 @@ def test_ctrl_c_leaves_the_with_block_at_once_stopping_running_tasks(tmp_path):
 
 def test_close_wait_true_inside_the_block_lets_running_tasks_finish(tmp_path):
     result, marks, _ = _drive(tmp_path, "finish")
-    assert sorted(result["states"]) == ["cancelled"] * 4 + ["done"] * 2, result
-    assert marks.read_text() == "finished\n" * 2
+    done = result["states"].count("done")
+    # the two running tasks finished (a task already handed to a worker's queue may run too);
+    # the rest were cancelled, none stopped
+    assert done >= 2 and result["states"].count("cancelled") == 6 - done, result
+    assert marks.read_text() == "finished\n" * done

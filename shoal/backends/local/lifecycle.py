@@ -223,7 +223,7 @@ class Lifecycle:
             if tid == overran:
                 err = TaskTimeout(f"task {task.name} ran longer than its timeout of {task.timeout} s; "
                                   f"worker {ep} was killed and replaced")
-            elif self.closing:  # close() stopped it (wait=False: Ctrl-C), or it died while closing
+            elif getattr(self, "stopping", False):  # close() killed it at its grace's end (Ctrl-C)
                 self._fail_or_retry(tid, task, PilotClosed(
                     f"the pilot closed while task {task.name} ran (worker {ep} stopped)"), retry=False)
                 continue
@@ -299,6 +299,7 @@ class Lifecycle:
             try:
                 proc.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.stopping = True  # its running task ends PilotClosed, not WorkerLost
                 proc.kill()
                 proc.wait()
         self.closed = True

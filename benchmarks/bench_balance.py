@@ -51,7 +51,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Port 8787 is already in use")
     want = 1 + 39 + 2 ** (args.depth + 1) - 1
     kids = functools.partial(lopsided, args.depth)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       silence_logs=logging.ERROR) as cluster, \
             shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dp, shoal.Pilot(2) as lp:
         for p in (dp, lp):  # warm: runtimes started, functions known

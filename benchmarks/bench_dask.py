@@ -76,7 +76,7 @@ def main(argv=None):
     queens_want = nqueens.OEIS_A000170[args.queens]
     rows = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, \
+                      dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=False) as client, \
             shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dpilot, \
             shoal.Pilot(2) as lpilot:

@@ -46,7 +46,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-dask-cancel-")
     gate = os.path.join(tmp, "gate")
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+                           dashboard_address="127.0.0.1:0")
     try:
         pilot = shoal.Pilot(backend="dask", cluster=cluster, workers=1)
         futs = [pilot.submit(block, gate) for _ in range(args.futures)]

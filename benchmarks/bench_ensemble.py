@@ -149,7 +149,7 @@ def bench_dask(k: int, tmp: str) -> dict:
     report = run(wf(), journal=os.path.join(tmp, "dask-local.db"), cores=2)
     local = k / (time.perf_counter() - t)
     assert report.ok and report.done == k, report
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0") as cluster, \
             shoal.Pilot(backend="dask", cluster=cluster, workers=1) as pilot:
         warm = run(Pipeline([Stage([Task(executable="/bin/true") for _ in range(4)])]), pilot=pilot,
                    journal=os.path.join(tmp, "dask-warm.db"))

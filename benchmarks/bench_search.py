@@ -367,7 +367,7 @@ def time_dask(apps, args, rows: dict) -> None:
     # no dashboard; its HTTP server still binds 8787, or another port if that one is taken
     warnings.filterwarnings("ignore", message="Port 8787 is already in use")
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster, set_as_default=False) as client:
         client.wait_for_workers(args.workers)
         client.run(import_apps)  # on every worker, before anything is timed
@@ -548,7 +548,7 @@ def dask_machines(repeat: int) -> None:
     print(f"# load average {os.getloadavg()[0]:.1f}")
     print("| tree | local 2 workers | dask 2 machines x 1 worker | moved between machines |")
     print("|---|---|---|---|")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       silence_logs=logging.ERROR) as cluster, \
             shoal.Pilot(backend="dask", cluster=cluster, workers=1) as dp, shoal.Pilot(2) as lp:
         for p in (dp, lp):

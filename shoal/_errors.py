@@ -71,3 +71,11 @@ class RemoteTraceback(Exception):
         if self.hops:
             return f"{self.tb}\n(re-raised across {self.hops} more process boundaries on its way here)"
         return self.tb
+
+
+def install_hint(extra: str, packages: str) -> str:
+    """How to install what an optional feature needs, in a form that works wherever shoal came
+    from: shoal is not on a package index, so ``pip install 'shoal[extra]'`` works only from
+    a checkout; naming the packages themselves works for a wheel, an sdist or a checkout."""
+    return (f"pip install {packages} (the '{extra}' extra: pip install -e '.[{extra}]' in a "
+            f"checkout, or pip install 'shoal-<version>.whl[{extra}]' with the wheel)")

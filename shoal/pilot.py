@@ -232,8 +232,16 @@ class Pilot(cf.Executor):
             self._closer = threading.Thread(target=self.close, name="shoal-shutdown")
             self._closer.start()
 
-    def close(self, cancel_pending: bool = False) -> None:
-        """Stop the workers: after the submitted work is done, or dropping it (``cancel_pending``)."""
+    def close(self, cancel_pending: bool = False, *, wait: bool = True) -> None:
+        """Stop the workers: after the submitted work is done, or dropping it (``cancel_pending``).
+
+        ``wait=False``: do not wait for running tasks either -- cancel what has not started
+        and stop what runs now (their futures fail with ``PilotClosed``; local workers get a
+        quarter of a second to exit, then SIGKILL).  Leaving a ``with`` block on
+        ``KeyboardInterrupt`` does this, so Ctrl-C returns within about a second even with
+        long tasks running; to let them finish instead, catch it inside the block and call
+        ``pilot.close(cancel_pending=True)`` (wait=True) there.  Leaving the block on any other
+        exception cancels the pending work and lets running tasks finish (up to 5 s)."""
         closer = self._closer
         if closer is not None and closer is not threading.current_thread():
             closer.join()
@@ -243,7 +251,7 @@ class Pilot(cf.Executor):
                 return
             self._closed = True
         try:
-            self._backend.close(cancel_pending=cancel_pending)
+            self._backend.close(cancel_pending=cancel_pending, wait=wait)
         finally:
             if self._dashboard is not None:
                 self._dashboard.close()  # pages say "closed"; the port is free after this
@@ -253,7 +261,9 @@ class Pilot(cf.Executor):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(cancel_pending=exc_type is not None)
+        # Ctrl-C means "stop": nothing pending starts, nothing running is waited for
+        interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        self.close(cancel_pending=exc_type is not None, wait=not interrupted)
 
     def __del__(self):
         # Dropped without close(): the pending work finishes, then the workers stop (what a

@@ -55,6 +55,52 @@ def _shoal_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("shoal")}
 
 
+HEAVY_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heavy_tests.txt")
+
+
+def heavy_prefixes() -> list[str]:
+    """The node-id prefixes tests/heavy_tests.txt lists (comments and blank lines dropped)."""
+    with open(HEAVY_LIST) as f:
+        return [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+# what this session collected, for tests/test_heavy_list.py: the files, and the list's
+# prefixes that matched a test (before -m deselected any)
+HEAVY_SEEN: dict[str, set[str]] = {"files": set(), "matched": set()}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    prefixes = heavy_prefixes()
+    for item in items:
+        HEAVY_SEEN["files"].add(item.nodeid.split("::")[0])
+        for prefix in prefixes:
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.heavy)
+                HEAVY_SEEN["matched"].add(prefix)
+
+
+# dask's scheduler falls back from a taken port with a warning ("Port 8787 is already in use"),
+# which pyproject.toml makes an error.  Holding 8787 for the session makes a test that starts a
+# dashboard on the fixed default port (``dashboard_address=None`` still binds 8787) fail here
+# every time, not only on a machine where something else happens to listen there.
+DASK_DEFAULT_DASHBOARD_PORT = 8787
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dask_default_port_held():
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", DASK_DEFAULT_DASHBOARD_PORT))
+        sock.listen(1)
+    except OSError:  # taken by someone else: a fixed-port test warns (an error) all the same
+        pass
+    yield
+    sock.close()
+
+
 @pytest.fixture(autouse=True)
 def leak_check(request):
     yield from check_leaks(request)

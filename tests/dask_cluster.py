@@ -101,7 +101,8 @@ class CliCluster:
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.scheduler = _start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                 "--port", str(self.port), "--no-dashboard"])
+                                 "--port", str(self.port), "--no-dashboard",
+                                 "--dashboard-address", "127.0.0.1:0"])
         self.workers = [
             _start(["distributed.cli.dask_worker", self.address, "--nworkers", "1",
                     "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
@@ -141,13 +142,17 @@ def local_cluster(n_workers: int = 2):
     from distributed import LocalCluster
 
     return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                        dashboard_address=None)
+                        dashboard_address="127.0.0.1:0")
 
 
 BACKENDS = ["local", "dask-localcluster", "dask-cli"]
 # The dask cluster of scripts/testbed (a worker on each of 3 hosts that share neither memory
 # nor /tmp): the conformance suite's column with -m multihost (tests/multihost/README).
 TESTBED = "dask-testbed"
+# The same, for a module fixture's params: the command-line cluster's column (the costliest:
+# a scheduler and worker processes per module, every test run a third time) is in .ci/run's
+# ``-m heavy`` run; the default suite covers each behaviour on local and LocalCluster.
+BACKEND_PARAMS = ["local", "dask-localcluster", pytest.param("dask-cli", marks=pytest.mark.heavy)]
 
 
 class Clusters:

@@ -48,8 +48,10 @@ class Dashboard:
             import starlette  # noqa: F401
             import uvicorn  # noqa: F401
         except ImportError as exc:
-            raise ImportError(f"the dashboard needs starlette and uvicorn: pip install 'shoal[dashboard]' "
-                              f"({exc})") from None
+            from .._errors import install_hint
+
+            raise ImportError(f"the dashboard needs starlette and uvicorn: "
+                              f"{install_hint('dashboard', 'starlette uvicorn tqdm')} ({exc})") from None
         from .app import LOOPBACK_NAMES, host_name, make_app
         from .broadcast import max_streams_from
         from .server import WebServer

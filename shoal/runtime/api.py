@@ -135,8 +135,9 @@ class Backend(Protocol):
     def force_cancel(self, fut: Future) -> bool:
         """Cancel ``fut`` even while it runs (``Pilot.cancel(force=True)``)."""
 
-    def close(self, cancel_pending: bool = False) -> None:
-        """Stop after the submitted work (or cancel what has not started); idempotent."""
+    def close(self, cancel_pending: bool = False, wait: bool = True) -> None:
+        """Stop after the submitted work (or cancel what has not started); ``wait=False``:
+        also stop the running tasks now (their futures fail with PilotClosed); idempotent."""
 
 
 # -- helpers every backend shares -----------------------------------------------------

@@ -32,7 +32,7 @@ def narrow():
     from distributed import LocalCluster
 
     resource_tracker.ensure_running()  # a LocalCluster starts it; it is no leak
-    c = LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address=None)
+    c = LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address="127.0.0.1:0")
     yield c
     c.close()
 

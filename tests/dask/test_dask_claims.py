@@ -166,8 +166,9 @@ def test_a_round_past_its_deadline_takes_nothing():
 def test_the_scheduler_function_travels_by_value(tmp_path):
     """``locate`` runs on the scheduler, which need not have shoal installed: it is pickled
     by value (an interpreter where importing shoal fails loads and calls it) and imports
-    nothing of shoal.  The probe blocks shoal itself: CI installs shoal into the base
-    interpreter, so its absence cannot be assumed."""
+    nothing of shoal.  The probe runs this test's own interpreter (``sys.executable``: the
+    cloudpickle that pickled it is there) with shoal blocked in ``sys.modules``, since CI
+    installs shoal into that interpreter and its absence cannot be assumed."""
     import os
     import subprocess
     import sys
@@ -181,13 +182,11 @@ def test_the_scheduler_function_travels_by_value(tmp_path):
     probe = ("import pickle, sys, types\n"
              "sys.modules['shoal'] = None  # any import of shoal fails (CI installs it)\n"
              "locate = pickle.loads(sys.stdin.buffer.read())\n"
+             "assert not [m for m in sys.modules if m.startswith('shoal.')], 'shoal imported'\n"
              "sched = types.SimpleNamespace(tasks={}, workers={})\n"
              "print(locate(['k'], {}, 'c', dask_scheduler=sched)['k'])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    base = getattr(sys, "_base_executable", sys.executable)
-    out = subprocess.run([base, "-c", probe], input=blob, capture_output=True, cwd=tmp_path,
-                         env=env, timeout=60)
-    if b"No module named 'cloudpickle'" in out.stderr:
-        pytest.skip("the base interpreter has no cloudpickle")
+    out = subprocess.run([sys.executable, "-c", probe], input=blob, capture_output=True,
+                         cwd=tmp_path, env=env, timeout=60)
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == 'missing'

@@ -38,7 +38,7 @@ def cluster(request):
         from distributed import LocalCluster
 
         c = LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                         dashboard_address=None)
+                         dashboard_address="127.0.0.1:0")
     else:
         c = CliCluster(1, worker_args=["--nthreads", "2"])
     try:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import search_tasks as st
 from dask_cluster import (  # noqa: F401 - clusters, pilot: fixtures
-    BACKENDS,
+    BACKEND_PARAMS,
     TESTBED,
     clusters,
     local_cluster,
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.fd_slack(8)
 
 # the dask column again with a worker on each of 3 hosts of scripts/testbed (-m multihost)
 @pytest.fixture(scope="module",
-                params=[*BACKENDS, pytest.param(TESTBED, marks=pytest.mark.multihost)])
+                params=[*BACKEND_PARAMS, pytest.param(TESTBED, marks=pytest.mark.multihost)])
 def kind(request, clusters):
     clusters.warm(request.param)  # before the per-test leak check looks
     return request.param

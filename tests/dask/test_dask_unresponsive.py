@@ -57,7 +57,7 @@ def cluster(request):
         from distributed import LocalCluster
 
         c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                         dashboard_address=None)
+                         dashboard_address="127.0.0.1:0")
     c.stopped = []  # pids a test SIGSTOPped: resumed before the close (else it hangs)
     try:
         yield c

@@ -71,3 +71,8 @@ class Thing:
 
 def make_object():
     return Thing(5)
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()

@@ -82,10 +82,11 @@ def test_after_and_when_and_failure_isolation(tmp_path):
     report = run([a, b, c, d], journal=str(tmp_path / "run.db"))
     lines = out.read_text().split()
     assert lines == ["a.s0.slow", "b.s0.after_a"]
-    assert report.counts[TaskState.SKIPPED] == 2 and report.failed == 2
+    assert report.counts[TaskState.SKIPPED] == 3 and report.failed == 2  # c.s1's task did not start
     assert "when= raised" in next(f for f in report.failures if f["uid"] == "d.s0.bad_when")["reason"]
     assert report.result("d.s0.run_me") == 9
-    assert report.stages["c.s0"] == {TaskState.FAILED: 1} and "c.s1" not in report.stages
+    assert report.stages["c.s0"] == {TaskState.FAILED: 1} and report.stages["c.s1"] == {TaskState.SKIPPED: 1}
+    assert "not started (pipeline failed at c.s0)" in report.table()
 
 
 def test_simulation_analysis_loop(tmp_path):
@@ -113,7 +114,8 @@ def test_stop_and_add_pipeline(tmp_path):
     wf = Pipeline([Stage([Task(function=square, args=(1,))], post_exec=control),
                    Stage([Task(function=square, args=(2,))])], name="main")
     report = run(wf, journal=str(tmp_path / "run.db"))
-    assert report.result("spawned.s0.t0") == 25 and "main.s1" not in report.stages
+    assert report.result("spawned.s0.t0") == 25 and report.stages["main.s1"] == {TaskState.SKIPPED: 1}
+    assert "not started (pipeline stopped at main.s0)" in report.table()
 
 
 @pytest.mark.parametrize("mode", list(Staging))

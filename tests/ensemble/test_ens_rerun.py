@@ -176,11 +176,13 @@ def test_status_shows_unstarted_stages_totals_and_failures(tmp_path):
     assert out.returncode == 0
     lines = out.stdout.splitlines()
     assert "finished: 5 done, 1 failed" in lines[0]
-    assert any(ln.split()[:2] == ["p0.s1", "skipped"] for ln in lines)  # its pipeline stopped
+    assert any(ln.startswith("p0.s1") and "not started (pipeline failed at p0.s0)" in ln
+               and ln.split()[-1] == "1" for ln in lines)  # its pipeline stopped; its task counted
     assert any(ln.split()[:3] == ["p1.s1", "done", "2"] for ln in lines)
     assert "| broken pipe" in out.stdout
     data = json.loads(shoal_cli("status", "run.db", "--json", cwd=tmp_path).stdout)
-    assert data["total"] == 6 and data["counts"]["done"] == 5 and data["driver"]["state"] == "ended"
+    assert data["total"] == 7 and data["counts"]["done"] == 5 and data["counts"]["skipped"] == 1
+    assert data["driver"]["state"] == "ended"
     watch = shoal_cli("status", "run.db", "--watch", "0.1", cwd=tmp_path)  # an ended run: one frame
     assert watch.returncode == 0 and "finished" in watch.stdout
 

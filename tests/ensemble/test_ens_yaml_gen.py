@@ -75,3 +75,59 @@ def test_generator_errors_name_file_and_line(tmp_path, text, line, words):
     assert msg.startswith(f"{wf}:{line}:"), msg
     for w in words:
         assert w in msg, msg
+
+
+CHAINED = """\
+pipelines:
+  - name: ens
+    stages:
+      - name: sim
+        tasks:
+          - executable: /bin/sh
+            name: "r{i}"
+            arguments: ["-c", "echo {i} > out.txt"]
+            replicas: 3
+      - name: ana
+        tasks:
+          - executable: /bin/sh
+            name: "a{i}"
+            arguments: ["-c", "cat $ens.sim.r{i}/out.txt"]
+            replicas: 3
+          - executable: /bin/cat
+            name: "s{i}"
+            stdin: "$ens.sim.r{i}/out.txt"
+            replicas: 2
+          - function: "ens_tasks:read_text"
+            name: "f{i}"
+            args: ["$ens.sim.r{i}/out.txt"]
+            replicas: 2
+"""
+
+
+def test_placeholders_are_filled_before_references_are_checked(tmp_path):
+    """Issue 35: ``arguments: ["-c", "cat $ens.sim.r{i}/out.txt"]`` in a ``replicas:`` task was
+    refused ('ens.sim.r' names no pipeline...): the embedded reference was read from the
+    template and stopped at the brace.  Arguments, stdin and function args all chain copy i
+    of one stage to copy i of the next."""
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(CHAINED)
+    report = run(load_yaml(str(wf)), journal=str(tmp_path / "run.db"))
+    assert report.ok and report.done == 10, report
+    for i in range(3):
+        assert (tmp_path / f"run.sandbox/ens/ana/a{i}/stdout").read_text() == f"{i}\n"
+    for i in range(2):
+        assert (tmp_path / f"run.sandbox/ens/ana/s{i}/stdout").read_text() == f"{i}\n"
+        assert report.result(f"ens.ana.f{i}") == f"{i}\n"
+
+
+@pytest.mark.parametrize("field", ['arguments: ["-c", "cat $ens.sim.r{i}/out.txt"]',
+                                   'stdin: "$ens.sim.r{i}/out.txt"'])
+def test_a_reference_to_a_copy_that_does_not_exist_is_an_error(tmp_path, field):
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(CHAINED.split("      - name: ana")[0] + "      - name: ana\n        tasks:\n"
+                  "          - executable: /bin/sh\n            name: 'a{i}'\n"
+                  f"            {field}\n            replicas: 4\n")
+    with pytest.raises(EnsembleError) as info:
+        load_yaml(str(wf))
+    assert "'ens.sim.r3' names no pipeline, stage or task" in str(info.value)
+    assert "did you mean" in str(info.value)

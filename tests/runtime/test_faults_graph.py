@@ -196,7 +196,7 @@ def dask_pilot():
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                      dashboard_address=None) as cluster:
+                      dashboard_address="127.0.0.1:0") as cluster:
         with shoal.Pilot(backend="dask", cluster=cluster, workers=1) as p:
             p.submit(t.ident, [p.submit(t.inc, 1)]).result(timeout=60)  # node runtime up now
             yield p

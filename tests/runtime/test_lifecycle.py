@@ -96,7 +96,7 @@ def test_driver_with_threads_running():
 def test_with_dask_client_in_driver():
     distributed = pytest.importorskip("distributed")
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=1,
-                            dashboard_address=None) as client:
+                            dashboard_address="127.0.0.1:0") as client:
         assert client.submit(lambda: 1).result() == 1
         with shoal.Pilot(workers=2) as pilot:
             assert pilot.submit(t.inc, 1).result(30) == 2

@@ -626,9 +626,10 @@ class DaskBackend(CancelPaths):
         except Exception:  # pragma: no cover
             return None
 
-    def close(self, cancel_pending: bool = False) -> None:
+    def close(self, cancel_pending: bool = False, wait: bool = True) -> None:
         if self.closed:
             return
+        cancel_pending = cancel_pending or not wait  # started tasks stop with their node runtimes
         self.closing = True
         with self._lock:
             futs = [f for f, _ in self._pending.values()]

@@ -43,7 +43,7 @@ import shutil
 import subprocess
 import tempfile
 
-from ..._errors import BackendUnavailable
+from ..._errors import BackendUnavailable, install_hint
 
 
 class Provider(enum.Enum):
@@ -163,7 +163,8 @@ def make_cluster(provider: Provider, *, jobs: int = 1, **options):
         import dask_jobqueue
     except ImportError:
         raise ImportError(
-            f"provider={provider.value!r} needs dask-jobqueue: pip install dask-jobqueue") from None
+            f"provider={provider.value!r} needs dask-jobqueue: "
+            f"{install_hint('slurm', 'dask-jobqueue')}") from None
     if "cores" not in options or "memory" not in options:
         raise TypeError(f"provider={provider.value!r} needs cores= and memory= "
                         "(per job, e.g. cores=32, memory='64GB')")

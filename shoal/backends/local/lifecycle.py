@@ -229,6 +229,10 @@ class Lifecycle:
             if tid == overran:
                 err = TaskTimeout(f"task {task.name} ran longer than its timeout of {task.timeout} s; "
                                   f"worker {ep} was killed and replaced")
+            elif getattr(self, "stopping", False):  # close() killed it at its grace's end (Ctrl-C)
+                self._fail_or_retry(tid, task, PilotClosed(
+                    f"the pilot closed while task {task.name} ran (worker {ep} stopped)"), retry=False)
+                continue
             else:
                 err = WorkerLost(f"worker {ep} (pid {proc.pid}) died with exit code {proc.returncode} "
                                  f"while running task {task.name}; a replacement was started")
@@ -275,11 +279,11 @@ class Lifecycle:
         self.tasks, self.waiting, self.staged = {}, {}, []
         self.out, self.inboxes = {}, []
 
-    def close(self, cancel_pending: bool = False) -> None:
+    def close(self, cancel_pending: bool = False, wait: bool = True) -> None:
         with self.close_lock:  # the exit handler and a collected pilot's closer may race
-            self._close(cancel_pending)
+            self._close(cancel_pending or not wait, CLOSE_GRACE_S if wait else STOP_GRACE_S)
 
-    def _close(self, cancel_pending: bool) -> None:
+    def _close(self, cancel_pending: bool, grace: float = 5.0) -> None:
         if self.closed:
             return
         self.closing = True
@@ -296,11 +300,12 @@ class Lifecycle:
         with self.lock:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + grace
         for proc in self.procs.values():
             try:
                 proc.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.stopping = True  # its running task ends PilotClosed, not WorkerLost
                 proc.kill()
                 proc.wait()
         self.closed = True
@@ -333,6 +338,14 @@ class Lifecycle:
         self.inboxes = []
         self.out = {}
         self.matrix.close()
+
+
+# How long close() lets the workers finish their running tasks and exit on SHUTDOWN before
+# it kills them: ``close(wait=True)`` (the default, and leaving a with block on an
+# exception) CLOSE_GRACE_S; ``close(wait=False)`` (leaving it on Ctrl-C) STOP_GRACE_S, time
+# for an idle worker to read SHUTDOWN and exit by itself, a busy one is SIGKILLed.
+CLOSE_GRACE_S = 5.0
+STOP_GRACE_S = 0.25
 
 
 def _after_fork_in_child() -> None:

@@ -67,7 +67,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         workers: int | None = None, cores=None, gpus: int = 0, memory=None, walltime=None,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
-        values: str = "data", resource=None, shared_data=(), launcher=None) -> Report:
+        values: str = "data", resource=None, shared_data=(), launcher=None,
+        resume_command: str | None = None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -93,6 +94,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     data, numpy arrays; reading never runs code) or ``"pickle"`` (any value;
     reading a journal then runs code its author chose: trusted journals only).
     Ctrl-C / SIGTERM drain like the walltime (the report says so; resume to finish).
+    ``resume_command``: what ``shoal status`` tells the user to run to finish the run
+    (``shoal run`` records its own); by default the driver's command line prefixed with
+    ``SHOAL_RESUME=1``: with that variable set to 1, ``run()`` resumes (``resume=True``,
+    ``new`` ignored), so a script, also an EnTK one, resumes without an edit.
 
     ``launcher``: how MPI tasks (``Task(ranks=R, cores_per_rank=C)``) start their ranks —
     ``"srun"``, ``"mpirun"`` (Open MPI) or ``"none"`` (the executable once, with all R x C
@@ -115,8 +120,12 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     first job starts, the engine drains before the allocation ends, and the
     jobs leave the queue when the run returns (resource.py, docs/hpc.md).
     """
+    import os
+
     from .engine import Engine
 
+    if os.environ.get("SHOAL_RESUME") == "1":  # the resume command journaled for a script
+        resume, new = True, False
     if workers is not None and (type(workers) is not int or workers < 1):
         raise EnsembleError(f"run(): workers must be an integer >= 1 (the cores to use), got {workers!r}")
     if type(gpus) is not int or gpus < 0:
@@ -133,12 +142,12 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        sandbox=sandbox, window=window, durability=durability,
                        progress=progress, patience=patience, new=new,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
-                       launcher=launcher)
+                       launcher=launcher, resume_command=resume_command)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
                     patience=patience, new=new, retry_failed=retry_failed, values=values,
-                    shared_data=shared_data, launcher=launcher)
+                    shared_data=shared_data, launcher=launcher, resume_command=resume_command)
     return engine.run()
 
 

@@ -1,10 +1,11 @@
 """``shoal run workflow.py`` and ``shoal status run.db``: the ensemble's two subcommands.
 
 Registrars in the style of shoal/cli.py (``add_run(subparsers)``, ``add_status``),
-listed in its ``COMMANDS``.  A workflow file is a Python file that defines
-``workflow``: a Pipeline, a list or iterable of them, or a function returning
-one of those.  It is executed with ``__name__ == "__shoal_workflow__"``, so an
-``if __name__ == "__main__":`` block in it does not run.
+listed in its ``COMMANDS``.  A workflow file is a YAML file (yamlfile.py) or a
+Python file that defines ``workflow``: a Pipeline, a list or iterable of them,
+or a function returning one of those; a Python file is executed with
+``__name__ == "__shoal_workflow__"``, so an ``if __name__ == "__main__":`` block
+in it does not run.
 
 Exit status of ``shoal run``: 0 every task done (or skipped), 1 some failed,
 3 stopped at the walltime (resume to finish), 130 stopped by Ctrl-C/SIGTERM
@@ -119,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
                          resource=resource,
                          new=args.new, retry_failed=args.retry_failed,
                          values="pickle" if args.pickle_values else "data",
-                         launcher=args.launcher)
+                         launcher=args.launcher, resume_command=resume_command(args))
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
             progress.end()
             print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",
@@ -138,10 +139,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "run", help="run an ensemble workflow file",
-        description="Run the Pipelines a workflow.py defines as `workflow`, journaled to an SQLite file.",
+        "run", help="run an ensemble workflow file (YAML or Python)",
+        description="Run the pipelines of a workflow file, journaled to an SQLite file: a YAML file "
+                    "(.yaml/.yml: pipelines, stages, tasks; docs/ensemble.md) or a Python file (.py) "
+                    "that defines `workflow` (a Pipeline, a list of them, or a function returning one). "
+                    "Ctrl-C drains and prints the command that resumes; `shoal status` shows it too.",
     )
-    parser.add_argument("workflow", help="a Python file defining `workflow`")
+    parser.add_argument("workflow", help="a YAML workflow file (.yaml, .yml) or a Python file (.py) "
+                                         "defining `workflow`")
     parser.add_argument("--journal", default="run.db", help="SQLite journal (default run.db)")
     again = parser.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="finish the run the journal holds")

@@ -76,6 +76,7 @@ import functools
 import os
 import select
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -119,6 +120,22 @@ NODE_KILL_GRACE_S = 10.0  # a drain waits this long past the walltime for nodes 
 QUEUE_BELOW_S = 0.05  # queue a CPU's next task behind its current one while tasks average less
 
 
+def script_resume_command() -> str:
+    """How to finish a run started by a script that calls ``run()`` (or EnTK's
+    ``AppManager.run()``): the same command line again with ``SHOAL_RESUME=1``, which makes
+    ``run()`` resume the journal instead of refusing it or starting afresh.  ``shoal run``
+    passes its own ``shoal run ... --resume`` instead."""
+    import shlex
+
+    try:
+        import psutil
+
+        argv = psutil.Process().cmdline()
+    except Exception:  # pragma: no cover - psutil is a dependency
+        argv = [sys.executable, *sys.argv]
+    return "SHOAL_RESUME=1 " + shlex.join(argv)
+
+
 class Engine:
     """One run of a workflow.  Use ``shoal.ensemble.run``; owner only (one thread).
 
@@ -130,7 +147,7 @@ class Engine:
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
                  new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
-                 launcher=None):
+                 launcher=None, resume_command: str | None = None):
         if retry_failed and not resume:
             raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
                                 "journaled run: it needs resume=True (--resume)")
@@ -182,6 +199,7 @@ class Engine:
         self.progress = progress_callback(progress)
         self.resume = resume
         self.retry_failed = retry_failed
+        self.resume_command = resume_command or script_resume_command()
         self.journal = Journal(journal, resume=resume, durability=durability, values=Values.parse(values),
                                new=new, sandbox=root)
         try:
@@ -233,6 +251,8 @@ class Engine:
             if self.plan is None and old_plan is not None:
                 self.plan = old_plan
         self.journal.set_plan(self.plan, self.identity)
+        self.journal.set_meta("resume_command", self.resume_command)
+        self.journal.set_meta("resume_cwd", os.getcwd())
         self.journal.commit()
 
     def _spec_diffs(self, limit: int = 3) -> list[str]:
@@ -283,11 +303,13 @@ class Engine:
         finally:
             restore()
             self._close_resources()
-        report = Report.from_journal(self.journal, wall0, time.monotonic() - t0, drained,
-                                     self.session_counts)
+        wall_s = time.monotonic() - t0
+        outputs, failures = self.journal.outputs(), list(self.journal.failures(limit=1000))
+        self.journal.close()  # the session ends: the status below reads a stopped run, not a live one
+        report = Report.from_journal(self.journal_path, wall0, wall_s, drained, self.session_counts,
+                                     outputs=outputs, failures=failures)
         report.drain_reason = self.drain_reason if drained else None
         report.interrupted = self.interrupted if drained else None
-        self.journal.close()
         return report
 
     def _catch_signals(self):

@@ -13,9 +13,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from typing import TYPE_CHECKING
 
 from .journal import Journal, open_readonly
 from .model import EnsembleError, Pipeline, Stage, TaskState
+
+if TYPE_CHECKING:
+    from .status import RunStatus
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -110,7 +114,13 @@ class StageContext:
 
 @dataclasses.dataclass
 class Report:
-    """The outcome of ``run``: ``ok`` when every task is DONE or SKIPPED and none was left."""
+    """The outcome of ``run``: ``ok`` when every task is DONE or SKIPPED and none was left.
+
+    Its counts and its table are the journal's ``RunStatus`` (status.py) read when the run
+    ended -- the numbers ``shoal status`` and the dashboard show, never a tally of its own:
+    every stage of the plan (those not started too, their tasks counted), planned tasks never
+    journaled as pending.  ``tasks_per_s`` counts only this session's tasks (a resume's
+    report does not credit the tasks earlier sessions finished)."""
 
     journal: str
     counts: dict[TaskState, int]
@@ -123,6 +133,8 @@ class Report:
     retries: int = 0
     drain_reason: str | None = None  # why it stopped starting tasks (walltime, Ctrl-C, ...)
     interrupted: str | None = None  # "SIGINT"/"SIGTERM" when a signal drained the run
+    status: RunStatus | None = None  # the journal's status when the run ended (what table() prints)
+    session_done: int | None = None  # tasks DONE in this session (None: a report loaded later)
 
     @property
     def done(self) -> int:
@@ -140,7 +152,8 @@ class Report:
 
     @property
     def tasks_per_s(self) -> float:
-        return self.done / self.wall_s if self.wall_s > 0 else 0.0
+        done = self.done if self.session_done is None else self.session_done
+        return done / self.wall_s if self.wall_s > 0 else 0.0
 
     def result(self, uid: str, values="data"):
         """A DONE task's value, read from the journal file (``values='pickle'``: see values.py)."""
@@ -156,54 +169,39 @@ class Report:
         return row[2] if row[3] == "executable" else decode(row[1], Values.parse(values), uid)
 
     @classmethod
-    def from_journal(cls, journal: Journal, wall0: float, wall_s: float, drained: bool,
-                     session_counts) -> Report:
-        return cls(journal.path, journal.counts(), list(journal.failures(limit=1000)),
-                   journal.stage_counts(), journal.outputs(), wall0, wall_s, drained,
-                   session_counts.get("retries", 0))
+    def from_journal(cls, path: str, wall0: float, wall_s: float, drained: bool, session_counts,
+                     *, outputs: dict | None = None, failures: list | None = None) -> Report:
+        """The report of a run that just ended, from its closed journal at ``path``."""
+        report = cls.load(path, failures=failures)
+        report.started, report.wall_s, report.drained = wall0, wall_s, drained
+        report.retries = session_counts.get("retries", 0)
+        report.session_done = session_counts.get(TaskState.DONE, 0)
+        report.outputs = outputs or {}
+        return report
 
     @classmethod
-    def load(cls, path: str) -> Report:
+    def load(cls, path: str, *, failures: list | None = None) -> Report:
         """The report of the run recorded in the journal at ``path`` (read-only)."""
-        db = open_readonly(path)
-        try:
-            counts = {TaskState(s): n for s, n in db.execute("SELECT state, count(*) FROM tasks GROUP BY state")}
-            stages: dict[str, dict[TaskState, int]] = {}
-            for stage, state, n in db.execute(
-                "SELECT stage, state, count(*) FROM tasks GROUP BY stage, state ORDER BY min(rowid)"
-            ):
-                stages.setdefault(stage, {})[TaskState(state)] = n
-            failures = [
-                {"uid": u, "kind": k, "exit_code": c, "reason": r, "stderr_tail": t or "", "attempts": a}
-                for u, k, c, r, t, a in db.execute(
-                    "SELECT uid, failure, exit_code, reason, stderr_tail, attempt FROM tasks WHERE state=? "
-                    "ORDER BY finished LIMIT 1000", (TaskState.FAILED.value,))
-            ]
-            first, last = db.execute("SELECT min(started), max(finished) FROM tasks").fetchone()
-        finally:
-            db.close()
-        wall = (last - first) if first and last else 0.0
-        return cls(path, counts, failures, stages, {}, first, wall)
+        from .status import RunStatus
+
+        status = RunStatus.load(path, failures=1000)
+        counts = {s: n for s, n in status.counts.items() if n}
+        stages = {}
+        for p in status.pipelines:
+            for st in p.stages:
+                c = {s: n for s, n in st.counts.items() if n and s is not TaskState.PENDING}
+                if st.pending:
+                    c[TaskState.PENDING] = st.pending
+                stages[st.uid] = c
+        if failures is None:
+            failures = [dataclasses.asdict(f) | {"stderr_tail": f.stderr_tail or ""} for f in status.failures]
+        wall = (status.updated - status.started) if status.started and status.updated else 0.0
+        return cls(path, counts, failures, stages, {}, status.started, wall, status=status)
 
     def table(self) -> str:
-        """Per-stage counts and the failures, as text."""
-        cols = [TaskState.DONE, TaskState.RUNNING, TaskState.PENDING, TaskState.FAILED,
-                TaskState.SKIPPED, TaskState.CANCELED]
-        width = max([len("stage")] + [len(s) for s in self.stages])
-        lines = [f"{'stage':<{width}}  " + "  ".join(f"{c.value:>8}" for c in cols)]
-        for stage, counts in self.stages.items():
-            lines.append(f"{stage:<{width}}  " + "  ".join(f"{counts.get(c, 0):>8}" for c in cols))
-        total = "  ".join(f"{self.counts.get(c, 0):>8}" for c in cols)
-        lines.append(f"{'total':<{width}}  {total}")
-        for f in self.failures[:20]:
-            kind = f["kind"].value if hasattr(f["kind"], "value") else f["kind"]
-            lines.append(f"FAILED {f['uid']}: {kind}: {f['reason']} (exit code {f['exit_code']}, "
-                         f"attempts {f['attempts']})")
-            tail = (f["stderr_tail"] or "").strip().splitlines()[-3:]
-            lines += [f"    | {t}" for t in tail]
-        if len(self.failures) > 20:
-            lines.append(f"... and {len(self.failures) - 20} more failures")
-        return printable("\n".join(lines))
+        """Per-stage counts (every stage of the plan, as ``shoal status`` prints them) and the
+        failures, one line each with the last lines of their stderr."""
+        return printable("\n".join([*self.status.stage_table(), *self.status.failure_lines()]))
 
     def __str__(self) -> str:
         if self.drained:
@@ -211,5 +209,8 @@ class Report:
         else:
             state = "ok" if self.ok else "not ok"
         when = time.strftime("%H:%M:%S", time.localtime(self.started)) if self.started else "-"
-        return (f"ensemble run {state}: {self.done} done, {self.failed} failed, started {when}, "
-                f"{self.wall_s:.2f} s, {self.tasks_per_s:.1f} tasks/s\n{self.table()}")
+        skipped = self.counts.get(TaskState.SKIPPED, 0)
+        this = f" ({self.session_done} in this session)" if self.session_done not in (None, self.done) else ""
+        return (f"ensemble run {state}: {self.done} done{this}, {self.failed} failed"
+                + (f", {skipped} skipped" if skipped else "")
+                + f", started {when}, {self.wall_s:.2f} s, {self.tasks_per_s:.1f} tasks/s\n{self.table()}")

@@ -33,6 +33,8 @@ import dataclasses
 import enum
 import json
 import math
+import os
+import shlex
 import socket
 import time
 
@@ -77,6 +79,14 @@ class StageStatus:
     counts: dict[TaskState, int]  # journaled tasks by state (RUNNING of a dead driver: see interrupted)
     planned: int | None  # tasks the workflow lists for it (None: lazy or unknown)
     interrupted: int = 0  # rows left RUNNING by a driver that is not alive
+    note: str | None = None  # what ``label`` says instead of the state ("stopped", "not started (...)")
+
+    @property
+    def label(self) -> str:
+        """The state as the tables print it: ``running`` only while a driver runs it; a stage of
+        a run that stopped says ``stopped`` (``interrupted``: its driver died), one that will not
+        run says why (``not started (pipeline failed at p.sim)``)."""
+        return self.note or self.state.value
 
     @property
     def total(self) -> int | None:
@@ -119,6 +129,7 @@ class RunStatus:
     eta: float | None  # seconds, when the driver is alive and the total known
     sessions: int = 1
     malformed: tuple[str, ...] = ()  # journal cells that are not what shoal writes, in words
+    resume_command: str | None = None  # the exact command that finishes this run (journaled)
 
     # -- building ---------------------------------------------------------------------
     @classmethod
@@ -158,18 +169,35 @@ class RunStatus:
             known = {u for u, _ in stage_list}
             stage_list += [(u, None) for u in rows.get(puid, {}) if u not in known]
             stages = []
+            last_started = None  # the stage its pipeline was at when it ended
             for suid, planned in stage_list:
                 counts = dict(rows.get(puid, {}).get(suid, {}))
                 interrupted = 0 if alive else counts.pop(TaskState.RUNNING, 0)
+                note = None
+                never = False  # a stage that will not run: its planned tasks count as skipped
                 if suid in ended:
                     state = ended[suid]
+                    never = state is TaskState.SKIPPED and not counts
+                    if never:
+                        note = "not started (skipped)"
                 elif puid in ended and not counts and not interrupted:
-                    state = TaskState.SKIPPED  # its pipeline ended (failed or stopped) before it
+                    state, never = TaskState.SKIPPED, True  # its pipeline ended before it
+                    verb = {TaskState.FAILED: "failed", TaskState.SKIPPED: "skipped"}.get(
+                        ended[puid], "stopped")
+                    note = f"not started (pipeline {verb}" + (f" at {last_started})" if last_started else ")")
                 elif counts or interrupted:
                     state = TaskState.RUNNING
+                    if driver.state is DriverState.ENDED:
+                        note = "stopped"
+                    elif driver.state is DriverState.DEAD:
+                        note = "interrupted"
                 else:
                     state = TaskState.PENDING
-                stages.append(StageStatus(suid, state, counts, planned, interrupted))
+                if never and planned:
+                    counts = {TaskState.SKIPPED: planned}
+                if not never:
+                    last_started = suid
+                stages.append(StageStatus(suid, state, counts, planned, interrupted, note))
             pstate = ended.get(puid) or (TaskState.RUNNING if any(s.state is not TaskState.PENDING
                                                                    for s in stages) else TaskState.PENDING)
             pipelines.append(PipelineStatus(puid, pstate, stages))
@@ -209,8 +237,12 @@ class RunStatus:
         if rate and total is not None and driver.state is DriverState.ALIVE:
             left = total - sum(counts[s] for s in _STATES if s.terminal)
             eta = max(0.0, left / rate)
+        resume = meta.get("resume_command") or None
+        cwd = meta.get("resume_cwd")
+        if resume and cwd and cwd != os.getcwd():
+            resume = f"cd {shlex.quote(cwd)} && {resume}"
         return cls(path, meta.get("identity"), driver, pipelines, counts, interrupted, total,
-                   failures, first, last, rate, eta, sessions, malformed)
+                   failures, first, last, rate, eta, sessions, malformed, resume)
 
     # -- reading ----------------------------------------------------------------------
     @property
@@ -231,9 +263,10 @@ class RunStatus:
                        "state": self.driver.state.value, "since": self.driver.since},
             "counts": counts(self.counts), "interrupted": self.interrupted, "total": self.total,
             "started": self.started, "updated": self.updated, "rate": self.rate, "eta": self.eta,
-            "finished": self.finished,
+            "finished": self.finished, "resume_command": self.resume_command,
             "pipelines": [{"uid": p.uid, "state": p.state.value, "stages": [
-                {"uid": s.uid, "state": s.state.value, "counts": counts(s.counts), "planned": s.planned,
+                {"uid": s.uid, "state": s.state.value, "label": s.label, "counts": counts(s.counts),
+                 "planned": s.planned,
                  "total": s.total, "pending": s.pending, "interrupted": s.interrupted}
                 for s in p.stages]} for p in self.pipelines],
             "failures": [dataclasses.asdict(f) for f in self.failures],
@@ -242,39 +275,52 @@ class RunStatus:
 
     def table(self, max_failures: int = 20) -> str:
         """What ``shoal status`` prints: driver line, per-stage table, totals, ETA, failures."""
-        lines = [self._driver_line()]
+        rate = f"{self.rate:.1f} tasks/s" if self.rate else "rate ?"
+        lines = [self._driver_line(), *self.stage_table(),
+                 f"{rate}  ETA {_clock(self.eta) if self.eta is not None else '?'}",
+                 *self.failure_lines(max_failures)]
+        if self.driver.state is not DriverState.ALIVE and not self.finished:
+            resume = self.resume_command or f"shoal run <workflow> --journal {self.journal} --resume"
+            lines.append(f"finish with: {resume}")
+        return printable("\n".join(lines))
+
+    def stage_table(self) -> list[str]:
+        """One row per stage (also those not started) and the totals: the table ``shoal status``
+        and a run's own report print, so the two never disagree."""
         cols = [TaskState.DONE, TaskState.RUNNING, TaskState.PENDING, TaskState.FAILED,
                 TaskState.SKIPPED, TaskState.CANCELED]
-        names = [s.uid for p in self.pipelines for s in p.stages]
-        width = max([len("stage")] + [len(n) for n in names])
+        stages = [s for p in self.pipelines for s in p.stages]
+        width = max([len("stage")] + [len(s.uid) for s in stages])
+        swidth = max([len("state")] + [len(s.label) for s in stages])
         extra = self.interrupted > 0
-        head = f"{'stage':<{width}}  {'state':<8}  " + "  ".join(f"{c.value:>8}" for c in cols)
-        lines.append(head + ("  interrupted" if extra else "") + "     total")
-        for p in self.pipelines:
-            for s in p.stages:
-                cells = []
-                for c in cols:
-                    n = s.pending if c is TaskState.PENDING else s.counts.get(c, 0)
-                    cells.append(f"{'?' if n is None else n:>8}")
-                row = f"{s.uid:<{width}}  {s.state.value:<8}  " + "  ".join(cells)
-                if extra:
-                    row += f"  {s.interrupted:>11}"
-                total = s.total
-                lines.append(row + f"  {'?' if total is None else total:>8}")
+        head = f"{'stage':<{width}}  {'state':<{swidth}}  " + "  ".join(f"{c.value:>8}" for c in cols)
+        lines = [head + ("  interrupted" if extra else "") + "     total"]
+        for s in stages:
+            cells = []
+            for c in cols:
+                n = s.pending if c is TaskState.PENDING else s.counts.get(c, 0)
+                cells.append(f"{'?' if n is None else n:>8}")
+            row = f"{s.uid:<{width}}  {s.label:<{swidth}}  " + "  ".join(cells)
+            if extra:
+                row += f"  {s.interrupted:>11}"
+            total = s.total
+            lines.append(row + f"  {'?' if total is None else total:>8}")
         cells = "  ".join(f"{self.counts[c]:>8}" for c in cols)
-        row = f"{'total':<{width}}  {'':<8}  {cells}" + (f"  {self.interrupted:>11}" if extra else "")
+        row = f"{'total':<{width}}  {'':<{swidth}}  {cells}" + (f"  {self.interrupted:>11}" if extra else "")
         lines.append(row + f"  {'?' if self.total is None else self.total:>8}")
-        rate = f"{self.rate:.1f} tasks/s" if self.rate else "rate ?"
-        lines.append(f"{rate}  ETA {_clock(self.eta) if self.eta is not None else '?'}")
+        return lines
+
+    def failure_lines(self, max_failures: int = 20) -> list[str]:
+        """``FAILED uid: reason`` (one line each) and the last lines of its stderr."""
+        lines = []
         for f in self.failures[:max_failures]:
-            lines.append(f"FAILED {f.uid}: {f.kind}: {f.reason} (exit code {f.exit_code}, "
-                         f"attempts {f.attempts})")
+            lines.append(failure_line(f.uid, f.reason, f.exit_code, f.attempts))
             lines += [f"    | {t}" for t in (f.stderr_tail or "").strip().splitlines()[-3:]]
         more = self.counts[TaskState.FAILED] - min(len(self.failures), max_failures)
         if more > 0:
             lines.append(f"... and {more} more failures")
         lines += [f"MALFORMED {m}" for m in self.malformed]
-        return printable("\n".join(lines))
+        return lines
 
     def _driver_line(self) -> str:
         d = self.driver
@@ -285,14 +331,24 @@ class RunStatus:
             return f"run {self.journal}: driver {who} (another host: cannot check whether it is alive)"
         if d.state is DriverState.DEAD:
             return (f"run {self.journal}: driver DEAD ({who} is gone without closing the journal; "
-                    f"{self.interrupted} tasks were running); finish with: shoal run <workflow> "
-                    f"--journal {self.journal} --resume")
+                    f"{self.interrupted} tasks were running)")
         c = self.counts
         if self.finished:
             return (f"run {self.journal}: finished: {c[TaskState.DONE]} done, {c[TaskState.FAILED]} failed, "
                     f"{c[TaskState.SKIPPED]} skipped, {c[TaskState.CANCELED]} canceled")
-        return f"run {self.journal}: stopped with work left; finish with: shoal run <workflow> " \
-               f"--journal {self.journal} --resume"
+        return f"run {self.journal}: stopped with work left"
+
+
+def failure_line(uid: str, reason: str | None, exit_code: int | None, attempts: int | None) -> str:
+    """``FAILED p.s.t: exit code 3`` -- the reason once, the exit code only where the reason
+    does not already say it (never ``exit code None``), the attempts only when there were more."""
+    reason = " ".join((reason or "failed").split())
+    extra = []
+    if exit_code is not None and f"exit code {exit_code}" not in reason:
+        extra.append(f"exit code {exit_code}")
+    if attempts and attempts > 1:
+        extra.append(f"{attempts} attempts")
+    return f"FAILED {uid}: {reason}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 _TIME_OK = "({0} IS NULL OR (typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e13))"

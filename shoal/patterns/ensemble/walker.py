@@ -201,7 +201,10 @@ class Walker:
         self.task_scopes: dict[str, Names] = {}
         self.pipe_count = 0
         self.workflow_done = False
-        self.replayed: collections.Counter[TaskState] = collections.Counter()  # found terminal on resume
+        # terminal without running in this session: found so on resume, or SKIPPED because their
+        # stage will not start (a failure or stop before it, when= false): the progress line
+        # counts them, so its total stays the plan's, as ``shoal status`` shows it
+        self.replayed: collections.Counter[TaskState] = collections.Counter()
         self.moves = 0  # progress counter (the engine's stuck check adds it to its own)
         self.ended: list[Pipeline] = []  # finished pipelines whose stages are an _Ended list
 
@@ -260,6 +263,15 @@ class Walker:
         if self.total is not None and stages:
             more = count_tasks([Pipeline(list(stages))])
             self.total = None if more is None else max(0, self.total + sign * more)
+
+    def not_run(self, stages) -> None:
+        """Stages that will not start: their tasks count as skipped (the total keeps them)."""
+        if self.total is not None and stages:
+            n = count_tasks([Pipeline(list(stages))])
+            if n is None:  # a lazy stage: its size is unknown, so is the total
+                self.total = None
+            else:
+                self.replayed[TaskState.SKIPPED] += n
 
     def close(self) -> None:
         """The run is over (or aborted): finished pipelines take stages again (a plain list)."""
@@ -331,13 +343,13 @@ class Walker:
                 return False
             if state is not TaskState.DONE:
                 prun.next_stage += 1
-                self.grow_total([stage], -1)
+                self.not_run([stage])
                 self.journal.stage(suid, prun.uid, TaskState.SKIPPED)
                 prun.stopped, prun.failed = True, True
                 return self._start_next_stage(prun)
         prun.next_stage += 1
         if stage.when is not None and not stage.when(self.results):
-            self.grow_total([stage], -1)
+            self.not_run([stage])
             self.journal.stage(suid, prun.uid, TaskState.SKIPPED)
             return self._start_next_stage(prun)
         prun.stage = _StageRun(stage, suid, prun)
@@ -458,7 +470,7 @@ class Walker:
     def _end_pipeline(self, prun: _PipeRun, state: TaskState | None = None) -> None:
         if prun in self.pipes:
             self.pipes.remove(prun)
-            self.grow_total(prun.pipeline.stages[prun.next_stage:], -1)  # stages that will not run
+            self.not_run(prun.pipeline.stages[prun.next_stage:])
         self.moves += 1
         if state is None:
             state = TaskState.FAILED if prun.failed else TaskState.DONE

@@ -322,6 +322,7 @@ class _Loader:
             if task.name is not None and not NAME_RE.match(task.name):
                 raise self.error(node, f"{where}.name", f"name {task.name!r} must be letters, digits or _-:+@%=,")
             self.unique(f"{suid}.{name}", node, where)
+            self.value_refs(task, keys, where)
             try:
                 task.validate()
             except EnsembleError as exc:
@@ -401,22 +402,34 @@ class _Loader:
             kw["name"] = self.name(*at("name"))
         uid = f"{suid}.{kw.get('name', f't{k}')}"
         self.unique(uid, keys["name"][1] if "name" in keys else node, where)
-        argkey = "arguments" if "executable" in kw else "args"
-        if argkey in keys:
-            for i, (n, a) in enumerate(zip(keys[argkey][1].value, kw[argkey], strict=True)):
-                if isinstance(a, str) and "$" in a:
-                    for m in EMBEDDED_REF_RE.finditer(a):
-                        self.refs.append((f"{m[1]}.{m[2]}.{m[3]}", n, f"{where}.{argkey}[{i}]"))
-        if "stdin" in kw and parse_ref(kw["stdin"]):
-            self.refs.append((parse_ref(kw["stdin"])[0], keys["stdin"][1], f"{where}.stdin"))
         task = Task(**kw)
         if self.templating:
-            return task  # each copy is validated once its placeholders are filled
+            return task  # each copy's references are read and it is validated once filled in
+        self.value_refs(task, keys, where)
         try:
             task.validate()
         except EnsembleError as exc:
             raise self.error(node, where, str(exc).split(": ", 1)[-1]) from None
         return task
+
+    def value_refs(self, task: Task, keys: dict, where: str) -> None:
+        """Record the ``$p.s.t`` references inside ``arguments``/``args`` and ``stdin``.
+
+        They are read from the finished task's values, so a generated copy's are read after
+        its ``{i}``/sweep placeholders are filled (``"cat $ens.sim.r{i}/out"`` names
+        ``ens.sim.r3`` in copy 3; read from the template, the reference would stop at the
+        brace).  ``inputs`` and ``after`` hold whole references, recorded while parsing and
+        filled per copy in ``tasks_of``."""
+        argkey = "arguments" if task.executable is not None else "args"
+        values = task.arguments if argkey == "arguments" else task.args
+        if argkey in keys:
+            for i, (n, a) in enumerate(zip(keys[argkey][1].value, values, strict=True)):
+                if isinstance(a, str) and "$" in a:
+                    for m in EMBEDDED_REF_RE.finditer(a):
+                        self.refs.append((f"{m[1]}.{m[2]}.{m[3]}", n, f"{where}.{argkey}[{i}]"))
+        if task.stdin and parse_ref(task.stdin):
+            self.refs.append((parse_ref(task.stdin)[0], keys["stdin"][1], f"{where}.stdin"))
+
 
     def input(self, node, where: str) -> Input:
         if isinstance(node, ScalarNode):

@@ -39,8 +39,11 @@ def _torch():
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("dl.TorchModule needs torch: pip install 'shoal[torch]' (the CPU wheel; "
-                          "see docs/dl.md)") from exc
+        from ..._errors import install_hint
+
+        raise ImportError("dl.TorchModule needs torch: "
+                          f"{install_hint('torch', 'torch==2.13.0 threadpoolctl')}; on Linux the CPU "
+                          "wheel: --index-url https://download.pytorch.org/whl/cpu (docs/dl.md)") from exc
     return torch
 
 

@@ -70,7 +70,41 @@ HEAVY_SEEN: dict[str, set[str]] = {"files": set(), "matched": set()}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def _involves_shoal(item) -> bool:
+    from shoal.integrations.joblib import ShoalBackend
+
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(v == "shoal" or isinstance(v, ShoalBackend) for v in params.values())
+
+
+def _select_joblib_suite_cases(config, items):
+    """tests/joblib_suite runs joblib's own test_parallel.py: only its cases that involve the
+    shoal backend, and joblib_suite's EXPECTED_DIFFERENCES as strict xfails.  (Here, not in a
+    tests/joblib_suite/conftest.py: a second conftest module shadows this one for the tests
+    that import run_script from it.)"""
+    here = os.path.join(ROOT, "tests", "joblib_suite")
+    mine = [i for i in items if str(i.path).startswith(here + os.sep)]
+    if not mine:
+        return
+    keep, drop = [], []
+    for item in items:
+        if item in mine and item.function.__module__ == "joblib.test.test_parallel" \
+                and not _involves_shoal(item):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    for item in mine:
+        if item in keep:
+            differences = getattr(item.module, "EXPECTED_DIFFERENCES", {})
+            if item.name in differences:
+                item.add_marker(pytest.mark.xfail(reason=differences[item.name], strict=True))
+
+
 def pytest_collection_modifyitems(config, items):
+    _select_joblib_suite_cases(config, items)
     prefixes = heavy_prefixes()
     for item in items:
         HEAVY_SEEN["files"].add(item.nodeid.split("::")[0])

@@ -69,3 +69,32 @@ def test_expected_differences_name_real_tests(request):
     names = {i.name for i in request.session.items}
     missing = [k for k in EXPECTED_DIFFERENCES if k not in names]
     assert not missing, missing
+
+
+# joblib's own leak policy: loky keeps its reusable workers between tests, so shoal's per-test
+# child-process check does not apply; what shoal leaves is checked once at the end.
+@pytest.fixture(autouse=True)
+def leak_check():
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shoal_leaves_nothing():
+    yield
+    import psutil
+    from joblib.externals.loky import get_reusable_executor
+
+    import shoal.integrations.joblib as sj
+
+    # loky's reusable workers ran nested shoal calls (test_nested_loop[loky-shoal]): their
+    # default pilots close when those workers exit, checked below with ours
+    get_reusable_executor().shutdown(wait=True)
+    sj.close_default_pilot()
+    left = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "shoal.runtime.worker" in " ".join(proc.cmdline()):
+                left.append(proc.pid)
+        except psutil.Error:
+            pass
+    assert not left, f"joblib's suite left shoal workers behind: {left}"

@@ -74,9 +74,7 @@ from joblib.parallel import (
 
 import shoal
 from shoal import _context
-from shoal._errors import PilotClosed
 from shoal.runtime import wire
-from shoal.runtime.api import BackendKind
 
 try:
     from joblib._parallel_backends import FallbackToBackend
@@ -175,7 +173,7 @@ class ShoalBackend(AutoBatchingMixin, ParallelBackendBase):
                 f"joblib's initializer= runs once in each new worker, and {where} the workers "
                 "run already: pass initializer=/initargs= to shoal.Pilot(...) instead, or leave "
                 "the call to the backend's default pilot (no pilot open)")
-        local = self.in_task or self.pilot.backend is BackendKind.LOCAL
+        local = self.in_task or self.pilot.backend is shoal.BackendKind.LOCAL
         self.memmaps = _Memmaps.for_call(args, getattr(parallel, "_id", None), local,
                                          auto=not self.in_task)
         self.jobs = _Jobs(n, self.pilot, self.memmaps)
@@ -525,7 +523,7 @@ def _unusable(pilot: shoal.Pilot) -> str | None:
 def _check_usable(pilot: shoal.Pilot) -> None:
     why = _unusable(pilot)
     if why is not None:
-        raise PilotClosed(f"joblib backend 'shoal' was given pilot={pilot!r}: {why}")
+        raise shoal.PilotClosed(f"joblib backend 'shoal' was given pilot={pilot!r}: {why}")
 
 
 def _inside_dask_worker() -> bool:

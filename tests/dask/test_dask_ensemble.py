@@ -371,6 +371,8 @@ def test_allowed_failures_exhausted_then_engine_retry(tmp_path):
     """dask gives up after allowed-failures (0 here) worker deaths: the task FAILS with
     WORKER_LOST, said so in the Report and the journal; with retries=1 the engine's second
     attempt (which finds its flag and exits 0) completes it."""
+    import distributed  # noqa: F401 - its defaults in dask.config before the set() below: else
+    # leaving set() deletes the "distributed" section it created, defaults loaded meanwhile too
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         cluster = local_cluster(2)
     try:
@@ -390,7 +392,8 @@ def test_allowed_failures_exhausted_then_engine_retry(tmp_path):
     (failure,) = lost.failures
     assert failure["kind"] is FailureKind.WORKER_LOST and failure["attempts"] == 1
     assert "allowed-failures" in failure["reason"]
-    assert "FAILED p.s.k: worker_lost: WorkerLost: dask workers died" in str(lost)
+    (line,) = [x for x in str(lost).splitlines() if x.startswith("FAILED p.s.k: ")]
+    assert "died" in line and "allowed-failures" in line  # one line with dask's reason
     db = sqlite3.connect(lost.journal)
     assert db.execute("SELECT state, failure FROM tasks WHERE uid='p.s.k'").fetchone() == \
         ("failed", "worker_lost")

@@ -33,7 +33,7 @@ import shlex
 import sys
 import time
 
-from ... import _json
+from ..._json import dumps as json_dumps
 from . import run
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
@@ -176,7 +176,7 @@ def _status(args: argparse.Namespace) -> int:
 
     while True:
         status = RunStatus.load(args.journal)
-        text = _json.dumps(status.to_dict(), indent=2) if args.json else status.table()
+        text = json_dumps(status.to_dict(), indent=2) if args.json else status.table()
         if args.watch is None:
             print(text)
             return 0

@@ -114,6 +114,13 @@ def test_a_steal_answer_to_a_killed_thief_is_not_run_by_its_replacement(tmp_path
         pid = backend.procs[thief].pid
         os.kill(pid, signal.SIGSTOP)
         until(lambda: stopped(pid), what="the thief stopped")
+        if backend.matrix.status(thief)[STATUS_DEPTH]:
+            # it had claimed one of its own driver tasks after asking: that task started
+            # there, and its WorkerLost is the contract, not a lost queued task (1 run in
+            # 2 of the whole default suite on an idle 2-core machine)
+            os.kill(pid, signal.SIGCONT)
+            release(gate)
+            pytest.skip("the window was not built: the thief was running a task when stopped")
         release(gate)
         reach(answer.readable, "the victim answers the stopped thief")
         os.kill(pid, signal.SIGKILL)

@@ -218,7 +218,7 @@ def test_threads_cancelling_the_same_futures_agree_with_what_ran(narrow, tmp_pat
     """(A version of r-break4's round revived a task a concurrent cancel() had confirmed: a
     round must give up only keys it did not cancel.  F6, fixed by r-dask4: a task refused by
     one thread's tombstone sat in dask's memory, and another thread's round heard STARTED
-    from the scheduler; 7 of 200 rounds before, 0 of 200 after, /work/wt/notes/r-dask4.md.
+    from the scheduler; 7 of 200 rounds before, 0 of 200 after.
     The deterministic test of that cause is the next one; the 100-round run is -m slow.)"""
     _thread_rounds(narrow, tmp_path, 3, 13)
 

@@ -2,7 +2,7 @@
 for nodes of a class of the driver's ``__main__`` in chunked searches (found while fixing F4).
 
 Each test failed before its fix (F8's and F9's pin behaviour that was already right: F8 was
-a docstring that said otherwise, F9 did not reproduce at f328666; see /work/wt/notes/r-fix6.md).
+a docstring that said otherwise, F9 did not reproduce at f328666).
 Real pilots with real worker processes throughout; a real pseudo-terminal for the line.
 """
 

@@ -1,7 +1,7 @@
 """Attacks on the ticked count loop (patterns/search/ticked.py, shoal/_tick.py,
 shoal/_ticker.c): hostile environments a task's own code makes (signal handlers, wakeup
 fds, threads, forks, nested searches, a low recursion limit), errors at every depth, and
-references for the counts (a plain recursion, OEIS).  Findings: /work/wt/notes/r-break6.md."""
+references for the counts (a plain recursion, OEIS)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ nodes / the sequential run's): C125.9 0.82x before, 1.18x with strict pruning
 against everything but the task's own finds, 0.99x with the spawners' values
 passed down; keller4 1.00x, 1.08x, 1.01x.  Rejected: strict pruning on pilots
 of several machines only (the local backend re-runs a stolen task whose
-worker died: the same loss, tests/attack/test_search_break5.py); strict
+worker died: the same loss, tests/attack/test_search_user_idioms.py); strict
 pruning in re-run attempts only (a task cannot tell it is one, nor can the
 tasks a re-run spawns, which a thief may run anywhere); withdrawing a dead
 process's slot from the cell (tasks cached the value and pruned with it

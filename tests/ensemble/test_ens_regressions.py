@@ -1,4 +1,5 @@
-"""Regression tests for the ensemble findings F1/F4/F5/F6/F7/F8 of r-break3 (issue 14, fourth round).
+"""Regression tests for ensemble findings F1/F4-F8: a run SIGKILLed by its own task, leftover
+processes, journals with values shoal never writes.
 
 Real processes throughout: `shoal run` as a subprocess SIGKILLed by its own task, real victims
 for the leftover-kill check, real SQLite journals.  The attack tests themselves are in

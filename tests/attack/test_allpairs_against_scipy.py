@@ -1,4 +1,4 @@
-"""Breaking all_pairs on arrays already in memory the way a scipy user does (fifth round).
+"""Breaking all_pairs on arrays already in memory the way a scipy user does.
 
 Every result is compared with scipy's ``pdist``/``cdist`` on the same input: odd and prime
 sizes, every dtype a user's array arrives in, memory layouts numpy produces, NaN and inf,

@@ -1,5 +1,5 @@
-"""Regression tests for r-break5's F4, F6, F7, F8 and F9 (search skeletons, sixth round), and
-for nodes of a class of the driver's ``__main__`` in chunked searches (found while fixing F4).
+"""Regression tests for search-skeleton findings (F4, F6-F9: checkpoints, progress line, chunked
+searches, docs that contradicted behaviour), and for nodes of a class of the driver's ``__main__`` in chunked searches (found while fixing F4).
 
 Each test failed before its fix (F8's and F9's pin behaviour that was already right: F8 was
 a docstring that said otherwise, F9 did not reproduce at f328666).

@@ -1,5 +1,4 @@
-"""Breaking issue 15's search skeletons the way YewPar, multiprocessing and numpy users do
-(fifth round).
+"""Breaking the search skeletons the way YewPar, multiprocessing and numpy users do.
 
 References nobody here wrote: networkx's clique enumeration and clique number.  The strict
 xfails name bugs in files other developers own (reproducers in the round's note); each

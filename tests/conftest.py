@@ -1,6 +1,6 @@
 """Shared fixtures: a leak check around every test, and small helpers.
 
-The leak check (ARCHITECTURE.md "Testing habits") fails a test that leaves
+The leak check (docs/architecture.md, "Testing habits") fails a test that leaves
 behind a child process, a shoal thread, a /dev/shm entry or open file
 descriptors.  Children get a grace period to exit (pilots shut down
 asynchronously only in error paths).

@@ -1,4 +1,4 @@
-"""Enforce ARCHITECTURE.md's import direction with an AST scan of every module under shoal/.
+"""Enforce docs/architecture.md's import direction with an AST scan of every module under shoal/.
 
 Layers, bottom to top: leaf modules (``shoal/_*.py``: they import only the stdlib and
 other leaves, so any layer may use them: patterns too, e.g. ``shoal._room``), ``queues``, ``runtime``,

@@ -2,7 +2,7 @@
 
 Nothing here touches a pilot, a process or a file: every function takes plain
 numbers (or a user callable it only calls) and returns plain data, so the
-tiling and caching policy is tested without workers (ARCHITECTURE.md: policy
+tiling and caching policy is tested without workers (docs/architecture.md: policy
 is pure).  ``shoal.patterns.all_pairs`` carries the decisions out.
 
 Geometry.  The pair matrix is ``n x m``.  A *region* is ``(kind, i0, i1, j0,

@@ -10,7 +10,7 @@ Task ids are 64-bit: the owner endpoint (who receives the result: 0 is the
 driver, 1..N the workers) in the top 16 bits, a per-owner counter below.  So a
 result can be routed by any worker without a lookup, and ids never collide.
 
-Serialization (ARCHITECTURE.md): functions travel once per worker as
+Serialization (docs/architecture.md): functions travel once per worker as
 cloudpickle bytes under a small integer id (``DEFINE``); arguments and results
 use pickle protocol 5.  A function that a worker made up itself (a closure
 spawned inside a task) and that is stolen travels inline (``Flag.INLINE_FN``).

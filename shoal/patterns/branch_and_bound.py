@@ -21,7 +21,7 @@ that node, and this task's result counts only if theirs do) -- or when
 offered by a task whose attempt died (a SIGKILLed local worker whose stolen
 task its owner runs again, a dask machine whose group dask runs again), and
 the node that attained it died with it; a re-run that pruned ties against it
-lost the optimum silently (r-break5's F3).  Why it is exact: the cell only
+lost the optimum silently.  Why it is exact: the cell only
 ever holds values of real nodes, rounded *down* to float64
 (``model.floor_float``; an int past 2**53 rounded up pruned a better node,
 F1), so nothing in it exceeds the optimum v*; the strict test never prunes a

@@ -196,7 +196,7 @@ def _two_big_bound(node):
 @pytest.mark.parametrize("sense", ["maximise", "minimise"])
 def test_an_int_incumbent_past_2_53_from_another_task_does_not_hide_a_better_node(
         pilot2, tmp_path, sense):
-    """F1 across tasks (r-break5's p4.py): one task per child of the root; "a" offers
+    """F1 across tasks: one task per child of the root; "a" offers
     2**60+200 (rounded up to 2**60+256 in the cell, before), then "b" reaches 2**60+250 and
     pruned it against the cell: 200 instead of 250.  "b" waits for "a"'s value (a file
     written by objective("a")) and a short sleep stands for the offer that follows it; were

@@ -186,7 +186,7 @@ def test_function_timeout(tmp_path):
 
 
 def test_a_directory_output_is_downloaded_as_a_tree(tmp_path, monkeypatch):
-    """EnTK's download_output_data of a directory failed with 'Is a directory' (r-break3).
+    """EnTK's download_output_data of a directory failed with 'Is a directory'.
     It is copied as a tree; a link in it stays a link (nothing outside the sandbox is read)."""
     monkeypatch.chdir(tmp_path)
     t = Task(executable="/bin/sh", name="d",

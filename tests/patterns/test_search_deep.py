@@ -159,7 +159,7 @@ def _count_stack_builds(monkeypatch) -> tuple[list, list]:
 
 @pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
 def test_a_poll_without_a_split_does_not_copy_the_stack(monkeypatch, goal):
-    """r-break3's F2: every poll of the iterative loops copied the whole stack (O(depth)),
+    """Every poll of the iterative loops copied the whole stack (O(depth)),
     which made a 100,000-level chain quadratic (7 s instead of 0.2 s) with no thief at
     all.  The stack is built only when the poll splits: here polls come every TICK nodes
     and no worker is hungry, so it is never built."""

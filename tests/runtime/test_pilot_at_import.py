@@ -2,7 +2,7 @@
 functions (no ``if __name__ == "__main__":`` guard): the workers refuse to start a pilot
 while they load a task, so the driver gets a clear error instead of waiting forever.
 
-Before: ``python -c "import script"`` hung (r-break5's F5: the worker imported the script to
+Before: ``python -c "import script"`` hung (the worker imported the script to
 unpickle ``children``, ran its ``main()``, started a pilot of its own inside the worker, and
 the driver waited for the task for good).  multiprocessing raises in the same situation."""
 

@@ -245,7 +245,7 @@ class CancelPaths:
                 # taken there, then started elsewhere, or undecided: give up (the node runs
                 # it after all).  Not ``self._claimed``: a concurrent cancel() of the same
                 # future empties that, and a give_up of a key this round cancelled at the
-                # scheduler would revive a task whose cancel() said True (r-break4).
+                # scheduler would revive a task whose cancel() said True.
                 if k not in won:
                     for addr in addrs:
                         left_on.setdefault(addr, []).append(k)
@@ -263,7 +263,7 @@ class CancelPaths:
         if entry is not None and entry[1].status == "cancelled" and getattr(
                 entry[1]._state.exception, "reason", None) == on_scheduler.REASON:
             # another round's locate cancelled it, and dask's report outran that round's
-            # reply (different comms): taken, never runs.  Before (r-break4): False here,
+            # reply (different comms): taken, never runs.  Before: False here,
             # while the other thread's cancel() said True for the same future.
             return True
         if entry is None or entry[1].status != "pending":

@@ -82,7 +82,7 @@ round's deadline with neither (a ``give_up`` lost while the worker stays connect
 release still on its way after a SIGSTOP), the holder asks the scheduler to decide
 (on_scheduler.py ``arbitrate``, atomic as ``locate``): a round that confirmed has cancelled
 the key there (CANCELLED); otherwise the rounds are void there too, their confirming
-``locate`` takes nothing and their ``cancel()`` says False, and the task runs.  Before (r-break4), the task never ran and the future
+``locate`` takes nothing and their ``cancel()`` says False, and the task runs.  Before, the task never ran and the future
 ended CANCELLED after ``cancel()`` had said False (tests/attack/test_contract_dask.py).
 """
 
@@ -150,7 +150,7 @@ class Claims:
             elif entry is not None and not isinstance(entry, Fate) and entry.cancelled():
                 # taken back from the node queue and not revived: it never ran here.  A
                 # round arriving later must hear TAKEN (DONE answered STARTED, and a
-                # concurrent cancel() of the same future said False, r-break4)
+                # concurrent cancel() of the same future said False)
                 self.entries[key] = Fate.TOMBSTONE
             elif entry is not Fate.TOMBSTONE:
                 self.entries[key] = Fate.DONE

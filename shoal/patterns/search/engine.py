@@ -244,7 +244,7 @@ class Explorer(CountLoops, BnBLoop):
         ``frontier``: None for the recursive loops (their levels are read from their frames
         on a split), else a function returning the iterative loop's ``(iters, idx)``, called
         only when a split happens: building them costs O(depth), and a poll that copied them
-        every time made a 100,000-level chain quadratic (r-break3's F2)."""
+        every time made a 100,000-level chain quadratic."""
         self.report()
         rows = self.ctl.tolist()  # one copy, then plain Python: numpy reductions cost ~1 us each
         for r in rows:
@@ -288,7 +288,7 @@ class Explorer(CountLoops, BnBLoop):
         """A hungry worker's split.  One that ships nothing scanned the whole stack for
         siblings, O(depth): on a deep stack the next is tried only after
         depth // BARREN_DEPTH polls, so a 200,000-level chain with a thief waiting is not
-        quadratic (r-break3's F2: 40 s instead of ~1 s); trees under BARREN_DEPTH levels
+        quadratic (40 s instead of ~1 s); trees under BARREN_DEPTH levels
         (every benchmark's) never wait."""
         iters, idx = _levels(frontier)
         before = self.tally.splits

@@ -48,8 +48,8 @@ if __name__ == "__main__":
             futs = [pilot.submit(nap, marks, 2.0 if FINISH else 60) for _ in range(6)]
             while sum(f.running() for f in futs) < 2:
                 time.sleep(0.01)
-            print("ready", flush=True)
-            try:
+            try:  # "ready" inside the try: a SIGINT right after it must land in this handler
+                print("ready", flush=True)
                 for f in futs:
                     f.result()
             except KeyboardInterrupt:

@@ -1,5 +1,7 @@
 """Transactional stream processing on a pilot: MorphStream's task precedence graph.
 
+::
+
     from shoal.workloads import txstream as ts
     store = ts.Store({"accounts": np.full(N, 10_000, np.int64)})
     report = ts.Engine(store, pilot=pilot, scheduler="adaptive", punctuation=10_240).run(events)

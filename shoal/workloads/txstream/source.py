@@ -58,7 +58,7 @@ def fn_name(fn) -> str:
 
 
 def read_events(path, *, fn=None, format: str | None = None):
-    """Yield ``Event``s from a file, one record at a time."""
+    """Yield ``Event`` objects from a file, one record at a time."""
     fmt = _format(path, format)
     cache: dict = {}
 

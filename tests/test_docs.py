@@ -1,5 +1,7 @@
-"""The docs' code runs: every ```python block of docs/guide.md, docs/dashboard.md, docs/dl.md
-and README.md is a program (the one runner for every doc: add a doc to ``DOCS``).
+"""The docs' code runs: every ```python block of the pages in ``DOCS`` (README.md, the guide,
+the dashboard, dl, search, all-pairs and runtime pages) is a program (the one runner for
+every doc: add a doc to ``DOCS``; docs/ensemble.md's and docs/txstream.md's programs run in
+their own areas' tests).
 
 A ``print(...)  # expected`` comment is checked against what the block prints (the
 whole comment, e.g. ``# 3 True``).
@@ -16,7 +18,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", "docs/guide.md", "docs/dashboard.md", "docs/dl.md"]
+DOCS = ["README.md", "docs/guide.md", "docs/dashboard.md", "docs/dl.md", "docs/search.md",
+        "docs/all_pairs.md", "docs/runtime.md"]
 
 
 def _blocks():

@@ -58,7 +58,7 @@ from ._pair_tasks import (
     probe_task,
     tile_task,
 )
-from ._progress import Ticker
+from ._progress import Ticker, progress_text
 from ._tiles import TileKind, blocks, default_tile, merge_topk, sizeof
 
 __all__ = ["compute", "AllPairsResult", "AllPairsStats", "PairError", "LoadError", "default_tile"]
@@ -289,7 +289,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         t0 = time.perf_counter()
         total = n * (n + 1) // 2 if symmetric and other is None else n * m
         with Ticker("all_pairs", _sampler(counters, total), rates=("pairs", "tiles"),
-                    line=("tiles", "pairs_per_s", "percent_done", "cache_hit_rate")) as ticker:
+                    text=_line) as ticker:
             topk, pairs, tiles = _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k,
                                       largest, ticker)
         seconds = time.perf_counter() - t0
@@ -330,6 +330,18 @@ def _sampler(counters, total_pairs: int):
                 "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
                 "tiles_stolen": int(t[Counter.STOLEN])}
     return sample
+
+
+def _line(rec: dict) -> str:
+    """The terminal line of a progress record (shoal's one progress-line format)."""
+    rate, elapsed = rec.get("pairs_per_s"), rec.get("elapsed_s")
+    if rate is None:  # the first sample: the average so far
+        rate = rec["pairs"] / elapsed if elapsed else 0.0
+    left = rec["pairs_total"] - rec["pairs"]
+    eta = 0.0 if left <= 0 else (left / rate if rate else None)
+    return progress_text("all_pairs", rec["pairs"], "pairs", total=rec["pairs_total"], rate=rate,
+                         fields=(("tiles", rec["tiles"]), ("cache_hit_rate", rec.get("cache_hit_rate"))),
+                         elapsed=elapsed, eta=eta)
 
 
 def _plain_array(x) -> bool:

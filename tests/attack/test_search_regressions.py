@@ -151,7 +151,7 @@ def test_minimise_with_an_optimum_of_zero_shows_0_not_minus_0(pilot2):
     r = branch_and_bound.minimise(pilot2, (), _kids, _leaf_sum, _sum, progress=out)
     assert r.value == 0 and r.path == (0,) * 6
     last = out.getvalue().splitlines()[-1]
-    assert "incumbent 0," in last and "-0" not in last, last
+    assert "incumbent 0  " in last and "-0" not in last, last
     rec = BOARD.records("search")[-1]
     assert rec["incumbent"] == 0 and math.copysign(1.0, rec["incumbent"]) == 1.0
 

@@ -93,6 +93,10 @@ def test_ticker_publishes_rates_and_a_final_record():
     assert recs[-1]["state"] == "done" and recs[0]["state"] == "running"
 
 
+def _nodes_line(rec: dict) -> str:
+    return _progress.progress_text("tty-test", rec["nodes"], "nodes", elapsed=rec["elapsed_s"])
+
+
 def test_terminal_line_is_drawn_on_a_tty_and_not_elsewhere(monkeypatch):
     pytest.importorskip("tqdm")
     monkeypatch.setattr(_progress, "LINE_AFTER_S", 0.0)
@@ -101,7 +105,8 @@ def test_terminal_line_is_drawn_on_a_tty_and_not_elsewhere(monkeypatch):
     try:
         with os.fdopen(slave, "w", closefd=True) as tty:
             monkeypatch.setattr("sys.stderr", tty)
-            t = _progress.Ticker("tty-test", lambda: {"nodes": 12345}, interval=0.0)
+            t = _progress.Ticker("tty-test", lambda: {"nodes": 12345}, interval=0.0,
+                                 text=_nodes_line)
             t.tick()
             tty.flush()
             out = ""
@@ -110,10 +115,10 @@ def test_terminal_line_is_drawn_on_a_tty_and_not_elsewhere(monkeypatch):
             t.close()
     finally:
         os.close(master)
-    assert "tty-test: nodes 12,345" in out
+    assert "tty-test: 12,345 nodes  elapsed 0:00" in out
     piped = io.StringIO()
     monkeypatch.setattr("sys.stderr", piped)
-    t = _progress.Ticker("pipe-test", lambda: {"nodes": 1}, interval=0.0)
+    t = _progress.Ticker("pipe-test", lambda: {"nodes": 1}, interval=0.0, text=_nodes_line)
     t.tick()
     t.close()
     assert piped.getvalue() == ""  # not a terminal: no line, no escape codes

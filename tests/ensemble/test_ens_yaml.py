@@ -179,10 +179,11 @@ def _p(**kw):
 
 def test_progress_line():
     line = progress_line(_p())
-    assert line.startswith("[########............] 4/10") and "running 2" in line and "failed 1" in line
+    assert line.startswith("ensemble: [########............] 4/10 tasks")
+    assert "running 2" in line and "failed 1" in line
     assert "2.0 tasks/s" in line and "ETA 0:03" in line
     lazy = progress_line(_p(total=None, eta=None))
-    assert lazy.startswith("4/?") and "ETA ?" in lazy
+    assert lazy.startswith("ensemble: 4/? tasks") and "ETA ?" in lazy
     assert "ETA 1:01:01" in progress_line(_p(eta=3661))
 
 

@@ -15,6 +15,7 @@ import time
 
 import shoal
 
+from .._progress import State, progress_text
 from .model import EnsembleError, TaskState
 
 
@@ -35,25 +36,20 @@ def progress_record(counts, replayed, total: int | None, running: int, waiting: 
             "waiting": waiting, "total": total, "rate": rate, "eta": eta, "elapsed": elapsed, "final": final}
 
 
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds + 0.5)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
-def progress_line(p: dict, width: int = 20) -> str:
-    """``[#####.....] 120/400  running 2  failed 1  310.2 tasks/s  ETA 0:01`` (``?`` when unknown)."""
-    total, done, failed = p.get("total"), p["done"], p["failed"]
+def progress_line(p: dict) -> str:
+    """The run's line in shoal's one progress-line format (``progress_text``):
+    ``ensemble: [########............] 4/10 tasks  2.0 tasks/s  done 3  running 2  failed 1
+    elapsed 0:02  ETA 0:03`` (``4/? tasks`` and ``ETA ?`` while a lazy workflow's total is
+    unknown; the last line ends in ``(done)``, or ``(failed)`` when a task failed)."""
+    done, failed = p["done"], p["failed"]
     finished = done + failed + p.get("skipped", 0)
-    if total:
-        filled = min(width, width * finished // total)
-        head = f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total}"
-    else:
-        head = f"{finished}/?"
-    return (f"{head}  done {done}  running {p['running']}  failed {failed}  "
-            f"{p['rate']:.1f} tasks/s  elapsed {_clock(p['elapsed'])}  ETA {_clock(p.get('eta'))}")
+    state = None
+    if p.get("final"):
+        state = State.FAILED if failed else State.DONE
+    return progress_text("ensemble", finished, "tasks", total=p.get("total"), bounded=True,
+                         rate=p["rate"], fields=(("done", done), ("running", p["running"]),
+                                                 ("failed", failed)),
+                         elapsed=p["elapsed"], eta=p.get("eta"), state=state)
 
 
 class Progress:

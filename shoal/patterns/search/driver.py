@@ -18,7 +18,7 @@ import time
 import shoal
 
 from .._portable import portable
-from .._progress import Both, Ticker
+from .._progress import Both, State, Ticker, progress_text
 from .checkpoint import resume_initial, run_checkpointed
 from .control import NODES, SPAWNED, STARTED, StopFlag, make_control, stop_all, wait_all
 from .engine import task
@@ -39,7 +39,7 @@ PROGRESS_S = 1.0  # seconds between two progress lines
 
 class ProgressLine:
     """``progress=``: a line every ``PROGRESS_S`` with the nodes visited, nodes/s and the
-    incumbent, read from Control's NODES column and the incumbent cell (driver only).
+    incumbent (``progress_text``, shoal's one progress-line format), read from Control's NODES column and the incumbent cell (driver only).
 
     ``True`` writes to stderr when it is a terminal (else nothing: logs of batch jobs
     stay clean), ``"always"`` to stderr anyway, a file-like object to it.  On a pilot of
@@ -83,16 +83,13 @@ class ProgressLine:
         if final:
             rate = nodes / max(now - self.t0, 1e-9)
         self.last_t, self.last_nodes, self.next = now, nodes, now + PROGRESS_S
-        line = f"search: {nodes:,} nodes, {rate:,.0f} nodes/s"
+        fields = ()
         if self.cell is not None:
             v = self.cell.value
-            if math.isfinite(v):
-                line += f", incumbent {_signed(v, self.negate):g}"
-            else:
-                line += ", no incumbent yet"
-        line += f", {now - self.t0:.1f} s"
-        if final:
-            line += " (failed)" if failed else " (done)"
+            fields = (("incumbent", f"{_signed(v, self.negate):g}" if math.isfinite(v) else "none yet"),)
+        state = (State.FAILED if failed else State.DONE) if final else None
+        line = progress_text("search", nodes, "nodes", rate=rate, fields=fields,
+                             elapsed=now - self.t0, state=state)
         if self.tty:
             self.out.write("\r\x1b[K" + line + ("\n" if final else ""))
         else:
@@ -178,7 +175,7 @@ def drive(pilot, root, children, goal: Goal, *, coordination, stats: bool,
         # the terminal line (progress=) and the dashboard's records (shoal.publish, always)
         ticker = Ticker("search", _sampler(ctl, cell, goal, coordination, reference_nodes,
                                            bool(spec_kw.get("negate"))),
-                        rates=("nodes",), terminal=False)
+                        rates=("nodes",))
         prog = Both(ProgressLine.make(progress, ctl, cell, bool(spec_kw.get("negate"))), ticker)
         t0 = time.monotonic()
         try:

@@ -68,3 +68,42 @@ def test_mentioned_paths_and_names_exist(where, text):
     unresolved = sorted({n for n in NAME_RE.findall(text) if not _resolves(n)})
     assert not missing, f"{where} mentions paths that do not exist: {missing}"
     assert not unresolved, f"{where} mentions names that do not resolve: {unresolved}"
+
+
+# Development history in names and prose: aliases of the rounds that wrote code ("r-break5's
+# F3", "r-ens"), "issue 14's fifth round", "(the third round)", and files named after them
+# (test_search_fix6.py, test_ens_ensfix.py).  Code and tests say what they do; history lives in
+# git log.
+HISTORY_RE = re.compile(
+    r"\br-(?:break|ens|fix|nq|dask|local|pool)\w*"
+    r"|\bissue \d+'s (?:\w+ )?round\b"
+    r"|\((?:the )?(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|\d+(?:st|nd|rd|th))"
+    r" round\)",
+    re.IGNORECASE)
+HISTORY_FILE_RE = re.compile(r"(?:_break\d+|_fix\d+|ensfix)\.py$")
+SCANNED = ("README.md", "docs", "shoal", "tests", "examples", "benchmarks", "scripts", ".ci")
+SUFFIXES = {".py", ".c", ".md", ".txt", ".yaml", ".yml", ".toml", ".rst", ".sh", ""}
+
+
+def _repository_texts():
+    for top in SCANNED:
+        base = ROOT / top
+        paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        for path in paths:
+            if path.suffix in SUFFIXES and "_build" not in path.parts \
+                    and "__pycache__" not in path.parts:
+                try:
+                    yield path.relative_to(ROOT).as_posix(), path.read_text()
+                except UnicodeDecodeError:
+                    continue
+
+
+def test_no_development_history_in_names_or_prose():
+    this = Path(__file__).relative_to(ROOT).as_posix()
+    found = [f"{where}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+             for where, text in _repository_texts() if where != this
+             for m in HISTORY_RE.finditer(text)]
+    named = [where for where, _ in _repository_texts() if HISTORY_FILE_RE.search(where)]
+    assert not named, f"files named after development rounds: {named}"
+    assert not found, "development history instead of behaviour (say what the code does):\n" \
+        + "\n".join(found[:40])

@@ -216,7 +216,7 @@ def _thread_rounds(cluster, tmp_path, rounds: int, seed: int) -> None:
 
 def test_threads_cancelling_the_same_futures_agree_with_what_ran(narrow, tmp_path):
     """(An earlier version revived a task a concurrent cancel() had confirmed: a
-    round must give up only keys it did not cancel.  F6, fixed by r-dask4: a task refused by
+    round must give up only keys it did not cancel.  Found by attacking it, now fixed: a task refused by
     one thread's tombstone sat in dask's memory, and another thread's round heard STARTED
     from the scheduler; 7 of 200 rounds before, 0 of 200 after.
     The deterministic test of that cause is the next one; the 100-round run is -m slow.)"""

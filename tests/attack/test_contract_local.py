@@ -1,4 +1,4 @@
-"""Attacks on issue 13's cancel contract on the local backend, the way users break it.
+"""Attacks on the cancel contract on the local backend, the way users break it.
 
 ``cancel()`` True means the call never runs (the stdlib's promise).  Each task appends
 its number to a side-effect file with ``O_APPEND`` (one whole line per run): that file,

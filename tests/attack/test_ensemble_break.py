@@ -1,4 +1,4 @@
-"""Breaking issue 14's ensembles the way users and attackers use them (fourth round).
+"""Breaking the ensemble skeleton the way users and attackers use it.
 
 Real processes throughout: `shoal run` / `shoal status` as subprocesses, real SQLite journals,
 real victims for the journal's trust boundary.  Each test failed before its fix (or is a strict

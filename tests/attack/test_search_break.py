@@ -1,4 +1,4 @@
-"""Breaking issue 15's search skeletons the way users and attackers use them (fourth round).
+"""Breaking the search skeletons the way users and attackers use them.
 
 Checkpoints with real SIGKILLed driver processes, hostile checkpoint paths.  Each test failed
 before its fix.

@@ -1,4 +1,4 @@
-"""The dashboard attacked (r-break): a browser's DNS-rebinding idiom against the real server,
+"""The dashboard attacked: a browser's DNS-rebinding idiom against the real server,
 and the backend reached only through the runtime.api.Backend protocol."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile inputs to shoal.workloads.dl, each a bug found by attacking it (r-break): every
+"""Hostile inputs to shoal.workloads.dl, each a bug found by attacking it: every
 test failed before its fix.  In-process trainers (pilot=None): the same code path decides."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""all_pairs attacked (r-break): Ctrl-C in the driver stops the abandoned run's tiles."""
+"""all_pairs attacked: Ctrl-C in the driver stops the abandoned run's tiles."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_tile_run_again_after_its_thief_was_killed_counts_once(tmp_path, out):
     """A worker that stole the far end of the matrix is SIGKILLed after it finished at
     least one leaf tile; the stolen subtree runs again elsewhere (the loan comes home).
     The matrix was right, but before, ``stats.pairs`` counted the re-run tiles twice
-    (r-break: 86,252 for 80,200 pairs): it must be the pairs of the result, each once."""
+    (86,252 for 80,200 pairs): it must be the pairs of the result, each once."""
     import signal
     import threading
 

@@ -339,7 +339,7 @@ def test_a_late_result_for_a_dead_generation_settles_nothing():
 def test_a_steal_answer_to_a_dead_thief_is_not_run_by_its_replacement():
     """w1 answers w2's request (LOOT in the ring to endpoint 2) and w2 dies before reading
     it: w1 re-runs its loan (DIED), and w2's replacement must drop the answer meant for
-    its predecessor.  It ran it too: every such task ran twice (issue 13's SIGKILL storm;
+    its predecessor.  It ran it too: every such task ran twice (found by the SIGKILL storm;
     real processes: tests/runtime/test_worker_death.py)."""
     m = LoansMachine()
     m.start()

@@ -1,4 +1,4 @@
-"""A worker SIGKILLed mid-protocol: no driver task runs twice (issue 13's failure model).
+"""A worker SIGKILLed mid-protocol: no driver task runs twice (the local backend's failure model).
 
 docs/runtime.md promises: the driver tasks a dead worker was running fail with
 ``WorkerLost`` (or their retries), every other task it held runs elsewhere, once.
@@ -93,7 +93,7 @@ def test_a_steal_answer_to_a_killed_thief_is_not_run_by_its_replacement(tmp_path
     is stopped; the thief is then SIGKILLed.  The driver re-places the loot's tasks (the
     victim's MOVED names a dead generation); the thief's replacement must drop the
     answer meant for its predecessor, still in its ring.  Before: it ran every one of
-    them a second time (issue 13's SIGKILL storm, ~1 run in 8)."""
+    them a second time (the SIGKILL storm, ~1 run in 8)."""
     path, gate, started = (str(tmp_path / n) for n in ("marks", "gate", "started"))
     with shoal.Pilot(2) as pilot:
         backend = pilot._backend

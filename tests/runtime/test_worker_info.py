@@ -140,7 +140,7 @@ def _turned_away_thief_gets_the_next_child(flag: str) -> tuple:
 
 
 def test_a_thief_turned_away_gets_the_next_child_at_once(tmp_path):
-    # It failed about 1 run in 12 (a non-strict xfail for a round): the peer's first steal
+    # It failed about 1 run in 12 (it was a non-strict xfail then): the peer's first steal
     # request came while this task's arguments were unpickled, and its poke was dropped
     # (the next test builds that window on purpose).
     with shoal.Pilot(workers=2) as p:

@@ -1,4 +1,4 @@
-"""txstream attacked (r-break): every scheduler against an oracle written here from the
+"""txstream attacked: every scheduler against an oracle written here from the
 "Semantics" paragraph of docs/txstream.md alone (not serial.py), on hostile transactions;
 and the bad inputs that were not named before."""
 

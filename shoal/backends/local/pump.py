@@ -179,7 +179,7 @@ class Pumping:
         (``cancel()``, after it read the status slots).  One ``_drain_locked`` round takes
         at most 256 messages per worker: with a backlog behind the pump, the result of the
         task being cancelled could still be in the ring after it, and cancel() said True
-        for a task that had run (issue 13's race).  Bounded: the marks do not move."""
+        for a task that had run (a race a stress test found).  Bounded: the marks do not move."""
         marks = [(box.ring, box.ring.produced()) for _, box in self.inboxes]
         with self.consume_lock:
             while not self.closed and not all(ring.reached(mark) for ring, mark in marks):

@@ -28,11 +28,11 @@
  *     itself resets every other handled signal to SIG_DFL, so the per-signal loop of glibc's
  *     posix_spawn and CPython (~124 rt_sigaction calls, ~16 us per task here) is not needed.
  *
- * Why not glibc's posix_spawn (this file until issue 14's fifth round): per /bin/true it made 5
+ * Why not glibc's posix_spawn (what an earlier version of this file called): per /bin/true it made 5
  * getrlimit calls (fd checks of the file actions), mmap'ed and munmap'ed a child stack (the
  * munmap takes the address-space lock and shoots down TLBs on the CPUs our other threads use)
  * and reset every signal one by one in the child: ~20-25 us of the ~0.8 ms CPU a task costs
- * (2,000 x /bin/true, 2 cores).  Why C at all: the same steps through ctypes (the third round)
+ * (2,000 x /bin/true, 2 cores).  Why C at all: the same steps through ctypes (tried before this file existed)
  * took ~12 foreign calls per task holding the GIL; subprocess.Popen adds an error pipe and fd
  * bookkeeping.  spawn.py falls back to subprocess.Popen where this was not built.
  */

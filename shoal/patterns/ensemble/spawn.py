@@ -20,8 +20,8 @@ wait; the child inherits the calling thread's CPU mask (the runner's pin).
 Why: ``subprocess.Popen`` does the same with a Python layer around ``_posixsubprocess``
 (an error pipe, fd bookkeeping, 64 signal resets in the child) and costs the spawning
 thread ~120-140 us of CPU per ``/bin/true``; the same posix_spawn steps through ctypes
-(this module until issue 14's fourth round) cost ~75-110 us plus a pidfd round from Python
-for the quick wait; glibc's ``posix_spawn`` called from C (the fourth round) ~55-70 us of the
+(an earlier version of this module) cost ~75-110 us plus a pidfd round from Python
+for the quick wait; glibc's ``posix_spawn`` called from C (an earlier version of ``_spawn.c``) ~55-70 us of the
 thread plus ~20 us in the child, which reset all 64 signal handlers one by one (execve resets
 the handled ones anyway) and mapped a fresh stack per call; this vfork child ~40 us less per
 task, thread and child together (1,000 serial spawns, old and new helper alternating).

@@ -15,7 +15,7 @@ Counting stays exact when a machine dies: dask re-runs a lost group from scratch
 group's Tally reaches the driver only whole), and the runtime lends again a task whose
 borrower died; every result reaches its owner's join exactly once.
 
-Rejected (until this round): a second balancer here -- the driver asked busy machines
+Rejected (and removed): a second balancer here -- the driver asked busy machines
 (a counter cell) to give their shallowest open level away through a Channel and
 submitted it as new groups, with its own exactly-once bookkeeping of exports.  It
 existed only because search tasks could not leave their machine (they carry the

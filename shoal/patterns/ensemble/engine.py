@@ -296,6 +296,9 @@ class Engine:
                 self._reap()
                 self._report_progress(t0)
             self._report_progress(t0, force=True)
+            # the report's seconds end where the last progress line's do (its tasks/s is the
+            # same number), before the pilot is closed
+            wall_s = time.monotonic() - t0
             drained = self.draining and not self._finished()
         except BaseException:
             self._abort()
@@ -303,7 +306,6 @@ class Engine:
         finally:
             restore()
             self._close_resources()
-        wall_s = time.monotonic() - t0
         outputs, failures = self.journal.outputs(), list(self.journal.failures(limit=1000))
         self.journal.close()  # the session ends: the status below reads a stopped run, not a live one
         report = Report.from_journal(self.journal_path, wall0, wall_s, drained, self.session_counts,

@@ -732,8 +732,9 @@ class Engine:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
+            kwargs = {k: self._resolve(v) if isinstance(v, str) else v for k, v in t.kwargs.items()}
             fut = self.pilot.options(timeout=t.timeout, resources=dask_resources(t) if self.remote
-                                     else None).submit(fn, *args, **dict(t.kwargs))
+                                     else None).submit(fn, *args, **kwargs)
         except Exception as exc:
             self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

@@ -314,3 +314,20 @@ def test_failure_reasons_are_one_line_each_and_the_rate_counts_them(tmp_path):
     assert abs(report_rate - line_rate) <= 0.1 + 0.02 * line_rate, (head, done.stderr)
     assert abs(status_rate - report_rate) <= 0.3 * report_rate + 0.1, (head, status)
     assert dashboard["rate"] is not None and abs(dashboard["rate"] - status_rate) <= 0.051
+
+
+def test_a_driver_read_from_standard_input_is_not_told_to_rerun_python_dash(tmp_path):
+    """``python - < driver.py`` journaled ``SHOAL_RESUME=1 python -`` as the exact resume
+    command, which waits for a script on a terminal; now the journal says how to finish it."""
+    driver = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=_env(), text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    driver.stdin.write(PY_DRIVER)
+    driver.stdin.close()
+    _interrupt_after(driver, tmp_path / "py.db", 2)
+    out = driver.stdout.read() + driver.stderr.read()
+    assert driver.wait(90) != 0, out
+    status = RunStatus.load(str(tmp_path / "py.db"))
+    assert not status.finished
+    assert status.resume_command.startswith("run the code that started it again with resume=True")
+    printed = shoal_cli("status", tmp_path / "py.db", cwd="/").stdout  # no `cd ... &&` before it
+    assert f"finish with: {status.resume_command}" in printed and "python -" not in printed, printed

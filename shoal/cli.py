@@ -12,6 +12,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from shoal.runtime.allocation import current as allocation
 from shoal.runtime.topology import Topology, format_cpulist, topology
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE, which a shell pipeline expects
 
 
 def shoal_version() -> str:
@@ -116,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shoal`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `shoal status run.db | head`: the reader left; no traceback
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -126,3 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShoalError as exc:
         print(f"shoal: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit does not fail again
+    on the closed pipe (the recipe of Python's signal module documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's StringIO)
+        pass

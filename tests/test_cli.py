@@ -70,3 +70,20 @@ def test_main_in_process(capsys, monkeypatch):
     assert main([]) == 2  # a command is required
     assert main(["no-such-command"]) == 2
     assert main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("args", [("info",), ("run", "--help")])
+def test_a_reader_that_left_the_pipe_gets_no_traceback(args):
+    """``shoal status run.db | head -3`` printed a BrokenPipeError traceback when head left
+    before shoal had written everything.  Here the reader is gone before shoal writes at all
+    (the read end of a real pipe closed): the exit status is a SIGPIPE death's, stderr empty."""
+    read, write = os.pipe()
+    os.close(read)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shoal", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=60)
+    finally:
+        os.close(write)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == (0 if "--help" in args else 141)  # argparse's help ignores the pipe

@@ -20,6 +20,8 @@ whatever state arrives and say when the stream ends or breaks.
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import os
 import time
 
@@ -38,6 +40,7 @@ from .broadcast import (
     StreamsFull,
     gzip_block,
 )
+from .plain import page_text
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PAGES = ("workers", "progress", "journal")
@@ -117,7 +120,13 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
             return HTMLResponse(f"<h1>no {name} page here</h1><p>pages: {', '.join(pages())}</p>",
                                 status_code=404)
         nav = " ".join(f'<a href="/{p}" class="{"on" if p == name else ""}">{p}</a>' for p in pages())
-        return HTMLResponse(template.replace("{{page}}", name).replace("{{nav}}", nav))
+        _, body, _ = await broadcaster.current()  # the sample /api/state and the streams share
+        plain = (f'<pre id="plain">{html.escape(page_text(name, json.loads(body)))}</pre>'
+                 '<p class="muted" id="plain-note">The numbers when this page was served; its script '
+                 'redraws it live. Without a browser read <a href="/api/state">/api/state</a> (JSON) '
+                 'or <code>/events</code> (the same object, streamed).</p>')
+        # the sample last: a task name or stderr line reading "{{nav}}" stays text
+        return HTMLResponse(template.replace("{{page}}", name).replace("{{nav}}", nav).replace("{{plain}}", plain))
 
     async def root(request):
         return RedirectResponse(f"/{pages()[0]}")

@@ -23,6 +23,7 @@ from ..patterns.ensemble.journal import open_readonly
 from ..patterns.ensemble.model import EnsembleError, TaskState
 
 STATES = [s.value for s in TaskState]
+INTERRUPTED = "interrupted"  # the column of rows a dead driver left RUNNING (RunStatus.interrupted)
 FAILURES_SHOWN = 50
 
 
@@ -54,7 +55,7 @@ def journal_state(path: str, total: int | None = None) -> dict:
     journaled count as pending, the driver's liveness, rate and ETA from the journal);
     ``total`` (from a running ``shoal run``'s own progress) fills a missing ETA.
     """
-    from ..patterns.ensemble.status import RunStatus
+    from ..patterns.ensemble.status import RunStatus, failure_line
 
     try:
         check_journal(path)
@@ -64,44 +65,54 @@ def journal_state(path: str, total: int | None = None) -> dict:
                 else f"cannot read the journal {path}: {exc!r}"}
     d = st.to_dict()
 
-    def with_pending(counts: dict, pending) -> dict:
-        out = dict.fromkeys(STATES, 0)
+    def with_pending(counts: dict, pending, columns) -> dict:
+        out = dict.fromkeys(columns, 0)
         out.update(counts)
         if pending is not None:
             out[TaskState.PENDING.value] = pending
         return out
 
+    # rows a dead driver left RUNNING are their own column, as in ``shoal status``: nothing
+    # runs them, so they are not "running" (a resume runs them again)
+    columns = STATES + ([INTERRUPTED] if d["interrupted"] else [])
     pipelines: dict[str, dict] = {}
     stages: dict[str, dict] = {}
+    labels: dict[str, str] = {}
     for p in d["pipelines"]:
-        agg = pipelines.setdefault(p["uid"], dict.fromkeys(STATES, 0))
+        agg = pipelines.setdefault(p["uid"], dict.fromkeys(columns, 0))
         for s in p["stages"]:
-            row = with_pending(s["counts"], s["pending"])
-            row[TaskState.RUNNING.value] += s["interrupted"]
+            row = with_pending(s["counts"], s["pending"], columns)
+            if s["interrupted"]:
+                row[INTERRUPTED] = s["interrupted"]
             stages[s["uid"]] = row
+            labels[s["uid"]] = s["label"]
             for k, n in row.items():
                 agg[k] += n
-    counts = with_pending(d["counts"], None)
-    counts[TaskState.RUNNING.value] += d["interrupted"]
+    counts = with_pending(d["counts"], None, columns)
+    if d["interrupted"]:
+        counts[INTERRUPTED] = d["interrupted"]
     settled = sum(counts[s.value] for s in TaskState if s.terminal)
     known = sum(counts.values())
     total = d["total"] if d["total"] is not None else total
     finished = d["finished"] or (known > 0 and counts[TaskState.PENDING.value] == 0
-                                 and counts[TaskState.RUNNING.value] == 0)
+                                 and counts[TaskState.RUNNING.value] == 0 and not d["interrupted"])
     now = time.time()
     first, last = d["started"], d["updated"]
     elapsed = ((last if finished and last else now) - first) if first else 0.0
-    rate = d["rate"] if d["rate"] is not None else (settled / elapsed if elapsed > 0 else 0.0)
+    rate = d["rate"]  # this session's tasks only (None: none settled yet), as shoal status says
     eta = d["eta"]
     if finished:
         eta = 0.0
     elif eta is None and total is not None and rate and d["driver"]["state"] == "alive":
         eta = max(0, total - settled) / rate
-    failures = [{**f, "stderr_tail": (f["stderr_tail"] or "")[-2000:]} for f in d["failures"]]
+    failures = [{**f, "stderr_tail": (f["stderr_tail"] or "")[-2000:],
+                 "line": failure_line(f["uid"], f["reason"], f["exit_code"], f["attempts"])}
+                for f in d["failures"]]
     return {
         "path": path, "error": None, "counts": counts, "pipelines": pipelines, "stages": stages,
+        "labels": labels,
         "failures": failures[::-1], "settled": settled, "known": known, "total": total,
         "started": first, "last_finished": last, "driver": d["driver"]["state"],
-        "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": round(rate, 3),
+        "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": None if rate is None else round(rate, 3),
         "eta_s": eta, "finished": finished, "malformed": d["malformed"],
     }

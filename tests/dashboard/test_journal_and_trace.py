@@ -4,6 +4,7 @@ from a real pilot's trace."""
 
 from __future__ import annotations
 
+import html
 import html.parser
 import os
 import sqlite3
@@ -174,6 +175,11 @@ def test_journal_of_a_killed_driver_says_dead_not_running(tmp_path):
     assert st["driver"] == "dead" and not st["finished"]
     assert st["interrupted"] >= 1 and st["total"] == 20
     assert st["counts"]["done"] >= 2 and st["eta_s"] is None  # no ETA for a run nobody drives
+    # nothing runs the rows the dead driver left RUNNING: their own column, as in shoal status
+    # (they were counted as "running" here while shoal status said running 0, interrupted N)
+    assert st["counts"]["running"] == 0 and st["counts"]["interrupted"] == st["interrupted"]
+    assert st["stages"]["p.s0"]["running"] == 0 and st["stages"]["p.s0"]["interrupted"] == st["interrupted"]
+    assert st["labels"] == {"p.s0": "interrupted"}
 
 
 def test_trace_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
@@ -189,3 +195,63 @@ def test_trace_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_
     assert main(["trace", trace, "--html", str(out)]) == 0
     assert victim.read_text() == "keep me"
     assert not out.is_symlink() and "<h1>" in out.read_text()
+
+
+def test_a_page_fetched_without_a_browser_shows_the_numbers(tmp_path):
+    """A page is drawn by its script; fetched with plain HTTP (curl, a text browser) it said
+    only "waiting for the first sample…".  Now the server writes the sample /api/state has
+    into the page: the stage table with its states, the failure lines, and where the JSON is."""
+    import urllib.request
+
+    from shoal.ensemble import RunStatus
+
+    db = str(tmp_path / "run.db")
+    hostile = Stage([Task(executable="/bin/sh", arguments=["-c", "exit 7"], name="bad")], name="first")
+    after = Stage([Task(executable="/bin/true", name="never")], name="second")
+    report = run([Pipeline([hostile, after], name="broken"), *_workflow(2)[:1]], journal=db, workers=2)
+    assert report.failed == 1
+    with Dashboard(journal=db, address=0) as dash:
+        with urllib.request.urlopen(dash.url + "journal", timeout=10) as r:
+            page = r.read().decode()
+    assert "waiting for the first sample" not in page
+    plain = html.unescape(page.split('<pre id="plain">', 1)[1].split("</pre>", 1)[0])
+    lines = plain.splitlines()
+    assert lines[0].startswith(f"journal {db}: finished (driver ended), ") and "1 failed" in lines[0]
+    rows = {ln.split()[0]: ln for ln in lines[2:] if not ln.startswith("FAILED")}
+    assert "not started (pipeline failed at broken.first)" in rows["broken.second"]
+    assert rows["good.s0"].split()[1] == "done"
+    status = RunStatus.load(db)
+    assert [ln for ln in lines if ln.startswith("FAILED")] == [
+        ln for ln in status.failure_lines() if ln.startswith("FAILED")] == ["FAILED broken.first.bad: exit code 7"]
+    assert '<a href="/api/state">/api/state</a>' in page
+
+
+def test_the_workers_page_fetched_without_a_browser_lists_the_workers():
+    import urllib.request
+
+    with shoal.Pilot(2, dashboard=0) as pilot:
+        assert pilot.submit(abs, -3).result(30) == 3
+        pids = {w["pid"] for w in pilot.stats()["workers"]}
+        with urllib.request.urlopen(pilot.dashboard_url + "workers", timeout=10) as r:
+            page = r.read().decode()
+    plain = html.unescape(page.split('<pre id="plain">', 1)[1].split("</pre>", 1)[0])
+    assert plain.splitlines()[0].startswith("backend local, 2 workers")
+    assert {int(ln.split()[1]) for ln in plain.splitlines()[2:]} == pids
+
+
+def test_text_in_a_served_page_is_escaped(tmp_path):
+    """A failure reason is the task's own text (a trust boundary): served as text, not markup."""
+    import urllib.request
+
+    db = str(tmp_path / "run.db")
+    evil = '<img src=x onerror="alert(1)">{{nav}}'
+    run(Pipeline([Stage([Task(function=_raise, args=(evil,), name="t")], name="s")], name="p"),
+        journal=db, workers=1)
+    with Dashboard(journal=db, address=0) as dash:
+        with urllib.request.urlopen(dash.url + "journal", timeout=10) as r:
+            page = r.read().decode()
+    assert "<img" not in page and html.escape(evil) in page
+
+
+def _raise(text):
+    raise ValueError(text)

@@ -114,6 +114,8 @@ def assert_one_truth(run_stdout: str, journal, cwd) -> dict[str, dict[str, int]]
     assert table_rows(run_stdout) == truth, run_stdout
     no_totals = {uid: {k: v for k, v in row.items() if k != "total"} for uid, row in truth.items()}
     assert dashboard_rows(journal) == no_totals
+    rate = journal_state(str(journal))["rate"]  # this session's, as shoal status prints it
+    assert rate == (None if status.rate is None else round(status.rate, 3)), (rate, status.rate)
     for row in truth.values():
         assert row["total"] == sum(v for k, v in row.items() if k != "total")
     return truth
@@ -164,6 +166,15 @@ def test_interrupt_then_resume_one_set_of_numbers(tmp_path):
     wall = float(re.search(r", ([\d.]+) s, ", head)[1])
     rate = float(re.search(r"([\d.]+) tasks/s", head)[1])
     assert abs(rate - (13 - before) / wall) < 0.2, head
+
+    # a resume with nothing left to run: no rate anywhere (the dashboard divided all the
+    # journal's tasks by their span)
+    idle = shoal_cli(*shlex.split(resume)[1:], cwd=tmp_path)
+    assert idle.returncode == 0, idle.stdout + idle.stderr
+    assert_one_truth(idle.stdout, journal, tmp_path)
+    assert "13 done (0 in this session)" in idle.stdout and " 0.0 tasks/s" in idle.stdout.splitlines()[0]
+    assert "rate ?" in shoal_cli("status", journal, cwd=tmp_path).stdout
+    assert journal_state(str(journal))["rate"] is None
 
 
 def test_after_a_failure_the_next_stage_is_shown_not_started(tmp_path):
@@ -245,3 +256,78 @@ def test_run_help_names_yaml_and_python_workflow_files(capsys):
     assert main(["run", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "YAML" in text and ".yaml" in text and "Python file (.py)" in text
+
+
+FAILURE_KINDS = """\
+pipelines:
+  - name: p
+    stages:
+      - name: s
+        tasks:
+          - {{name: exit1, executable: /bin/sh, arguments: ["-c", "echo oops >&2; exit 1"]}}
+          - {{name: killed, executable: /bin/sh, arguments: ["-c", "kill -9 $$"]}}
+          - {{name: raises, function: "failing:boom", args: ["<b>3</b>"]}}
+          - {{name: missing, executable: "{tmp}/no-such-program"}}
+          - {{name: slow, executable: /bin/sleep, arguments: ["30"], timeout: 0.5}}
+          - {{name: noout, executable: /bin/true, outputs: [made.txt]}}
+          - {{name: noin, executable: /bin/true, inputs: ["{tmp}/absent.txt"]}}
+"""
+
+
+def _rate(pattern: str, text: str) -> float:
+    found = re.search(pattern, text)
+    assert found, text
+    return float(found[1])
+
+
+def test_failure_reasons_are_one_line_each_and_the_rate_counts_them(tmp_path):
+    """Each failure kind is one line with its reason once: before, a signal read ``killed by
+    signal 9 (exit code -9)``, a missing output ``... after exit 0: [...] (exit code 0)``, a
+    missing input ``cannot copy input 'X' -> absent.txt: no such file (X)``, and the
+    dashboard's line ``exit_code — exit code 1 (exit code 1, attempts 1)``.  The run's report
+    said ``0.0 tasks/s`` for a run whose tasks all failed (it counted DONE only) while its
+    progress line and ``shoal status`` counted the 7 settled tasks."""
+    (tmp_path / "failing.py").write_text("def boom(x):\n    raise ValueError(f'bad value {x}')\n")
+    (tmp_path / "kinds.yaml").write_text(FAILURE_KINDS.format(tmp=tmp_path))
+    done = shoal_cli("run", "kinds.yaml", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    expected = {
+        "FAILED p.s.exit1: exit code 1",
+        "FAILED p.s.killed: killed by signal 9",
+        "FAILED p.s.raises: ValueError: bad value <b>3</b>",
+        f"FAILED p.s.missing: executable '{tmp_path}/no-such-program' does not exist",
+        "FAILED p.s.slow: killed after timeout=0.5s (exit code -9)",  # the kill that timed it out
+        f"FAILED p.s.noout: declared outputs missing after exit 0: ['{tmp_path}/run.sandbox/p/s/noout/made.txt']",
+        f"FAILED p.s.noin: input '{tmp_path}/absent.txt' does not exist",
+    }
+    status = shoal_cli("status", "run.db", cwd=tmp_path).stdout
+    for text in (done.stdout, status):
+        assert {ln for ln in text.splitlines() if ln.startswith("FAILED")} == expected, text
+        assert "None" not in text
+    dashboard = journal_state(str(tmp_path / "run.db"))
+    assert {f["line"] for f in dashboard["failures"]} == expected
+    head = done.stdout.splitlines()[0]
+    report_rate = _rate(r"([\d.]+) tasks/s", head)
+    line_rate = _rate(r"([\d.]+) tasks/s  elapsed", done.stderr)
+    status_rate = _rate(r"^([\d.]+) tasks/s  ETA", next(ln for ln in status.splitlines() if "tasks/s" in ln))
+    assert report_rate > 0, head  # 7 tasks ended in this session, none of them done
+    assert abs(report_rate - line_rate) <= 0.1 + 0.02 * line_rate, (head, done.stderr)
+    assert abs(status_rate - report_rate) <= 0.3 * report_rate + 0.1, (head, status)
+    assert dashboard["rate"] is not None and abs(dashboard["rate"] - status_rate) <= 0.051
+
+
+def test_a_driver_read_from_standard_input_is_not_told_to_rerun_python_dash(tmp_path):
+    """``python - < driver.py`` journaled ``SHOAL_RESUME=1 python -`` as the exact resume
+    command, which waits for a script on a terminal; now the journal says how to finish it."""
+    driver = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=_env(), text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    driver.stdin.write(PY_DRIVER)
+    driver.stdin.close()
+    _interrupt_after(driver, tmp_path / "py.db", 2)
+    out = driver.stdout.read() + driver.stderr.read()
+    assert driver.wait(90) != 0, out
+    status = RunStatus.load(str(tmp_path / "py.db"))
+    assert not status.finished
+    assert status.resume_command.startswith("run the code that started it again with resume=True")
+    printed = shoal_cli("status", tmp_path / "py.db", cwd="/").stdout  # no `cd ... &&` before it
+    assert f"finish with: {status.resume_command}" in printed and "python -" not in printed, printed

@@ -131,3 +131,47 @@ def test_a_reference_to_a_copy_that_does_not_exist_is_an_error(tmp_path, field):
         load_yaml(str(wf))
     assert "'ens.sim.r3' names no pipeline, stage or task" in str(info.value)
     assert "did you mean" in str(info.value)
+
+
+KWARGS_CHAINED = CHAINED.split("      - name: ana")[0] + """\
+      - name: ana
+        tasks:
+          - function: "ens_tasks:read_text"
+            name: "k{i}"
+            kwargs: {path: "$ens.sim.r{i}/out.txt"}
+            replicas: 3
+"""
+
+
+def test_a_reference_in_kwargs_is_resolved_like_one_in_args(tmp_path):
+    """``kwargs: {path: "$ens.sim.r{i}/out.txt"}`` reached the function as that text (a
+    FileNotFoundError naming '$ens.sim.r0/out.txt') while the same value in ``args`` was the
+    file's path; a copy that does not exist is an error at load, as in args."""
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(KWARGS_CHAINED)
+    report = run(load_yaml(str(wf)), journal=str(tmp_path / "run.db"))
+    assert report.ok, report
+    assert [report.result(f"ens.ana.k{i}") for i in range(3)] == ["0\n", "1\n", "2\n"]
+    head, _, tail = KWARGS_CHAINED.rpartition("replicas: 3\n")  # the ana stage's copies only
+    wf.write_text(head + "replicas: 4\n" + tail)
+    with pytest.raises(EnsembleError) as info:
+        load_yaml(str(wf))
+    assert "kwargs.path: 'ens.sim.r3' names no pipeline, stage or task" in str(info.value)
+
+
+@pytest.mark.parametrize("field", ['pre_exec: ["cp $ens.sim.r{i}/out.txt in.txt"]',
+                                   'post_exec: ["cat $ens.sim.r{i}/out.txt"]',
+                                   'environment: {IN: "$ens.sim.r{i}/out.txt"}'])
+def test_a_reference_where_none_is_resolved_is_refused_saying_where_they_work(tmp_path, field):
+    """In a pre_exec line the shell expanded ``$ens`` to nothing (``cp: cannot stat
+    '.sim.r0/out.txt'``, a failure at run time far from its cause)."""
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(CHAINED.split("      - name: ana")[0] + "      - name: ana\n        tasks:\n"
+                  "          - executable: /bin/sh\n            name: 'a{i}'\n"
+                  "            arguments: ['-c', 'true']\n"
+                  f"            {field}\n            replicas: 2\n")
+    with pytest.raises(EnsembleError) as info:
+        load_yaml(str(wf))
+    message = str(info.value)
+    assert "holds the reference $ens.sim.r0, which is not resolved there" in message, message
+    assert "stage the file with inputs=[...]" in message and "\n" not in message

@@ -323,3 +323,63 @@ def test_on_retry_with_an_entk_task(tmp_path):
     p.add_stages(s)
     report = run(p, journal=str(tmp_path / "run.db"))
     assert report.ok and report.retries == 1
+
+
+PROGRESS_SCRIPT = """\
+from shoal.entk import AppManager, Pipeline, Stage, Task
+p = Pipeline(); p.name = "entk"
+s = Stage(); s.name = "sim"
+for i in range(4):
+    t = Task(); t.name = f"t{i}"; t.executable = "/bin/true"
+    s.add_tasks(t)
+p.add_stages(s)
+appman = AppManager(resource_desc={"resource": "local.localhost", "walltime": 10, "cpus": 2})
+appman.workflow = [p]
+appman.run()
+"""
+
+
+def _stderr_of(script, cwd, *, tty: bool) -> str:
+    """``script``'s stderr, written to a real pseudo-terminal (``tty``) or to a pipe."""
+    import select
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if not tty:
+        out = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        chunks = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed its end (EIO on Linux)
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(30) == 0, b"".join(chunks)
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_appmanager_run_draws_shoal_runs_progress_line_on_a_terminal(tmp_path):
+    """``AppManager.run()`` printed nothing while it ran; on a terminal it now draws the line
+    ``shoal run`` draws (redrawn in place), and in a log or a pipe it stays quiet."""
+    script = tmp_path / "entk_progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    drawn = _stderr_of(script, tmp_path, tty=True)
+    final = drawn.replace("\r\n", "\n").split("\r")[-1].strip()
+    assert re.match(r"\[#{20}\] 4/4  done 4  running 0  failed 0  [\d.]+ tasks/s  elapsed \d+:\d\d  ETA 0:00$",
+                    final), repr(drawn)
+    assert _stderr_of(script, tmp_path, tty=False) == ""

@@ -583,7 +583,11 @@ def test_async_repex_appmanager_and_pipeline_subclasses(tmp_path):
     """misc/async_repex.py, with its named changes (radical.utils' Logger and the dump file
     left out, resource_terminate -> terminate): an AppManager subclass that runs in __init__,
     Replica(Pipeline) subclasses whose bound-method post_execs suspend themselves and resume
-    the others of an exchange."""
+    the others of an exchange.  One more change: replicas wait for a partner of their own
+    cycle.  The example pairs them in arrival order, so a replica a full cycle behind the
+    others (random sleeps, a loaded machine) waited for a partner that had finished: shoal
+    reported the deadlock ("pipelines p~2E3 are suspended ... nothing runs whose post_exec
+    could resume() them"), about one run in six."""
     import shoal.entk as re
 
     class ReplicaExchange(re.AppManager):
@@ -598,7 +602,7 @@ def test_async_repex_appmanager_and_pipeline_subclasses(tmp_path):
             self.resource_desc = {"resource": "local.localhost", "walltime": 30, "cpus": 4}
             self._replicas = [Replica(self._check_exchange, self._check_resume, i)
                               for i in range(self._en_size)]
-            self._waitlist = []
+            self._waitlist = {}  # by cycle (see the docstring)
             self.workflow = set(self._replicas)
             self.run()
 
@@ -607,12 +611,14 @@ def test_async_repex_appmanager_and_pipeline_subclasses(tmp_path):
 
         def _check_exchange(self, replica):
             with self._lock:
-                self._waitlist.append(replica)
-                if len(self._waitlist) < self._ex_size:
+                waiting = self._waitlist.setdefault(replica.cycle, [])
+                waiting.append(replica)
+                if len(waiting) < self._ex_size:
                     replica.suspend()
                     self._dump()
                     return
-                exchange_list, self._waitlist = list(self._waitlist), []
+                exchange_list = waiting
+                del self._waitlist[replica.cycle]
                 replica.add_ex_stage(exchange_list)
 
         def _check_resume(self, replica):

@@ -149,21 +149,25 @@ function renderJournal(st) {
     card("tasks/s", fmt(j.rate)) + card("elapsed", clock(j.elapsed_s)) +
     (j.driver ? card("driver", `<span id="driver">${esc(j.driver)}</span>${j.interrupted ? " · " + fmt(j.interrupted) + " interrupted" : ""}`) : "") +
     card("ETA", `<span id="eta">${j.finished ? "done" : clock(eta)}</span>`) + `</div>`;
-  const table = (id, title, rows) => {
+  const table = (id, title, rows, labels) => {
     let t = `<h2>${title}</h2><table id="${id}"><tr><th class="text">${title.toLowerCase().replace(/s$/, "")}</th>` +
+      (labels ? `<th class="text">state</th>` : "") +
       states.map(s => `<th>${esc(s)}</th>`).join("") + `<th class="text">progress</th></tr>`;
     for (const [name, cs] of Object.entries(rows)) {
       const n = Object.values(cs).reduce((a, b) => a + b, 0) || 1;
-      t += `<tr data-name="${esc(name)}"><td class="text">${esc(name)}</td>` + states.map(s => `<td class="${esc(s)}">${fmt(cs[s])}</td>`).join("") +
+      t += `<tr data-name="${esc(name)}"><td class="text">${esc(name)}</td>` +
+        (labels ? `<td class="text label">${esc(labels[name] || "")}</td>` : "") +
+        states.map(s => `<td class="${esc(s)}">${fmt(cs[s])}</td>`).join("") +
         `<td class="text">${states.map(s => cs[s] ? `<span class="bar ${esc(s)}" style="width:${(160 * cs[s] / n).toFixed(0)}px"></span>` : "").join("")}</td></tr>`;
     }
     return t + "</table>";
   };
-  html += table("pipelines", "Pipelines", j.pipelines) + table("stages", "Stages", j.stages);
+  html += table("pipelines", "Pipelines", j.pipelines) + table("stages", "Stages", j.stages, j.labels || {});
   html += `<h2>Failures (${fmt(c.failed)})</h2><div id="failures">`;
   for (const f of j.failures) {
-    html += `<details class="failure" data-uid="${esc(f.uid)}" open><summary><b>${esc(f.uid)}</b>: ${esc(f.kind)} — ${esc(f.reason)} ` +
-      `(exit code ${fmt(f.exit_code)}, attempts ${fmt(f.attempts)})</summary><pre class="stderr">${esc(f.stderr_tail || "(no stderr)")}</pre></details>`;
+    // the line shoal status prints: the reason once, no "exit code None"
+    html += `<details class="failure" data-uid="${esc(f.uid)}" open><summary>${esc(f.line)}</summary>` +
+      `<pre class="stderr">${esc(f.stderr_tail || "(no stderr)")}</pre></details>`;
   }
   if (!j.failures.length) html += `<p class="muted">none</p>`;
   main.innerHTML = html + "</div>";

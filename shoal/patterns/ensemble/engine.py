@@ -127,6 +127,8 @@ def script_resume_command() -> str:
     passes its own ``shoal run ... --resume`` instead."""
     import shlex
 
+    if not script_can_rerun():
+        return NO_COMMAND_TO_REPEAT
     try:
         import psutil
 
@@ -134,6 +136,21 @@ def script_resume_command() -> str:
     except Exception:  # pragma: no cover - psutil is a dependency
         argv = [sys.executable, *sys.argv]
     return "SHOAL_RESUME=1 " + shlex.join(argv)
+
+
+# what ``shoal status`` prints after "finish with:" for a driver whose command line does not
+# hold its code (`python - < driver.py`, the interactive prompt, a notebook)
+NO_COMMAND_TO_REPEAT = ("run the code that started it again with resume=True (or with SHOAL_RESUME=1 "
+                        "in its environment); it ran from standard input, a prompt or a notebook, "
+                        "so there is no command to repeat")
+
+
+def script_can_rerun() -> bool:
+    """Whether this process's command line runs its code again: not for a script read from
+    standard input (``python -``), the interactive prompt or a notebook kernel."""
+    if sys.argv[:1] in ([""], ["-"]):  # the prompt (argv ['']), a script on stdin (['-'])
+        return False
+    return not sys.argv[0].endswith("ipykernel_launcher.py")  # a Jupyter kernel
 
 
 class Engine:
@@ -252,7 +269,8 @@ class Engine:
                 self.plan = old_plan
         self.journal.set_plan(self.plan, self.identity)
         self.journal.set_meta("resume_command", self.resume_command)
-        self.journal.set_meta("resume_cwd", os.getcwd())
+        # where to run it: none for a sentence (NO_COMMAND_TO_REPEAT), which no `cd` precedes
+        self.journal.set_meta("resume_cwd", "" if self.resume_command == NO_COMMAND_TO_REPEAT else os.getcwd())
         self.journal.commit()
 
     def _spec_diffs(self, limit: int = 3) -> list[str]:
@@ -296,6 +314,9 @@ class Engine:
                 self._reap()
                 self._report_progress(t0)
             self._report_progress(t0, force=True)
+            # the report's seconds end where the last progress line's do (its tasks/s is the
+            # same number), before the pilot is closed
+            wall_s = time.monotonic() - t0
             drained = self.draining and not self._finished()
         except BaseException:
             self._abort()
@@ -303,7 +324,6 @@ class Engine:
         finally:
             restore()
             self._close_resources()
-        wall_s = time.monotonic() - t0
         outputs, failures = self.journal.outputs(), list(self.journal.failures(limit=1000))
         self.journal.close()  # the session ends: the status below reads a stopped run, not a live one
         report = Report.from_journal(self.journal_path, wall0, wall_s, drained, self.session_counts,
@@ -730,8 +750,9 @@ class Engine:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
             args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
+            kwargs = {k: self._resolve(v) if isinstance(v, str) else v for k, v in t.kwargs.items()}
             fut = self.pilot.options(timeout=t.timeout, resources=dask_resources(t) if self.remote
-                                     else None).submit(fn, *args, **dict(t.kwargs))
+                                     else None).submit(fn, *args, **kwargs)
         except Exception as exc:
             self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))

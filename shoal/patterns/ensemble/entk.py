@@ -25,7 +25,9 @@ EnTK's connection arguments (``hostname``, ``port``, ``username``,
 
 shoal additions (keyword arguments): ``journal`` (default ``entk.db`` in the
 working directory), ``resume`` (finish the run the journal holds, after a
-crash or Ctrl-C), ``retry_failed``, ``progress``, ``pilot``.  Without
+crash or Ctrl-C), ``retry_failed``, ``progress`` (default: ``shoal run``'s progress line
+on stderr when stderr is a terminal, nothing elsewhere; ``False``: none; a callable taking
+the progress dict), ``pilot``.  Without
 ``resume`` every ``run()`` starts afresh and keeps an earlier journal under a
 dated name, as EnTK starts a new session each time.
 
@@ -39,6 +41,7 @@ Report.
 from __future__ import annotations
 
 import difflib
+import sys
 
 from .model import EnsembleError, Pipeline, in_creation_order
 
@@ -157,11 +160,15 @@ class AppManager:
             raise EnsembleError("AppManager.run(): set appman.workflow = [pipeline, ...] first")
         desc = self._resource
         minutes = desc.get("walltime")
+        progress = self.progress
+        if progress is None:  # as shoal run: the progress line on a terminal, none in a log
+            isatty = getattr(sys.stderr, "isatty", None)
+            progress = bool(isatty and isatty())
         report = run(self._workflow, pilot=self.pilot, journal=self.journal, resume=self.resume,
                      new=not self.resume, retry_failed=self.retry_failed,
                      cores=int(desc["cpus"]) if desc.get("cpus") else None,
                      gpus=int(desc.get("gpus") or 0), memory=desc.get("memory"),
-                     walltime=minutes * 60 if minutes else None, progress=self.progress,
+                     walltime=minutes * 60 if minutes else None, progress=progress,
                      shared_data=self._shared_data)
         self.report = report
         if report.drained:

@@ -47,7 +47,6 @@ Failure there, byte for byte.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shlex
 import shutil
@@ -145,7 +144,8 @@ def stage_in(pairs, sandbox: str) -> None:
             if not (os.path.exists(src) if inp.mode is Staging.LINK else os.path.lexists(src)):
                 if inp.mode is Staging.MOVE and os.path.lexists(dst):
                     continue  # moved in by an earlier attempt of this task
-                raise FileNotFoundError(errno.ENOENT, "no such file", src)
+                where = f" (resolved to {src})" if src != inp.source else ""
+                raise LaunchError(FailureKind.STAGING, f"input {inp.source!r} does not exist{where}")
             if os.path.lexists(dst):
                 if os.path.isdir(dst) and not os.path.islink(dst):
                     shutil.rmtree(dst)
@@ -162,8 +162,8 @@ def stage_in(pairs, sandbox: str) -> None:
         except OSError as exc:
             raise LaunchError(
                 FailureKind.STAGING,
-                f"cannot {inp.mode.value} input {inp.source!r} -> {inp.target}: "
-                f"{exc.strerror or exc} ({src})",
+                f"cannot {inp.mode.value} input {inp.source!r} -> {inp.target}: {exc.strerror or exc}"
+                + (f" (resolved to {src})" if src != inp.source else ""),
             ) from None
 
 

@@ -368,6 +368,22 @@ class Task:
                 )
         return out
 
+    def _no_unresolved_refs(self, who: str) -> None:
+        """A ``$p.s.t/file`` reference where none is resolved: in a pre_exec/post_exec line the
+        shell expanded ``$p`` to nothing (``cp: cannot stat '.sim.r0/out.txt'``), in the
+        environment the task got the text itself.  Refused, saying where references work."""
+        where = [(f"pre_exec line {x!r}", x) for x in self.pre_exec]
+        where += [(f"post_exec line {x!r}", x) for x in self.post_exec]
+        if isinstance(self.environment, Mapping):
+            where += [(f"environment {k}={v!r}", v) for k, v in self.environment.items() if isinstance(v, str)]
+        for what, text in where:
+            m = EMBEDDED_REF_RE.search(text) if "$" in text else None
+            if m:
+                raise EnsembleError(
+                    f"{who}: {what} holds the reference ${m[1]}.{m[2]}.{m[3]}, which is not resolved "
+                    "there; references work in arguments, stdin, inputs and a function's args/kwargs: "
+                    "stage the file with inputs=[...] and use its name")
+
     def validate(self) -> None:
         """Raise EnsembleError naming this task and the bad field; return None when fine."""
         who = f"task {self.label}"
@@ -382,6 +398,7 @@ class Task:
                 v = getattr(self, field)
                 if isinstance(v, str) or not all(isinstance(x, str) for x in v):
                     raise EnsembleError(f"{who}: {field} must be a list of shell lines, got {v!r}")
+            self._no_unresolved_refs(who)
         else:
             if not callable(self.function):
                 raise EnsembleError(f"{who}: function must be callable, got {self.function!r}")

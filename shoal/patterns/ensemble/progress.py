@@ -19,16 +19,22 @@ from .._progress import State, progress_text
 from .model import EnsembleError, TaskState
 
 
+def settled(counts) -> int:
+    """Tasks that ended (done, failed, skipped, canceled) in ``counts`` (TaskState -> n): what
+    a rate counts, in the progress line, the run's report and ``shoal status`` alike."""
+    return sum(counts.get(s, 0) for s in TaskState if s.terminal)
+
+
 def progress_record(counts, replayed, total: int | None, running: int, waiting: int, elapsed: float,
                     final: bool) -> dict:
     """The dict a progress callback gets, from this session's ``counts`` (TaskState -> n) and the
     tasks a resume found finished (``replayed``)."""
-    settled = counts[TaskState.DONE] + counts[TaskState.FAILED] + counts[TaskState.SKIPPED]  # this session
-    rate = settled / elapsed if elapsed > 0 else 0.0
+    now = settled(counts)  # this session's
+    rate = now / elapsed if elapsed > 0 else 0.0
     old = {s: replayed[s] for s in (TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.CANCELED)}
     eta = None
     if total is not None:
-        left = max(0, total - settled - sum(old.values()))
+        left = max(0, total - now - sum(old.values()))
         eta = 0.0 if left == 0 else (left / rate if rate > 0 else None)
     return {"done": counts[TaskState.DONE] + old[TaskState.DONE], "running": running,
             "failed": counts[TaskState.FAILED] + old[TaskState.FAILED],

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .journal import Journal, open_readonly
 from .model import EnsembleError, Pipeline, Stage, TaskState
+from .progress import settled
 
 if TYPE_CHECKING:
     from .status import RunStatus
@@ -119,7 +120,8 @@ class Report:
     Its counts and its table are the journal's ``RunStatus`` (status.py) read when the run
     ended -- the numbers ``shoal status`` and the dashboard show, never a tally of its own:
     every stage of the plan (those not started too, their tasks counted), planned tasks never
-    journaled as pending.  ``tasks_per_s`` counts only this session's tasks (a resume's
+    journaled as pending.  ``tasks_per_s`` counts only the tasks this session settled (done,
+    failed, skipped or canceled: the rate the progress line and ``shoal status`` show; a resume's
     report does not credit the tasks earlier sessions finished)."""
 
     journal: str
@@ -135,6 +137,7 @@ class Report:
     interrupted: str | None = None  # "SIGINT"/"SIGTERM" when a signal drained the run
     status: RunStatus | None = None  # the journal's status when the run ended (what table() prints)
     session_done: int | None = None  # tasks DONE in this session (None: a report loaded later)
+    session_settled: int | None = None  # tasks that ended in this session, whatever their state
 
     @property
     def done(self) -> int:
@@ -152,8 +155,11 @@ class Report:
 
     @property
     def tasks_per_s(self) -> float:
-        done = self.done if self.session_done is None else self.session_done
-        return done / self.wall_s if self.wall_s > 0 else 0.0
+        """Tasks settled per second in the session that made this report (a report loaded from
+        a journal: the rate ``shoal status`` prints, of the journal's last session)."""
+        if self.session_settled is None:
+            return (self.status.rate or 0.0) if self.status is not None else 0.0
+        return self.session_settled / self.wall_s if self.wall_s > 0 else 0.0
 
     def result(self, uid: str, values="data"):
         """A DONE task's value, read from the journal file (``values='pickle'``: see values.py)."""
@@ -176,6 +182,7 @@ class Report:
         report.started, report.wall_s, report.drained = wall0, wall_s, drained
         report.retries = session_counts.get("retries", 0)
         report.session_done = session_counts.get(TaskState.DONE, 0)
+        report.session_settled = settled(session_counts)
         report.outputs = outputs or {}
         return report
 

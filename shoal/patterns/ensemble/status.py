@@ -34,6 +34,7 @@ import enum
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import time
@@ -341,14 +342,23 @@ class RunStatus:
 
 def failure_line(uid: str, reason: str | None, exit_code: int | None, attempts: int | None) -> str:
     """``FAILED p.s.t: exit code 3`` -- the reason once, the exit code only where the reason
-    does not already say it (never ``exit code None``), the attempts only when there were more."""
+    does not already say it (never ``exit code None``; ``killed by signal 9`` is exit code -9,
+    ``after exit 0`` is exit code 0), the attempts only when there were more."""
     reason = " ".join((reason or "failed").split())
     extra = []
-    if exit_code is not None and f"exit code {exit_code}" not in reason:
+    if exit_code is not None and not _says_exit_code(reason, exit_code):
         extra.append(f"exit code {exit_code}")
     if attempts and attempts > 1:
         extra.append(f"{attempts} attempts")
     return f"FAILED {uid}: {reason}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _says_exit_code(reason: str, code: int) -> bool:
+    """Whether ``reason`` already names exit code ``code`` (``exit code 3``, ``after exit 0``,
+    ``killed by signal 9`` for -9)."""
+    if re.search(rf"\bexit (code )?{code}\b", reason):
+        return True
+    return code < 0 and re.search(rf"\bsignal {-code}\b", reason) is not None
 
 
 _TIME_OK = "({0} IS NULL OR (typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e13))"

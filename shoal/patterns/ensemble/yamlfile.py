@@ -413,7 +413,7 @@ class _Loader:
         return task
 
     def value_refs(self, task: Task, keys: dict, where: str) -> None:
-        """Record the ``$p.s.t`` references inside ``arguments``/``args`` and ``stdin``.
+        """Record the ``$p.s.t`` references inside ``arguments``/``args``, ``kwargs`` and ``stdin``.
 
         They are read from the finished task's values, so a generated copy's are read after
         its ``{i}``/sweep placeholders are filled (``"cat $ens.sim.r{i}/out"`` names
@@ -427,6 +427,11 @@ class _Loader:
                 if isinstance(a, str) and "$" in a:
                     for m in EMBEDDED_REF_RE.finditer(a):
                         self.refs.append((f"{m[1]}.{m[2]}.{m[3]}", n, f"{where}.{argkey}[{i}]"))
+        if "kwargs" in keys and task.function is not None:  # a whole string value, as in args
+            for knode, vnode in keys["kwargs"][1].value:
+                value = task.kwargs.get(knode.value)
+                if isinstance(value, str) and (ref := parse_ref(value)):
+                    self.refs.append((ref[0], vnode, f"{where}.kwargs.{knode.value}"))
         if task.stdin and parse_ref(task.stdin):
             self.refs.append((parse_ref(task.stdin)[0], keys["stdin"][1], f"{where}.stdin"))
 

@@ -434,7 +434,7 @@ def section_map_defaults(args, run: Runners) -> list[Table]:
     regimes = (  # label, function, items, the chunksize sweep, rounds (tiny ones are cheap)
         ("tiny items: inc(x)", inc, 100_000 if args.quick else 1_000_000, (1000, 4000, 16000, 64000),
          5 * R),
-        ("1 ms items: a 1 ms CPU spin, then x + 1", functools.partial(busy_inc, steps),
+        ("~1 ms items: a CPU spin calibrated to 1 ms, then x + 1", functools.partial(busy_inc, steps),
          2_000 if args.quick else 10_000, (1, 8, 64, 512), R if args.quick else max(R, 5)),
     )
     pilot = run.pilot(w)

@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/run.py [--workers 1,2] [--only startup,tiny,map,ring,uts,nqueens,fib,overhead]
-                             [--quick] [--repeat 3] [--markdown docs/benchmarks.md] [--dashboard]
+    python benchmarks/run.py [--workers 1,2] [--only startup,tiny,map,map_defaults,ring,uts,nqueens,fib,overhead]
+                             [--quick] [--repeat 3] [--markdown bench.md] [--dashboard]
 
 ``--dashboard``: every shoal pilot serves its live dashboard, with the workers page
 open in a headless Chromium on this machine (when one is installed) for the whole run;
@@ -19,6 +19,12 @@ Sections (``--only`` picks some):
   rate divided by each peer's.
 * ``map``: ``Pilot.map`` vs ``Pool.map`` / ``ProcessPoolExecutor.map`` with
   automatic chunk sizes, and ``dask.bag``.
+* ``map_defaults``: does ``Pilot.map`` without ``chunksize`` come within 0.9x of the
+  best fixed ``chunksize``?  Two regimes, 10^6 tiny items (``inc``) and 10^4 items of
+  1 ms of CPU each (a calibrated spin): a sequential loop, ``Pool.imap`` at the best
+  chunksize of a small sweep, ``Pilot.map`` default, ``Pilot.map`` at the best
+  chunksize of the same sweep (all timings interleaved, best of ``--repeat``), with
+  the load and the 2-process ceiling before and after (~6 min).
 * ``integrations``: dask graphs on shoal (``scheduler=pilot.get`` and
   ``scheduler=pilot``) vs dask's threads and processes schedulers: 2,000 tiny
   ``delayed`` tasks, and a CPU-bound pure-Python graph; ``joblib.Parallel`` on
@@ -67,7 +73,7 @@ if str(HERE.parent) not in sys.path:  # run from a source checkout without insta
 import shoal  # noqa: E402
 from shoal.workloads import fib, nqueens, uts  # noqa: E402
 
-SECTIONS = ("startup", "tiny", "map", "integrations", "ring", "uts", "nqueens", "fib", "overhead")
+SECTIONS = ("startup", "tiny", "map", "map_defaults", "integrations", "ring", "uts", "nqueens", "fib", "overhead")
 TINY_WORKERS = 2
 MEASURE_BUDGET_S = 10.0  # stop repeating a measurement after this much time
 
@@ -371,6 +377,106 @@ def section_map(args, run: Runners) -> list[Table]:
         t.add(name, n, secs, n / secs, None if name.startswith("shoal") else ratio(secs, shoal_s))
     if run.dask_error:
         t.notes.append(f"dask rows skipped: {run.dask_error}")
+    return [t]
+
+
+def busy_inc(steps: int, x: int) -> int:
+    """``x + 1`` after ``steps`` of CPU-bound pure Python (a spin, not a sleep: it needs a core)."""
+    s = 0
+    for i in range(steps):
+        s += i
+    return x + 1
+
+
+def spin_steps(seconds: float) -> int:
+    """How many ``busy_inc`` steps take ``seconds`` of CPU here, timed the way the map
+    section runs them (20 calls in a row, best of 5: a shared machine only ever makes a
+    try slower)."""
+    steps = 20_000
+    for _ in range(3):
+        best = min(_busy_seconds(steps, 20) for _ in range(5)) / 20
+        steps = max(100, int(steps * seconds / best))
+    return steps
+
+
+def _busy_seconds(steps: int, calls: int) -> float:
+    fn = functools.partial(busy_inc, steps)
+    t0 = time.perf_counter()
+    sum(map(fn, range(calls)))
+    return time.perf_counter() - t0
+
+
+def interleaved_times(timed: dict, rounds: int, check, budget_s: float = 3 * MEASURE_BUDGET_S) -> dict:
+    """Wall times of each of ``timed``'s calls, run in turns (``rounds`` rounds, fewer for
+    a call once it has spent ``budget_s``): a burst of load from other users of the
+    machine slows one round of every call, not every round of one call.  Returns each
+    call's list of times (its best is ``min``)."""
+    times: dict = {name: [] for name in timed}
+    for _ in range(max(rounds, 1)):
+        for name, fn in timed.items():
+            if sum(times[name]) > budget_s:
+                continue
+            t0 = time.perf_counter()
+            value = fn()
+            times[name].append(time.perf_counter() - t0)
+            if value != check:
+                raise AssertionError(f"{name} returned {value!r}, expected {check!r}")
+    return times
+
+
+MAP_DEFAULT_GOAL = 0.9  # Pilot.map without chunksize, as a share of the best fixed chunksize's speed
+
+
+def section_map_defaults(args, run: Runners) -> list[Table]:
+    w = TINY_WORKERS
+    R = args.repeat
+    steps = spin_steps(0.001)
+    regimes = (  # label, function, items, the chunksize sweep, rounds (tiny ones are cheap)
+        ("tiny items: inc(x)", inc, 100_000 if args.quick else 1_000_000, (1000, 4000, 16000, 64000),
+         5 * R),
+        ("~1 ms items: a CPU spin calibrated to 1 ms, then x + 1", functools.partial(busy_inc, steps),
+         2_000 if args.quick else 10_000, (1, 8, 64, 512), R if args.quick else max(R, 5)),
+    )
+    pilot = run.pilot(w)
+    how = run.fastest("pool", w, lambda pool: sum(pool.imap(inc, range(4000), chunksize=500)), 1)[1]
+    pool = run.pool(w, how)
+    load0, ceil0 = os.getloadavg()[0], parallel_ceiling(w)
+    t = Table(f"map defaults: Pilot.map without chunksize vs the best fixed chunksize, {w} workers",
+              ["items", "runner", "chunksize", "best s", "items/s", "÷ sequential"])
+    verdicts = []
+    for label, fn, n, sweep, rounds in regimes:
+        expect = sum(range(1, n + 1))
+        timed = {"sequential": lambda fn=fn, n=n: sum(map(fn, range(n))),
+                 "pilot default": lambda fn=fn, n=n: sum(pilot.map(fn, range(n)))}
+        for c in sweep:
+            timed[f"pool {c}"] = lambda fn=fn, n=n, c=c: sum(pool.imap(fn, range(n), chunksize=c))
+            timed[f"pilot {c}"] = lambda fn=fn, n=n, c=c: sum(pilot.map(fn, range(n), chunksize=c))
+        times = interleaved_times(timed, rounds, expect)
+        best = {name: min(ts) for name, ts in times.items()}
+        seq = best["sequential"]
+        pool_c = min(sweep, key=lambda c: best[f"pool {c}"])
+        pilot_c = min(sweep, key=lambda c: best[f"pilot {c}"])
+        items = f"{n:,} {label}"
+        per_item = f"{seq / n * 1e6:.3g} µs" if seq / n < 1e-3 else f"{seq / n * 1e3:.3g} ms"
+        for runner, chunk, secs in (("sequential loop: sum(map(fn, items))", None, seq),
+                                    (f"multiprocessing Pool.imap ({how}), best of the sweep", pool_c,
+                                     best[f"pool {pool_c}"]),
+                                    ("shoal Pilot.map, default (adaptive)", "adaptive", best["pilot default"]),
+                                    ("shoal Pilot.map, best of the sweep", pilot_c, best[f"pilot {pilot_c}"])):
+            t.add(items, runner, chunk, secs, n / secs, seq / secs)
+        share = best[f"pilot {pilot_c}"] / best["pilot default"]
+        verdicts.append(f"{label} ({per_item} each in the loop): default ÷ best fixed = {share:.2f}x the speed, "
+                        f"{'MET' if share >= MAP_DEFAULT_GOAL else 'MISSED'} (goal >= {MAP_DEFAULT_GOAL}x); "
+                        "sweep: " + ", ".join(f"{c}: pilot {best[f'pilot {c}']:.3g} s, "
+                                              f"pool {best[f'pool {c}']:.3g} s" for c in sweep)
+                        + f"; every round, default: {', '.join(f'{x:.3g}' for x in times['pilot default'])} s, "
+                        f"chunksize={pilot_c}: {', '.join(f'{x:.3g}' for x in times[f'pilot {pilot_c}'])} s")
+    load1, ceil1 = os.getloadavg()[0], parallel_ceiling(w)
+    t.notes += verdicts
+    t.notes.append(f"load {load0:.2f} before, {load1:.2f} after; {w}-process ceiling {ceil0:.2f} before, "
+                   f"{ceil1:.2f} after ({w}.00 = {w} idle cores); spin: {steps:,} steps = 1 ms here")
+    t.notes.append("every call above ran in turns with the others, best of the rounds kept "
+                   "(noise on a shared machine only adds time)")
     return [t]
 
 
@@ -681,7 +787,7 @@ def parse_args(argv=None):
                     help="shoal pilots serve their dashboard, its workers page open in a headless "
                          "Chromium (the dashboard's overhead: compare with a run without)")
     ap.add_argument("--markdown", default=None, metavar="OUT.md",
-                    help="also write the tables as markdown (for docs/benchmarks.md)")
+                    help="also write the tables as markdown to this file (docs/benchmarks.md keeps one table per benchmark: copy the new tables into its sections, do not point this at it)")
     args = ap.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     if not args.workers or min(args.workers) < 1:

@@ -9,13 +9,29 @@ holds a bounded slice of it in the driver and in the workers.  Each batch is
 pickled once, here (that is how its size is known), and travels as those bytes.
 
 Each batch is one task that runs ``fn`` over its items and reports how long
-that took; the batch size then follows the measured time per item so that a
-batch lasts about ``TARGET_S`` (large enough to hide the per-task cost, small
-enough to balance), capped by ``len(input) / (4 * workers)`` when the length
-is known (what ``multiprocessing.Pool.map`` does), by ``MAX_BATCH`` items and
-by the batch's share of ``window_bytes``.  The first batches hold
-``FIRST_BATCH`` items, so a slow function is not handed out in big lumps
-before its cost is known.
+that took; the batch size (``batch_size``, a pure policy) then follows the
+measured time per item so that a batch lasts about ``TARGET_S``, capped by
+``len(input) / (4 * workers)`` when the length is known (what
+``multiprocessing.Pool.map`` does), by ``MAX_BATCH`` items and by a byte budget:
+the batch's share of ``window_bytes`` and, where the backend passes
+``record_bytes``, what travels as one record of its transport (the local
+backend: half a ring record, 128 KiB).  The first batches hold ``FIRST_BATCH``
+items, so a slow function is not handed out in big lumps before its cost is
+known; a batch over the byte budget (its items were bigger than the ones
+before) is cut before it is sent.
+
+Where the time goes (``benchmarks/run.py --only map_defaults``, 2 workers on 2
+cores): for tiny items (``inc``, ~40 ns) the driver is the bottleneck -- pickling
+the input and unpickling the results cost ~100 ns per item, more than the work
+-- and a batch bigger than a ring record (65,536 ints are 330 KB pickled; 2 KB
+strings at any size above 128) is cut into fragments and reassembled, which made
+such maps 1.3-2x slower than the best fixed ``chunksize``; the byte budget keeps
+every batch one record.  For items of ~1 ms the workers are the bottleneck and
+the per-batch cost is what counts: at 5 ms batches each worker's busy share was
+~0.92, at ``TARGET_S`` = 20 ms ~0.96, as good as the best fixed ``chunksize``,
+and 20 ms is still short enough that the last batch does not leave a worker idle
+for long; three batches queued per worker (60 ms of work) also ride out a driver
+that another process keeps off the CPU for a few time slices.
 
 Failure: a batch stops at its first failing item and returns the results
 before it with the error, so the iterator yields every result up to the
@@ -26,6 +42,7 @@ measured from the call, as ``Executor.map``'s: past it, ``next()`` raises
 
 Rejected: materialising the input (unbounded memory); a fixed chunk size
 (Pool.map's: right only when the length is known and items cost the same);
+bigger batches for tiny items (past a ring record they got slower, not faster);
 one future per item (the stdlib's: microseconds of driver work per item);
 bounding by items only (10 KB items made the window gigabytes).
 """
@@ -42,7 +59,7 @@ from collections import deque
 from .._errors import RemoteTraceback
 from . import wire
 
-TARGET_S = 0.005
+TARGET_S = 0.02  # seconds of work a batch should take
 FIRST_BATCH = 128  # items in the first batches, before any duration was measured
 MAX_BATCH = 65536
 WINDOW_BYTES = 64 << 20  # default bound on the pickled input in flight (the ``window_bytes`` knob)
@@ -101,6 +118,28 @@ def _batch_runner(fn, star: bool, catch: bool):
     return run_batch
 
 
+def batch_cap(total: int | None, workers: int) -> int:
+    """The most items a batch of this map may hold: ``MAX_BATCH``, and, when the input's
+    length is known, ``ceil(total / (4 * workers))`` (at least four batches per worker,
+    ``Pool.map``'s rule, so the workers finish together)."""
+    return MAX_BATCH if total is None else max(1, min(MAX_BATCH, -(-total // (4 * workers))))
+
+
+def batch_size(per_item_s: float | None, item_bytes: float | None, cap: int,
+               batch_bytes: float) -> int:
+    """The adaptive batch size, a pure policy: how many items the next batch holds.
+
+    ``per_item_s``: the workers' measured seconds per item (None before the first
+    batch came back: then ``FIRST_BATCH``); ``item_bytes``: the pickled bytes per item
+    measured so far (None before the first batch was made); ``cap``: ``batch_cap``'s
+    answer; ``batch_bytes``: a batch's share of ``window_bytes``.  About ``TARGET_S``
+    of work, at most ``cap`` items and ``batch_bytes`` bytes, at least one item."""
+    size = FIRST_BATCH if per_item_s is None else int(TARGET_S / max(per_item_s, 1e-9))
+    if item_bytes:
+        size = min(size, int(batch_bytes / item_bytes))
+    return max(1, min(cap, size))
+
+
 def check_map_args(fn, iterables, chunksize, timeout, window_bytes) -> None:
     if not callable(fn):
         raise TypeError(f"map() needs a callable, got {type(fn).__name__} {fn!r}")
@@ -117,7 +156,7 @@ def check_map_args(fn, iterables, chunksize, timeout, window_bytes) -> None:
 
 def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
              timeout: float | None = None, window_bytes: int | None = None, submit=None,
-             catch: bool = True):
+             catch: bool = True, record_bytes: int | None = None):
     """Start mapping ``fn`` over ``iterables`` on ``backend``; returns a ``MapIterator``.
 
     ``submit(runner, args, kwargs)`` defaults to ``backend.submit`` (a caller
@@ -129,12 +168,12 @@ def map_iter(backend, fn, iterables, *, ordered: bool = True, chunksize: int | N
         total = min(len(it) for it in iterables)
     except TypeError:
         total = None
-    cap = MAX_BATCH if total is None else max(1, min(MAX_BATCH, -(-total // (4 * workers))))
+    cap = batch_cap(total, workers)
     star = len(iterables) > 1
     items = zip(*iterables, strict=False) if star else iter(iterables[0])  # like map(): shortest wins
     runner = _batch_runner(fn, star, catch)
     run = _MapRun(submit or backend.submit, runner, fn, items, ordered, chunksize,
-                  min(cap, FIRST_BATCH), cap, 2 * workers + 2, window_bytes or WINDOW_BYTES, deadline)
+                  cap, 2 * workers + 2, window_bytes or WINDOW_BYTES, deadline, record_bytes)
     run.fill()  # work starts now, not at the first next()
     return MapIterator(run)
 
@@ -170,41 +209,64 @@ class MapIterator:
 class _MapRun:
     """The state of one map: input, batches in flight, sizing (the consumer's thread only)."""
 
-    def __init__(self, submit, runner, fn, items, ordered, chunksize, first, cap, window,
-                 window_bytes, deadline):
+    def __init__(self, submit, runner, fn, items, ordered, chunksize, cap, window,
+                 window_bytes, deadline, record_bytes=None):
         self.submit, self.runner, self.fn, self.items = submit, runner, fn, items
         self.ordered, self.chunksize, self.cap = ordered, chunksize, cap
-        self.size = chunksize or first
         self.window, self.window_bytes, self.deadline = window, window_bytes, deadline
         self.batch_bytes = max(1, window_bytes // window)  # a batch's share of the window
+        if record_bytes is not None:  # and it travels as one record of the transport
+            self.batch_bytes = min(self.batch_bytes, record_bytes)
         self.item_bytes = None  # pickled bytes per item, measured on the batches made so far
         self.per_item = None  # seconds per item, measured by the workers
         self.inflight: deque = deque()  # (future, bytes)
         self.pending: set = set()
         self.bytes = 0
         self.exhausted = False
+        self.back: list = []  # items of a batch that was cut, to go out before the input's
 
     def fill(self) -> None:
         """Submit batches until the window is full (in batches or in bytes) or the input ends."""
         inflight = self.inflight
         while not self.exhausted and len(inflight) < self.window and (
                 not inflight or self.bytes < self.window_bytes):
-            size = self.size
-            if self.item_bytes and self.chunksize is None:
-                size = max(1, min(size, int(self.batch_bytes / self.item_bytes)))
-            chunk = list(itertools.islice(self.items, size))
+            size = self.chunksize or batch_size(self.per_item, self.item_bytes, self.cap,
+                                                self.batch_bytes)
+            chunk = self._take(size)
             if not chunk:
                 self.exhausted = True
                 return
             batch = Batch(chunk, self.fn)
-            del chunk
             n = len(batch.blob)
-            sample = n / batch.n
-            self.item_bytes = sample if self.item_bytes is None else max(sample, 0.5 * self.item_bytes)
+            while True:
+                sample = n / batch.n
+                self.item_bytes = sample if self.item_bytes is None else max(sample, 0.5 * self.item_bytes)
+                if self.chunksize is not None or n <= self.batch_bytes or batch.n == 1:
+                    break
+                # sized before its items' size was known (the first batch) or with items
+                # bigger than the ones before: cut to what fits the byte budget (fewer
+                # items: sample > budget / items); the rest goes back in front of the input
+                fit = int(self.batch_bytes / sample) or 1
+                self.back[:0] = chunk[fit:]
+                del chunk[fit:]
+                batch = Batch(chunk, self.fn)
+                n = len(batch.blob)
+            del chunk
             fut = self.submit(self.runner, (batch,), {})
             inflight.append((fut, n))
             self.pending.add(fut)
             self.bytes += n
+
+    def _take(self, size: int) -> list:
+        """The next ``size`` items: those a cut batch gave back first, then the input's."""
+        back = self.back
+        if not back:
+            return list(itertools.islice(self.items, size))
+        chunk = back[:size]
+        del back[:size]
+        if len(chunk) < size:
+            chunk.extend(itertools.islice(self.items, size - len(chunk)))
+        return chunk
 
     def _left(self):
         if self.deadline is None:
@@ -239,8 +301,7 @@ class _MapRun:
                 if self.chunksize is None and out:
                     sample = elapsed / len(out)
                     per = self.per_item
-                    self.per_item = per = sample if per is None else 0.7 * per + 0.3 * sample
-                    self.size = max(1, min(self.cap, int(TARGET_S / max(per, 1e-9))))
+                    self.per_item = sample if per is None else 0.7 * per + 0.3 * sample
                 if err is not None:
                     exc, tb = err
                     exc.__cause__ = RemoteTraceback(tb)

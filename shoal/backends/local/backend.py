@@ -78,6 +78,13 @@ from .submit import _NO_RESOURCES, Submitting, _Task
 # that does not read, e.g. one still starting; the rest holds thousands of tasks).
 _CANCEL_RESERVE = 4
 
+# A map batch's pickled input stays under this share of a ring's record limit (256 KiB by
+# default): it travels as one record, not as fragments the worker reassembles, and its
+# results (often as big as its input) come back as one too.  Batches of 10^6 tiny items
+# or of 2 KB strings ran up to 2x slower when they were fragmented (benchmarks/run.py,
+# map_defaults).
+MAP_RECORD_SHARE = 2
+
 
 class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
     """Worker processes on this machine, connected by shared-memory rings."""
@@ -202,7 +209,8 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                 return self.submit(runner, args, kwargs, retries=retries, timeout=task_timeout)
 
         return map_iter(self, fn, iterables, ordered=ordered, chunksize=chunksize, timeout=timeout,
-                        window_bytes=window_bytes, submit=submit, catch=not retries)
+                        window_bytes=window_bytes, submit=submit, catch=not retries,
+                        record_bytes=self.matrix.ring(0, 1).max_message // MAP_RECORD_SHARE)
 
     def export(self, timeout: float = 1.0) -> list[bytes]:
         """Steal spawned tasks as endpoint 0: every worker gives half its deque (spawned

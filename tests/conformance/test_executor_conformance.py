@@ -277,6 +277,8 @@ def test_bad_input_at_call_site(pilot):
         pilot.map(t.inc, [1], chunksize=0)
 
 
+# dask's client advises against a 30 MB graph: sending one is what this test does on purpose
+@pytest.mark.filterwarnings("ignore:Sending large graph:UserWarning")
 @pytest.mark.parametrize("size", [300_000, 5_000_000, 30_000_000])
 def test_big_arguments_and_results(pilot, size):
     """Messages bigger than a ring travel in fragments, both ways."""

@@ -38,6 +38,8 @@ def test_delayed_graph_matches_the_sync_scheduler(pilot, how):
     assert dask.compute(*_graph(), scheduler=scheduler) == expected
 
 
+# dask's own advice about its chunking of the reshape (the graph is the test's, not shoal's)
+@pytest.mark.filterwarnings("ignore::dask.array.core.PerformanceWarning")
 def test_array_and_bag(pilot):
     x = da.arange(10_000, chunks=1_000).reshape(100, 100)
     expr = (x + x.T).sum(axis=0)

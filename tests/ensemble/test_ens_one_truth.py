@@ -277,7 +277,7 @@ pipelines:
 def _rate(pattern: str, text: str) -> float:
     found = re.search(pattern, text)
     assert found, text
-    return float(found[1])
+    return float(found[1].replace(",", ""))  # the progress line writes 1,284
 
 
 def test_failure_reasons_are_one_line_each_and_the_rate_counts_them(tmp_path):
@@ -308,7 +308,7 @@ def test_failure_reasons_are_one_line_each_and_the_rate_counts_them(tmp_path):
     assert {f["line"] for f in dashboard["failures"]} == expected
     head = done.stdout.splitlines()[0]
     report_rate = _rate(r"([\d.]+) tasks/s", head)
-    line_rate = _rate(r"\d+/\d+ tasks  ([\d.]+) tasks/s", done.stderr)
+    line_rate = _rate(r"\d+/\d+ tasks  ([\d.,]+) tasks/s", done.stderr)
     status_rate = _rate(r"^([\d.]+) tasks/s  ETA", next(ln for ln in status.splitlines() if "tasks/s" in ln))
     assert report_rate > 0, head  # 7 tasks ended in this session, none of them done
     assert abs(report_rate - line_rate) <= 0.1 + 0.02 * line_rate, (head, done.stderr)

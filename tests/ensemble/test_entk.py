@@ -380,6 +380,6 @@ def test_appmanager_run_draws_shoal_runs_progress_line_on_a_terminal(tmp_path):
     script.write_text(PROGRESS_SCRIPT)
     drawn = _stderr_of(script, tmp_path, tty=True)
     final = drawn.replace("\r\n", "\n").split("\r")[-1].strip()
-    assert re.match(r"ensemble: \[#{20}\] 4/4 tasks  [\d.]+ tasks/s  done 4  running 0  failed 0  "
+    assert re.match(r"ensemble: \[#{20}\] 4/4 tasks  [\d.,]+ tasks/s  done 4  running 0  failed 0  "
                     r"elapsed \d+:\d\d  ETA 0:00 \(done\)$", final), repr(drawn)
     assert _stderr_of(script, tmp_path, tty=False) == ""

@@ -31,9 +31,21 @@ from shoal.runtime import allocation as al
 @pytest.mark.parametrize("text, seconds", [
     (45, 45), ("45", 45), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1:30", 90),
     ("01:00:00", 3600), (2.5, 2.5),
+    # SLURM's day forms: the clock after the day starts at hours.  The provider read "1-12" as
+    # a day and 12 seconds (and asked SLURM for 24 h where the user wrote 36 h).
+    ("1-12", 129600), ("1-12:30", 131400), ("1-00:00:01", 86401), ("2-0", 172800),
 ])
 def test_the_provider_and_the_ensemble_read_a_walltime_alike(text, seconds):
     assert walltime_seconds(text) == parse_walltime(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5", 0, -1, "1:2:3:4", "1-2:3:4:5", float("nan"),
+                                 float("inf"), "", True])
+def test_the_provider_and_the_ensemble_refuse_a_bad_walltime_alike(bad):
+    with pytest.raises(ValueError, match="walltime"):
+        walltime_seconds(bad)
+    with pytest.raises(EnsembleError, match="walltime"):
+        parse_walltime(bad)
 
 
 def test_batch_time_is_what_slurm_reads_as_the_same_length():

@@ -38,12 +38,12 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 
 from ..._errors import BackendUnavailable, install_hint
+from ..._walltime import walltime_seconds
 
 
 class Provider(enum.Enum):
@@ -52,35 +52,6 @@ class Provider(enum.Enum):
 
 
 _CLASSES = {Provider.SLURM: "SLURMCluster", Provider.PBS: "PBSCluster"}
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def walltime_seconds(walltime) -> float:
-    """Seconds in a walltime: a number (seconds), ``"90s"``/``"30m"``/``"2h"``/``"1d"``,
-    ``"SS"``, ``"MM:SS"``, ``"HH:MM:SS"`` or ``"D-HH:MM:SS"``."""
-    if isinstance(walltime, int | float) and not isinstance(walltime, bool):
-        seconds = float(walltime)
-    else:
-        text = str(walltime).strip()
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
-        days, clock = (0, text)
-        if m:
-            seconds = float(m[1]) * _UNITS[m[2]]
-        else:
-            d = re.fullmatch(r"(\d+)-(.*)", text)
-            if d:
-                days, clock = int(d[1]), d[2]
-            parts = clock.split(":")
-            if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"walltime={walltime!r}: use seconds, '90s', '30m', '2h', "
-                                 "'HH:MM:SS' or 'D-HH:MM:SS'")
-            seconds = 0.0
-            for p in parts:
-                seconds = seconds * 60 + int(p)
-            seconds += days * 86400
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"walltime must be > 0 seconds, got walltime={walltime!r}")
-    return seconds
 
 
 def batch_time(seconds: float) -> str:

@@ -19,8 +19,7 @@ docs/ensemble.md and docs/entk.md.
 
 from __future__ import annotations
 
-import re
-
+from ..._walltime import walltime_seconds
 from .model import (
     EnsembleError,
     Failure,
@@ -40,27 +39,14 @@ from .values import Values
 
 
 def parse_walltime(value) -> float | None:
-    """``3600``, ``"90s"``, ``"30m"``, ``"2h"``, ``"1:30:00"``, Slurm's ``"1-12:00:00"`` -> seconds."""
+    """``3600``, ``"90s"``, ``"30m"``, ``"2h"``, ``"1:30:00"``, Slurm's ``"1-12:00:00"`` -> seconds
+    (shoal/_walltime.py has the forms); None stays None; a bad value is an EnsembleError."""
     if value is None:
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not value > 0:  # nan too: a NaN deadline compares False forever (never enforced)
-            raise EnsembleError(f"walltime must be > 0 seconds, got {value}")
-        return float(value)
-    text = str(value).strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
-    if m:
-        return parse_walltime(float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
-    days, dash, rest = text.rpartition("-") if "-" in text else ("0", "", text)
-    parts = rest.split(":")
-    if days.isdigit() and (2 <= len(parts) <= 3 or (dash and len(parts) <= 3)) and all(p.isdigit() for p in parts):
-        if dash:  # Slurm's D-HH, D-HH:MM, D-HH:MM:SS
-            parts += ["0"] * (3 - len(parts))
-        secs = 0
-        for p in parts:
-            secs = secs * 60 + int(p)
-        return parse_walltime(int(days) * 86400 + secs)  # HH:MM:SS or MM:SS (as Slurm reads them)
-    raise EnsembleError(f"walltime {value!r}: use seconds or '90s', '30m', '2h', 'HH:MM:SS', 'D-HH:MM:SS'")
+    try:
+        return walltime_seconds(value)
+    except ValueError as exc:
+        raise EnsembleError(str(exc)) from None
 
 
 def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,

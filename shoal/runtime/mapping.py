@@ -20,18 +20,15 @@ items, so a slow function is not handed out in big lumps before its cost is
 known; a batch over the byte budget (its items were bigger than the ones
 before) is cut before it is sent.
 
-Where the time goes (``benchmarks/run.py --only map_defaults``, 2 workers on 2
-cores): for tiny items (``inc``, ~40 ns) the driver is the bottleneck -- pickling
-the input and unpickling the results cost ~100 ns per item, more than the work
--- and a batch bigger than a ring record (65,536 ints are 330 KB pickled; 2 KB
-strings at any size above 128) is cut into fragments and reassembled, which made
-such maps 1.3-2x slower than the best fixed ``chunksize``; the byte budget keeps
-every batch one record.  For items of ~1 ms the workers are the bottleneck and
-the per-batch cost is what counts: at 5 ms batches each worker's busy share was
-~0.92, at ``TARGET_S`` = 20 ms ~0.96, as good as the best fixed ``chunksize``,
-and 20 ms is still short enough that the last batch does not leave a worker idle
-for long; three batches queued per worker (60 ms of work) also ride out a driver
-that another process keeps off the CPU for a few time slices.
+Where the time goes (``benchmarks/run.py --only map_defaults``; the figures are in
+docs/benchmarks.md): for tiny items the driver is the bottleneck -- pickling the input
+and unpickling the results cost more than the work -- and a batch bigger than a ring
+record is cut into fragments and reassembled, which made such maps slower than the best
+fixed ``chunksize``; the byte budget keeps every batch one record.  For items of ~1 ms
+the workers are the bottleneck and the per-batch cost is what counts: batches of
+``TARGET_S`` keep each worker busy nearly all the time, and are still short enough that
+the last batch does not leave a worker idle for long; three batches queued per worker
+also ride out a driver that another process keeps off the CPU for a few time slices.
 
 Failure: a batch stops at its first failing item and returns the results
 before it with the error, so the iterator yields every result up to the

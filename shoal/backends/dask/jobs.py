@@ -165,6 +165,9 @@ class JobPolicy:
         for name, job_id in submitted.items():
             if job_id == DROPPED:  # dask-jobqueue gave up on it (worker lost for 15 s): replace
                 old = self.jobs.get(name)
+                if old is None:  # asked for (a scale up) and not launched yet: not dropped
+                    self.jobs[name] = Job(name, None, since=now)
+                    continue
                 if not self.failed and not closing and (old is None or
                                                         old.state is not JobState.SUBMITTING):
                     if old is not None:
@@ -278,9 +281,12 @@ class JobWatch:
     def _submitted(self) -> dict[str, str | None]:
         for _ in range(5):
             try:
+                spec = list(self.cluster.worker_spec)
+                # a job in workers but no longer in worker_spec is being given back (scale
+                # down, the elastic pilot's shrink): not the pilot's any more, never replaced
                 jobs = {name: getattr(job, "job_id", None)
-                        for name, job in list(self.cluster.workers.items())}
-                for name in list(self.cluster.worker_spec):
+                        for name, job in list(self.cluster.workers.items()) if name in spec}
+                for name in spec:
                     jobs.setdefault(name, DROPPED)  # closed by the cluster: replace it
                 return jobs
             except RuntimeError:  # changed size while copied (the loop thread): again

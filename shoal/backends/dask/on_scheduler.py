@@ -111,3 +111,16 @@ def arbitrate(key, rids, addr, dask_scheduler=None):
     while len(void) > VOID_KEEP:
         del void[next(iter(void))]
     return True
+
+
+QUEUED = frozenset(("queued", "no-worker"))  # ready to run, and no dask worker has room for it
+
+
+def load(dask_scheduler=None):
+    """What the elastic pilot's scaler reads (scaling.py): the keys of tasks that are ready
+    and wait for a dask worker (``QUEUED``), and per dask worker (by name, which is its batch
+    job's name under dask-jobqueue) how many tasks it is processing."""
+    sched = dask_scheduler
+    waiting = [str(key) for key, ts in sched.tasks.items() if ts.state in QUEUED]
+    busy = {str(ws.name): len(ws.processing) for ws in sched.workers.values()}
+    return {"waiting": waiting, "busy": busy}

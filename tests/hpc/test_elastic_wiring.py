@@ -1,0 +1,153 @@
+"""The elastic pilot's wiring without a batch system: ``JobScaler`` fed snapshots (its calls
+recorded), the job watch's view of jobs asked for or given back, ``jobs=`` and the thresholds
+as Pilot options.  The real proof is tests/hpc/test_slurm_elastic.py (marker slurm)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from shoal.backends.dask.elastic import Action, Bounds
+from shoal.backends.dask.jobs import DROPPED, JobPolicy, JobState, JobWatch, Replace, Seen
+from shoal.backends.dask.provider import Provider, elastic_bounds
+from shoal.backends.dask.scaling import JobScaler, Observation
+
+RUN = JobState.RUNNING
+
+
+class RecordingScaler(JobScaler):
+    """A JobScaler whose actions are recorded instead of sent to dask-jobqueue."""
+
+    def __init__(self, bounds):
+        super().__init__(cluster=None, client=None, watch=None, bounds=bounds, start=False)
+        self.calls = []
+
+    def submit(self, jobs):
+        self.calls.append(("scale", jobs))
+
+    def drop(self, name):
+        self.calls.append(("drop", name))
+
+    def _asked(self):
+        return ()
+
+
+def obs(waiting=(), busy=None, jobs=None):
+    jobs = jobs or {}
+    return Observation(waiting=tuple(waiting), busy=busy or {}, asked=tuple(jobs), jobs=jobs)
+
+
+def test_a_burst_grows_then_the_pending_job_is_cancelled_and_the_idle_one_retired(caplog):
+    s = RecordingScaler(Bounds(1, 3, grow_after_s=1, idle_after_s=5))
+    one = {"j1": ("11", RUN, True)}
+    burst = [f"t{i}" for i in range(10)]
+    assert s.step(0.0, obs(burst, {"j1": 1}, one)) == ()  # waiting, not yet for 1 s
+    with caplog.at_level(logging.INFO, logger="shoal.jobs"):
+        steps = s.step(1.5, obs(burst, {"j1": 1}, one))
+    assert [st.action for st in steps] == [Action.SUBMIT] * 2
+    assert s.calls == [("scale", 3)]  # one call: 1 asked + 2 new
+    assert "submitting a job: 10 tasks waiting" in caplog.text
+    three = {**one, "j2": ("12", RUN, True), "j3": ("13", JobState.PENDING, False)}
+    assert s.step(3.0, obs(burst[:4], {"j1": 1, "j2": 1}, three)) == ()  # jobs pending: no more
+    s.calls.clear()
+    steps = s.step(4.0, obs((), {"j1": 1, "j2": 1}, three))  # the work ran out
+    assert [(st.action, st.job_id) for st in steps] == [(Action.CANCEL, "j3")]
+    assert s.calls == [("drop", "j3")]
+    two = {k: three[k] for k in ("j1", "j2")}
+    s.calls.clear()
+    assert s.step(6.0, obs((), {"j1": 1}, two)) == ()  # j2's last task was seen at 4.0
+    assert s.step(8.5, obs((), {"j1": 1}, two)) == ()  # 4.5 s idle < 5 s
+    steps = s.step(9.5, obs((), {"j1": 1}, two))
+    assert [(st.action, st.job_id) for st in steps] == [(Action.RETIRE, "j2")]
+    assert s.calls == [("drop", "j2")]
+    assert s.peak == 3
+    assert [(d["action"], d["job_id"]) for d in s.decisions] == [
+        ("submit", None), ("submit", None), ("cancel", "13"), ("retire", "12")]
+    assert all(d["reason"] for d in s.decisions)
+
+
+def test_a_running_job_whose_worker_has_not_connected_is_pending_not_idle():
+    s = RecordingScaler(Bounds(1, 3, grow_after_s=1, idle_after_s=0))
+    jobs = {"j1": ("11", RUN, True), "j2": ("12", RUN, False)}
+    assert s.step(0.0, obs((), {}, jobs)) != ()
+    assert s.calls == [("drop", "j2")]  # cancelled as pending (the work ran out), never "idle"
+    assert s.decisions[0]["action"] == Action.CANCEL.value
+
+
+def test_the_watch_does_not_replace_a_job_asked_for_and_not_launched_yet():
+    """cluster.scale() put a name in worker_spec; the loop has not started its job yet."""
+    pol = JobPolicy()
+    pol.step(0, {"w0": "5"}, {"5": Seen("RUNNING")}, {"w0"})
+    assert pol.step(1, {"w0": "5", "w1": DROPPED}, {"5": Seen("RUNNING")}, {"w0"}) == []
+    assert not any(isinstance(a, Replace) for a in
+                   pol.step(2, {"w0": "5", "w1": "6"}, {"5": Seen("RUNNING"),
+                                                        "6": Seen("PENDING")}, {"w0"}))
+
+
+class _Job:
+    def __init__(self, job_id):
+        self.job_id = job_id
+
+
+class _Cluster:
+    def __init__(self):
+        self.workers = {}
+        self.worker_spec = {}
+
+
+class _Client:
+    def scheduler_info(self):
+        return {"workers": {}}
+
+
+def test_jobs_being_given_back_are_neither_replaced_nor_start_failures():
+    """The elastic pilot cancels pending jobs (out of worker_spec, still in workers while the
+    loop closes them): squeue no longer lists them, and that is no failure to start."""
+    cluster = _Cluster()
+    failed = []
+    watch = JobWatch(cluster, _Client(), failed.append, poll_s=3600, list_jobs=lambda: {})
+    try:
+        for i in range(4):
+            name = f"w{i}"
+            cluster.workers[name] = _Job(str(i))
+            cluster.worker_spec[name] = {}
+            watch.list_jobs = lambda i=i: {str(i): Seen("PENDING", "Resources")}
+            watch.poll()
+            del cluster.worker_spec[name]  # given back; the loop has not closed it yet
+            watch.list_jobs = dict
+            watch.poll()
+        assert failed == [] and watch.replaced == 0
+    finally:
+        watch.stop()
+
+
+@pytest.mark.parametrize("jobs, low, high", [((1, 8), 1, 8), ("1:8", 1, 8), ([0, 2], 0, 2)])
+def test_a_range_of_jobs_is_an_elastic_pilot(jobs, low, high):
+    opts = {"cores": 4, "grow_after_s": 2, "idle_after_s": 30}
+    b = elastic_bounds(jobs, Provider.SLURM, opts)
+    assert (b.low, b.high, b.slots_per_job, b.grow_after_s, b.idle_after_s) == (low, high, 4, 2, 30)
+    assert opts == {"cores": 4}  # the thresholds are the scaler's, not dask-jobqueue's
+
+
+def test_a_count_of_jobs_is_fixed_and_takes_no_thresholds():
+    assert elastic_bounds(4, Provider.SLURM, {}) is None
+    assert elastic_bounds("3", Provider.SLURM, {}) is None
+    with pytest.raises(TypeError, match=r"idle_after_s= apply to an elastic pilot: give jobs=\(low, high\)"):
+        elastic_bounds(4, Provider.SLURM, {"idle_after_s": 5})
+
+
+@pytest.mark.parametrize("jobs, options, match", [
+    ((1, 4), {}, "an elastic pilot needs provider='slurm'"),
+    ((3, 1), {}, r"need 0 <= low <= high"),
+    ("1-8", {}, "give a count"),
+])
+def test_bad_elastic_requests_name_the_culprit(jobs, options, match):
+    provider = Provider.PBS if "provider" in match else Provider.SLURM
+    with pytest.raises(ValueError, match=match):
+        elastic_bounds(jobs, provider, options)
+
+
+def test_a_negative_threshold_is_refused():
+    with pytest.raises(ValueError, match="grow_after_s must be a number of seconds >= 0"):
+        elastic_bounds((1, 2), Provider.SLURM, {"grow_after_s": -1})

@@ -151,3 +151,40 @@ def test_bad_elastic_requests_name_the_culprit(jobs, options, match):
 def test_a_negative_threshold_is_refused():
     with pytest.raises(ValueError, match="grow_after_s must be a number of seconds >= 0"):
         elastic_bounds((1, 2), Provider.SLURM, {"grow_after_s": -1})
+
+
+def _run_args(*argv):
+    import argparse
+
+    from shoal.patterns.ensemble.resource import add_resource_arguments
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workflow")
+    parser.add_argument("--walltime")
+    parser.add_argument("--dask", action="store_true")
+    add_resource_arguments(parser)
+    return parser.parse_args(["wf.py", *argv])
+
+
+def test_shoal_run_slurm_jobs_low_high_asks_for_an_elastic_pilot():
+    from shoal.patterns.ensemble.resource import resource_from_args
+
+    args = _run_args("--slurm", "--jobs", "1:8", "--cores", "4")
+    resource, _ = resource_from_args(args)
+    assert resource.nodes == (1, 8)
+    assert resource.pilot_options()["jobs"] == (1, 8)
+    assert ("--jobs", "1:8") in args.extra_resume  # the resume hint repeats it
+    resource, _ = resource_from_args(_run_args("--slurm", "--jobs", "3"))
+    assert resource.nodes == 3
+
+
+def test_jobs_and_nodes_together_or_a_bad_range_are_one_clear_error():
+    from shoal.patterns.ensemble.model import EnsembleError
+    from shoal.patterns.ensemble.resource import Resource, resource_from_args
+
+    with pytest.raises(EnsembleError, match="--nodes and --jobs both give the batch jobs"):
+        resource_from_args(_run_args("--slurm", "--jobs", "1:8", "--nodes", "2"))
+    with pytest.raises(EnsembleError, match="nodes must be an integer >= 1 or a range 'low:high'"):
+        Resource.of({"jobs": "8:1"})
+    assert Resource.of({"jobs": [1, 4], "options": {"idle_after_s": 30}}).pilot_options()[
+        "idle_after_s"] == 30

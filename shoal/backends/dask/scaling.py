@@ -13,7 +13,7 @@
       CANCEL  ──► drop the pending job from worker_spec; dask-jobqueue's job close runs scancel
       RETIRE  ──► drop the idle job from worker_spec; the cluster retires its dask worker,
                   then cancels its job
-      every step ──► log INFO on ``shoal.jobs`` with its reason, and ``decisions`` (the
+      every step ──► log INFO (logger "shoal.jobs", the job watch's) with its reason, and ``decisions`` (the
                      pilot's stats()["driver"]["elastic"], which the dashboard's state carries)
 
 Explicit state (``ScalerState``): since when each waiting task has been seen waiting (its

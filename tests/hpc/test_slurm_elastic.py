@@ -79,3 +79,46 @@ def test_a_burst_grows_a_1_3_pilot_to_3_jobs_and_it_shrinks_back_to_1(tmp_path):
     assert len({job for _, job in results}) >= 2, "the burst ran in more than one job"
     assert all(d["reason"] for d in elastic["decisions"])
     assert not (ids & set(queue())), "close() leaves none of the pilot's jobs in squeue"
+
+
+WORKFLOW = """
+resource: {backend: slurm, jobs: "1:3", cores: 1, options: {grow_after_s: 2, idle_after_s: 5}}
+pipelines:
+  - name: p
+    stages:
+      - name: s
+        tasks:
+%s
+"""
+
+
+def test_shoal_run_an_elastic_resource_grows_and_the_journal_says_why(tmp_path):
+    """``shoal run wf.yaml`` whose ``resource:`` asks for ``jobs: "1:3"``: the ensemble's
+    tasks wait in dask beyond grow_after_s, so the pilot submits 2 more jobs; the journal
+    keeps each decision with its reason and the job watch's notes (``shoal status`` prints
+    them, the journal dashboard's state carries them); each task done exactly once."""
+    import subprocess
+
+    from slurm_helpers import shoal_cmd
+
+    done = tmp_path / "done.txt"
+    tasks = "\n".join(f'          - {{name: t{i}, executable: /bin/sh, arguments: ["-c", '
+                      f'"sleep 4; echo t{i} $SLURM_JOB_ID >> {done}"]}}' for i in range(12))
+    (tmp_path / "wf.yaml").write_text(WORKFLOW % tasks)
+    out = subprocess.run(shoal_cmd("run", "wf.yaml", "--journal", "j.db"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = [line.split()[0] for line in done.read_text().splitlines()]
+    assert sorted(names) == sorted(f"t{i}" for i in range(12)), "each task done exactly once"
+    assert len({line.split()[1] for line in done.read_text().splitlines()}) >= 2, "ran in 2+ jobs"
+    status = subprocess.run(shoal_cmd("status", "j.db"), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    print(status.stdout)
+    submits = [ln for ln in status.stdout.splitlines()
+               if "elastic pilot: submitting a job: " in ln and "tasks waiting, the oldest for" in ln]
+    assert len(submits) >= 1, status.stdout
+    from shoal.dashboard.journal import journal_state
+
+    events = journal_state(str(tmp_path / "j.db"))["job_events"]
+    assert any("submitting a job" in e["text"] for e in events), events
+    assert any("-> RUNNING" in e["text"] for e in events), events  # the job watch's notes

@@ -137,12 +137,12 @@ class JobScaler:
         view = self.state.view(now, obs)
         decision = decide(view, self.bounds)
         submit = decision.submit
+        self._record(obs, decision.steps)  # said first: stats() never shows a step unexplained
         if submit:
             self.submit(len(obs.asked) + submit)
         for step in decision.steps:
             if step.action is not Action.SUBMIT:
                 self.drop(step.job_id)
-        self._record(obs, decision.steps)
         self.peak = max(self.peak, len(obs.asked) + submit - len(decision.cancel)
                         - len(decision.retire))
         return decision.steps

@@ -170,7 +170,14 @@ function renderJournal(st) {
       `<pre class="stderr">${esc(f.stderr_tail || "(no stderr)")}</pre></details>`;
   }
   if (!j.failures.length) html += `<p class="muted">none</p>`;
-  main.innerHTML = html + "</div>";
+  html += "</div>";
+  const jobs = j.job_events || [];  // a dask pilot's batch jobs: grow, shrink, queue state (newest first)
+  if (jobs.length) {
+    html += `<h2>Batch jobs</h2><table id="job-events"><tr><th class="text">time</th><th class="text">what happened, and why</th></tr>` +
+      jobs.map(e => `<tr class="${esc((e.level || "").toLowerCase())}"><td class="text">${esc(new Date(1000 * e.t).toLocaleTimeString())}</td><td class="text">${esc(e.text)}</td></tr>`).join("") +
+      "</table>";
+  }
+  main.innerHTML = html;
 }
 
 const RENDER = {workers: renderWorkers, progress: renderProgress, journal: renderJournal};

@@ -188,3 +188,49 @@ def test_jobs_and_nodes_together_or_a_bad_range_are_one_clear_error():
         Resource.of({"jobs": "8:1"})
     assert Resource.of({"jobs": [1, 4], "options": {"idle_after_s": 30}}).pilot_options()[
         "idle_after_s"] == 30
+
+
+def test_the_job_notes_reach_the_journal_shoal_status_and_the_journal_dashboard(tmp_path):
+    """What the engine does for a dask pilot: JobLog hears the "shoal.jobs" logger (INFO too,
+    while attached), the notes are merged into the journal's meta, and shoal status's table
+    and the journal page's state show them; detached, the logger is as it was."""
+    from shoal.dashboard.journal import journal_state
+    from shoal.patterns.ensemble import pilot_jobs
+    from shoal.patterns.ensemble.journal import Journal
+    from shoal.patterns.ensemble.status import RunStatus
+
+    logger = logging.getLogger("shoal.jobs")
+    level = logger.level
+    heard = pilot_jobs.JobLog().attach()
+    try:
+        logger.info("elastic pilot: submitting a job: 3 tasks waiting, the oldest for 12 s")
+        logger.debug("not kept")
+    finally:
+        heard.detach()
+    logger.info("after detach: not kept")
+    assert logger.level == level and heard not in logger.handlers
+    path = str(tmp_path / "j.db")
+    journal = Journal(path)
+    try:
+        for _ in range(2):  # two engine ticks: appended, not replaced
+            events = heard.take() or [{"t": 1.0, "level": "INFO", "text": "SLURM job 7: PENDING -> RUNNING"}]
+            journal.set_meta(pilot_jobs.JOURNAL_KEY,
+                             pilot_jobs.merged(journal.meta(pilot_jobs.JOURNAL_KEY), events))
+        journal.commit()
+    finally:
+        journal.close()
+    st = RunStatus.load(path)
+    assert [e["text"] for e in st.job_events] == [
+        "elastic pilot: submitting a job: 3 tasks waiting, the oldest for 12 s",
+        "SLURM job 7: PENDING -> RUNNING"]
+    assert "elastic pilot: submitting a job: 3 tasks waiting" in st.table()
+    page = journal_state(path)["job_events"]
+    assert page[0]["text"] == "SLURM job 7: PENDING -> RUNNING"  # newest first
+
+
+def test_a_damaged_job_notes_entry_reads_as_none():
+    from shoal.patterns.ensemble import pilot_jobs
+
+    assert pilot_jobs.read("{not json") == ()
+    assert pilot_jobs.read('[{"text": 3}, {"t": 1, "text": "ok"}]') == ({"t": 1, "text": "ok"},)
+    assert pilot_jobs.merged("{not json", [{"text": "a"}]) == '[{"text": "a"}]'

@@ -168,12 +168,10 @@ class JobPolicy:
                 if old is None:  # asked for (a scale up) and not launched yet: not dropped
                     self.jobs[name] = Job(name, None, since=now)
                     continue
-                if not self.failed and not closing and (old is None or
-                                                        old.state is not JobState.SUBMITTING):
-                    if old is not None:
-                        old.state = JobState.SUBMITTING
-                    actions.append(Replace(name, f"{self.label} job {old.job_id if old else '?'} "
-                                                 f"({name}) was closed after its worker was lost"))
+                if not self.failed and not closing and old.state is not JobState.SUBMITTING:
+                    old.state = JobState.SUBMITTING
+                    actions.append(Replace(name, f"{self.label} job {old.job_id} ({name}) was "
+                                                 "closed after its worker was lost"))
                 continue
             job = self.jobs.get(name)
             if job is None or (job_id is not None and job.job_id not in (None, job_id)):

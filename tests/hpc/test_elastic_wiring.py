@@ -234,3 +234,16 @@ def test_a_damaged_job_notes_entry_reads_as_none():
     assert pilot_jobs.read("{not json") == ()
     assert pilot_jobs.read('[{"text": 3}, {"t": 1, "text": "ok"}]') == ({"t": 1, "text": "ok"},)
     assert pilot_jobs.merged("{not json", [{"text": "a"}]) == '[{"text": "a"}]'
+
+
+def test_shoal_run_threshold_flags_reach_the_pilot_and_need_a_range():
+    from shoal.patterns.ensemble.model import EnsembleError
+    from shoal.patterns.ensemble.resource import resource_from_args
+
+    args = _run_args("--slurm", "--jobs", "1:4", "--grow-after", "2", "--idle-after", "30")
+    resource, _ = resource_from_args(args)
+    kw = resource.pilot_options()
+    assert (kw["jobs"], kw["grow_after_s"], kw["idle_after_s"]) == ((1, 4), 2.0, 30.0)
+    assert ("--grow-after", 2.0) in args.extra_resume
+    with pytest.raises(EnsembleError, match="--idle-after apply to an elastic pilot: add --jobs LOW:HIGH"):
+        resource_from_args(_run_args("--slurm", "--nodes", "2", "--idle-after", "30"))

@@ -284,6 +284,10 @@ def add_resource_arguments(parser) -> None:
     hpc.add_argument("--jobs", default=None, metavar="N|LOW:HIGH",
                      help="batch jobs: a count (as --nodes), or LOW:HIGH for an elastic pilot "
                           "that submits jobs while tasks wait and gives idle ones back")
+    hpc.add_argument("--grow-after", type=float, default=None, metavar="S",
+                     help="elastic pilot: submit jobs once a task has waited S seconds (default 10)")
+    hpc.add_argument("--idle-after", type=float, default=None, metavar="S",
+                     help="elastic pilot: give a job back once idle S seconds (default 60)")
     hpc.add_argument("--cores", type=int, default=None, help="cores per node, default 1")
     hpc.add_argument("--partition", default=None, help="SLURM partition (queue)")
     hpc.add_argument("--account", default=None, help="account (project) to charge")
@@ -301,8 +305,11 @@ def resource_from_args(args) -> tuple[Resource | None, float | None]:
     jobs = getattr(args, "jobs", None)
     if jobs is not None and args.nodes is not None:
         raise EnsembleError("--nodes and --jobs both give the batch jobs: give one of them")
+    thresholds = {"grow_after_s": getattr(args, "grow_after", None),
+                  "idle_after_s": getattr(args, "idle_after", None)}
     flags = {"nodes": args.nodes, "jobs": jobs, "cores": args.cores,
-             "partition": args.partition, "account": args.account}
+             "partition": args.partition, "account": args.account,
+             "grow-after": thresholds["grow_after_s"], "idle-after": thresholds["idle_after_s"]}
     args.extra_resume = ([("--slurm", None)] if args.slurm else []) + [
         (f"--{k}", v) for k, v in flags.items() if v is not None]
     base = yaml_resource(args.workflow) if args.workflow.endswith((".yaml", ".yml")) else None
@@ -318,8 +325,17 @@ def resource_from_args(args) -> tuple[Resource | None, float | None]:
         raise EnsembleError("--dask runs on an existing cluster; --slurm (or a resource: block) "
                             "asks for an allocation: give one of them")
     flags["nodes"] = flags.pop("jobs") if jobs is not None else flags["nodes"]
-    return merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime,
-                 **flags), None
+    del flags["grow-after"], flags["idle-after"]
+    resource = merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime,
+                     **flags)
+    given = {k: v for k, v in thresholds.items() if v is not None}
+    if given:
+        if isinstance(resource.nodes, int):
+            raise EnsembleError(f"{', '.join('--' + k.removesuffix('_s').replace('_', '-') for k in given)} "
+                                f"apply to an elastic pilot: add --jobs LOW:HIGH (e.g. --jobs 1:4)")
+        resource = dataclasses.replace(resource, options=tuple(sorted(
+            {**dict(resource.options), **given}.items())))
+    return resource, None
 
 
 def _allocation_walltime() -> float | None:

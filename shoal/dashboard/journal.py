@@ -25,6 +25,7 @@ from ..patterns.ensemble.model import EnsembleError, TaskState
 STATES = [s.value for s in TaskState]
 INTERRUPTED = "interrupted"  # the column of rows a dead driver left RUNNING (RunStatus.interrupted)
 FAILURES_SHOWN = 50
+JOB_EVENTS_SHOWN = 50  # the newest of a dask pilot's job events (grow, shrink, queue state)
 
 
 def check_journal(path: str) -> str:
@@ -115,4 +116,5 @@ def journal_state(path: str, total: int | None = None) -> dict:
         "started": first, "last_finished": last, "driver": d["driver"]["state"],
         "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": None if rate is None else round(rate, 3),
         "eta_s": eta, "finished": finished, "malformed": d["malformed"],
+        "job_events": d["job_events"][-JOB_EVENTS_SHOWN:][::-1],  # newest first
     }

@@ -15,3 +15,13 @@ def where(x=None, delay: float = 0.0):
     w = shoal.current_worker()
     return x, os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_CPUS_ON_NODE"), \
         (w.workers if w else None)
+
+
+def ledger(x, path: str, delay: float = 0.0):
+    """Sleep ``delay``, then append 'x job-id' to ``path`` (a run counts once per line)."""
+    if delay:
+        time.sleep(delay)
+    job = os.environ.get("SLURM_JOB_ID")
+    with open(path, "a") as f:
+        f.write(f"{x} {job}\n")
+    return x, job

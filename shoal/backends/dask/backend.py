@@ -59,7 +59,8 @@ Two levels::
 * ``provider="slurm"|"pbs"``: dask-jobqueue submits the batch jobs
   (``provider``); on SLURM a ``JobWatch`` (``jobs``) reports queue
   state, replaces jobs that end, and fails the pending tasks with SLURM's
-  reason when a job can never start (docs/hpc.md).
+  reason when a job can never start (docs/hpc.md); with ``jobs=(low, high)`` a
+  ``JobScaler`` (``scaling``) submits jobs while tasks wait and gives idle ones back.
 
 Invariants: every shoal Future this backend returned is settled exactly once
 (``_pending`` holds it until then; ``close`` settles leftovers with
@@ -99,6 +100,7 @@ from .balance import Balancer
 from .cancel import CancelPaths, _force_cancelled
 from .cells import CellHub
 from .claims import CANCELLED
+from .elastic import parse_jobs
 from .errors import gone, unpicklable, unwrap
 from .jobs import JobPolicy, JobWatch
 from .liveness import DEFAULT_SILENT_AFTER_S, LivenessWatch
@@ -110,7 +112,8 @@ from .node import (
     run_batch,
     run_task,
 )
-from .provider import Provider, make_cluster
+from .provider import Provider, elastic_bounds, make_cluster
+from .scaling import JobScaler
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
 RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
@@ -150,7 +153,8 @@ class DaskBackend(CancelPaths):
 
     def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
                  cluster=None, provider: str | Provider | None = None, seed: int = 0,
-                 connect_timeout: float = 10.0, idle_timeout: float = 600.0, jobs: int = 1,
+                 connect_timeout: float = 10.0, idle_timeout: float = 600.0,
+                 jobs: int | tuple[int, int] | str = 1,
                  resource_wait_s: float = 60.0,
                  silent_after_s: float | None = DEFAULT_SILENT_AFTER_S, **provider_options):
         given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
@@ -171,8 +175,10 @@ class DaskBackend(CancelPaths):
         self.cluster = cluster
         self.owned = Owned.CLIENT
         self.jobs: JobWatch | None = None  # the batch jobs of provider=, watched
+        self.scaler: JobScaler | None = None  # jobs=(low, high): grows and shrinks them
         self.broken: str | None = None  # why the provider's jobs can never run
         wait = True
+        bounds = None  # jobs=(low, high) of an elastic provider pilot
         if provider is not None:
             try:
                 provider = Provider(provider)
@@ -180,7 +186,10 @@ class DaskBackend(CancelPaths):
                 raise ValueError(f"unknown provider={provider!r}; choose one of "
                                  f"{', '.join(repr(p.value) for p in Provider)}") from None
             warn_s = provider_options.pop("queue_warn_s", 10.0)  # pending this long: a warning
-            self.cluster = make_cluster(provider, jobs=jobs, **provider_options)
+            bounds = elastic_bounds(jobs, provider, provider_options)
+            jobs = bounds.low if bounds is not None else parse_jobs(jobs)[0]
+            self.cluster = make_cluster(provider, jobs=jobs, elastic=bounds is not None,
+                                        **provider_options)
             self.owned = Owned.CLUSTER
             wait = False  # batch jobs start when the queue says so; tasks wait for them
         try:
@@ -197,11 +206,14 @@ class DaskBackend(CancelPaths):
                         f"cannot reach the dask scheduler at {address!r} within {connect_timeout} s "
                         f"({exc}); is `dask scheduler` running there?") from None
             self._size(workers, seed, idle_timeout, connect_timeout if wait else None)
-            if not wait:  # no worker to probe yet: what the jobs will bring
-                self.n = max(1, jobs * int(provider_options.get("cores", 1)))
+            if not wait:  # no worker to probe yet: what the jobs will bring (at most)
+                most = bounds.high if bounds is not None else jobs
+                self.n = max(1, most * int(provider_options.get("cores", 1)))
             if provider is Provider.SLURM:
                 self.jobs = JobWatch(self.cluster, self.client, self._provider_failed,
                                      policy=JobPolicy(warn_after_s=warn_s))
+            if bounds is not None:
+                self.scaler = JobScaler(self.cluster, self.client, self.jobs, bounds)
         except BaseException:
             self._release()
             raise
@@ -608,6 +620,8 @@ class DaskBackend(CancelPaths):
                       moved=self.balancer.moved)
         if self.jobs is not None:
             driver.update(jobs=self.jobs.snapshot(), jobs_replaced=self.jobs.replaced)
+        if self.scaler is not None:
+            driver.update(elastic=self.scaler.snapshot())
         return {"backend": self.kind, "workers": workers, "nodes": nodes, "driver": driver}
 
     def monitor(self) -> dict:
@@ -654,6 +668,9 @@ class DaskBackend(CancelPaths):
         self._release()
 
     def _release(self) -> None:
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None:
+            scaler.stop()  # before the cluster closes: no job is asked for or given back now
         jobs = getattr(self, "jobs", None)
         if jobs is not None:
             jobs.stop()  # before the cluster cancels its jobs: none is replaced now

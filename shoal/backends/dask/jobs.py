@@ -165,12 +165,13 @@ class JobPolicy:
         for name, job_id in submitted.items():
             if job_id == DROPPED:  # dask-jobqueue gave up on it (worker lost for 15 s): replace
                 old = self.jobs.get(name)
-                if not self.failed and not closing and (old is None or
-                                                        old.state is not JobState.SUBMITTING):
-                    if old is not None:
-                        old.state = JobState.SUBMITTING
-                    actions.append(Replace(name, f"{self.label} job {old.job_id if old else '?'} "
-                                                 f"({name}) was closed after its worker was lost"))
+                if old is None:  # asked for (a scale up) and not launched yet: not dropped
+                    self.jobs[name] = Job(name, None, since=now)
+                    continue
+                if not self.failed and not closing and old.state is not JobState.SUBMITTING:
+                    old.state = JobState.SUBMITTING
+                    actions.append(Replace(name, f"{self.label} job {old.job_id} ({name}) was "
+                                                 "closed after its worker was lost"))
                 continue
             job = self.jobs.get(name)
             if job is None or (job_id is not None and job.job_id not in (None, job_id)):
@@ -278,9 +279,12 @@ class JobWatch:
     def _submitted(self) -> dict[str, str | None]:
         for _ in range(5):
             try:
+                spec = list(self.cluster.worker_spec)
+                # a job in workers but no longer in worker_spec is being given back (scale
+                # down, the elastic pilot's shrink): not the pilot's any more, never replaced
                 jobs = {name: getattr(job, "job_id", None)
-                        for name, job in list(self.cluster.workers.items())}
-                for name in list(self.cluster.worker_spec):
+                        for name, job in list(self.cluster.workers.items()) if name in spec}
+                for name in spec:
                     jobs.setdefault(name, DROPPED)  # closed by the cluster: replace it
                 return jobs
             except RuntimeError:  # changed size while copied (the loop thread): again

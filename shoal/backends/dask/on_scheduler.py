@@ -111,3 +111,30 @@ def arbitrate(key, rids, addr, dask_scheduler=None):
     while len(void) > VOID_KEEP:
         del void[next(iter(void))]
     return True
+
+
+QUEUED = frozenset(("queued", "no-worker"))  # ready to run, and no dask worker has room for it
+
+
+def load(dask_scheduler=None):
+    """What the elastic pilot's scaler reads (scaling.py): the keys of tasks that are ready
+    and wait for a dask worker, and per dask worker (by name, which is its batch job's name
+    under dask-jobqueue) how many tasks it is processing.
+
+    Waiting: those the scheduler holds (``QUEUED``), and those sent to a worker that is not
+    running them: tasks with ``resources=`` (an ensemble's) skip the scheduler's queue and
+    all go to the one worker there is, beyond its threads.  A worker runs what its last
+    heartbeat said it executes, plus its seceded tasks; until a heartbeat says so, as many as
+    it has threads (the smallest keys, so a task's age is read on the same key each time)."""
+    sched = dask_scheduler
+    waiting = [str(key) for key, ts in sched.tasks.items() if ts.state in QUEUED]
+    busy = {}
+    for ws in sched.workers.values():
+        processing = sorted(str(ts.key) for ts in ws.processing)
+        busy[str(ws.name)] = len(processing)
+        running = {str(ts.key) for ts in getattr(ws, "executing", {})}
+        running |= {str(ts.key) for ts in getattr(ws, "long_running", ())}
+        idle = [k for k in processing if k not in running]
+        room = max(0, int(ws.nthreads) - (len(processing) - len(idle)))
+        waiting += idle[room:]
+    return {"waiting": waiting, "busy": busy}

@@ -2,7 +2,8 @@
 
 ``Pilot(backend="dask", provider="slurm", cores=32, memory="64GB", walltime="2h",
 queue="normal", jobs=4)`` becomes ``dask_jobqueue.SLURMCluster(**jobqueue_kwargs(...))``
-scaled to ``jobs`` batch jobs.  Parsl's split: the *provider* acquires resources (here:
+scaled to ``jobs`` batch jobs (``jobs=(1, 8)``: an elastic pilot, between 1 and 8 jobs,
+``elastic_bounds``; scaling.py moves the count).  Parsl's split: the *provider* acquires resources (here:
 dask-jobqueue submits the jobs); the mapping from shoal's options to the provider's is a
 pure function (``jobqueue_kwargs``), testable without a batch system; watching the jobs
 once they are submitted (queue progress, replacing a job that ended, failing fast on a job
@@ -44,6 +45,7 @@ import tempfile
 
 from ..._errors import BackendUnavailable, install_hint
 from ..._walltime import walltime_seconds
+from .elastic import Bounds, parse_jobs
 
 
 class Provider(enum.Enum):
@@ -128,8 +130,30 @@ def _env() -> dict:
     return {**os.environ, "LC_ALL": "C"}
 
 
-def make_cluster(provider: Provider, *, jobs: int = 1, **options):
-    """A dask-jobqueue cluster for ``provider``, checked, scaled to ``jobs`` jobs (caller closes it)."""
+def elastic_bounds(jobs, provider: Provider, options: dict) -> Bounds | None:
+    """``jobs=(low, high)`` / ``"low:high"`` with low < high: the elastic pilot's ``Bounds``
+    (``grow_after_s=``, ``idle_after_s=`` taken out of ``options``); a fixed count: None."""
+    thresholds = {k: options.pop(k) for k in ("grow_after_s", "idle_after_s") if k in options}
+    low, high = parse_jobs(jobs)
+    if low == high:
+        if thresholds:
+            raise TypeError(f"{', '.join(f'{k}=' for k in thresholds)} apply to an elastic "
+                            f"pilot: give jobs=(low, high), e.g. jobs=(1, {max(high, 2)})")
+        return None
+    if provider is not Provider.SLURM:
+        raise ValueError(f"jobs=({low}, {high}): an elastic pilot needs provider='slurm' (its job "
+                         f"watch reads squeue); give provider={provider.value!r} a fixed jobs=N")
+    for key, value in thresholds.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ValueError(f"{key} must be a number of seconds >= 0, got {key}={value!r}")
+    cores = options.get("cores", 1)
+    slots = cores if isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1 else 1
+    return Bounds(low, high, slots_per_job=slots, **thresholds)
+
+
+def make_cluster(provider: Provider, *, jobs: int = 1, elastic: bool = False, **options):
+    """A dask-jobqueue cluster for ``provider``, checked, scaled to ``jobs`` jobs (caller closes
+    it); ``elastic``: ``jobs`` is the elastic pilot's minimum, and may be 0."""
     try:
         import dask_jobqueue
     except ImportError:
@@ -139,8 +163,8 @@ def make_cluster(provider: Provider, *, jobs: int = 1, **options):
     if "cores" not in options or "memory" not in options:
         raise TypeError(f"provider={provider.value!r} needs cores= and memory= "
                         "(per job, e.g. cores=32, memory='64GB')")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an int >= 1, got jobs={jobs!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < (0 if elastic else 1):
+        raise ValueError(f"jobs must be an int >= 1 or a range (low, high), got jobs={jobs!r}")
     cluster = getattr(dask_jobqueue, _CLASSES[provider])(**jobqueue_kwargs(**options))
     try:
         check_submission(provider, cluster)

@@ -74,7 +74,10 @@ function renderWorkers(st) {
     `${dask ? card("hosts", Object.keys(p.hosts || {}).length) : ""}${card("tasks run", fmt(tot.tasks))}${card("busy (mean)", tot.busy === null || tot.busy === undefined ? "–" : fmt(tot.busy) + "%")}` +
     `${card("steals local / remote", `<span id="steals-local">${fmt(tot.stolen_local)}</span> / <span id="steals-remote">${fmt(tot.stolen_remote)}</span>`)}` +
     `${card("ring messages/s", fmt(tot.ring_msgs_per_s))}${card("workers replaced", fmt(tot.replaced))}` +
-    `${card("outstanding tasks", fmt((p.driver || {}).outstanding))}</div>`;
+    `${card("outstanding tasks", fmt((p.driver || {}).outstanding))}` +
+    // an elastic pilot (jobs=(low, high)): its jobs now and its newest decision with the reason
+    `${(p.driver || {}).elastic ? card(`batch jobs (${p.driver.elastic.low}:${p.driver.elastic.high})`, `<span id="elastic-jobs">${fmt(p.driver.elastic.jobs)}</span>` +
+      ((p.driver.elastic.decisions || []).length ? `<div class="muted" id="elastic-last">${esc(p.driver.elastic.decisions.slice(-1)[0].action + ": " + p.driver.elastic.decisions.slice(-1)[0].reason)}</div>` : "")) : ""}</div>`;
   html += `<h2>Workers</h2><table id="workers"><thead><tr>${dask ? '<th class="text">host</th><th class="text">dask worker</th>' : ""}` +
     `<th>worker</th><th>pid</th><th>CPU</th><th>NUMA node</th><th class="text">state</th><th>tasks</th>` +
     `<th>busy %</th><th>CPU %</th><th>queued</th><th>stolen local</th><th>stolen remote</th><th>ring msgs/s</th>` +
@@ -170,7 +173,14 @@ function renderJournal(st) {
       `<pre class="stderr">${esc(f.stderr_tail || "(no stderr)")}</pre></details>`;
   }
   if (!j.failures.length) html += `<p class="muted">none</p>`;
-  main.innerHTML = html + "</div>";
+  html += "</div>";
+  const jobs = j.job_events || [];  // a dask pilot's batch jobs: grow, shrink, queue state (newest first)
+  if (jobs.length) {
+    html += `<h2>Batch jobs</h2><table id="job-events"><tr><th class="text">time</th><th class="text">what happened, and why</th></tr>` +
+      jobs.map(e => `<tr class="${esc((e.level || "").toLowerCase())}"><td class="text">${esc(new Date(1000 * e.t).toLocaleTimeString())}</td><td class="text">${esc(e.text)}</td></tr>`).join("") +
+      "</table>";
+  }
+  main.innerHTML = html;
 }
 
 const RENDER = {workers: renderWorkers, progress: renderProgress, journal: renderJournal};

@@ -83,7 +83,7 @@ from collections.abc import Callable
 
 import shoal
 
-from . import mpi
+from . import mpi, pilot_jobs
 from .functions import ship_code, with_cpus
 from .identity import count_tasks, diff_plans, diff_specs, listed_keys, plan_of, spec_text
 from .journal import Journal
@@ -108,6 +108,7 @@ from .model import (
     as_pipelines,
     parse_ref,
 )
+from .pilot_jobs import JobLog
 from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
@@ -179,6 +180,7 @@ class Engine:
         self.pilot = pilot
         self.workers = workers
         self.remote = pilot is not None and pilot.backend is shoal.BackendKind.DASK
+        self.job_log = JobLog() if self.remote else None  # its batch jobs' notes -> the journal
         if self.remote:
             cpus = dask_slots(pilot, cores, gpus)
         elif cores is None:
@@ -292,6 +294,8 @@ class Engine:
         wall0 = time.time()
         self.walltime_at = wall0 + self.walltime if self.walltime else None  # for the nodes
         restore = self._catch_signals()
+        if self.job_log is not None:
+            self.job_log.attach()
         try:
             if self.resume:
                 for uid, pid, start in self.journal.take_over(self.retry_failed):
@@ -323,6 +327,10 @@ class Engine:
             raise
         finally:
             restore()
+            if self.job_log is not None:
+                self.job_log.detach()
+                with contextlib.suppress(Exception):  # an aborted run's journal may be gone
+                    self._journal_job_notes()
             self._close_resources()
         outputs, failures = self.journal.outputs(), list(self.journal.failures(limit=1000))
         self.journal.close()  # the session ends: the status below reads a stopped run, not a live one
@@ -1002,7 +1010,15 @@ class Engine:
             self.pilot.close(cancel_pending=True)
         self.pilot = None
 
+    def _journal_job_notes(self) -> None:
+        """What the pilot's job watch and scaler said since the last call, into the journal."""
+        events = self.job_log.take() if self.job_log is not None else []
+        if events:
+            self.journal.set_meta(pilot_jobs.JOURNAL_KEY,
+                                  pilot_jobs.merged(self.journal.meta(pilot_jobs.JOURNAL_KEY), events))
+
     def _report_progress(self, t0: float, force: bool = False) -> None:
+        self._journal_job_notes()  # committed with the loop's next commit
         if self.progress is None:
             return
         now = time.monotonic()

@@ -41,13 +41,14 @@ import shoal
 from .model import EnsembleError
 
 KEYS = {
-    "backend": "slurm or pbs", "nodes": "integer (batch jobs, one node each)",
+    "backend": "slurm or pbs",
+    "nodes": "integer (batch jobs, one node each), or 'low:high' (an elastic pilot; alias: jobs)",
     "cores": "integer (per node)", "memory": "size per node, e.g. '8GB'",
     "partition": "string (alias: queue)", "account": "string (alias: project)",
     "walltime": "seconds, '30m', '2h' or 'HH:MM:SS'", "job_extra": "list of batch directives",
     "options": "mapping passed to dask-jobqueue (e.g. log_directory)",
 }
-ALIASES = {"queue": "partition", "project": "account"}
+ALIASES = {"queue": "partition", "project": "account", "jobs": "nodes"}
 
 
 class ResourceKind(enum.Enum):
@@ -62,10 +63,11 @@ def margin(walltime: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Resource:
-    """A batch allocation for one run: ``nodes`` jobs of ``cores`` cores for ``walltime`` s."""
+    """A batch allocation for one run: ``nodes`` jobs of ``cores`` cores for ``walltime`` s
+    (``nodes=(low, high)``: an elastic pilot, between ``low`` and ``high`` jobs)."""
 
     backend: ResourceKind = ResourceKind.SLURM
-    nodes: int = 1
+    nodes: int | tuple[int, int] = 1
     cores: int = 1
     memory: str | None = None
     partition: str | None = None
@@ -92,17 +94,17 @@ class Resource:
                                     f"{', '.join(KEYS)}")
             if name in kw:
                 raise EnsembleError(f"resource: {key!r} given twice (queue = partition, "
-                                    "project = account)")
+                                    "project = account, jobs = nodes)")
             kw[name] = v
         try:
             kw["backend"] = ResourceKind(kw.get("backend", "slurm"))
         except ValueError:
             raise EnsembleError(f"resource: backend {kw['backend']!r}; choose one of "
                                 f"{', '.join(k.value for k in ResourceKind)}") from None
-        for name in ("nodes", "cores"):
-            n = kw.get(name, 1)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise EnsembleError(f"resource: {name} must be an integer >= 1, got {n!r}")
+        kw["nodes"] = _nodes(kw.get("nodes", 1))
+        n = kw.get("cores", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise EnsembleError(f"resource: cores must be an integer >= 1, got {n!r}")
         for name in ("memory", "partition", "account"):
             if kw.get(name) is not None and not isinstance(kw[name], str):
                 raise EnsembleError(f"resource: {name} must be a string, got {kw[name]!r}")
@@ -170,6 +172,25 @@ class Resource:
             kw["walltime"] = self.walltime
             kw["drain_margin_s"] = margin(self.walltime) / 2  # workers retire after the engine stops
         return kw
+
+
+def _nodes(value) -> int | tuple[int, int]:
+    """``nodes``: a count (2, "2"), or a range ("1:8", [1, 8]) for an elastic pilot (the
+    pilot's own ``jobs=`` reading, which patterns may not import, is the same)."""
+    pair = None
+    if isinstance(value, str):
+        low, sep, high = value.partition(":")
+        if low.strip().isdigit() and (not sep or high.strip().isdigit()):
+            pair = (int(low), int(high) if sep else int(low))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, list | tuple) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        pair = (value[0], value[1])
+    if pair is None or not 0 <= pair[0] <= pair[1] or pair[1] < 1:
+        raise EnsembleError(f"resource: nodes must be an integer >= 1 or a range 'low:high' "
+                            f"with 0 <= low <= high (an elastic pilot), got {value!r}")
+    return pair[0] if pair[0] == pair[1] else pair
 
 
 def _inside() -> tuple[str | None, float, float | None, float | None]:
@@ -260,6 +281,13 @@ def add_resource_arguments(parser) -> None:
     hpc.add_argument("--slurm", action="store_true",
                      help="run in SLURM jobs (one per node); --walltime is then each job's length")
     hpc.add_argument("--nodes", type=int, default=None, help="nodes (batch jobs), default 1")
+    hpc.add_argument("--jobs", default=None, metavar="N|LOW:HIGH",
+                     help="batch jobs: a count (as --nodes), or LOW:HIGH for an elastic pilot "
+                          "that submits jobs while tasks wait and gives idle ones back")
+    hpc.add_argument("--grow-after", type=float, default=None, metavar="S",
+                     help="elastic pilot: submit jobs once a task has waited S seconds (default 10)")
+    hpc.add_argument("--idle-after", type=float, default=None, metavar="S",
+                     help="elastic pilot: give a job back once idle S seconds (default 60)")
     hpc.add_argument("--cores", type=int, default=None, help="cores per node, default 1")
     hpc.add_argument("--partition", default=None, help="SLURM partition (queue)")
     hpc.add_argument("--account", default=None, help="account (project) to charge")
@@ -274,8 +302,14 @@ def resource_from_args(args) -> tuple[Resource | None, float | None]:
     Sets ``args.extra_resume``: the (flag, value) pairs the resume hint must repeat."""
     from . import parse_walltime
 
-    flags = {"nodes": args.nodes, "cores": args.cores, "partition": args.partition,
-             "account": args.account}
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and args.nodes is not None:
+        raise EnsembleError("--nodes and --jobs both give the batch jobs: give one of them")
+    thresholds = {"grow_after_s": getattr(args, "grow_after", None),
+                  "idle_after_s": getattr(args, "idle_after", None)}
+    flags = {"nodes": args.nodes, "jobs": jobs, "cores": args.cores,
+             "partition": args.partition, "account": args.account,
+             "grow-after": thresholds["grow_after_s"], "idle-after": thresholds["idle_after_s"]}
     args.extra_resume = ([("--slurm", None)] if args.slurm else []) + [
         (f"--{k}", v) for k, v in flags.items() if v is not None]
     base = yaml_resource(args.workflow) if args.workflow.endswith((".yaml", ".yml")) else None
@@ -290,8 +324,18 @@ def resource_from_args(args) -> tuple[Resource | None, float | None]:
     if args.dask:
         raise EnsembleError("--dask runs on an existing cluster; --slurm (or a resource: block) "
                             "asks for an allocation: give one of them")
-    return merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime,
-                 **flags), None
+    flags["nodes"] = flags.pop("jobs") if jobs is not None else flags["nodes"]
+    del flags["grow-after"], flags["idle-after"]
+    resource = merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime,
+                     **flags)
+    given = {k: v for k, v in thresholds.items() if v is not None}
+    if given:
+        if isinstance(resource.nodes, int):
+            raise EnsembleError(f"{', '.join('--' + k.removesuffix('_s').replace('_', '-') for k in given)} "
+                                f"apply to an elastic pilot: add --jobs LOW:HIGH (e.g. --jobs 1:4)")
+        resource = dataclasses.replace(resource, options=tuple(sorted(
+            {**dict(resource.options), **given}.items())))
+    return resource, None
 
 
 def _allocation_walltime() -> float | None:

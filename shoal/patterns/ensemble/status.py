@@ -39,6 +39,7 @@ import shlex
 import socket
 import time
 
+from . import pilot_jobs
 from .journal import JournalError, open_readonly
 from .model import TaskState
 from .report import printable
@@ -131,6 +132,7 @@ class RunStatus:
     sessions: int = 1
     malformed: tuple[str, ...] = ()  # journal cells that are not what shoal writes, in words
     resume_command: str | None = None  # the exact command that finishes this run (journaled)
+    job_events: tuple[dict, ...] = ()  # what the dask pilot's batch jobs did (pilot_jobs.py)
 
     # -- building ---------------------------------------------------------------------
     @classmethod
@@ -243,7 +245,8 @@ class RunStatus:
         if resume and cwd and cwd != os.getcwd():
             resume = f"cd {shlex.quote(cwd)} && {resume}"
         return cls(path, meta.get("identity"), driver, pipelines, counts, interrupted, total,
-                   failures, first, last, rate, eta, sessions, malformed, resume)
+                   failures, first, last, rate, eta, sessions, malformed, resume,
+                   pilot_jobs.read(meta.get(pilot_jobs.JOURNAL_KEY)))
 
     # -- reading ----------------------------------------------------------------------
     @property
@@ -272,6 +275,7 @@ class RunStatus:
                 for s in p.stages]} for p in self.pipelines],
             "failures": [dataclasses.asdict(f) for f in self.failures],
             "malformed": list(self.malformed),
+            "job_events": list(self.job_events),
         }
 
     def table(self, max_failures: int = 20) -> str:
@@ -279,7 +283,7 @@ class RunStatus:
         rate = f"{self.rate:.1f} tasks/s" if self.rate else "rate ?"
         lines = [self._driver_line(), *self.stage_table(),
                  f"{rate}  ETA {_clock(self.eta) if self.eta is not None else '?'}",
-                 *self.failure_lines(max_failures)]
+                 *self.failure_lines(max_failures), *self.job_lines()]
         if self.driver.state is not DriverState.ALIVE and not self.finished:
             resume = self.resume_command or f"shoal run <workflow> --journal {self.journal} --resume"
             lines.append(f"finish with: {resume}")
@@ -310,6 +314,12 @@ class RunStatus:
         row = f"{'total':<{width}}  {'':<{swidth}}  {cells}" + (f"  {self.interrupted:>11}" if extra else "")
         lines.append(row + f"  {'?' if self.total is None else self.total:>8}")
         return lines
+
+    def job_lines(self, last: int = 10) -> list[str]:
+        """``jobs HH:MM:SS text``: the newest of what the pilot's batch jobs did (grow,
+        shrink, cancel, queue state), each with its reason."""
+        return [f"jobs {time.strftime('%H:%M:%S', time.localtime(e.get('t') or 0))} {e['text']}"
+                for e in self.job_events[-last:]]
 
     def failure_lines(self, max_failures: int = 20) -> list[str]:
         """``FAILED uid: reason`` (one line each) and the last lines of its stderr."""

@@ -29,6 +29,7 @@ from ._errors import (
     UnpicklingError,
     WorkerLost,
 )
+from ._backoff import Backoff
 from .pilot import Pilot
 from .runtime import context as _context
 from .runtime.allocation import Allocation
@@ -117,6 +118,7 @@ def current_worker() -> WorkerInfo | None:
 __all__ = [
     "Pilot",
     "Future",
+    "Backoff",
     "spawn",
     "current_worker",
     "publish",

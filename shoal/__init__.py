@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ._backoff import Backoff
 from ._errors import (
     BackendUnavailable,
     BrokenPilot,
@@ -29,7 +30,6 @@ from ._errors import (
     UnpicklingError,
     WorkerLost,
 )
-from ._backoff import Backoff
 from .pilot import Pilot
 from .runtime import context as _context
 from .runtime.allocation import Allocation

@@ -146,3 +146,36 @@ pipelines:
     wf.write_text(wf.read_text().replace("jitter: 0.1", "jitter: 0.1, spread: 2"))
     with pytest.raises(EnsembleError, match="retry_delay: unknown key 'spread'"):
         load_workflow(str(wf))
+
+
+def test_entk_task_priority_and_appmanager_retries(tmp_path):
+    from shoal import entk
+
+    def task(name, script, priority=None):
+        t = entk.Task()
+        t.name, t.executable, t.arguments = name, "/bin/sh", ["-c", script]
+        if priority is not None:
+            t.priority = priority
+        return t
+
+    s = entk.Stage()
+    s.add_tasks([task(f"low{i}", "sleep 0.02") for i in range(6)])
+    s.add_tasks([task("high", "sleep 0.02", priority=5)])
+    script = tmp_path / "flaky.sh"  # a file: EnTK's tasks run through a shell, which would expand $n
+    script.write_text(_flaky(tmp_path, 1)[1] + "\n")
+    flaky = entk.Task()
+    flaky.name, flaky.executable, flaky.arguments = "flaky", "/bin/sh", [str(script)]
+    s.add_tasks([flaky])
+    p = entk.Pipeline()
+    p.name = "p"
+    p.add_stages(s)
+    db = str(tmp_path / "entk.db")
+    appman = entk.AppManager(journal=db, retries=1, retry_delay=0.2, progress=False)
+    appman.resource_desc = {"resource": "local.localhost", "walltime": 10, "cpus": 1}
+    appman.workflow = [p]
+    appman.run()
+    assert appman.report.retries == 1
+    rows = _rows(db)
+    assert rows["p.s0.high"][0] <= min(rows[f"p.s0.low{i}"][0] for i in range(6))
+    (_, ended), (started, _) = _attempts(db, "p.s0.flaky")
+    assert started - ended >= 0.2 - 0.005

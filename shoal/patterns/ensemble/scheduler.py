@@ -227,7 +227,8 @@ class Waiting:
         self.add(key, item)
 
     def add(self, key, item, first: bool = False) -> None:
-        self.pop(key, None)
+        if key in self.where:
+            self.pop(key)
         prio = item.priority
         bucket = self.buckets.get(prio)
         if bucket is None:

@@ -179,3 +179,15 @@ def test_entk_task_priority_and_appmanager_retries(tmp_path):
     assert rows["p.s0.high"][0] <= min(rows[f"p.s0.low{i}"][0] for i in range(6))
     (_, ended), (started, _) = _attempts(db, "p.s0.flaky")
     assert started - ended >= 0.2 - 0.005
+
+
+def test_changing_priority_or_retry_delay_and_resuming_is_the_same_workflow(tmp_path):
+    db = str(tmp_path / "run.db")
+
+    def wf(prio, delay):
+        return Pipeline([Stage([Task(executable="/bin/true", name="a", priority=prio, retry_delay=delay),
+                                Task(executable="/bin/false", name="b")])])
+
+    assert run(wf(0, None), journal=db, cores=1).failed == 1
+    report = run(wf(9, shoal.Backoff(base=2)), journal=db, cores=1, resume=True, retry_failed=True)
+    assert report.done == 1 and report.failed == 1  # resumed (not refused); a stayed DONE

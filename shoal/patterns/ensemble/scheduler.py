@@ -27,6 +27,10 @@ Invariants:
     passes to the queued grant instead of becoming free.  Nothing else is ever
     granted a CPU that is held or has a grant queued on it.
 
+The engine offers the waiting requests in the order ``Waiting`` (below) keeps: by
+``priority`` (higher first), then by arrival; the rules above read "oldest" as "first in
+that order".
+
 Rejected alternatives: EASY backfill with runtime estimates (estimates are
 optional here; the patience counter gives the same no-starvation guarantee
 without them); first-fit without reservation (starves wide tasks); a

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ._backoff import Backoff
 from ._errors import (
     BackendUnavailable,
     BrokenPilot,
@@ -117,6 +118,7 @@ def current_worker() -> WorkerInfo | None:
 __all__ = [
     "Pilot",
     "Future",
+    "Backoff",
     "spawn",
     "current_worker",
     "publish",

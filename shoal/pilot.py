@@ -97,7 +97,8 @@ class Pilot(cf.Executor):
         return self._backend.submit(fn, args, kwargs)
 
     def options(self, *, retries: int = 0, timeout: float | None = None,
-                resources: dict[str, float] | None = None) -> TaskOptions:
+                resources: dict[str, float] | None = None, retry_delay=None,
+                priority: int = 0) -> TaskOptions:
         """A view of this pilot whose ``submit``/``map`` run tasks with these options.
 
         ``retries``: re-run up to this many times after an exception, a lost
@@ -107,9 +108,17 @@ class Pilot(cf.Executor):
         ``resources``: abstract resources each task holds while it runs, e.g.
         ``{"GPU": 1}``: dask worker resources (a task runs only on a dask worker
         started with enough of them, docs/dask.md); the local backend refuses them.
+        ``retry_delay``: seconds to wait before each retry, or
+        ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)`` (1, 2, 4, ... s); nothing
+        runs for the task meanwhile (``cancel()`` takes it).  Local backend; dask's own
+        retries re-run at once, so dask refuses it.  ``priority``: on dask, its scheduler's
+        ``priority=`` (higher first among tasks waiting for a worker); the local backend
+        sends every task to a worker when submitted, so nothing waits there to be ordered
+        and it refuses a priority other than 0 (docs/guide.md).
         """
-        check_options(retries, timeout, resources)
-        return TaskOptions(self, retries, timeout, None if resources is None else dict(resources))
+        check_options(retries, timeout, resources, retry_delay, priority)
+        return TaskOptions(self, retries, timeout, None if resources is None else dict(resources),
+                           retry_delay, priority)
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             ordered: bool = True, window_bytes: int | None = None):
@@ -293,26 +302,37 @@ class Pilot(cf.Executor):
 class TaskOptions:
     """``pilot.options(retries=..., timeout=...)``: ``submit``/``map`` with per-task options."""
 
-    __slots__ = ("pilot", "retries", "timeout", "resources")
+    __slots__ = ("pilot", "retries", "timeout", "resources", "retry_delay", "priority")
 
     def __init__(self, pilot: Pilot, retries: int, timeout: float | None,
-                 resources: dict[str, float] | None = None):
+                 resources: dict[str, float] | None = None, retry_delay=None, priority: int = 0):
         self.pilot, self.retries, self.timeout, self.resources = pilot, retries, timeout, resources
+        self.retry_delay, self.priority = retry_delay, priority
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         """``pilot.submit`` with these options; every keyword goes to ``fn``."""
+        if self.retry_delay is None and not self.priority:
+            return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout,
+                                              resources=self.resources)
         return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout,
-                                          resources=self.resources)
+                                          resources=self.resources, retry_delay=self.retry_delay,
+                                          priority=self.priority)
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             ordered: bool = True, window_bytes: int | None = None):
         """``pilot.map`` whose batches run with these options (``timeout`` here is the
-        map's, as in ``Pilot.map``; the per-batch one is the option)."""
+        map's, as in ``Pilot.map``; the per-batch one is the option).  ``retry_delay`` and
+        ``priority`` apply to ``submit`` only: a map is refused with them."""
+        if self.retry_delay is not None or self.priority:
+            raise ValueError("pilot.options(retry_delay=/priority=).map(...): these apply to submit; "
+                             "submit the items one by one, or map without them")
         return self.pilot._map(fn, iterables, timeout, chunksize, ordered, window_bytes,
                                self.retries, self.timeout, self.resources)
 
     def __repr__(self) -> str:
         res = "" if self.resources is None else f" resources={self.resources}"
+        res += "" if self.retry_delay is None else f" retry_delay={self.retry_delay!r}"
+        res += f" priority={self.priority}" if self.priority else ""
         return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}{res}>"
 
 

@@ -143,6 +143,16 @@ def fail_until(marker, n):
     return count + 1
 
 
+def stamp_until(path, n):
+    """Append this attempt's start time (``time.time()``) to ``path``; raise until there are ``n``
+    lines (the retry tests read the gaps between attempts from them)."""
+    append_line(path, repr(time.time()))
+    count = len(open(path).read().splitlines())
+    if count < n:
+        raise RuntimeError(f"attempt {count}")
+    return count
+
+
 def fail_first(marks, hold, gate, child):
     """Each attempt ``mark``s its number in ``marks``.  The first waits for ``hold``, spawns
     a child that blocks on ``gate`` (creating ``child`` once it runs: it keeps this node's

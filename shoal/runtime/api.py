@@ -49,6 +49,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from .._backoff import check_retry_delay
 from .future import Future
 
 _log = logging.getLogger("shoal.runtime")
@@ -97,10 +98,11 @@ class Backend(Protocol):
         """Machines (node runtimes) the tasks run on now: 1 locally."""
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0,
-               timeout: float | None = None, resources: Mapping[str, float] | None = None
-               ) -> Future:
+               timeout: float | None = None, resources: Mapping[str, float] | None = None,
+               retry_delay=None, priority: int = 0) -> Future:
         """Run ``fn(*args, **kwargs)``; Futures among the arguments are dependencies
-        (``runtime/graph.py``).  ``retries``/``timeout``: ``Pilot.options``;
+        (``runtime/graph.py``).  ``retries``/``timeout``/``retry_delay``/``priority``:
+        ``Pilot.options``;
         ``resources``: abstract resources the task holds while it runs
         (``{"GPU": 1}``; dask worker resources; the local backend refuses them)."""
 
@@ -143,10 +145,14 @@ class Backend(Protocol):
 # -- helpers every backend shares -----------------------------------------------------
 
 
-def check_options(retries, timeout, resources=None) -> None:
-    """Validate ``Pilot.options(retries=, timeout=, resources=)`` (ValueError naming the culprit)."""
+def check_options(retries, timeout, resources=None, retry_delay=None, priority=0) -> None:
+    """Validate ``Pilot.options(retries=, timeout=, resources=, retry_delay=, priority=)``
+    (ValueError naming the culprit)."""
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int >= 0, got retries={retries!r}")
+    check_retry_delay(retry_delay, "Pilot.options")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an int (higher starts first), got priority={priority!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0):
         raise ValueError(f"timeout must be a number of seconds > 0, got timeout={timeout!r}")

@@ -167,3 +167,21 @@ def test_queueing_behind_keeps_one_task_per_cpu(reqs, queueable, ncpu, patience,
                 if fifo[c]:
                     started.append(fifo[c][0])
     assert sched.idle and sched.free_memory == 1000 and not sched.queued and not sched.single
+
+
+def test_waiting_orders_by_priority_then_arrival_and_bounced_go_first():
+    from shoal.patterns.ensemble.scheduler import Waiting
+
+    class It:
+        def __init__(self, name, priority):
+            self.name, self.priority = name, priority
+
+    w = Waiting()
+    for name, prio in [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -1)]:
+        w[name] = It(name, prio)
+    assert [i.name for i in w.values()] == ["b", "d", "a", "c", "e"]
+    w.move_to_end("c", last=False)  # bounced back: first of its priority, not of all
+    assert [i.name for i in w.values()] == ["b", "d", "c", "a", "e"]
+    assert w.pop("b").name == "b" and w.pop("zz", None) is None and "b" not in w
+    w.pop("d")
+    assert w.order == [0, -1] and len(w) == 3

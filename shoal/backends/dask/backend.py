@@ -116,6 +116,11 @@ from .provider import Provider, elastic_bounds, make_cluster
 from .scaling import JobScaler
 
 _GONE = frozenset(("scheduler-connection-lost", "scheduler-restart"))
+# dask re-runs a failed task as soon as its scheduler hears of the failure (client.submit's
+# retries=): it has no delay between attempts, and holding a worker slot asleep is no delay
+_NO_RETRY_DELAY = ("retry_delay={!r}: on the dask backend retries are dask's own, which re-run a "
+                   "failed task at once; drop retry_delay=, or retry with a delay in the driver "
+                   "(shoal.ensemble's Task(retries=, retry_delay=) does, on dask too)")
 RESOURCE_CHECK_S = 2.0  # a resources= request found satisfiable is not re-checked for this long
 
 
@@ -280,11 +285,14 @@ class DaskBackend(CancelPaths):
     # -- submitting --------------------------------------------------------------------
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0,
-               timeout: float | None = None, resources=None) -> Future:
-        if type(retries) is not int or retries or timeout is not None or resources is not None:
-            check_options(retries, timeout)
+               timeout: float | None = None, resources=None, retry_delay=None, priority: int = 0) -> Future:
+        if (type(retries) is not int or retries or timeout is not None or resources is not None
+                or retry_delay is not None or priority):
+            check_options(retries, timeout, None, retry_delay, priority)
             if resources is not None:
                 resources = self._resources(resources)
+            if retry_delay is not None and retries:
+                raise ValueError(_NO_RETRY_DELAY.format(retry_delay))
         if not callable(fn):
             raise TypeError(f"submit() needs a callable, got {type(fn).__name__} {fn!r}")
         for a in (*args, *kwargs.values()):
@@ -302,7 +310,7 @@ class DaskBackend(CancelPaths):
         except Exception as exc:
             return _failed(SerializationError(f"cannot pickle {_name(fn)}: {exc}"))
         return self._send(run_task, (self.cfg, blob, args, kwargs, timeout, deps, bool(resources)),
-                          _name(fn), retries, resources)
+                          _name(fn), retries, resources, priority=priority)
 
     def map(self, fn, iterables, *, ordered: bool = True, chunksize: int | None = None,
             timeout: float | None = None, window_bytes: int | None = None, retries: int = 0,
@@ -328,7 +336,7 @@ class DaskBackend(CancelPaths):
                         window_bytes=window_bytes)
 
     def _send(self, runner, args: tuple, name: str, retries: int, resources=None,
-              claim: bool = True) -> Future:
+              claim: bool = True, priority: int = 0) -> Future:
         if self.closing:
             raise PilotClosed("submit() on a closed pilot; open a new shoal.Pilot")
         if self.broken is not None:
@@ -344,7 +352,7 @@ class DaskBackend(CancelPaths):
         key = f"{name}-{self.token}-{tid}"
         try:
             dfut = self.client.submit(runner, *args, key=key, pure=False, retries=retries or None,
-                                      resources=resources)
+                                      resources=resources, priority=priority)
         except Exception as exc:  # arguments dask cannot serialise
             fut.set_exception(unpicklable(name, runner is run_batch, args, exc))
             return fut

@@ -150,6 +150,8 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
         self.fn_ids = self.functions.ids  # id(fn) -> (fn id, fn): read on the hot path
         self.deadlines: list = []  # heap of (deadline, task id, endpoint)
+        self.delayed: list = []  # heap of (due, task id): retries waiting out their retry_delay
+        self.retry_delays: dict[int, list] = {}  # task id -> [retry_delay policy, retries so far]
         self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
         self.stats_replies: dict[int, dict] = {}
         self.latest_stats: dict[int, dict] = {}  # every worker's last STATS reply (monitor())

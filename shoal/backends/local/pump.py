@@ -27,6 +27,7 @@ import logging
 import signal
 import time
 
+from ..._backoff import retry_delay
 from ..._errors import BrokenPilot, RemoteTraceback
 from ...runtime import wire
 from ...runtime.api import settle as _settle
@@ -70,16 +71,43 @@ class Pumping:
             # between attempts nothing runs: PENDING again, so cancel() takes the queued retry
             # (True; the earlier attempt's side effects stay), as on dask (docs/guide.md)
             task.future.mark_pending()
+            delay = self._retry_delay(tid)
             with self.lock:
                 if tid in self.tasks:
-                    self._dispatch(task)
+                    if delay > 0:  # options(retry_delay=): sent again by the pump when due
+                        if task.placed:
+                            self.placement.finished(task.placed - 1)
+                            task.placed = 0
+                        heapq.heappush(self.delayed, (time.monotonic() + delay, tid))
+                        self.doorbell.ring()  # a pump parked for longer wakes to see it
+                    else:
+                        self._dispatch(task)
                     return
+        self.retry_delays.pop(tid, None)
         with self.lock:
             self.tasks.pop(tid, None)
             if task.placed:
                 self.placement.finished(task.placed - 1)
                 task.placed = 0
         _settle(task.future, False, exc)
+
+    def _retry_delay(self, tid: int) -> float:
+        """Seconds before task ``tid``'s next attempt (``options(retry_delay=)``; 0: at once)."""
+        policy = self.retry_delays.get(tid)
+        if policy is None:
+            return 0.0
+        policy[1] += 1
+        return retry_delay(policy[0], policy[1], tid)
+
+    def _send_delayed(self) -> None:
+        """Send the retries whose retry_delay has passed (a cancelled one is gone from ``tasks``)."""
+        now = time.monotonic()
+        with self.lock:
+            while self.delayed and self.delayed[0][0] <= now:
+                _, tid = heapq.heappop(self.delayed)
+                task = self.tasks.get(tid)
+                if task is not None:
+                    self._dispatch(task)
 
     def _pump(self) -> None:
         """The pump thread's body: it never dies before ``close``.  Anything a round
@@ -112,6 +140,8 @@ class Pumping:
                 self._check_deadlines()
             if self.down:
                 self._retry_down()
+            if self.delayed and self.delayed[0][0] <= time.monotonic():
+                self._send_delayed()
             if any(box.pending for box in self.out.values()):
                 with self.lock:
                     for box in self.out.values():
@@ -129,6 +159,9 @@ class Pumping:
             timeout = None
             if self.deadlines:
                 timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            if self.delayed:
+                due = max(0.0, self.delayed[0][0] - time.monotonic())
+                timeout = due if timeout is None else min(timeout, due)
             if self.down and not self.closing:
                 due = self.health.wake_in(time.monotonic())
                 timeout = due if timeout is None else min(timeout, due)
@@ -234,6 +267,8 @@ class Pumping:
                     retry.append((tid, task, value))
                     continue
                 del tasks[tid]
+                if self.retry_delays:
+                    self.retry_delays.pop(tid, None)
                 placed = task.placed
                 if placed:
                     done_on[placed] = done_on.get(placed, 0) + 1

@@ -41,6 +41,10 @@ _PENDING = "PENDING"
 _NO_RESOURCES = ("resources={!r}: the local backend has no worker resources to reserve (they are "
                  "dask worker resources: backend='dask'); on one machine, give the task its CPUs "
                  "with workers= and its devices through the environment (CUDA_VISIBLE_DEVICES)")
+_NO_PRIORITY = ("priority={!r}: the local backend sends each task to a worker's ring when it is "
+                "submitted, so no task waits where a priority could order it; submit the urgent "
+                "tasks first, or run them as shoal.ensemble tasks (Task(priority=)), whose engine "
+                "holds ready tasks back; dask's scheduler takes priority= (backend='dask')")
 # Submit batching: once every worker has _STAGE_LOAD tasks outstanding, new tasks wait in
 # ``staged`` and go out _BATCH at a time (one placement decision, one doorbell); below
 # that load each task is pushed at once, so a lone submit never waits.
@@ -83,20 +87,25 @@ class Submitting:
     """``LocalBackend``'s submit side (a mixin: the state is the backend's)."""
 
     def submit(self, fn, args: tuple, kwargs: dict, *, retries: int = 0, timeout: float | None = None,
-               resources=None) -> Future:
+               resources=None, retry_delay=None, priority: int = 0) -> Future:
         # The hot path of tiny tasks: every line here costs ~0.1 us per task.
         if self.closing:
             if self.broken is not None:
                 raise BrokenPilot(self.broken)
             raise PilotClosed(self._closed_reason())
-        if type(retries) is not int or retries or timeout is not None or resources is not None:
-            _check_options(retries, timeout)
+        if (type(retries) is not int or retries or timeout is not None or resources is not None
+                or retry_delay is not None or priority):
+            _check_options(retries, timeout, None, retry_delay, priority)
             if resources is not None:
                 raise ValueError(_NO_RESOURCES.format(resources))
+            if priority:
+                raise ValueError(_NO_PRIORITY.format(priority))
         fut = Future()
         tid = fut.task_id = next(self.ids)
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
         fut._prober = self._probe_cb
+        if retry_delay is not None and retries:
+            self.retry_delays[tid] = [retry_delay, 0]  # pump.py's _fail_or_retry reads it
         entry = self.fn_ids.get(id(fn))
         if entry is not None and not kwargs and not retries and timeout is None:
             # The fast path: a function the workers know, plain positional arguments (no

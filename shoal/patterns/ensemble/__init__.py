@@ -54,7 +54,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
         values: str = "data", resource=None, shared_data=(), launcher=None,
-        resume_command: str | None = None) -> Report:
+        resume_command: str | None = None, retries: int = 0, retry_delay=None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -105,6 +105,11 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     a dask pilot of batch jobs is opened, the walltime counts from when the
     first job starts, the engine drains before the allocation ends, and the
     jobs leave the queue when the run returns (resource.py, docs/hpc.md).
+
+    ``retries`` / ``retry_delay``: what a task whose stage and itself give none gets — re-run
+    up to ``retries`` times after a failure, waiting ``retry_delay`` before each retry
+    (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
+    A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
     """
     import os
 
@@ -128,12 +133,14 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        sandbox=sandbox, window=window, durability=durability,
                        progress=progress, patience=patience, new=new,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
-                       launcher=launcher, resume_command=resume_command)
+                       launcher=launcher, resume_command=resume_command, retries=retries,
+                       retry_delay=retry_delay)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
                     patience=patience, new=new, retry_failed=retry_failed, values=values,
-                    shared_data=shared_data, launcher=launcher, resume_command=resume_command)
+                    shared_data=shared_data, launcher=launcher, resume_command=resume_command,
+                    retries=retries, retry_delay=retry_delay)
     return engine.run()
 
 

@@ -73,6 +73,7 @@ import concurrent.futures as cf
 import contextlib
 import fcntl
 import functools
+import heapq
 import os
 import select
 import shutil
@@ -82,6 +83,7 @@ import time
 from collections.abc import Callable
 
 import shoal
+from shoal._backoff import check_retry_delay, retry_delay
 
 from . import mpi, pilot_jobs
 from .functions import ship_code, with_cpus
@@ -113,7 +115,7 @@ from .progress import progress_callback, progress_record
 from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
-from .scheduler import Request, Scheduler
+from .scheduler import Request, Scheduler, Waiting
 from .values import Values
 from .walker import Item, Walker
 
@@ -165,7 +167,15 @@ class Engine:
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
                  new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
-                 launcher=None, resume_command: str | None = None):
+                 launcher=None, resume_command: str | None = None, retries: int = 0, retry_delay=None):
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise EnsembleError(f"run(retries=): must be an integer >= 0 (each task's default), got {retries!r}")
+        try:
+            self.retry_delay = check_retry_delay(retry_delay, "run(retry_delay=)")
+        except ValueError as exc:
+            raise EnsembleError(str(exc)) from None
+        self.retries = retries
+        self.retry_due: list[float] = []  # heap: when delayed retries become placeable (monotonic)
         if retry_failed and not resume:
             raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
                                 "journaled run: it needs resume=True (--resume)")
@@ -232,7 +242,7 @@ class Engine:
             self.journal.close(ended=False)
             raise
         self.results = Results(self.journal, self.launcher)
-        self.waiting: collections.OrderedDict[int, Item] = collections.OrderedDict()
+        self.waiting = Waiting()  # by priority, then arrival (scheduler.py)
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
         self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
                              results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
@@ -311,6 +321,9 @@ class Engine:
                 if not self.running and not self.finished_futures and not self.starting and not self._events():
                     if self._finished() or self.draining:
                         break
+                    if self._next_retry() is not None:  # nothing runs: wait out a retry_delay
+                        self._wait()
+                        continue
                     if self._moves() == before:
                         raise EnsembleError(self._stuck_message())
                     continue
@@ -422,7 +435,15 @@ class Engine:
         return len(self.waiting) < self.window
 
     def admit(self, item: Item) -> None:
+        self._run_defaults(item)
         self.waiting[id(item)] = item
+
+    def _run_defaults(self, item: Item) -> None:
+        """What neither the task nor its stage gives: the run's retries and retry_delay."""
+        if item.retries is None:
+            item.retries = self.retries
+        if item.retry_delay is None:
+            item.retry_delay = self.retry_delay
 
     def shared_sandbox(self, uid: str, directory: str) -> None:
         self.launcher.shared_sandbox(uid, directory)
@@ -451,9 +472,13 @@ class Engine:
         """Hand each CPU's runner its next task before the current one ends (Scheduler: queueing
         behind)?  Only while this run's tasks are short (the mean of its finished attempts under
         QUEUE_BELOW_S: a queued task shows as running that long before it starts) and no walltime
-        is set (its drain estimates assume a task starts when placed)."""
+        is set (its drain estimates assume a task starts when placed), and while the waiting tasks
+        have one priority: a task queued behind a CPU's current one is bounced back when that one
+        runs long, and would start after a task of lower priority placed on a CPU that freed up
+        meanwhile (seen: 1 of 10 high-priority tasks starting after the first of 100 low ones)."""
         total, n = self.durations
-        return n > 0 and total < QUEUE_BELOW_S * n and self.deadline is None and not self.draining
+        return (n > 0 and total < QUEUE_BELOW_S * n and self.deadline is None and not self.draining
+                and len(self.waiting.order) <= 1)
 
     def _item_request(self, item: Item) -> Request:
         if item.request is None:
@@ -519,9 +544,11 @@ class Engine:
     def _candidates(self, now: float):
         """The waiting requests that may start now, oldest first, made lazily: the Scheduler stops
         pulling once no CPU is free, so a pass costs O(started), not O(window)."""
-        for item in list(self.waiting.values()):
+        for item in self.waiting.values():
             if id(item) not in self.waiting:
                 continue  # settled by an earlier step of this pass
+            if item.not_before > now:
+                continue  # a retry waiting out its retry_delay
             if item.deps:
                 blocked = False
                 for dep in item.deps:
@@ -555,7 +582,7 @@ class Engine:
             self.sched.forget(id(item))
             self.journal.running(item.uid, item.pipe_uid, item.stage_uid, item.task.kind.value,
                                  1, None, time.time(), item.spec)
-            item.attempt = item.task.retries + 1  # no retry: the condition, not the task, failed
+            item.attempt = item.retries + 1  # no retry: the condition, not the task, failed
             self._ended(item, Failure(FailureKind.EXCEPTION, f"when= raised {exc!r} (add the tasks "
                                       "it reads to after=)", attempt=1))
             return False
@@ -787,7 +814,18 @@ class Engine:
         for item in self.running.values():
             if item.deadline is not None and item.future is None:
                 timeout = min(timeout, max(0.0, item.deadline - time.monotonic()))
+        due = self._next_retry()
+        if due is not None:
+            timeout = min(timeout, max(0.0, due - time.monotonic()))
         self._sleep(int(timeout * 1000) + 1)
+
+    def _next_retry(self) -> float | None:
+        """When the next delayed retry becomes placeable (monotonic), or None; the due times
+        already past are dropped (their tasks are candidates again)."""
+        now = time.monotonic()
+        while self.retry_due and self.retry_due[0] <= now:
+            heapq.heappop(self.retry_due)
+        return self.retry_due[0] if self.retry_due else None
 
     def _sleep(self, ms: int) -> None:
         """Poll the wake pipe for up to ``ms``, unless a runner event or a future arrived.  The
@@ -907,7 +945,7 @@ class Engine:
             t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return
-        final = item.attempt > t.retries
+        final = item.attempt > item.retries
         self.journal.failed(item.uid, failure, now, final=final)
         if final:
             t.settle(TaskState.FAILED, failure.exit_code)
@@ -920,8 +958,14 @@ class Engine:
             new.bind_path(item.uid)  # (an EnTK Task's uid is its own: entk_model.py)
             new.validate()
             item.task = new
+            item.policy_of(new, item.srun.stage)
+            self._run_defaults(item)
         item.grant = item.pid = item.future = item.deadline = item.request = None
         self.session_counts["retries"] += 1
+        delay = retry_delay(item.retry_delay, item.attempt, item.uid)
+        if delay > 0:  # placed again once it is due: _candidates skips it, _wait wakes for it
+            item.not_before = time.monotonic() + delay
+            heapq.heappush(self.retry_due, item.not_before)
         self.waiting[id(item)] = item
 
     def _skip(self, item: Item, reason: str) -> None:

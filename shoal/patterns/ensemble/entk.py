@@ -57,17 +57,19 @@ class AppManager:
 
     def __init__(self, resource_desc: dict | None = None, *, journal: str = "entk.db",
                  resume: bool = False, retry_failed: bool = False, progress=None, pilot=None,
-                 **entk_kwargs):
+                 retries: int = 0, retry_delay=None, **entk_kwargs):
         for key in entk_kwargs:
             if key not in _CONNECTION:
                 close = difflib.get_close_matches(key, sorted(_CONNECTION | {"journal", "resume",
                                                                             "retry_failed", "progress",
-                                                                            "pilot", "resource_desc"}), n=1)
+                                                                            "pilot", "resource_desc",
+                                                                            "retries", "retry_delay"}), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise EnsembleError(f"AppManager() got an unknown argument {key!r}{hint}")
         self.journal = journal
         self.resume = resume
         self.retry_failed = retry_failed
+        self.retries, self.retry_delay = retries, retry_delay  # every task's default (shoal's)
         self.progress = progress
         self.pilot = pilot
         self.report = None
@@ -169,7 +171,7 @@ class AppManager:
                      cores=int(desc["cpus"]) if desc.get("cpus") else None,
                      gpus=int(desc.get("gpus") or 0), memory=desc.get("memory"),
                      walltime=minutes * 60 if minutes else None, progress=progress,
-                     shared_data=self._shared_data)
+                     shared_data=self._shared_data, retries=self.retries, retry_delay=self.retry_delay)
         self.report = report
         if report.drained:
             raise EnsembleError(
@@ -188,4 +190,5 @@ class AppManager:
 
 
 _APPMAN_ATTRS = frozenset({"journal", "resume", "retry_failed", "progress", "pilot", "report", "_resource",
+                           "retries", "retry_delay",
                            "_workflow", "resource_desc", "workflow", "shared_data", "_shared_data"})

@@ -75,6 +75,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     started REAL, finished REAL, exit_code INTEGER, failure TEXT, reason TEXT,
     stderr_tail TEXT, result BLOB, outputs TEXT, session INTEGER, spec TEXT);
 CREATE TABLE IF NOT EXISTS stages (uid TEXT PRIMARY KEY, pipeline TEXT, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS failed_attempts (
+    uid TEXT, attempt INTEGER, started REAL, finished REAL, failure TEXT, exit_code INTEGER,
+    reason TEXT, PRIMARY KEY (uid, attempt));
 """
 
 
@@ -482,8 +485,15 @@ class Journal:
                            uid))
 
     def failed(self, uid: str, failure: Failure, now: float, *, final: bool) -> None:
-        """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry."""
+        """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry.
+        Each failed attempt also keeps a row in ``failed_attempts`` (its start, end and why):
+        the task's own row holds only its latest attempt, so this is where the spacing of
+        retries (``retry_delay``) can be read."""
         self._tx()
+        self.db.execute(
+            "INSERT OR REPLACE INTO failed_attempts (uid, attempt, started, finished, failure, exit_code, "
+            "reason) SELECT uid, attempt, started, ?, ?, ?, ? FROM tasks WHERE uid=?",
+            (now, failure.kind.value, failure.exit_code, failure.message, uid))
         state = TaskState.FAILED if final else TaskState.PENDING
         self.db.execute(
             "UPDATE tasks SET state=?, finished=?, failure=?, exit_code=?, reason=?, stderr_tail=?, "

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import shoal
+from shoal._backoff import RetryDelay, check_retry_delay
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_\-:+@%=,]+$")
 REF_RE = re.compile(r"^\$([^./\s$]+)\.([^./\s$]+)\.([^./\s$]+)(?:/(.*))?$")
@@ -182,6 +183,18 @@ def parse_size(value: int | str | None, what: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+def check_policy(obj, who: str) -> None:
+    """EnsembleError naming ``who`` unless ``obj``'s ``priority`` is an integer (or None) and
+    its ``retry_delay`` seconds >= 0, a ``shoal.Backoff`` or None."""
+    p = obj.priority
+    if p is not None and (not isinstance(p, int) or isinstance(p, bool)):
+        raise EnsembleError(f"{who}: priority must be an integer (higher starts first), got {p!r}")
+    try:
+        check_retry_delay(obj.retry_delay, who)
+    except ValueError as exc:
+        raise EnsembleError(str(exc)) from None
+
+
 def parse_ref(text: str) -> tuple[str, str] | None:
     """``"$p.s.t/out.dat"`` -> (``"p.s.t"``, ``"out.dat"``); None if not a reference."""
     m = REF_RE.match(text)
@@ -228,7 +241,9 @@ class Task:
     memory: int | str = 0
     timeout: float | None = None
     estimate: float | None = None  # expected seconds, for walltime draining
-    retries: int = 0
+    retries: int | None = None  # None: the stage's, else run(retries=), else 0
+    retry_delay: RetryDelay = None  # seconds or shoal.Backoff before each retry; None: the stage's/run's
+    priority: int | None = None  # higher starts first among ready tasks; None: the stage's
     on_retry: Callable[[Task, Failure], Task] | None = None
     inputs: Sequence[str | Input | tuple] = ()
     outputs: Sequence[str] = ()
@@ -407,8 +422,11 @@ class Task:
         check_name(self, who)
         for field, low in (("cores", 1), ("gpus", 0), ("retries", 0)):
             v = getattr(self, field)
+            if field == "retries" and v is None:
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise EnsembleError(f"{who}: {field} must be an integer >= {low}, got {v!r}")
+        check_policy(self, who)
         if self.ranks is not None or self.cores_per_rank != 1:
             for field in ("ranks", "cores_per_rank"):
                 v = getattr(self, field)
@@ -472,6 +490,9 @@ class Stage:
     post_exec: Callable[..., None] | None = None
     after: Sequence[Any] = ()
     when: Callable[[Any], bool] | None = None
+    priority: int = 0  # its tasks' priority, where a task gives none
+    retries: int | None = None  # its tasks' retries, where a task gives none (None: run(retries=))
+    retry_delay: RetryDelay = None  # its tasks' retry_delay, where a task gives none
     uid: str | None = dataclasses.field(default=None, init=False)
     _order: int = dataclasses.field(default_factory=lambda: next(_CREATED), init=False, repr=False, compare=False)
     _name_rule: ClassVar[NameRule] = NameRule.SHOAL
@@ -514,6 +535,10 @@ class Stage:
                 raise EnsembleError(f"{who}: {field} must be callable, got {v!r}")
         if self.post_exec is not None:
             self.post_exec_arity()
+        if self.retries is not None and (not isinstance(self.retries, int) or isinstance(self.retries, bool)
+                                         or self.retries < 0):
+            raise EnsembleError(f"{who}: retries must be an integer >= 0, got {self.retries!r}")
+        check_policy(self, who)
 
     def dependency_uids(self) -> list[str]:
         return [_ref_uid(a, f"stage {self.uid}: after") for a in self.after]

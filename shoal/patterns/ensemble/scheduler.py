@@ -27,6 +27,10 @@ Invariants:
     passes to the queued grant instead of becoming free.  Nothing else is ever
     granted a CPU that is held or has a grant queued on it.
 
+The engine offers the waiting requests in the order ``Waiting`` (below) keeps: by
+``priority`` (higher first), then by arrival; the rules above read "oldest" as "first in
+that order".
+
 Rejected alternatives: EASY backfill with runtime estimates (estimates are
 optional here; the patience counter gives the same no-starvation guarantee
 without them); first-fit without reservation (starves wide tasks); a
@@ -190,3 +194,79 @@ class Scheduler:
         if self.memory_total:
             self.free_memory -= req.memory
         return Grant(req.key, tuple(cpus), tuple(gpus), req.memory)
+
+
+_MISSING = object()
+
+
+class Waiting:
+    """The engine's waiting tasks, in the order they are offered to ``Scheduler.place``: by
+    priority (higher first), then in arrival order.  ``waiting[key] = item`` files ``item``
+    under ``item.priority``; ``first=True`` (``move_to_end(key, last=False)``) puts it ahead of
+    its priority's others (a task bounced back to be placed again).
+
+    Priority orders what is *ready*: the stage barrier and ``after=``/``when=`` decide which
+    tasks are candidates at all (the engine skips the blocked ones), and the Scheduler's
+    backfilling still lets a narrow task of lower priority past a wide one that does not fit
+    (until ``patience`` have, as for arrival order).  One bucket per priority in use: a run
+    that gives no priorities has one and pays what an ordered dict costs."""
+
+    __slots__ = ("buckets", "order", "where")
+
+    def __init__(self):
+        self.buckets: dict[int, dict] = {}  # priority -> key -> item (insertion ordered)
+        self.order: list[int] = []  # the priorities in use, highest first
+        self.where: dict[Hashable, int] = {}  # key -> its priority
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __bool__(self) -> bool:
+        return bool(self.where)
+
+    def __contains__(self, key) -> bool:
+        return key in self.where
+
+    def __setitem__(self, key, item) -> None:
+        self.add(key, item)
+
+    def add(self, key, item, first: bool = False) -> None:
+        if key in self.where:
+            self.pop(key)
+        prio = item.priority
+        bucket = self.buckets.get(prio)
+        if bucket is None:
+            bucket = self.buckets[prio] = {}
+            self.order.append(prio)
+            self.order.sort(reverse=True)
+        if first:
+            rest = dict(bucket)
+            bucket.clear()
+            bucket[key] = item
+            bucket.update(rest)
+        else:
+            bucket[key] = item
+        self.where[key] = prio
+
+    def move_to_end(self, key, last: bool = True) -> None:
+        item = self.pop(key)
+        self.add(key, item, first=not last)
+
+    def pop(self, key, default=_MISSING):
+        prio = self.where.pop(key, _MISSING)
+        if prio is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        bucket = self.buckets[prio]
+        item = bucket.pop(key)
+        if not bucket:
+            del self.buckets[prio]
+            self.order.remove(prio)
+        return item
+
+    def values(self) -> list:
+        """A snapshot, highest priority first (callers pop from ``self`` while walking it)."""
+        if len(self.order) == 1:
+            return list(self.buckets[self.order[0]].values())
+        return [item for prio in self.order for item in self.buckets[prio].values()]

@@ -162,7 +162,8 @@ class Item:
     until it is settled.  ``srun`` is the walker's; the engine reads only the uids."""
 
     __slots__ = ("task", "uid", "srun", "stage_uid", "pipe_uid", "attempt", "deps", "pid", "request",
-                 "future", "grant", "deadline", "t0", "sandbox", "spec")
+                 "future", "grant", "deadline", "t0", "sandbox", "spec", "priority", "retries",
+                 "retry_delay", "not_before")
 
     def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int, spec: str | None = None):
         self.task, self.uid, self.srun, self.attempt = task, uid, srun, attempt
@@ -174,6 +175,15 @@ class Item:
         self.pid = self.request = None
         self.future = self.grant = self.deadline = self.sandbox = None
         self.t0 = 0.0
+        self.not_before = 0.0  # a retry waits for its retry_delay: not placed before this (monotonic)
+        self.policy_of(task, srun.stage)
+
+    def policy_of(self, task: Task, stage: Stage) -> None:
+        """The task's priority, retries and retry_delay: its own, else its stage's (retries and
+        retry_delay None here: the engine fills in the run's)."""
+        self.priority = task.priority if task.priority is not None else stage.priority
+        self.retries = task.retries if task.retries is not None else stage.retries
+        self.retry_delay = task.retry_delay if task.retry_delay is not None else stage.retry_delay
 
 
 class Walker:

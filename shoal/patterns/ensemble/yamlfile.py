@@ -30,6 +30,8 @@ import re
 import sys
 from collections.abc import Callable
 
+from shoal._backoff import Backoff, check_retry_delay
+
 from .model import (
     EMBEDDED_REF_RE,
     NAME_RE,
@@ -54,7 +56,10 @@ TOP_KEYS = {"pipelines": "list of pipelines",
             "resource": "mapping: a batch allocation (backend, nodes, cores, walltime, ...)"}
 PIPELINE_KEYS = {"name": "name", "stages": "list of stages", "after": "list of uids"}
 STAGE_KEYS = {"name": "name", "tasks": "list of tasks", "after": "list of uids",
-              "post_exec": "'module:function'", "when": "'module:function'"}
+              "post_exec": "'module:function'", "when": "'module:function'",
+              "priority": "integer (higher starts first; its tasks' default)",
+              "retries": "integer (its tasks' default)",
+              "retry_delay": "seconds, or a mapping {base, factor, cap, jitter} (its tasks' default)"}
 TASK_KEYS = {
     "executable": "string", "arguments": "list of strings", "environment": "mapping of strings",
     "pre_exec": "list of strings", "post_exec": "list of strings", "stdin": "string",
@@ -62,6 +67,8 @@ TASK_KEYS = {
     "cores": "integer", "ranks": "integer (an MPI task's ranks)",
     "cores_per_rank": "integer", "gpus": "integer", "memory": "size", "timeout": "number", "estimate": "number",
     "retries": "integer", "on_retry": "'module:function'", "name": "name", "tags": "mapping",
+    "priority": "integer (higher starts first among ready tasks)",
+    "retry_delay": "seconds, or a mapping {base, factor, cap, jitter} (exponential backoff)",
     "inputs": "list of inputs", "outputs": "list of strings", "after": "list of uids",
     "when": "'module:function'", "replicas": "integer >= 1 (copies; {i} is the copy number)",
     "sweep": "mapping of name: list of values (one task per combination; {name} is the value)",
@@ -157,9 +164,9 @@ class _Loader:
             raise self.error(node, where, f"name {v!r} must be letters, digits or _-:+@%=, (no '.', '/', '$')")
         return v
 
-    def integer(self, node, where: str, low: int) -> int:
+    def integer(self, node, where: str, low: int | None) -> int:
         v = self.scalar(node, where, (int,), "an integer")
-        if v < low:
+        if low is not None and v < low:
             raise self.error(node, where, f"must be an integer >= {low}, got {v}")
         return v
 
@@ -267,7 +274,34 @@ class _Loader:
         tasks: list[Task] = []
         for k, n in enumerate(self.seq(keys["tasks"][1], f"{where}.tasks", "tasks")):
             tasks += self.tasks_of(n, f"{where}.tasks[{k}]", uid, len(tasks))
-        return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after, when=when)
+        policy = {}
+        if "priority" in keys:
+            policy["priority"] = self.integer(keys["priority"][1], f"{where}.priority", None)
+        if "retries" in keys:
+            policy["retries"] = self.integer(keys["retries"][1], f"{where}.retries", 0)
+        if "retry_delay" in keys:
+            policy["retry_delay"] = self.retry_delay(keys["retry_delay"][1], f"{where}.retry_delay")
+        return Stage(tasks, name=name if "name" in keys else None, post_exec=post, after=after, when=when,
+                     **policy)
+
+    def retry_delay(self, node, where: str):
+        """``retry_delay: 5`` (seconds) or ``retry_delay: {base: 1, factor: 2, cap: 60, jitter: 0.1}``."""
+        if isinstance(node, MappingNode):
+            spec = self.plain(node, where, dict)
+            allowed = {f.name for f in dataclasses.fields(Backoff)}
+            unknown = sorted(set(spec) - allowed)
+            if unknown:
+                raise self.error(node, where, f"unknown key {unknown[0]!r}; a backoff takes "
+                                 f"{', '.join(sorted(allowed))}")
+            try:
+                return Backoff(**spec)
+            except (TypeError, ValueError) as exc:
+                raise self.error(node, where, str(exc)) from None
+        v = self.scalar(node, where, (int, float), "seconds or a mapping {base, factor, cap, jitter}")
+        try:
+            return check_retry_delay(v, "retry_delay")
+        except ValueError as exc:
+            raise self.error(node, where, str(exc).split(": ", 1)[1]) from None
 
     def tasks_of(self, node, where: str, suid: str, k: int) -> list[Task]:
         """One task, or the copies a ``replicas:`` / ``sweep:`` generator describes."""
@@ -383,6 +417,10 @@ class _Loader:
         for key in ("timeout", "estimate"):
             if key in keys:
                 kw[key] = self.number(*at(key))
+        if "priority" in keys:
+            kw["priority"] = self.integer(*at("priority"), None)
+        if "retry_delay" in keys:
+            kw["retry_delay"] = self.retry_delay(*at("retry_delay"))
         if "memory" in keys:
             mem = self.scalar(*at("memory"), (int, str), "bytes or a size like '2G'")
             try:

@@ -147,7 +147,6 @@ ALL_PAIRS_XFAIL = ("all_pairs keeps its items, counters and result in SharedArra
                    "all_pairs across hosts needs per-host item copies and results sent back")
 
 
-@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
 def test_all_pairs_in_memory_arrays_across_hosts(pilot):
     from scipy.spatial.distance import cdist, pdist
 
@@ -156,7 +155,6 @@ def test_all_pairs_in_memory_arrays_across_hosts(pilot):
     assert np.allclose(got, pdist(X))
 
 
-@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
 def test_all_pairs_file_items_on_the_shared_checkout(pilot):
     paths = sorted(os.path.join(ROOT, "examples", "data", "dimacs", f)
                    for f in os.listdir(os.path.join(ROOT, "examples", "data", "dimacs")))

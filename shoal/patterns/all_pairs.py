@@ -331,14 +331,15 @@ def _spec_bytes(spec) -> bytes:
 
 def across_hosts(pilot) -> bool:
     """Whether some of ``pilot``'s workers are on another host than this driver (asked once
-    per ``compute`` call): a dask pilot whose dask workers' host names are not all this
-    host's.  Shared memory of the driver reaches only workers of its own host."""
+    per ``compute`` call): a dask pilot whose dask workers' host names (asked through the
+    dask client its shared factory relays by) are not all this host's.  Shared memory of
+    the driver reaches only workers of its own host."""
     if pilot.backend is not shoal.BackendKind.DASK:
         return False
     import socket
 
-    client = getattr(pilot._backend, "client", None)
-    if client is None:  # pragma: no cover - every dask pilot has one
+    client = getattr(pilot.shared, "client", None)
+    if client is None:  # pragma: no cover - a dask factory without a client: assume hosts
         return True
     hosts = client.run(socket.gethostname, on_error="ignore")
     here = socket.gethostname()

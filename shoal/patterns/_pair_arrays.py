@@ -13,6 +13,13 @@ Z-order (``_pair_tasks``) and does the plain thing, well::
     strip_task(i0, i1): D = block(X[i0:i1], X[i0:]) -> copied into out (condensed:
             row i's columns i+1.. are one contiguous run; square: D and its mirror)
 
+Across hosts (the driver's shared memory reaches no worker there):
+``rows_task`` gets its strip's rows and the columns it needs *by value*, returns
+``D`` as its result, and the driver writes it (``place``, the same code as a
+worker's).  Data out is the result itself, which no placement avoids; data in is
+about ``strips / 2`` copies of ``X`` for the triangle, small beside the result
+when the rows are short (n x n/2 values out against n x dims in per copy).
+
 Invariants: every pair is written by exactly one strip (strips partition the
 rows; a strip owns the columns right of its rows' diagonal); the driver
 returns a view of ``out``, never a copy; ``block`` gets read-only views of the
@@ -24,7 +31,8 @@ Rejected: the tiled path for arrays (each tile a task message, a cache lookup
 per item and a mirror write per tile: ~10x pdist, issue 15); letting workers
 return their strips (n^2 floats through the rings); BLAS Gram-matrix distances
 inside the skeleton (fast, but not exact: that choice belongs to the user's
-``block``).
+``block``); across hosts, one copy of ``X`` per host made first (the pilot cannot
+aim a task at a host, and a strip's rows are at most the ``X`` it would read there).
 """
 
 from __future__ import annotations

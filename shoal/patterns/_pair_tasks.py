@@ -36,11 +36,22 @@ Invariants:
 * The first failing pair raises ``PairError``/``LoadError`` and sets the run's
   abort flag; every task checks it before work, parents cancel their children.
 
+Across hosts (``HostRun``, chosen by the driver): the PairSpec's bytes travel with
+the tasks that leave a machine -- those the driver submits (one per block) and those
+the balancer lends to another host -- and fill that host's ``SharedArray.per_node``
+copy once; a shoal worker's spawns carry only the handle.  The abort/finished flags
+are a ``BestCell.for_pilot`` (an abort on one host reaches the others through the
+driver); counters are each process's own, returned with every ``tile_task`` result
+(keyed by host and pid; the latest of each process is the largest).
+
 Rejected: shipping items with every task (a stolen task would carry the data
 set; instead the PairSpec is pickled once into a SharedArray that each process
 maps and unpickles once, and tasks carry only a handle to it); returning tiles to the driver in the default mode (the result matrix is
 shared memory written in place); a cache per run (a worker would hold two
-runs' items at once, with two budgets).
+runs' items at once, with two budgets); across hosts, a task that fetches the
+items from the driver when its host has none (a shoal task has no way to reach the
+driver but its return) and one fill task per host (the pilot cannot aim a task at a
+host; blocks carrying the bytes need no such aim).
 """
 
 from __future__ import annotations

@@ -20,6 +20,18 @@ Data flow::
          flight; each block is tiled the same way and returns its tiles / its
          per-row top-k candidates; the driver hands them on and forgets them.
 
+Across hosts (a dask pilot with a worker on another host than the driver, asked
+once per call: ``across_hosts``)::
+
+    driver ── PairSpec pickled once ─► HostRun: the bytes, a SharedArray.per_node copy
+      │       (each host's own, filled by the first task that brings the bytes there)
+      │       and a BestCell.for_pilot flag (abort / finished, heard on every host)
+      ├─ every output is streamed: blocks of at most n*m / (4 x workers) pairs (every
+      │  host gets blocks from the start); in-memory and out= results are filled by the
+      │  driver from the tiles the blocks return, as on_tile would
+      └─ counters: each process's own (no memory is shared with the driver), sent back
+         with every task's return; the driver keeps each process's latest
+
 Invariants: every pair ``(i, j)`` (``i <= j`` when symmetric) is in exactly one
 leaf; per-worker counters and per-item load counts are written only by the
 worker that owns their row, and ``.stats`` adds them up after the root task (or
@@ -33,7 +45,15 @@ other item, so each item is loaded ~n times; see benchmarks/bench_all_pairs.py);
 the driver handing out a flat list of tiles (round-robin placement scatters
 neighbouring tiles, and a big tile cannot be half-stolen); returning tiles to
 the driver for the default output (n^2 floats through the rings instead of
-one shared-memory matrix).
+one shared-memory matrix) -- except across hosts, where no memory is shared:
+there the tiles come back (n^2 floats over the network, the least any placement
+of the result in the driver needs).  Rejected across hosts: one result array per
+host gathered at the end (the driver cannot read a host's memory without a
+backend call per host, and a crashed host's array is lost with the tiles in it,
+where a returned block is re-run elsewhere by dask); the one-host path for all
+dask pilots (a task on another host is refused: its SharedArray handles name the
+driver's pid and fd); the across-hosts path for all dask pilots (a one-host
+LocalCluster would lose writing in place for nothing).
 """
 
 from __future__ import annotations

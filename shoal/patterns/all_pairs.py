@@ -555,7 +555,7 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
                 pairs += block_pairs
                 tiles += block_tiles
                 if mode is Output.CALLBACK:
-                    for i0, j0, t in part:
+                    for i0, j0, t in part or ():  # (None: a block that stopped on an abort)
                         out(i0, j0, t)
                         if symmetric and i0 != j0:
                             out(j0, i0, t.T)

@@ -90,3 +90,11 @@ def fails_on_3_5(a, b):
     if {a, b} == {3, 5}:
         raise ZeroDivisionError("boom")
     return float(a - b)
+
+
+def slow_in_the_corner(a, b):
+    """``size_diff``, 50 ms a pair in the 8 x 8 corner: one block outlasts all the others,
+    so the hosts that finished theirs take its tiles (the balancer lends them)."""
+    if a < 8 and b < 8:
+        time.sleep(0.05)
+    return abs(a - b)

@@ -174,6 +174,19 @@ def test_all_pairs_file_items_on_the_shared_checkout(pilot):
     assert len(worked) >= 2 and worked <= set(pilot_hosts(pilot)), got.stats.per_worker
 
 
+def test_all_pairs_tiles_lent_to_another_host_bring_the_items(pilot):
+    """One block (the slow 8 x 8 corner) outlasts the others: the balancer lends its tiles to
+    the hosts that are done, each lent task carrying the items to its new host; exact, with
+    the pairs counted once."""
+    items = list(range(40))
+    got = all_pairs.compute(pilot, items, mt.slow_in_the_corner, tile=1)
+    a = np.array(items, dtype=float)
+    assert np.array_equal(np.asarray(got), np.abs(a[:, None] - a[None, :]))
+    assert pilot.stats()["driver"]["moved"] >= 1
+    assert got.stats.pairs == 40 * 41 // 2
+    assert sum(w["pairs"] for w in got.stats.per_worker) == got.stats.pairs
+
+
 def test_all_pairs_outputs_across_hosts(pilot, no_leftovers):
     """``out=`` a file (on the driver's disk), an ``on_tile`` callback and ``top_k`` across
     hosts: each the one-process answer."""

@@ -361,9 +361,11 @@ def across_hosts(pilot) -> bool:
     client = getattr(pilot.shared, "client", None)
     if client is None:  # pragma: no cover - a dask factory without a client: assume hosts
         return True
-    hosts = client.run(socket.gethostname, on_error="ignore")
+    hosts = [h for h in client.run(socket.gethostname, on_error="ignore").values()
+             if isinstance(h, str)]
     here = socket.gethostname()
-    return any(h != here for h in hosts.values() if isinstance(h, str))
+    return not hosts or any(h != here for h in hosts)  # none yet (batch jobs pending): the
+    #                                                    path that works wherever they start
 
 
 class _Live:

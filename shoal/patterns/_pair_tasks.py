@@ -157,8 +157,9 @@ class HostRun:
     ``copy`` is a ``SharedArray.per_node``: each host's own array of ``size + 1`` bytes,
     the PairSpec's pickle and a last byte set once it is filled.  A HostRun that leaves a
     machine (from the driver, or lent by the balancer: ``portable_dumps``) carries the
-    pickle's bytes, and unpickling it fills that host's copy if it is still empty; between
-    the processes of one host it carries only the handle.  ``flags`` is a
+    pickle's bytes (and so does the dask worker's hand-over to its shoal worker), and
+    unpickling it fills that host's copy if it is still empty; a shoal worker's spawns
+    carry only the handle.  ``flags`` is a
     ``BestCell.for_pilot``: 0 running, ``ABORTED`` (a pair failed anywhere: every host
     hears it), ``FINISHED`` (the driver is done with the run)."""
 

@@ -388,8 +388,8 @@ class _Live:
 
 def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, out, tile,
                    workers, cache_bytes, top_k, largest):
-    """compute() on a pilot whose workers are (partly) on other hosts: the items go to each
-    host once (``HostRun``), tiles come back as task results and the driver writes them."""
+    """compute() on a pilot whose workers are (partly) on other hosts: the items fill one
+    copy per host (``HostRun``), tiles come back as task results and the driver writes them."""
     import numpy as np
 
     n = len(items)

@@ -13,6 +13,13 @@ Z-order (``_pair_tasks``) and does the plain thing, well::
     strip_task(i0, i1): D = block(X[i0:i1], X[i0:]) -> copied into out (condensed:
             row i's columns i+1.. are one contiguous run; square: D and its mirror)
 
+Across hosts (the driver's shared memory reaches no worker there):
+``rows_task`` gets its strip's rows and the columns it needs *by value*, returns
+``D`` as its result, and the driver writes it (``place``, the same code as a
+worker's).  Data out is the result itself, which no placement avoids; data in is
+about ``strips / 2`` copies of ``X`` for the triangle, small beside the result
+when the rows are short (n x n/2 values out against n x dims in per copy).
+
 Invariants: every pair is written by exactly one strip (strips partition the
 rows; a strip owns the columns right of its rows' diagonal); the driver
 returns a view of ``out``, never a copy; ``block`` gets read-only views of the
@@ -24,7 +31,8 @@ Rejected: the tiled path for arrays (each tile a task message, a cache lookup
 per item and a mirror write per tile: ~10x pdist, issue 15); letting workers
 return their strips (n^2 floats through the rings); BLAS Gram-matrix distances
 inside the skeleton (fast, but not exact: that choice belongs to the user's
-``block``).
+``block``); across hosts, one copy of ``X`` per host made first (the pilot cannot
+aim a task at a host, and a strip's rows are at most the ``X`` it would read there).
 """
 
 from __future__ import annotations
@@ -88,16 +96,26 @@ def strip_task(job: StripJob, i0: int, i1: int) -> int:
 
 
 def _strip(job: StripJob, i0: int, i1: int) -> int:
-    from ._pair_tasks import PairError
-
     x = _read_only(job.x.array)
-    out = job.out.array
     if job.y is not None:
         cols, c0 = _read_only(job.y.array), 0
     else:
         cols, c0 = x[i0:], i0
+    d = _block(job.block, x[i0:i1], cols, i0, i1, c0)
+    return place(job.out.array, d, len(x), i0, i1, job.y is not None, job.condensed)
+
+
+def rows_task(block, rows, cols, i0: int, i1: int, c0: int):
+    """Across hosts: ``block(rows, cols)`` checked, returned to the driver (``place`` writes
+    it there).  ``rows`` and ``cols`` came with the task (no shared memory between hosts)."""
+    return _block(block, _read_only(rows), _read_only(cols), i0, i1, c0)
+
+
+def _block(block, rows, cols, i0: int, i1: int, c0: int):
+    from ._pair_tasks import PairError
+
     try:
-        d = job.block(x[i0:i1], cols)
+        d = block(rows, cols)
     except Exception as exc:
         hint = ("; block gets read-only views of the shared rows (other strips read them at "
                 "the same time): copy them before changing them") if _writes(exc) else ""
@@ -114,11 +132,15 @@ def _strip(job: StripJob, i0: int, i1: int) -> int:
         raise PairError(f"block(rows, cols) for rows [{i0}, {i1}) x columns [{c0}, "
                         f"{c0 + len(cols)}) returned a {d.dtype} array; it must return a "
                         "real-valued array", i0, c0)
-    if job.y is not None:
+    return d
+
+
+def place(out, d, n: int, i0: int, i1: int, rect: bool, condensed: bool) -> int:
+    """Write strip ``d`` (rows [i0, i1)) into ``out``; the pairs it holds."""
+    if rect:
         out[i0:i1] = d
         return d.size
-    n = len(x)
-    if job.condensed:
+    if condensed:
         for r in range(i1 - i0):
             i = i0 + r
             s = condensed_start(n, i)
@@ -143,12 +165,14 @@ def _writes(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "read-only" in str(exc)
 
 
-def run(pilot, x, y, block, condensed: bool):
+def run(pilot, x, y, block, condensed: bool, across: bool = False):
     """The array path of ``all_pairs.compute``: (result array view, seconds, strips, pairs)."""
     import numpy as np
 
     n = len(x)
     m = n if y is None else len(y)
+    if across:
+        return _run_across(pilot, x, y, block, condensed)
     owned = []
     try:
         xs = shoal.SharedArray(x.shape, x.dtype)
@@ -184,3 +208,35 @@ def run(pilot, x, y, block, condensed: bool):
     finally:
         for sa in owned:
             sa.close()
+
+
+def _run_across(pilot, x, y, block, condensed: bool):
+    """``run`` when workers are on other hosts: each strip task carries its rows (and the
+    columns it needs), returns its block, and the driver places it (see the module doc)."""
+    import numpy as np
+
+    from .all_pairs import check_fits
+
+    n = len(x)
+    m = n if y is None else len(y)
+    shape = (n * (n - 1) // 2,) if condensed else (n, m)
+    check_fits(shape[0] * (shape[1] if len(shape) > 1 else 1),
+               f"the condensed result of {n} items" if condensed else f"the {n} x {m} result")
+    out = np.empty(shape)
+    parts = strips(n, STRIPS_PER_WORKER * max(1, pilot.workers), y is None)
+    t0 = time.perf_counter()
+    futs = {}
+    for i0, i1 in parts:
+        cols, c0 = (y, 0) if y is not None else (x[i0:], i0)
+        futs[pilot.submit(rows_task, block, np.ascontiguousarray(x[i0:i1]),
+                          np.ascontiguousarray(cols), i0, i1, c0)] = (i0, i1)
+    pairs = 0
+    try:
+        for f in futs:
+            i0, i1 = futs[f]
+            pairs += place(out, f.result(), n, i0, i1, y is not None, condensed)
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        raise
+    return out, time.perf_counter() - t0, len(parts), pairs

@@ -36,17 +36,29 @@ Invariants:
 * The first failing pair raises ``PairError``/``LoadError`` and sets the run's
   abort flag; every task checks it before work, parents cancel their children.
 
+Across hosts (``HostRun``, chosen by the driver): the PairSpec's bytes travel with
+the tasks that leave a machine -- those the driver submits (one per block) and those
+the balancer lends to another host -- and fill that host's ``SharedArray.per_node``
+copy once; a shoal worker's spawns carry only the handle.  The abort/finished flags
+are a ``BestCell.for_pilot`` (an abort on one host reaches the others through the
+driver); counters are each process's own, returned with every ``tile_task`` result
+(keyed by host and pid; the latest of each process is the largest).
+
 Rejected: shipping items with every task (a stolen task would carry the data
 set; instead the PairSpec is pickled once into a SharedArray that each process
 maps and unpickles once, and tasks carry only a handle to it); returning tiles to the driver in the default mode (the result matrix is
 shared memory written in place); a cache per run (a worker would hold two
-runs' items at once, with two budgets).
+runs' items at once, with two budgets); across hosts, a task that fetches the
+items from the driver when its host has none (a shoal task has no way to reach the
+driver but its return) and one fill task per host (the pilot cannot aim a task at a
+host; blocks carrying the bytes need no such aim).
 """
 
 from __future__ import annotations
 
 import enum
 import numbers
+import os
 
 import shoal
 
@@ -138,6 +150,70 @@ def _attach(run_id: str, handle: bytes, size: int) -> Run:
     return state.run if state is not None else Run(run_id, handle, size)
 
 
+class HostRun:
+    """A run's handle when the pilot's workers are on other hosts than the driver (one
+    ``HostRun`` per ``compute`` call; see "Across hosts" in the module doc).
+
+    ``copy`` is a ``SharedArray.per_node``: each host's own array of ``size + 1`` bytes,
+    the PairSpec's pickle and a last byte set once it is filled.  A HostRun that leaves a
+    machine (from the driver, or lent by the balancer: ``portable_dumps``) carries the
+    pickle's bytes (and so does the dask worker's hand-over to its shoal worker), and
+    unpickling it fills that host's copy if it is still empty; a shoal worker's spawns
+    carry only the handle.  ``flags`` is a
+    ``BestCell.for_pilot``: 0 running, ``ABORTED`` (a pair failed anywhere: every host
+    hears it), ``FINISHED`` (the driver is done with the run)."""
+
+    __slots__ = ("run_id", "size", "copy", "flags", "_data")
+
+    ABORTED = 1.0
+    FINISHED = 2.0
+
+    def __init__(self, run_id: str, size: int, copy, flags, data: bytes | None = None):
+        self.run_id, self.size, self.copy, self.flags, self._data = run_id, size, copy, flags, data
+
+    def __reduce__(self):
+        # Outside a shoal worker (the driver, a dask worker handing the task to its shoal
+        # workers or lending it to another host) the bytes go with it; a shoal worker's
+        # spawns stay on its host, whose copy is filled: the handle is enough.
+        data = self._data
+        if data is None and shoal.current_worker() is None:
+            data = self.spec_bytes()
+        return (_attach_host, (self.run_id, self.size, data, self.copy, self.flags))
+
+    def spec_bytes(self) -> bytes:
+        """The PairSpec's pickle, from this host's copy."""
+        a = self.copy.array
+        if not a[self.size]:
+            raise RuntimeError(f"all_pairs: run {self.run_id} reached host {_host()!r} without "
+                               "its items (its copy there was never filled); report this as a bug")
+        return a[:self.size].tobytes()
+
+    def fill(self, data: bytes) -> None:
+        a = self.copy.array
+        if not a[self.size]:
+            a[:self.size] = memoryview(data)
+            a[self.size] = 1  # after the bytes
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _attach_host(run_id: str, size: int, data, copy, flags) -> HostRun:
+    st = _RUNS.get(run_id)
+    if st is not None:
+        return st.run
+    run = HostRun(run_id, size, copy, flags)
+    if data is not None:
+        try:
+            run.fill(data)  # the first task on this host brings the items
+        except (AttributeError, OSError):  # a handle with no memory here (dask's scheduler
+            run._data = data  # unpickles task arguments too): it passes the bytes on
+    return run
+
+
 _CACHE: ItemCache | None = None  # this process's items, all runs
 _RUNS: dict = {}  # run_id -> RunState, this process
 
@@ -150,15 +226,24 @@ class RunState:
         import numpy as np
 
         global _CACHE
-        spec = cloudpickle.loads(run.blob().array[:run.size].tobytes())
+        self.hosts = isinstance(run, HostRun)
+        spec = cloudpickle.loads(run.spec_bytes() if self.hosts
+                                 else run.blob().array[:run.size].tobytes())
         self.run, self.spec = run, spec
         me = shoal.current_worker()
         self.worker = me.id if me is not None else 0
         self.node = me.node if me is not None else 0
-        rows = spec.counters.array.shape[0]
-        self.ctr = spec.counters.array[self.worker % rows]
-        self.loads = spec.loads.array[self.worker % rows]
-        self.flags = spec.flags.array
+        if self.hosts:  # this process's own counters, sent back with every task's return
+            self.key = (_host(), os.getpid())  # (worker ids are per node: 1 on every host)
+            self.ctr = np.zeros(len(Counter), np.int64)
+            self.loads = np.zeros(max(1, spec.n + (spec.m if spec.other is not None else 0)),
+                                  np.int32)
+            self.flags = _CellFlags(run.flags)
+        else:
+            rows = spec.counters.array.shape[0]
+            self.ctr = spec.counters.array[self.worker % rows]
+            self.loads = spec.loads.array[self.worker % rows]
+            self.flags = spec.flags.array
         if _CACHE is None:
             _CACHE = ItemCache(spec.cache_bytes)
         _CACHE.capacity = spec.cache_bytes
@@ -310,9 +395,23 @@ class RunState:
         rid = self.run.run_id
         self.cache.drop(lambda key: key[0] == rid)
         self.target = self.ctr = self.loads = self.flags = None
+        if self.hosts:
+            if shoal.current_worker() is not None:  # (a dask worker's copy is the backend's)
+                self.run.copy.close()
+                self.run.flags.close()
+            return
         for shared in (self.spec.result, self.spec.counters, self.spec.loads, self.spec.flags, self.run.blob()):
             if shared is not None:
                 shared.close()
+
+    def returns(self, pairs: int, tiles: int, part):
+        """What a tile task returns: across hosts also this process's counters so far."""
+        if not self.hosts:
+            return pairs, tiles, part
+        import numpy as np
+
+        nz = np.flatnonzero(self.loads)
+        return pairs, tiles, part, {self.key: (self.ctr.copy(), nz, self.loads[nz])}
 
 
 def _numeric(vals: list, i: int, j0: int):
@@ -349,13 +448,42 @@ def probe_task(run: Run) -> int:
 NOTHING = (0, 0, None)  # what an aborted tile_task returns
 
 
+class _CellFlags:
+    """A HostRun's flags cell read and written as the one-host flag array is."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __getitem__(self, flag: RunFlag) -> bool:
+        value = self.cell.value
+        return value >= (HostRun.FINISHED if flag is RunFlag.DONE else HostRun.ABORTED)
+
+    def __setitem__(self, flag: RunFlag, on) -> None:
+        if on:
+            self.cell.offer(HostRun.FINISHED if flag is RunFlag.DONE else HostRun.ABORTED)
+
+
+def merge_counts(parts) -> dict:
+    """The processes' counter snapshots of several returns, the latest of each process
+    (its counters only grow during a run, so the latest is the largest)."""
+    out: dict = {}
+    for snaps in parts:
+        for key, snap in snaps.items():
+            old = out.get(key)
+            if old is None or snap[0].sum() >= old[0].sum():
+                out[key] = snap
+    return out
+
+
 def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
     """Compute ``region``: split and spawn while big, compute in place when a leaf.
     Returns ``(pairs, tiles, part)``: the pairs and leaf tiles of this region's result,
     each once (see the module doc), and the tiles (callback) or top-k partial it yields."""
     st = state(run)
     if st.flags[RunFlag.ABORT]:
-        return NOTHING
+        return st.returns(*NOTHING)
     if origin[0] > 0 and origin[0] != st.worker:
         st.ctr[Counter.STOLEN] += 1
         st.ctr[Counter.STOLEN_LOCAL if origin[1] == st.node else Counter.STOLEN_REMOTE] += 1
@@ -368,7 +496,7 @@ def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
         children = split(region, tile)
     if not children:
         try:
-            return st.leaf(region)
+            return st.returns(*st.leaf(region))
         except BaseException:
             st.flags[RunFlag.ABORT] = 1
             raise
@@ -382,4 +510,8 @@ def tile_task(run: Run, region: tuple, tile: int, origin: tuple):
         for f in futs:
             f.cancel()
         raise
-    return sum(p[0] for p in parts), sum(p[1] for p in parts), st.merge([p[2] for p in parts])
+    done = st.returns(sum(p[0] for p in parts), sum(p[1] for p in parts),
+                      st.merge([p[2] for p in parts]))
+    if st.hosts:
+        done = (*done[:3], merge_counts([*(p[3] for p in parts), done[3]]))
+    return done

@@ -20,6 +20,18 @@ Data flow::
          flight; each block is tiled the same way and returns its tiles / its
          per-row top-k candidates; the driver hands them on and forgets them.
 
+Across hosts (a dask pilot with a worker on another host than the driver, asked
+once per call: ``across_hosts``)::
+
+    driver ── PairSpec pickled once ─► HostRun: the bytes, a SharedArray.per_node copy
+      │       (each host's own, filled by the first task that brings the bytes there)
+      │       and a BestCell.for_pilot flag (abort / finished, heard on every host)
+      ├─ every output is streamed: blocks of at most n*m / (4 x workers) pairs (every
+      │  host gets blocks from the start); in-memory and out= results are filled by the
+      │  driver from the tiles the blocks return, as on_tile would
+      └─ counters: each process's own (no memory is shared with the driver), sent back
+         with every task's return; the driver keeps each process's latest
+
 Invariants: every pair ``(i, j)`` (``i <= j`` when symmetric) is in exactly one
 leaf; per-worker counters and per-item load counts are written only by the
 worker that owns their row, and ``.stats`` adds them up after the root task (or
@@ -33,7 +45,15 @@ other item, so each item is loaded ~n times; see benchmarks/bench_all_pairs.py);
 the driver handing out a flat list of tiles (round-robin placement scatters
 neighbouring tiles, and a big tile cannot be half-stolen); returning tiles to
 the driver for the default output (n^2 floats through the rings instead of
-one shared-memory matrix).
+one shared-memory matrix) -- except across hosts, where no memory is shared:
+there the tiles come back (n^2 floats over the network, the least any placement
+of the result in the driver needs).  Rejected across hosts: one result array per
+host gathered at the end (the driver cannot read a host's memory without a
+backend call per host, and a crashed host's array is lost with the tiles in it,
+where a returned block is re-run elsewhere by dask); the one-host path for all
+dask pilots (a task on another host is refused: its SharedArray handles name the
+driver's pid and fd); the across-hosts path for all dask pilots (a one-host
+LocalCluster would lose writing in place for nothing).
 """
 
 from __future__ import annotations
@@ -49,12 +69,14 @@ import shoal
 
 from ._pair_tasks import (
     Counter,
+    HostRun,
     LoadError,
     Output,
     PairError,
     PairSpec,
     Run,
     RunFlag,
+    merge_counts,
     probe_task,
     tile_task,
 )
@@ -221,7 +243,6 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     (``_pair_arrays``), e.g. ``compute(pilot, X, block=cdist, condensed=True)``
     equals ``scipy.spatial.distance.pdist(X)``.
     """
-    import cloudpickle
     import numpy as np
 
     _check(items, other, compare, block, tile, cache_bytes, out, top_k, symmetric)
@@ -229,10 +250,11 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
                       or top_k is not None):
         raise ValueError("condensed=True is the upper triangle of a symmetric problem kept in "
                          "memory: not with other=, symmetric=False, out= or top_k=")
+    across = across_hosts(pilot)
     if (block is not None and load is None and out is None and top_k is None
             and _plain_array(items) and (other is None or _plain_array(other))):
         return _array_compute(pilot, items, other if other is not None else None, block,
-                              symmetric or other is not None, bool(condensed))
+                              symmetric or other is not None, bool(condensed), across)
     if condensed:
         full = compute(pilot, items, compare, load=load, symmetric=True, tile=tile,
                        cache_bytes=cache_bytes, block=block)
@@ -252,6 +274,9 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
     if mode is Output.TOPK:  # values and indices, (n, k) each: found out after the run otherwise
         check_fits(2 * n * top_k, f"top_k={top_k} for {n} rows (values and indices)")
 
+    if across:
+        return _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, out,
+                              tile, workers, cache_bytes, top_k, bool(largest))
     shared, flags = [], None
     try:
         result_sa, path = None, None
@@ -271,11 +296,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         spec = PairSpec(n=n, m=m, items=items, other=other, load=load, compare=compare, block=block,
                     symmetric=symmetric, mode=mode, result=result_sa, path=path, counters=counters,
                     loads=loads, flags=flags, cache_bytes=cache_bytes, top_k=top_k, largest=bool(largest))
-        try:
-            blob = cloudpickle.dumps(spec)
-        except Exception as exc:
-            raise TypeError(f"all_pairs.compute: cannot pickle items/load/compare/block for the workers: {exc!r}; "
-                            "use module-level functions and picklable items") from exc
+        blob = _spec_bytes(spec)
         blob_sa = shoal.SharedArray((len(blob),), "uint8")  # items reach workers by memory, not rings
         shared.append(blob_sa)
         blob_sa.array[:] = np.frombuffer(blob, dtype=np.uint8)
@@ -318,6 +339,124 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
             sa.close()
 
 
+def _spec_bytes(spec) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise TypeError(f"all_pairs.compute: cannot pickle items/load/compare/block for the workers: {exc!r}; "
+                        "use module-level functions and picklable items") from exc
+
+
+def across_hosts(pilot) -> bool:
+    """Whether some of ``pilot``'s workers are on another host than this driver (asked once
+    per ``compute`` call): a dask pilot whose dask workers' host names (asked through the
+    dask client its shared factory relays by) are not all this host's.  Shared memory of
+    the driver reaches only workers of its own host."""
+    if pilot.backend is not shoal.BackendKind.DASK:
+        return False
+    import socket
+
+    client = getattr(pilot.shared, "client", None)
+    if client is None:  # pragma: no cover - a dask factory without a client: assume hosts
+        return True
+    hosts = [h for h in client.run(socket.gethostname, on_error="ignore").values()
+             if isinstance(h, str)]
+    here = socket.gethostname()
+    return not hosts or any(h != here for h in hosts)  # none yet (batch jobs pending): the
+    #                                                    path that works wherever they start
+
+
+class _Live:
+    """The counters the progress line samples, across hosts: the processes' latest
+    snapshots, kept up to date by the driver as block results arrive."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.counts: dict = {}
+        self.array = np.zeros((1, len(Counter)), np.int64)
+
+    def add(self, snaps: dict) -> None:
+        import numpy as np
+
+        self.counts = merge_counts([self.counts, snaps])
+        self.array = np.array([c[0] for c in self.counts.values()] or [np.zeros(len(Counter))],
+                              dtype=np.int64)
+
+
+def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, out, tile,
+                   workers, cache_bytes, top_k, largest):
+    """compute() on a pilot whose workers are (partly) on other hosts: the items fill one
+    copy per host (``HostRun``), tiles come back as task results and the driver writes them."""
+    import numpy as np
+
+    n = len(items)
+    m = len(other) if other is not None else n
+    n_items = n + (m if other is not None else 0)
+    result, path, sink = None, None, out
+    if mode is Output.ARRAY:
+        check_fits(n * m, f"the {n} x {m} result")
+        result = np.empty((n, m))
+    elif mode is Output.MEMMAP:
+        path = os.fspath(out)
+        check_fits(n * m, f"the {n} x {m} result", path=path)
+        result = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, m))
+    if result is not None:
+        def sink(i0, j0, t):
+            result[i0:i0 + t.shape[0], j0:j0 + t.shape[1]] = t
+    sent = Output.CALLBACK if result is not None else mode  # tiles come back to be written here
+    spec = PairSpec(n=n, m=m, items=items, other=other, load=load, compare=compare, block=block,
+                    symmetric=symmetric, mode=sent, result=None, path=None, counters=None,
+                    loads=None, flags=None, cache_bytes=cache_bytes, top_k=top_k, largest=largest)
+    blob = _spec_bytes(spec)
+    copy = shoal.SharedArray.per_node(pilot, (len(blob) + 1,), "uint8", fill=0)
+    flags = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
+    try:
+        run = HostRun(uuid.uuid4().hex, len(blob), copy, flags, blob)
+        if n and m and tile is None:
+            item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
+            tile = default_tile(n, m, workers=workers, cache_bytes=cache_bytes, item_bytes=item_bytes,
+                                symmetric=symmetric)
+        tile = tile or 1
+        t0 = time.perf_counter()
+        total = n * (n + 1) // 2 if symmetric else n * m
+        live = _Live()
+        with Ticker("all_pairs", _sampler(live, total), rates=("pairs", "tiles"),
+                    text=_line) as ticker:
+            topk, pairs, tiles = _run(pilot, run, sent, n, m, symmetric, tile, workers, sink,
+                                      top_k, largest, ticker, on_counts=live.add)
+        seconds = time.perf_counter() - t0
+        snaps = list(live.counts.values())
+        ctr = np.zeros((1 + len(snaps), len(Counter)), np.int64)
+        loads = np.zeros((1 + len(snaps), max(1, n_items)), np.int32)
+        for row, (c, nz, vals) in enumerate(snaps, 1):
+            ctr[row], loads[row, nz] = c, vals
+        stats = _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items, pairs, tiles)
+        for row, (host, _) in zip(stats.per_worker, live.counts, strict=True):
+            row["host"] = host
+        if mode is Output.ARRAY:
+            result = result.view(AllPairsResult)
+        elif mode is Output.MEMMAP:
+            result.flush()
+            del result
+            result = np.load(path, mmap_mode="r+")
+        elif mode is Output.CALLBACK:
+            result = np.empty((0, 0)).view(AllPairsResult)
+        else:
+            result = topk
+        result.stats = stats
+        return result
+    except BaseException:
+        flags.offer(HostRun.ABORTED)  # tiles queued or running anywhere return at once
+        raise
+    finally:
+        flags.offer(HostRun.FINISHED)  # the hosts' processes drop the run at their next one
+        copy.close()
+        flags.close()
+
+
 def _sampler(counters, total_pairs: int):
     """The progress record: the workers' own counters, summed (driver; no message)."""
     def sample() -> dict:
@@ -352,13 +491,13 @@ def _plain_array(x) -> bool:
     return isinstance(x, np.ndarray) and x.ndim >= 1 and not x.dtype.hasobject
 
 
-def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
+def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool, across: bool):
     """compute() on arrays in memory (see ``_pair_arrays``)."""
     from . import _pair_arrays
 
     if y is None and not symmetric:
         y = x  # a full n x n sweep, both halves computed
-    values, seconds, parts, pairs = _pair_arrays.run(pilot, x, y, block, condensed)
+    values, seconds, parts, pairs = _pair_arrays.run(pilot, x, y, block, condensed, across)
     result = values.view(AllPairsResult)
     n, m = len(x), len(x) if y is None else len(y)
     result.stats = AllPairsStats(
@@ -370,8 +509,10 @@ def _array_compute(pilot, x, y, block, symmetric: bool, condensed: bool):
     return result
 
 
-def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker):
-    """Run the tile tasks; returns ``(the top-k result or None, pairs, tiles)``."""
+def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, ticker,
+         on_counts=None):
+    """Run the tile tasks; returns ``(the top-k result or None, pairs, tiles)``.
+    ``on_counts``: called with the processes' counters each block brings (across hosts)."""
     import numpy as np
 
     if n == 0 or m == 0:
@@ -389,7 +530,10 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
         pairs, tiles, _ = fut.result()
         return None, pairs, tiles
     size = tile
-    while (2 * size) ** 2 <= STREAM_BLOCK_PAIRS:
+    limit = STREAM_BLOCK_PAIRS
+    if on_counts is not None:  # across hosts: blocks for every host from the start, not one
+        limit = min(limit, max(tile * tile, n * m // (4 * workers)))  # block lent on and on
+    while (2 * size) ** 2 <= limit:
         size *= 2
     todo = iter(blocks(n, m, size, symmetric))
     pending: set = set()
@@ -407,11 +551,13 @@ def _run(pilot, run, mode, n, m, symmetric, tile, workers, out, top_k, largest, 
             done, pending = cf.wait(pending, timeout=ticker.timeout(), return_when=cf.FIRST_COMPLETED)
             ticker.tick()
             for fut in done:
-                block_pairs, block_tiles, part = fut.result()
+                block_pairs, block_tiles, part, *counts = fut.result()
+                if counts and on_counts is not None:
+                    on_counts(counts[0])
                 pairs += block_pairs
                 tiles += block_tiles
                 if mode is Output.CALLBACK:
-                    for i0, j0, t in part:
+                    for i0, j0, t in part or ():  # (None: a block that stopped on an abort)
                         out(i0, j0, t)
                         if symmetric and i0 != j0:
                             out(j0, i0, t.T)

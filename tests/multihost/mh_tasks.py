@@ -64,3 +64,37 @@ def mean_of(arr) -> float:
 
 def size_diff(a, b):
     return abs(a - b)
+
+
+def cdist_noting_host(folder: str, rows, cols):
+    """scipy's cdist of a strip, after a line naming this host in ``folder``/hosts."""
+    from scipy.spatial.distance import cdist
+
+    append_line(os.path.join(folder, "hosts"), socket.gethostname())
+    return cdist(rows, cols)
+
+
+def gated_size_diff(gate: str, marks: str, a, b):
+    """``size_diff`` after a ``start`` line naming this host in ``marks`` and the ``gate``
+    file (so the test can crash a host while its tiles run)."""
+    append_line(marks, f"start {a} {socket.gethostname()}")
+    wait_for(gate, 240)
+    return abs(a - b)
+
+
+def euclid(a, b):
+    return float(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5)
+
+
+def fails_on_3_5(a, b):
+    if {a, b} == {3, 5}:
+        raise ZeroDivisionError("boom")
+    return float(a - b)
+
+
+def slow_in_the_corner(a, b):
+    """``size_diff``, 50 ms a pair in the 8 x 8 corner: one block outlasts all the others,
+    so the hosts that finished theirs take its tiles (the balancer lends them)."""
+    if a < 8 and b < 8:
+        time.sleep(0.05)
+    return abs(a - b)

@@ -37,6 +37,7 @@ import search_tasks as st  # noqa: E402
 
 import shoal  # noqa: E402
 from shoal.ensemble import Pipeline, Stage, Task, run  # noqa: E402
+from shoal.patterns import all_pairs  # noqa: E402
 from shoal.patterns import backtracking as bt  # noqa: E402
 
 pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check, pytest.mark.timeout(400)]
@@ -208,3 +209,38 @@ def test_throttled_host_the_run_still_finishes_exactly(bed):
     assert all(n == len(blob) and b == blob for _, n, b in got)
     share = collections.Counter(h for h, _, _ in got)
     report(f"throttle h3 1mbit: 60 x 64 KiB round trips (ran per host {dict(share)})", took)
+
+
+def test_all_pairs_with_a_crashed_host_is_still_exact(bed):
+    """An all_pairs run over the 3 hosts whose tiles wait on a gate; h3 crashes while it has
+    tiles running: its blocks run again on the other hosts (each block's tiles reach the
+    driver once, as a task result), and the matrix is exact."""
+    import numpy as np
+
+    folder = bed.shared_dir("all-pairs-crash")
+    gate, marks = os.path.join(folder, "gate"), os.path.join(folder, "marks")
+    items = list(range(24))
+    box: dict = {}
+    with shoal.Pilot(backend="dask", address=bed.dask, workers=1) as pilot:
+        compare = functools.partial(mt.gated_size_diff, gate, marks)
+
+        def compute():
+            try:
+                box["result"] = all_pairs.compute(pilot, items, compare, tile=2)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                box["error"] = exc
+
+        runner = threading.Thread(target=compute)
+        runner.start()
+        try:
+            wait_until(lambda: "h3" in {h for _, _, h in mt.marks_of(marks)}, 120,
+                       "a tile to start on h3")
+            t0 = time.monotonic()
+            bed.verb("crash", "h3")
+        finally:
+            t.release(gate)
+            runner.join(300)
+        report("all_pairs: crash h3 mid-run -> exact matrix", time.monotonic() - t0)
+    assert "error" not in box, box.get("error")
+    a = np.array(items, dtype=float)
+    np.testing.assert_array_equal(np.asarray(box["result"]), np.abs(a[:, None] - a[None, :]))

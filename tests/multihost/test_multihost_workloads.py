@@ -141,28 +141,84 @@ def test_exact_clique_number_across_hosts(pilot):
     assert got.value == 12 and st.is_clique(adj, got.node[1])
 
 
-ALL_PAIRS_XFAIL = ("all_pairs keeps its items, counters and result in SharedArrays of the "
-                   "driver (shoal/patterns/all_pairs.py): a tile task on another host is "
-                   "refused ('a SharedArray made on host ... reached a process on host ...'); "
-                   "all_pairs across hosts needs per-host item copies and results sent back")
+def test_all_pairs_in_memory_arrays_across_hosts(pilot, no_leftovers):
+    """``compute(pilot, X, block=cdist, condensed=True)`` is scipy's ``pdist(X)``, bit for bit,
+    with the strips computed on the three hosts (no /dev/shm of the driver there: each strip
+    carries its rows and comes back as a task result)."""
+    from scipy.spatial.distance import cdist, pdist, squareform
+
+    folder = no_leftovers.shared_dir("all-pairs-arrays")
+    assert all_pairs.across_hosts(pilot)
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(300, 5)), rng.normal(size=(40, 5))
+    noting = functools.partial(mt.cdist_noting_host, folder)
+    np.testing.assert_array_equal(all_pairs.compute(pilot, X, block=noting, condensed=True),
+                                  pdist(X))
+    with open(os.path.join(folder, "hosts")) as f:
+        assert len(set(f.read().split())) >= 2  # strips ran on two hosts or more
+    np.testing.assert_array_equal(all_pairs.compute(pilot, X, block=cdist), squareform(pdist(X)))
+    np.testing.assert_array_equal(all_pairs.compute(pilot, X, block=cdist, other=Y), cdist(X, Y))
 
 
-@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
-def test_all_pairs_in_memory_arrays_across_hosts(pilot):
-    from scipy.spatial.distance import cdist, pdist
-
-    X = np.random.default_rng(3).normal(size=(60, 5))
-    got = all_pairs.compute(pilot, X, block=cdist, condensed=True)
-    assert np.allclose(got, pdist(X))
-
-
-@pytest.mark.xfail(strict=True, reason=ALL_PAIRS_XFAIL)
 def test_all_pairs_file_items_on_the_shared_checkout(pilot):
+    """Files loaded on the hosts (``load=os.path.getsize``): the items go to each host once,
+    the tiles come back; exact, and the work (per host in ``.stats``) is on two hosts or more."""
     paths = sorted(os.path.join(ROOT, "examples", "data", "dimacs", f)
                    for f in os.listdir(os.path.join(ROOT, "examples", "data", "dimacs")))
-    got = all_pairs.compute(pilot, paths, mt.size_diff, load=os.path.getsize)
+    got = all_pairs.compute(pilot, paths, mt.size_diff, load=os.path.getsize, tile=2)
     sizes = np.array([os.path.getsize(p) for p in paths], dtype=float)
     assert np.array_equal(np.asarray(got), np.abs(sizes[:, None] - sizes[None, :]))
+    n = len(paths)
+    assert got.stats.pairs == n * (n + 1) // 2 and got.stats.item_loads.min() >= 1
+    worked = {w["host"] for w in got.stats.per_worker if w["pairs"]}
+    assert len(worked) >= 2 and worked <= set(pilot_hosts(pilot)), got.stats.per_worker
+
+
+def test_all_pairs_tiles_lent_to_another_host_bring_the_items(pilot):
+    """One block (the slow 8 x 8 corner) outlasts the others: the balancer lends its tiles to
+    the hosts that are done, each lent task carrying the items to its new host; exact, with
+    the pairs counted once."""
+    items = list(range(40))
+    got = all_pairs.compute(pilot, items, mt.slow_in_the_corner, tile=1)
+    a = np.array(items, dtype=float)
+    assert np.array_equal(np.asarray(got), np.abs(a[:, None] - a[None, :]))
+    assert pilot.stats()["driver"]["moved"] >= 1
+    assert got.stats.pairs == 40 * 41 // 2
+    assert sum(w["pairs"] for w in got.stats.per_worker) == got.stats.pairs
+
+
+def test_all_pairs_outputs_across_hosts(pilot, no_leftovers):
+    """``out=`` a file (on the driver's disk), an ``on_tile`` callback and ``top_k`` across
+    hosts: each the one-process answer."""
+    from scipy.spatial.distance import cdist, squareform
+
+    X = np.random.default_rng(5).normal(size=(50, 3))
+    ref = squareform(np.asarray(cdist(X, X))[np.triu_indices(50, 1)])
+    items = list(X)
+    path = os.path.join(no_leftovers.shared_dir("all-pairs-out"), "d.npy")
+    on_disk = all_pairs.compute(pilot, items, mt.euclid, tile=5, out=path)
+    np.testing.assert_allclose(np.load(path), ref, rtol=1e-12, atol=1e-12)
+    assert on_disk.shape == (50, 50)
+    seen = np.full((50, 50), np.nan)
+
+    def on_tile(i0, j0, tile):
+        seen[i0:i0 + tile.shape[0], j0:j0 + tile.shape[1]] = tile
+
+    all_pairs.compute(pilot, items, mt.euclid, tile=5, out=on_tile)
+    np.testing.assert_allclose(seen, ref, rtol=1e-12, atol=1e-12)
+    best = all_pairs.compute(pilot, items, mt.euclid, tile=5, top_k=2)
+    masked = ref + np.diag(np.full(50, np.inf))
+    np.testing.assert_array_equal(best.indices, np.argsort(masked, axis=1, kind="stable")[:, :2])
+
+
+def test_a_failing_pair_on_another_host_names_it(pilot):
+    with pytest.raises(all_pairs.PairError, match=r"\(i, j\) = \((3, 5|5, 3)\)"):
+        all_pairs.compute(pilot, list(range(12)), mt.fails_on_3_5, tile=2)
+    assert np.asarray(all_pairs.compute(pilot, [1, 4], mt.size_diff))[0, 1] == 3  # goes on
+
+
+def pilot_hosts(pilot) -> list[str]:
+    return sorted({h for h, _ in pilot.map(mt.where, range(30))})
 
 
 @pytest.mark.xfail(strict=True, reason=(

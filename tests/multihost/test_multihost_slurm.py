@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import mh_tasks as mt
 import pytest
@@ -31,6 +32,12 @@ def test_slurm_jobs_on_two_hosts_run_an_ensemble_with_staging(slurm_testbed, tmp
                      walltime="10m", queue="testbed", log_directory=str(tmp_path / "logs"),
                      scheduler_options={"host": bed.env["SHOAL_TESTBED_GATEWAY"],
                                         "dashboard_address": ":0"}) as pilot:
+        # the pilot starts with its first job's worker; 40 tiny tasks can all finish there
+        # before the second job's worker connects (seen in CI), so wait for both jobs
+        deadline = time.monotonic() + 120
+        while pilot.nodes < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pilot.nodes == 2, f"the second batch job's worker did not connect: {pilot.nodes}"
         hosts = {h for h, _ in pilot.map(mt.where, range(40))}
         assert hosts <= set(bed.hosts) and len(hosts) == 2, hosts
         tasks = [Task(executable="/bin/sh", name=f"x{i}",

@@ -318,16 +318,8 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
                        pairs, tiles)
         flags.array[RunFlag.DONE] = 1
 
-        if mode is Output.ARRAY:
-            result = result_sa.array.view(AllPairsResult)  # no copy: the pages live as long as it does
-        elif mode is Output.MEMMAP:
-            result = np.load(path, mmap_mode="r+")
-        elif mode is Output.CALLBACK:
-            result = np.empty((0, 0)).view(AllPairsResult)
-        else:
-            result = topk
-        result.stats = stats
-        return result
+        # no copy of an in-memory result: its pages live as long as the returned array does
+        return _returned(mode, result_sa.array if mode is Output.ARRAY else None, path, topk, stats)
     except BaseException:
         if flags is not None:  # Ctrl-C or an error: tiles still queued or running return at
             flags.array[RunFlag.ABORT] = 1  # once instead of finishing the abandoned matrix
@@ -436,18 +428,11 @@ def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, o
         stats = _stats(ctr, loads, n, m, symmetric, tile, workers, seconds, n_items, pairs, tiles)
         for row, (host, _) in zip(stats.per_worker, live.counts, strict=True):
             row["host"] = host
-        if mode is Output.ARRAY:
-            result = result.view(AllPairsResult)
-        elif mode is Output.MEMMAP:
+        if mode is Output.MEMMAP:  # the driver wrote the file through its own map
             result.flush()
             del result
-            result = np.load(path, mmap_mode="r+")
-        elif mode is Output.CALLBACK:
-            result = np.empty((0, 0)).view(AllPairsResult)
-        else:
-            result = topk
-        result.stats = stats
-        return result
+            result = None
+        return _returned(mode, result, path, topk, stats)
     except BaseException:
         flags.offer(HostRun.ABORTED)  # tiles queued or running anywhere return at once
         raise
@@ -455,6 +440,24 @@ def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, o
         flags.offer(HostRun.FINISHED)  # the hosts' processes drop the run at their next one
         copy.close()
         flags.close()
+
+
+def _returned(mode, array, path, topk, stats):
+    """What ``compute`` returns for its output ``mode``, with ``stats`` attached: the in-memory
+    ``array`` as an ``AllPairsResult``, the ``out=`` file mapped again, an empty result for
+    ``on_tile``, or the ``top_k`` result."""
+    import numpy as np
+
+    if mode is Output.ARRAY:
+        result = array.view(AllPairsResult)
+    elif mode is Output.MEMMAP:
+        result = np.load(path, mmap_mode="r+")
+    elif mode is Output.CALLBACK:
+        result = np.empty((0, 0)).view(AllPairsResult)
+    else:
+        result = topk
+    result.stats = stats
+    return result
 
 
 def _sampler(counters, total_pairs: int):

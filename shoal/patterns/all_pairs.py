@@ -302,11 +302,7 @@ def compute(pilot, items, compare=None, *, load=None, symmetric=True, other=None
         blob_sa.array[:] = np.frombuffer(blob, dtype=np.uint8)
         run = Run(uuid.uuid4().hex, pickle.dumps(blob_sa), len(blob))
 
-        if n and m and tile is None:
-            item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
-            tile = default_tile(n, m, workers=workers, cache_bytes=cache_bytes, item_bytes=item_bytes,
-                                symmetric=symmetric)
-        tile = tile or 1
+        tile = _chosen_tile(pilot, run, tile, n, m, items, load, workers, cache_bytes, symmetric)
         t0 = time.perf_counter()
         total = n * (n + 1) // 2 if symmetric and other is None else n * m
         with Ticker("all_pairs", _sampler(counters, total), rates=("pairs", "tiles"),
@@ -407,11 +403,7 @@ def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, o
     flags = shoal.BestCell.for_pilot(pilot, "max", initial=0.0)
     try:
         run = HostRun(uuid.uuid4().hex, len(blob), copy, flags, blob)
-        if n and m and tile is None:
-            item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
-            tile = default_tile(n, m, workers=workers, cache_bytes=cache_bytes, item_bytes=item_bytes,
-                                symmetric=symmetric)
-        tile = tile or 1
+        tile = _chosen_tile(pilot, run, tile, n, m, items, load, workers, cache_bytes, symmetric)
         t0 = time.perf_counter()
         total = n * (n + 1) // 2 if symmetric else n * m
         live = _Live()
@@ -440,6 +432,16 @@ def _hosts_compute(pilot, items, other, load, compare, block, symmetric, mode, o
         flags.offer(HostRun.FINISHED)  # the hosts' processes drop the run at their next one
         copy.close()
         flags.close()
+
+
+def _chosen_tile(pilot, run, tile, n, m, items, load, workers, cache_bytes, symmetric) -> int:
+    """The tile side: the caller's, else ``default_tile`` from one item's size (``load``ed on a
+    worker by ``probe_task`` when the items are keys)."""
+    if n and m and tile is None:
+        item_bytes = pilot.submit(probe_task, run).result() if load is not None else sizeof(items[0])
+        tile = default_tile(n, m, workers=workers, cache_bytes=cache_bytes, item_bytes=item_bytes,
+                            symmetric=symmetric)
+    return tile or 1
 
 
 def _returned(mode, array, path, topk, stats):

@@ -73,6 +73,13 @@ def slurm():
     assert not left, f"the test left jobs in squeue: {sorted(left)}"
 
 
+@pytest.fixture
+def tasks_importable(monkeypatch):
+    """sbatch passes the environment on: the dask workers in the jobs import tasks_hpc."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
 class LogLines:
     """``with LogLines("shoal.jobs") as log: ...; log.text``: what a logger said at WARNING
     and above (works with ``-p no:logging``, unlike caplog)."""

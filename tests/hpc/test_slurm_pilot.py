@@ -12,20 +12,13 @@ import time
 
 import pytest
 import tasks_hpc as th
-from slurm_helpers import LogLines, queue, slurm, wait_for  # noqa: F401 (slurm: a fixture)
+from slurm_helpers import LogLines, queue, slurm, tasks_importable, wait_for  # noqa: F401 (fixtures)
 
 import shoal
 from shoal import BackendUnavailable
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm"), pytest.mark.fd_slack(64),
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm", "tasks_importable"), pytest.mark.fd_slack(64),
               pytest.mark.timeout(180)]
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(autouse=True)
-def _importable(monkeypatch):
-    """sbatch passes the environment on: the dask workers in the jobs import tasks_hpc."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
 
 
 def pilot(tmp_path, **kw):

@@ -70,10 +70,9 @@ def test_mentioned_paths_and_names_exist(where, text):
     assert not unresolved, f"{where} mentions names that do not resolve: {unresolved}"
 
 
-# Development history in names and prose: aliases of the rounds that wrote code ("r-break5's
-# F3", "r-ens"), "issue 14's fifth round", "(the third round)", and files named after them
-# (test_search_fix6.py, test_ens_ensfix.py).  Code and tests say what they do; history lives in
-# git log.
+# Development history in names and prose: aliases of the development rounds that wrote code,
+# "issue N's <ordinal> round", "(the <ordinal> round)", and test files named after rounds or
+# fixes.  Code and tests say what they do; history lives in git log.
 HISTORY_RE = re.compile(
     r"\br-(?:break|ens|fix|nq|dask|local|pool)\w*"
     r"|\bissue \d+'s (?:\w+ )?round\b"

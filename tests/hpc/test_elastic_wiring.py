@@ -247,3 +247,32 @@ def test_shoal_run_threshold_flags_reach_the_pilot_and_need_a_range():
     assert ("--grow-after", 2.0) in args.extra_resume
     with pytest.raises(EnsembleError, match="--idle-after apply to an elastic pilot: add --jobs LOW:HIGH"):
         resource_from_args(_run_args("--slurm", "--nodes", "2", "--idle-after", "30"))
+
+
+def test_giving_back_a_job_never_hangs_on_a_scheduler_that_does_not_answer(monkeypatch, caplog):
+    """``drop`` retires the job's worker through the scheduler before closing the job; a
+    scheduler that never answers the retire must not stall the scaler's thread forever."""
+    import asyncio
+
+    from shoal.backends.dask import scaling
+
+    class SilentScheduler:
+        async def retire_workers(self, names):
+            await asyncio.Event().wait()  # no answer, ever
+
+    class Cluster:
+        def __init__(self):
+            self.worker_spec = {"job-1": {}, "job-2": {}}
+            self.scheduler_comm = SilentScheduler()
+            self.corrected = False
+
+        async def _correct_state(self):
+            self.corrected = True
+
+    monkeypatch.setattr(scaling, "RETIRE_TIMEOUT_S", 0.05)
+    cluster = Cluster()
+    scaler = JobScaler(cluster=cluster, client=None, watch=None, bounds=Bounds(1, 3), start=False)
+    with caplog.at_level(logging.WARNING, "shoal.jobs"):
+        asyncio.run(scaler._drop("job-1"))
+    assert cluster.corrected and list(cluster.worker_spec) == ["job-2"]
+    assert "got no answer" in caplog.text

@@ -32,6 +32,7 @@ futures (they do not say which tasks already run, nor where).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -43,6 +44,7 @@ from .elastic import Action, Bounds, Job, Step, View, decide
 from .jobs import JobState
 
 log = logging.getLogger("shoal.jobs")
+RETIRE_TIMEOUT_S = 60.0  # a scheduler that does not answer a retire: the job is closed anyway
 KEEP_DECISIONS = 200  # the newest steps kept for stats() and the dashboard
 
 
@@ -162,7 +164,11 @@ class JobScaler:
         cluster = self.cluster
         cluster.worker_spec.pop(name, None)
         try:
-            await cluster.scheduler_comm.retire_workers(names=[name])
+            await asyncio.wait_for(cluster.scheduler_comm.retire_workers(names=[name]),
+                                   RETIRE_TIMEOUT_S)
+        except asyncio.TimeoutError:  # the scheduler is gone or stuck: never hang the scaler
+            log.warning("elastic pilot: retiring %s got no answer in %.0f s; closing its job",
+                        name, RETIRE_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - not connected (a pending job): nothing to move
             pass
         await cluster._correct_state()

@@ -6,6 +6,8 @@ Routes::
     /workers     the pilot's workers (one row each) and the last minute's timeline
     /progress    every topic on the progress board (search, all_pairs, training, ...)
     /journal     an ensemble journal: states by pipeline and stage, ETA, failures
+    /graph       the journal's workflow drawn: pipelines, stages, tasks by state (Graphviz)
+    /api/graph.svg  that picture (503 and one line when Graphviz is not installed)
     /api/state   {"pages": [...], "pilot": {...}, "journal": {...}}  (JSON)
     /events      the same object as server-sent events, whenever a source's seq grows;
                  a last event with "closed": true when the pilot closes, then the end.
@@ -43,7 +45,7 @@ from .broadcast import (
 from .plain import page_text
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-PAGES = ("workers", "progress", "journal")
+PAGES = ("workers", "progress", "journal", "graph")
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -99,7 +101,7 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
         if "pilot" in sources:
             out += ["workers", "progress"]
         if "journal" in sources:
-            out += ["journal"] if "pilot" in sources else ["journal", "progress"]
+            out += ["journal", "graph"] if "pilot" in sources else ["journal", "graph", "progress"]
         return out
 
     def snapshot() -> dict:
@@ -135,7 +137,13 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
         _, body, _ = await broadcaster.current()  # the sample the streams share
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
-    routes = [Route("/", root), Route("/api/state", api_state),
+    graphs = GraphCache(sources.get("journal"))
+
+    async def api_graph(request):
+        status, body, media = await asyncio.to_thread(graphs.svg)
+        return Response(body, status_code=status, media_type=media, headers={"Cache-Control": "no-store"})
+
+    routes = [Route("/", root), Route("/api/state", api_state), Route("/api/graph.svg", api_graph),
               Route("/events", EventStream(broadcaster, app_state=lambda: app.state))]
     routes += [Route(f"/{p}", page) for p in PAGES]
     routes.append(Mount("/static", app=StaticFiles(directory=STATIC), name="static"))
@@ -145,6 +153,35 @@ def make_app(sources: dict, stopping=lambda: False, *, loopback_only: bool = Fal
     app.state.streams = 0
     app.state.broadcaster = broadcaster
     return app
+
+
+class GraphCache:
+    """``/api/graph.svg``: the journal's graph (patterns/ensemble/graph.py), laid out again only
+    when its DOT text changed (a state changed), one layout at a time; any thread."""
+
+    def __init__(self, journal_source):
+        import threading
+
+        self.source = journal_source
+        self._lock = threading.Lock()
+        self._dot: str | None = None
+        self._svg = b""
+
+    def svg(self) -> tuple[int, bytes, str]:
+        from ..patterns.ensemble.graph import GraphError, from_journal, render_svg, to_dot
+        from ..patterns.ensemble.model import EnsembleError
+
+        if self.source is None:
+            return 404, b"no journal here: the graph page draws an ensemble journal", "text/plain"
+        with self._lock:
+            try:
+                dot = to_dot(from_journal(self.source.path))
+                if dot != self._dot:
+                    self._svg, self._dot = render_svg(dot), dot
+            except (GraphError, EnsembleError) as exc:
+                code = 503 if "Graphviz" in str(exc) else 500
+                return code, str(exc).encode(), "text/plain; charset=utf-8"
+            return 200, self._svg, "image/svg+xml"
 
 
 class EventStream:

@@ -13,7 +13,7 @@ PENDING_FIRST = "no sample yet"
 
 def page_text(name: str, state: dict) -> str:
     """What page ``name`` shows of ``state`` (the ``/api/state`` object), in lines."""
-    render = {"workers": _workers, "progress": _progress, "journal": _journal}[name]
+    render = {"workers": _workers, "progress": _progress, "journal": _journal, "graph": _graph}[name]
     return "\n".join(render(state))
 
 
@@ -65,6 +65,12 @@ def _journal(state: dict) -> list[str]:
         lines.append(f"{uid:<{width}}  {labels.get(uid, ''):<{lwidth}}  "
                      + "  ".join(f"{row.get(s, 0):>8}" for s in columns))
     return lines + [f["line"] for f in j["failures"][::-1]]
+
+
+def _graph(state: dict) -> list[str]:
+    j = state.get("journal") or {}
+    return [f"the workflow of journal {j.get('path', '?')} drawn by Graphviz: /api/graph.svg",
+            "(shoal graph run.db --svg out.svg writes the same picture to a file)"]
 
 
 def _num(v) -> str:

@@ -191,3 +191,19 @@ def test_a_page_past_the_stream_cap_says_so_and_polls(browser, tmp_path):
             "() => document.querySelector('#status').textContent.includes('too many live pages')")
         assert second.locator("#journal-summary .count-done").inner_text() == "1"  # from /api/state
         first.close(), second.close()
+
+
+def test_graph_page_shows_graphvizs_picture_of_the_journal(page, tmp_path):
+    from shoal.patterns.ensemble.graph import graphviz_available
+
+    if not graphviz_available():
+        pytest.skip("Graphviz's dot is not installed: apt-get install graphviz (scripts/install-graphviz)")
+    db = str(tmp_path / "run.db")
+    run(_workflow(3, 0), journal=db, workers=1)
+    with Dashboard(journal=db, address=0) as dash:
+        page.goto(dash.url + "graph")
+        page.wait_for_function("() => { const i = document.getElementById('graph'); "
+                               "return i && i.complete && i.naturalWidth > 0; }")
+        assert page.locator("nav a.on").inner_text() == "graph"
+        assert page.locator(".legend .swatch").count() == 6
+        screenshot(page, "dashboard-graph.png")

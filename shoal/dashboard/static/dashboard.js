@@ -183,7 +183,33 @@ function renderJournal(st) {
   main.innerHTML = html;
 }
 
-const RENDER = {workers: renderWorkers, progress: renderProgress, journal: renderJournal};
+// The graph page: the server lays the journal's workflow out with Graphviz (/api/graph.svg);
+// the picture is fetched again when the journal's counts change, at most every 2 s, and shown
+// as an <img> (an SVG there runs no script, whatever a journal's names hold).
+let graphKey = null, graphAt = 0, graphUrl = null;
+function renderGraph(st) {
+  const j = st.journal || {};
+  const key = JSON.stringify([j.counts, j.stages]);
+  if (!document.getElementById("graph-box")) {
+    main.innerHTML = `<p class="muted">pipelines, stages and tasks of ${esc(j.path || "the journal")}, coloured by state; ` +
+      `a stage of many tasks is one box with its counts. <a href="/api/graph.svg">SVG</a></p>` +
+      `<div class="legend">${["pending", "running", "done", "failed", "skipped", "canceled"].map(s => `<span class="swatch state-${s}">${s}</span>`).join(" ")}</div>` +
+      `<div id="graph-box">drawing…</div>`;
+  }
+  const now = Date.now();
+  if (key === graphKey || now - graphAt < 2000) return;
+  graphKey = key; graphAt = now;
+  fetch("/api/graph.svg", {cache: "no-store"}).then(async r => {
+    const box = document.getElementById("graph-box");
+    if (!r.ok) { box.innerHTML = `<div class="error-box">${esc(await r.text())}</div>`; return; }
+    const url = URL.createObjectURL(await r.blob());
+    box.innerHTML = `<img id="graph" alt="the workflow's graph" src="${url}">`;
+    if (graphUrl) URL.revokeObjectURL(graphUrl);
+    graphUrl = url;
+  }).catch(e => { graphKey = null; });
+}
+
+const RENDER = {workers: renderWorkers, progress: renderProgress, journal: renderJournal, graph: renderGraph};
 
 function onState(st) {
   try { RENDER[PAGE](st); } catch (e) { main.innerHTML = `<div class="error-box">render error: ${esc(e)}</div>`; }
@@ -191,7 +217,7 @@ function onState(st) {
     const when = (st.pilot || {}).closed_at;
     setStatus("closed", "pilot closed" + (when ? " at " + new Date(when * 1000).toLocaleTimeString() : "") + " — final numbers shown");
     document.body.dataset.closed = "1";
-  } else if ((st.journal || {}).error && PAGE === "journal") {
+  } else if ((st.journal || {}).error && (PAGE === "journal" || PAGE === "graph")) {
     setStatus("error", "journal error");
   } else {
     setStatus("live", "live · " + new Date().toLocaleTimeString());

@@ -143,7 +143,7 @@ def test_shoal_run_dashboard_serves_the_runs_journal_and_progress(tmp_path):
         url = re.search(r"(http://127\.0\.0\.1:\d+/)journal", line).group(1)
         st = wait_for(lambda: (s := get_state(url)) and s["journal"].get("counts", {}).get("done", 0) >= 1
                       and s["journal"]["progress"].get("ensemble") and s)
-        assert st["pages"] == ["journal", "progress"]
+        assert st["pages"] == ["journal", "graph", "progress"]
         assert st["journal"]["total"] == 20  # from the run's own progress: an ETA is possible
         out, _ = proc.communicate(timeout=120)
     finally:

@@ -168,7 +168,13 @@ class GraphCache:
         self._svg = b""
 
     def svg(self) -> tuple[int, bytes, str]:
-        from ..patterns.ensemble.graph import GraphError, from_journal, render_svg, to_dot
+        from ..patterns.ensemble.graph import (
+            GraphError,
+            GraphvizMissing,
+            from_journal,
+            render_svg,
+            to_dot,
+        )
         from ..patterns.ensemble.model import EnsembleError
 
         if self.source is None:
@@ -179,7 +185,7 @@ class GraphCache:
                 if dot != self._dot:
                     self._svg, self._dot = render_svg(dot), dot
             except (GraphError, EnsembleError) as exc:
-                code = 503 if "Graphviz" in str(exc) else 500
+                code = 503 if isinstance(exc, GraphvizMissing) else 500
                 return code, str(exc).encode(), "text/plain; charset=utf-8"
             return 200, self._svg, "image/svg+xml"
 

@@ -73,6 +73,10 @@ class GraphError(ShoalError, ValueError):
     """The graph cannot be drawn (no Graphviz, a workflow too big to draw, ``dot`` failed)."""
 
 
+class GraphvizMissing(GraphError):
+    """Graphviz's ``dot`` is not on PATH (the dashboard answers 503 for it)."""
+
+
 class EdgeKind(enum.Enum):
     BARRIER = "barrier"  # a stage waits for the stage before it
     AFTER = "after"  # an after= dependency
@@ -344,14 +348,15 @@ def to_dot(graph: WorkflowGraph, title: str | None = None) -> str:
             first = node(p.uid, "no stages", TaskState.PENDING, f"{p.uid}: no stages")
         ids.setdefault(p.uid, first)
         clusters[p.uid] = pname
+    tasks = _task_uids(graph)
     for e in graph.edges:
         a, b = ids.get(e.source), ids.get(e.target)
         if a is None or b is None:
             continue  # a dependency on something this picture does not hold (another run's)
         attrs = []
-        if e.source in clusters and e.source not in _task_uids(graph):
+        if e.source in clusters and e.source not in tasks:
             attrs.append(f"ltail={clusters[e.source]}")
-        if e.target in clusters and e.target not in _task_uids(graph):
+        if e.target in clusters and e.target not in tasks:
             attrs.append(f"lhead={clusters[e.target]}")
         if e.kind is EdgeKind.DATA:
             attrs.append("style=dashed")
@@ -375,7 +380,7 @@ def render_svg(dot_text: str, timeout: float = DOT_TIMEOUT_S) -> bytes:
     """SVG bytes of ``dot_text``, laid out by Graphviz's ``dot``; GraphError if it cannot."""
     exe = shutil.which("dot")
     if exe is None:
-        raise GraphError(f"drawing the graph needs Graphviz's `dot` program, which is not on PATH: "
+        raise GraphvizMissing(f"drawing the graph needs Graphviz's `dot` program, which is not on PATH: "
                          f"{INSTALL_HINT}; or write the DOT text with --dot and lay it out elsewhere")
     try:
         done = subprocess.run([exe, "-Tsvg"], input=dot_text.encode(), capture_output=True,

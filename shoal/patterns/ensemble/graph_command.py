@@ -5,8 +5,8 @@ A registrar in the style of shoal/cli.py.  The positional is a workflow file (``
 from ``--journal`` when given) or a run's journal (what the journal knows: the plan and
 the states; stage barriers only).  ``--svg`` lays it out with Graphviz's ``dot``; ``--dot``
 writes the DOT text (``-`` for stdout) for users without Graphviz or with their own
-tools.  The file is replaced atomically (``_durable.write_atomic``): a link planted at the
-output path is replaced, never followed.
+tools.  The file is replaced atomically (``_durable.write_atomic``); a folder, a FIFO or a
+symbolic link planted at the output path is refused (``_durable.check_target``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import sys
 
 from ..._durable import check_target, write_atomic
+from .commands import _count
 from .graph import (
     MAX_TASKS,
     GraphError,
@@ -69,16 +70,6 @@ def _write(path: str, data: bytes) -> None:
     write_atomic(path, [data], "graph output")
 
 
-def _tasks_shown(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
 def add_graph(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "graph", help="draw a workflow's pipelines, stages and tasks (SVG via Graphviz, or DOT)",
@@ -90,6 +81,6 @@ def add_graph(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dot", metavar="OUT", help="write the DOT text (- for stdout)")
     parser.add_argument("--journal", metavar="DB",
                         help="with a workflow file: colour its tasks by their states in this journal")
-    parser.add_argument("--max-tasks", type=_tasks_shown, default=MAX_TASKS,
+    parser.add_argument("--max-tasks", type=_count, default=MAX_TASKS,
                         help=f"a stage with more tasks is drawn as one node (default {MAX_TASKS})")
     parser.set_defaults(handler=_graph)

@@ -390,12 +390,13 @@ class LoanBook:
     def drop(self, tid: int) -> list:
         """Serialized task ``tid`` was cancelled and is dropped, not run.  A worker that
         owns it (a spawned child lent out) is told, so a parent waiting on it gets
-        CancelledError instead of waiting forever; the driver settled its own tasks
-        when it cancelled them."""
+        CancelledError instead of waiting forever.  The driver is told of its own tasks
+        (DROPPED): it settled them when its cancel() said True, but a cancel() that gave
+        up waiting on a claim said False, and then the task must still run somewhere."""
         self.cancelled.discard(tid)
         if tid >> OWNER_SHIFT:
             return [Fail(tid, CancelledError(f"task {tid:#x} was cancelled"))]
-        return []
+        return [Send(0, Kind.DROPPED, [tid])]
 
     # -- the owner's side --------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Kind(enum.IntEnum):
     INIT = 13  # cloudpickle((initializer, initargs)): run once, before any task (driver -> worker)
     INIT_FAILED = 14  # msgpack [endpoint, formatted traceback]          (worker -> driver)
     CANCEL_IF_QUEUED = 15  # msgpack [task ids]: drop unless started (driver -> worker, cancel())
+    DROPPED = 16  # msgpack [task id]: a driver task dropped for a cancel (worker -> driver)
     FIRST = 0xFD  # first fragment of a larger message
     MORE = 0xFE  # middle fragment
     LAST = 0xFF  # last fragment

@@ -697,7 +697,7 @@ class Worker:
                     self.drain_driver()
                     if tid in self.cancelled:
                         status[STATUS_RUNNING + depth] = 0
-                        self.cancelled.discard(tid)
+                        self.carry(self.book.drop(tid))
                         return
             status[STATUS_DEPTH] = depth + 1
         if flags & wire.TIMED:

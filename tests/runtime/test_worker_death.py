@@ -21,14 +21,14 @@ import tempfile
 from typing import NamedTuple
 
 import pytest
-from rt_tasks import mark, ran, release, until
+from rt_tasks import mark, ran, release, until, wait_for
 
 import shoal
 from shoal.queues import Push
 from shoal.runtime import wire
 from shoal.runtime.health import proc_state
 from shoal.runtime.wire import Kind
-from shoal.runtime.worker import STATUS_DEPTH, STATUS_LOADING
+from shoal.runtime.worker import STATUS_DEPTH, STATUS_LOADING, STATUS_RUNNING
 
 
 def deaf_until(gate: str, started: str) -> int:
@@ -452,6 +452,118 @@ def test_a_function_whose_loading_is_sigkilled_twice_is_quarantined(tmp_path, mo
             assert pilot.stats()["driver"]["worker_deaths"] <= 4
     finally:
         sys.modules.pop("self_killer_mod", None)
+
+
+@contextlib.contextmanager
+def a_claim_on_a_dead_worker(tmp_path, kill: bool | None = True):
+    """The window the cancel storm below hit about once in a few hundred rounds: a worker
+    SIGKILLed in the instant between *claiming* a driver task (its status slot written)
+    and confirming its start (its depth raised), seen by the driver before it handled
+    the death.  Built without timing: both workers block in a gated task, a third task
+    ``t`` waits queued; one worker is frozen, its cell is given the claim of ``t`` it
+    would have written, and it is killed while the test holds the consumer lock, so the
+    pump handles the death only at ``let_go()``.  With ``kill=False`` the worker is only
+    frozen mid-claim, and ``act()`` kills it; with ``kill=None`` ``act()`` continues it.
+    Yields ``(pilot, t, let_go, act)``."""
+    marks = str(tmp_path / "marks")
+    gate = str(tmp_path / "gate")
+    with shoal.Pilot(2) as pilot:
+        backend = pilot._backend
+        started = [str(tmp_path / f"started{i}") for i in range(2)]
+        blockers = [pilot.submit(wait_for, gate, 120, i, started[i]) for i in range(2)]
+        reach(lambda: all(os.path.exists(p) for p in started), "both workers run a gated task")
+        t = pilot.submit(mark, marks, 7)
+        reach(lambda: backend.tasks[t.task_id].where, "the third task is sent to a worker")
+        victim = backend.tasks[t.task_id].where  # a claim is made by the task's holder
+        proc = backend.procs[victim]
+        held = [backend.consume_lock.acquire(timeout=30)]
+        assert held[0], "the pump held its lock for 30 s"
+
+        def let_go() -> None:
+            if held[0]:
+                held[0] = False
+                backend.consume_lock.release()
+                release(gate)
+
+        try:
+            os.kill(proc.pid, signal.SIGSTOP)
+            until(lambda: stopped(proc.pid), what="the victim stops")
+            cell = backend.matrix.status(victim)
+            cell[STATUS_RUNNING + cell[STATUS_DEPTH]] = t.task_id  # claimed, not confirmed
+
+            def die() -> None:
+                os.kill(proc.pid, signal.SIGKILL)
+                until(lambda: proc.poll() is not None, what="the victim dies")
+
+            def resume() -> None:
+                os.kill(proc.pid, signal.SIGCONT)
+
+            if kill:
+                die()
+            yield pilot, t, let_go, (die if kill is not None else resume)
+        finally:
+            let_go()
+        cf.wait(blockers, timeout=60)
+        assert ran(marks)[7] <= 1
+
+
+def test_a_task_claimed_by_a_worker_that_died_is_not_running_and_runs_elsewhere(tmp_path):
+    """``running()`` of a task whose only claim is a dead worker's says False, and the task
+    runs once elsewhere; before the fix it said True, the death then left a RUNNING
+    task that nothing re-placed, and its future never settled."""
+    with a_claim_on_a_dead_worker(tmp_path) as (pilot, t, let_go, _):
+        assert not t.running()
+        let_go()
+        assert t.result(60) == 7
+    assert ran(str(tmp_path / "marks"))[7] == 1
+
+
+def test_cancel_of_a_task_claimed_by_a_worker_that_died_says_true(tmp_path):
+    """The storm's case: ``cancel()`` meets the dead worker's claim.  The task never
+    started, so cancel() says True and it never runs; before the fix cancel() said False
+    and the future hung."""
+    marks = str(tmp_path / "marks")
+    with a_claim_on_a_dead_worker(tmp_path) as (pilot, t, let_go, _):
+        assert t.cancel()
+        let_go()
+        assert t.cancelled()
+        assert pilot.submit(mark, marks, 8).result(60) == 8
+    assert ran(marks)[7] == 0
+
+
+def test_a_task_a_stopped_claimer_was_called_started_for_runs_once_when_it_dies(
+        tmp_path, monkeypatch):
+    """A live claimer that does not decide within ``CLAIM_WAIT_S`` (here frozen) is called
+    started: ``cancel()`` says False and the future is RUNNING.  When that worker then
+    dies without confirming, the task is re-placed (RUNNING is a probe's word, checked
+    again in the slots) and runs once; before the fix a RUNNING task was never re-placed
+    and its future hung."""
+    from shoal.backends.local import cancel
+
+    monkeypatch.setattr(cancel, "CLAIM_WAIT_S", 0.2)
+    with a_claim_on_a_dead_worker(tmp_path, kill=False) as (pilot, t, let_go, die):
+        let_go()
+        assert not t.cancel()
+        assert t.running()
+        die()
+        assert t.result(60) == 7
+    assert ran(str(tmp_path / "marks"))[7] == 1
+
+
+def test_a_task_dropped_after_cancel_said_false_still_runs(tmp_path, monkeypatch):
+    """The claim ``cancel()`` gave up on was not a start: continued, the worker meets the
+    cancel when the task comes up and drops it.  It tells the driver (DROPPED), which
+    re-places the task: cancel() said False, so it runs, once.  Before, the drop was
+    silent and the future hung."""
+    from shoal.backends.local import cancel
+
+    monkeypatch.setattr(cancel, "CLAIM_WAIT_S", 0.2)
+    with a_claim_on_a_dead_worker(tmp_path, kill=None) as (pilot, t, let_go, resume):
+        let_go()
+        assert not t.cancel()
+        resume()
+        assert t.result(60) == 7
+    assert ran(str(tmp_path / "marks"))[7] == 1
 
 
 def _cancel_storm_with_a_kill(path: str) -> None:

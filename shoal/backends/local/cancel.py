@@ -47,6 +47,7 @@ from ...runtime.wire import Kind
 from ...runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS
 
 _PENDING = "PENDING"
+CLAIM_WAIT_S = 5.0  # how long cancel() waits for a live worker between its claim and confirm
 
 
 class Cancelling:
@@ -90,7 +91,19 @@ class Cancelling:
         CANCEL_IF_QUEUED then fences (the doorbell ring) then reads the slots; the worker
         writes its claim, fences, then rechecks its driver ring.  At least one sees the
         other, so ``cancel()`` never returns True for a task that then runs (the cancel goes
-        to every worker, so also a thief that got the task before the driver heard)."""
+        to every worker, so also a thief that got the task before the driver heard).
+
+        A claim by a worker that has died is void: it died before confirming, so the task
+        never started there.  Calling it "started" (as this once did) marked the future
+        RUNNING and made ``cancel()`` say False; the worker's death then treated the task
+        as queued there, and a RUNNING task was never re-placed: its future hung (the
+        SIGKILL cancel storm of tests/runtime/test_worker_death.py, 1 round in a few
+        hundred).  A live claimer that neither confirms nor drops within
+        ``CLAIM_WAIT_S`` (stopped, or starved of the CPU) is called started; should it
+        then drop the task after all, it says so (DROPPED) and the pump re-places it.
+
+        Rejected: waiting for such a claimer without a bound (a stopped worker would
+        block ``cancel()`` until somebody continues it)."""
         status = self.matrix.status
         deadline = None
         while True:
@@ -102,14 +115,15 @@ class Cancelling:
                     if cell[STATUS_RUNNING + i] == tid:
                         if i < depth:
                             return ep
-                        claimed = ep
+                        if self.procs[ep].poll() is None:
+                            claimed = ep
             if not claimed:
                 return 0
             now = time.monotonic()
             if deadline is None:
-                deadline = now + 5.0
-            elif now > deadline or self.procs[claimed].poll() is not None:
-                return claimed  # stuck or dead between claim and confirm: call it started
+                deadline = now + CLAIM_WAIT_S
+            elif now > deadline:
+                return claimed  # alive but not deciding: call it started
             os.sched_yield()
 
     def _probe(self, fut: Future, cancel: bool = False) -> bool:

@@ -34,6 +34,7 @@ from ...runtime.api import settle as _settle
 from ...runtime.future import delivering_thread, run_callbacks, settle_many
 from ...runtime.health import Change, proc_state
 from ...runtime.wire import Kind
+from .stopped import _UNSETTLED
 from .submit import _Task
 
 _LOG = logging.getLogger("concurrent.futures")  # where executors report failed initializers
@@ -331,6 +332,18 @@ class Pumping:
                 task.where = where
                 heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
                 task.future.mark_running()
+        elif kind == Kind.DROPPED:
+            # A worker dropped a task for a cancel.  Normally that cancel() is still
+            # deciding (``cancelling``) or took the task (gone).  Otherwise nobody will run
+            # it: a cancel() that called a claim started after waiting (cancel.py,
+            # CLAIM_WAIT_S) said False, or a stale cancel met a copy sent again under the
+            # same id.  It must still run: re-placed through the handshake (stopped.py).
+            (tid,) = wire.decode_control(msg)
+            with self.lock:
+                task = self.tasks.get(tid)
+                if task is not None and not task.cancelling and task.future._state in _UNSETTLED:
+                    self.orphans.append(task)
+                    self.doorbell.ring()
         elif kind == Kind.INIT_FAILED:
             self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:

@@ -54,6 +54,7 @@ from ...runtime.wire import Kind
 from ...runtime.worker import STATUS_DEPTH, STATUS_RUNNING, STATUS_SLOTS
 
 _PENDING = "PENDING"
+_UNSETTLED = (_PENDING, "RUNNING")  # RUNNING: a probe's word, re-checked in the slots here
 _IDS_PER_MESSAGE = 256
 _pack_task = wire.TASK_HDR.pack
 _unpack_task = wire.TASK_HDR.unpack_from
@@ -107,7 +108,7 @@ class TakingBack:
         there is dropped there.  Returns how many were re-placed; None when a worker's
         ring had no room for the cancels (nothing was done)."""
         with self.lock:
-            cands = [t for t in cands if not t.cancelling and t.future._state == _PENDING
+            cands = [t for t in cands if not t.cancelling and t.future._state in _UNSETTLED
                      and self.tasks.get(t.future.task_id) is t]
             if not cands:
                 return 0
@@ -134,11 +135,14 @@ class TakingBack:
         with self.lock:
             for task in cands:
                 old = task.future.task_id
-                if task.cancelling or task.future._state != _PENDING or self.tasks.get(old) is not task:
+                if (task.cancelling or task.future._state not in _UNSETTLED
+                        or self.tasks.get(old) is not task):
                     continue  # a user's cancel() decides about it, or it settled
                 if old in running:
                     task.where = running[old]  # it runs there: a death there accounts for it
                     continue
+                if task.future._state != _PENDING:
+                    task.future.mark_pending()  # a probe saw a claim that never became a start
                 new = next(self.ids)
                 _, flags, fn_id, _ = _unpack_task(task.msg)
                 task.msg = _pack_task(wire.TASK, flags, fn_id, new) + task.msg[wire.TASK_HDR.size:]
@@ -168,7 +172,7 @@ class TakingBack:
         if self._re_place(cands) is None:
             with self.lock:
                 for task in cands:
-                    if task.future._state == _PENDING and self.tasks.get(task.future.task_id) is task:
+                    if task.future._state in _UNSETTLED and self.tasks.get(task.future.task_id) is task:
                         self._dispatch(task)
 
     def _slot_ids(self, ep: int) -> set[int]:

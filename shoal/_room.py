@@ -8,14 +8,16 @@ fixed upstream in 2026 by caching one chunk per thread, gh-145789; 3.11 and 3.12
 it).  A recursion or a loop that keeps calling across such a boundary pays two
 system calls and a page fault per call.  Where it was seen:
 
-* the search loops ran 2-10x slower at some stack depths and not at others (the
-  "unexplained ~10x slowdown" of the recursive count loop on UTS seen only inside
-  ``bench_search.py``'s ``main()``: a few frames more above the search moved the
-  boundary into the hot loop; knapsack's recursion measured 2.3x slower with two
-  more local variables, 259,000 ``mmap``/``munmap`` pairs under strace);
-* a user-written ``shoal.spawn`` UTS ran 1.26x slower on 1 worker than the same
-  loop in the driver, and reached 1.53x instead of 1.85x on 2 workers: the
-  boundary sat in the user's recursion at the worker's stack depth.
+* the search loops ran several times slower at some stack depths and not at others
+  (the recursive count loop on UTS slowed down only inside ``bench_search.py``'s
+  ``main()``: a few frames more above the search moved the boundary into the hot
+  loop; knapsack's recursion slowed down with two more local variables, with one
+  ``mmap``/``munmap`` pair per call under strace);
+* a user-written ``shoal.spawn`` UTS ran slower on 1 worker than the same loop in
+  the driver, and scaled worse on 2 workers: the boundary sat in the user's
+  recursion at the worker's stack depth.
+
+(The figures: docs/benchmarks.md, "Measurements behind design choices".)
 
 Who uses it: the search loops (``patterns/search/loops.py``, once per search
 call) and the worker's task loop (``runtime/worker.py``, once per worker: every

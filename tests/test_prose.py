@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -105,4 +107,34 @@ def test_no_development_history_in_names_or_prose():
     named = [where for where, _ in _repository_texts() if HISTORY_FILE_RE.search(where)]
     assert not named, f"files named after development rounds: {named}"
     assert not found, "development history instead of behaviour (say what the code does):\n" \
+        + "\n".join(found[:40])
+
+
+RATIO_RE = re.compile(r"(?<![\w.])\d+(\.\d+)?(-\d+(\.\d+)?)?x\b(?![-\w])")
+
+
+def _comments_and_docstrings(text: str):
+    """(line, text) of every comment and docstring (a string standing as a statement)."""
+    prev = None
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and (
+                prev is None or prev.type in (tokenize.INDENT, tokenize.DEDENT,
+                                              tokenize.NEWLINE, tokenize.NL))):
+            yield tok.start[0], tok.string
+        if tok.type not in (tokenize.NL, tokenize.COMMENT):
+            prev = tok
+
+
+def test_no_measured_ratios_in_code_prose():
+    """A ratio like "1.16-1.19x" in a comment or docstring goes stale the first time the
+    code or the machine changes: the figures live in docs/benchmarks.md ("Measurements
+    behind design choices"), the docstring says which choice won and why."""
+    found = []
+    for path in sorted((ROOT / "shoal").rglob("*.py")):
+        text = path.read_text()
+        for line, prose in _comments_and_docstrings(text):
+            for m in RATIO_RE.finditer(prose):
+                found.append(f"{path.relative_to(ROOT)}:{line + prose.count(chr(10), 0, m.start())}: "
+                             f"{m.group(0)}")
+    assert not found, "measured ratios in code prose (move them to docs/benchmarks.md):\n" \
         + "\n".join(found[:40])

@@ -31,7 +31,7 @@ lookup, not an encoding.
 Rejected: a queue per client (a stalled client grew it without bound, or needed a
 policy to discard from the middle of it, when only the newest state matters);
 encoding per client (200 pages re-encoded a 100 KB state 200 times a sample: the
-pilot's tiny-task rate fell to 0.1x); counting bytes the kernel accepted (loopback
+pilot's tiny-task rate fell to a small fraction, docs/benchmarks.md); counting bytes the kernel accepted (loopback
 absorbs megabytes per connection before anything blocks, so a byte budget would
 not see a stalled client for minutes, while the time a sample has been waiting
 does); sending deltas (smaller frames, but a page that missed one would need a
@@ -70,8 +70,8 @@ def gzip_block(data: bytes) -> bytes:
     """``data`` as deflate blocks that need nothing before them: a fresh compressor, ended
     by a sync flush (byte-aligned, not final).  Such blocks concatenate into one valid
     deflate stream in any order, so every stream after its own ``GZIP_HEADER`` sends the
-    same bytes, compressed once per sample (a ~120 KB state of JSON shrinks ~10x, and the
-    bytes the kernel copies per page with it)."""
+    same bytes, compressed once per sample (a state of JSON shrinks to a small fraction,
+    and the bytes the kernel copies per page with it)."""
     c = zlib.compressobj(6, zlib.DEFLATED, -15)
     return c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
 

@@ -49,7 +49,8 @@ cancelled with force (their workers are replaced, as loky kills its
 workers), on a pilot of the user's they finish.
 
 Rejected: a pilot per ``Parallel`` call (each call paid seconds of worker
-start and imports: scikit-learn's small calls were 10-50x slower than loky's);
+start and imports: scikit-learn's small calls were an order of magnitude slower
+than loky's, docs/benchmarks.md);
 the default pilot as the innermost open pilot (``shoal.spawn`` outside a task
 would silently use a pilot the user never opened); joblib's dask backend on a
 dask-backed pilot (a second scheduler between joblib and shoal); one shoal task

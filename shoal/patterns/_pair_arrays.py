@@ -28,7 +28,8 @@ in place would change other strips' inputs, so it is refused with a PairError). 
 about ``total pairs / strips`` values (plus the diagonal block).
 
 Rejected: the tiled path for arrays (each tile a task message, a cache lookup
-per item and a mirror write per tile: ~10x pdist, issue 15); letting workers
+per item and a mirror write per tile: an order of magnitude slower than pdist);
+letting workers
 return their strips (n^2 floats through the rings); BLAS Gram-matrix distances
 inside the skeleton (fast, but not exact: that choice belongs to the user's
 ``block``); across hosts, one copy of ``X`` per host made first (the pilot cannot

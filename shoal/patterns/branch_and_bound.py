@@ -27,11 +27,9 @@ ever holds values of real nodes, rounded *down* to float64
 F1), so nothing in it exceeds the optimum v*; the strict test never prunes a
 node of value v*, the non-strict one only where a result that must reach the
 driver for this one to count already carries v*.  Cost: ties with incumbents
-of tasks outside a task's spawner chain are explored.  Max clique on 2
-workers (stack stealing, ``benchmarks/bench_bnb_inflation.py --repeat 10``,
-nodes / the sequential run's): C125.9 0.82x before, 1.18x with strict pruning
-against everything but the task's own finds, 0.99x with the spawners' values
-passed down; keller4 1.00x, 1.08x, 1.01x.  Rejected: strict pruning on pilots
+of tasks outside a task's spawner chain are explored; passing the spawners'
+values down brings the nodes explored on 2 workers back to about the sequential
+run's (``benchmarks/bench_bnb_inflation.py``; docs/benchmarks.md, "Measurements behind design choices").  Rejected: strict pruning on pilots
 of several machines only (the local backend re-runs a stolen task whose
 worker died: the same loss, tests/attack/test_search_user_idioms.py); strict
 pruning in re-run attempts only (a task cannot tell it is one, nor can the

@@ -58,15 +58,15 @@ work in expectation.
 
 Granularity: ``cutoff`` nodes (4096 by default, ~2 ms of SHA-1 work) per spawn
 keeps the spawn cost (pickling ~150 20-byte states) around one percent while a
-thief finds work on the deque every couple of milliseconds.  On 2 cores T3 runs
-~1.95x faster on 2 workers than sequentially at cutoffs 2048-8192; with the
+thief finds work on the deque every couple of milliseconds (the speed-up over
+cutoffs: docs/benchmarks.md, UTS T3); with the
 nesting cap of 40 we first used, long T3 join chains stopped splitting and
 left the other worker idle for up to 0.6 s of a 1 s run.
 
 Alternatives rejected: one task per node, or one per child of the root (static
 decomposition: T3 puts 2.38 of its 4.11 million nodes under one of the root's
-2000 children, so no static split of the root can run more than 1.73x faster
-than sequential, whatever the worker count -- the benchmark runner measures it); capping the *spawn generation* instead of the live
+2000 children, so no static split of the root can beat sequential by more than
+4.11/2.38, whatever the worker count -- the benchmark runner measures it); capping the *spawn generation* instead of the live
 nesting (a stolen task restarts at nesting 1 on its thief and may split again,
 a generation cap would forbid it); reclaiming unstolen halves with
 ``Future.cancel`` (a worker-local future does not tell whether a thief is
@@ -482,7 +482,7 @@ def _expand_binomial(params: UTSParams, stack: list, budget: int) -> TreeStats:
     """The binomial kernel: a child is a leaf iff its own rand >= q, so test it at birth.
 
     87.5 % of T3's nodes are leaves; counting them where they are generated
-    skips a push and a pop for each (about 2x faster than the generic kernel).
+    skips a push and a pop for each (markedly faster than the generic kernel).
     """
     thresh = params.q * _TWO_31
     m = min(params.m, MAX_NUM_CHILDREN)

@@ -81,8 +81,8 @@ _CANCEL_RESERVE = 4
 # A map batch's pickled input stays under this share of a ring's record limit (256 KiB by
 # default): it travels as one record, not as fragments the worker reassembles, and its
 # results (often as big as its input) come back as one too.  Batches of 10^6 tiny items
-# or of 2 KB strings ran up to 2x slower when they were fragmented (benchmarks/run.py,
-# map_defaults).
+# or of 2 KB strings ran markedly slower when they were fragmented (benchmarks/run.py,
+# map_defaults; figures in docs/benchmarks.md, "Measurements behind design choices").
 MAP_RECORD_SHARE = 2
 
 

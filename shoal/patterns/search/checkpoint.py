@@ -44,7 +44,7 @@ Alternatives rejected: snapshotting the self-splitting engine's task tree
 visible to the driver nor picklable); journaling every split and join (a
 write per split, and a replay that needs every task's partial Tally).  The
 cost of chunks: a chunk explores its units sequentially, with ``visit`` per
-node (about 1.3-2x the engine's hot loops on light nodes); parallelism comes
+node (slower than the engine's hot loops on light nodes); parallelism comes
 from the driver keeping two chunks per worker in flight.
 """
 

@@ -30,8 +30,8 @@ from .room import in_room
 TICK = 16  # the hot loops look at the clock once per TICK nodes (tests patch it: read per call)
 REC_MARGIN = 200  # frames the recursive loop leaves free below the recursion limit
 REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow down on deep
-#                 stacks (UTS T3S, 1024 levels: a recursion 1.35x a loop); deeper subtrees
-#                 go to the iterative loop
+#                 stacks (UTS T3S, 1024 levels: a recursion slower than a loop); deeper
+#                 subtrees go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
 _REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
 _REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
@@ -568,7 +568,7 @@ def _yields(children) -> bool:
     """Is ``children`` a generator function (through partials)?  Counting uses the
     recursive loop for those only (shapes.py: every child is a level, no leaf tests).
     A tree of lists (UTS) stays on the iterative loop: with the frame-stack room
-    (room.py) the recursive loop measured the same on UTS T3 (1.07x vs 1.06x), and
+    (room.py) the recursive loop measured the same as the iterative one on UTS T3, and
     UTS's deep trees mostly run below the recursion anyway."""
     import inspect
 

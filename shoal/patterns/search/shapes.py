@@ -58,17 +58,10 @@ The branch-and-bound loop also:
   whose ``bound``/``objective`` are such getters costs ``child.f`` per node, as a
   hand-written search does, instead of a call.
 
-Knapsack strong 80 (CPU, one process, reference = 1.00; the example's model with
-Python functions): the loop before this 1.27-1.31x; with the checks moved 1.21x; the
-same with getters 1.16-1.19x.  Instructions counted by cachegrind (no load noise, 70
-items): functions 1.16-1.17x, getters 1.11x, getters without countdown, child index,
-order check and leaf test 1.07x; calling Python ``bound``/``objective`` functions from
-the reference 1.07-1.10x.
-
-Measured (N-Queens 13, CPU time, one process, reference = 1.00): the count loop with
-its child index 1.11-1.13x; without it 1.05-1.09x; with no countdown and no depth either
-1.00-1.04x (the floor: the skeleton calls ``accept`` and ``children`` directly where
-the reference inlines ``accept`` and calls ``children`` through its partial).
+Each of these steps was measured against a hand-written search (knapsack strong 80,
+N-Queens 13; CPU time and cachegrind instruction counts, one process): moving the
+checks, getters, and dropping the child index each brought the loop closer to the
+hand-written recursion (docs/benchmarks.md, "Measurements behind design choices").
 
 Alternatives rejected: ``enumerate`` for ``i`` (a tuple per node: slower); naming a
 child by comparing it (``==``) with a second listing (nodes need not compare by value;
@@ -76,7 +69,7 @@ counting the drained rest needs only the same number of children); default argum
 instead of closure cells (no faster in 3.11); a helper thread setting a poll flag (a
 GIL hand-over per poll costs more than the countdown); a timer signal
 (``ITIMER_VIRTUAL``) rebinding the recursion's closure cell to a polling function, so
-that no node pays a countdown: 1.01-1.03x against 1.06-1.07x in a prototype, but it
+that no node pays a countdown: a few per cent faster in a prototype, but it
 needs its own node count (a ``+ 1`` per node, or counts packed into one int), polls
 only every 4 ms (the virtual timer's tick; ``ITIMER_REAL`` at 0.2 ms cost 14%),
 depth checks by frame walks with a large recursion headroom, a process-wide signal

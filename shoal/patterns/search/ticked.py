@@ -35,12 +35,10 @@ once more when entered and disarms itself (each twin restores its own cell first
 With ``engine.POLL_S == 0`` (tests) every cell stays armed: every ``loops.TICK``-th level
 entry polls, as the countdown loop's window of ``TICK`` nodes does then.
 
-Measured (N-Queens 12, CPU time, one process, 10-12 rounds in shuffled order, reference
-= the hand-written recursion = 1.00): this loop 0.965-0.967x; the same levels without
-ticks 0.963x; a single recursive function with neither (the floor: it calls ``children``
-directly where the reference goes through its partial) 0.95x; the countdown loop
-1.02-1.09x.  The tick itself was the dear part: at 0.5 ms its timer wake-ups cost ~3% on
-this VM, hence 5 ms and the poke (``_tick.nudge``) for prompt splits.
+Measured against the hand-written recursion (N-Queens 12, CPU time, one process):
+this loop is as fast as the same levels without ticks and faster than the countdown
+loop (docs/benchmarks.md, "Measurements behind design choices").  The tick itself was the dear part: at 0.5 ms its timer wake-ups cost a
+few per cent, hence 5 ms and the poke (``_tick.nudge``) for prompt splits.
 
 Alternatives rejected: a countdown with a longer window (the check itself is the cost,
 not the polls); a flag cell tested per node (a load and a branch per node); one function

@@ -27,8 +27,9 @@ touching any buffer — by then the first copy's dependents may be overwriting t
 BLAS threads: each op limits the BLAS pools of its process once per process, with
 threadpoolctl, to the pilot's cores divided by its workers **and at most the CPUs the
 process may run on**: a shoal worker is pinned to one CPU, and two OpenBLAS threads
-on one CPU spin against each other (measured: a 128x1024x1024 product 7x slower, the
-1-worker pilot at 0.06x of one process).  OpenBLAS splits a matrix product over rows
+on one CPU spin against each other (a matrix product several times slower, a 1-worker
+pilot a small fraction of one process's speed: docs/benchmarks.md, "Measurements behind
+design choices").  OpenBLAS splits a matrix product over rows
 and columns, never over the summed dimension, so its results do not depend on the
 thread count (tests compare 1, 2 and 16 workers bitwise); torch's CPU kernels do
 (measured: 1 and 2 threads differ in the last bit), so the torch engine runs every

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from collections import deque as _deque
 from concurrent.futures import CancelledError
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Callable, NamedTuple
 
 from . import policy
@@ -77,7 +77,7 @@ from .wire import OWNER_SHIFT, Kind
 
 __all__ = [
     "Fail", "Hunger", "Loan", "LoanBook", "LocalTask", "Run", "Scope", "Send", "SetHunger",
-    "Settle", "Steal", "WireTask", "first_seq", "task_id_base",
+    "Settle", "Steal", "Stimulus", "StoryEntry", "WireTask", "first_seq", "task_id_base",
 ]
 
 
@@ -239,8 +239,44 @@ class CancelledIds(set):
             self.order = _deque(t for t in order if t in self)
 
 
+class Stimulus(Enum):
+    """What a task's story entry records: the event the book handled and what it did."""
+
+    LENT = "lent"  # answer(): given to a thief (detail: (thief, gen))
+    HANDED_ON = "handed on"  # answer(): a task of another owner went on (MOVED to its owner)
+    RETURNED = "returned"  # result(): the loan's result came home (detail: ok)
+    DUPLICATE = "duplicate"  # result(): a result for no loan (a re-run's, a predecessor's)
+    MOVED = "moved"  # moved(): its holder handed it on (detail: (thief, gen))
+    RERUN = "re-run"  # moved()/died(): its holder is dead, it runs here again
+    DIED = "died"  # died(): endpoint died (detail: (ep, gen); task None)
+    DROPPED = "dropped"  # drop(): cancelled, not run
+    CANCELLED = "cancelled"  # cancel()/cancel_if_queued(): to be dropped when it comes up
+    FORKED = "forked"  # forked(): a child process forgot the loans (detail: how many)
+
+
+class StoryEntry(NamedTuple):
+    """One line of a book's story: ``stimulus`` numbers the event the book was handed (one
+    per call of its methods), so entries of one event read together."""
+
+    stimulus: int
+    what: Stimulus
+    task: int | None
+    detail: object = None
+
+
+STORY_LIMIT = 4096  # story entries a book keeps (the oldest go first)
+
+
 class LoanBook:
-    """The stealing protocol's state of one worker (worker thread only; no I/O)."""
+    """The stealing protocol's state of one worker (worker thread only; no I/O).
+
+    It keeps a bounded story (``story(tid)``, dask's ``story()``): what happened to each
+    task it lent, got back, handed on, re-ran, dropped or was told to cancel, numbered by
+    the event that did it, so a failed stateful test (tests/runtime/test_loans_machine.py)
+    prints a task's history instead of only its end.  Hunger changes are not in it (they
+    happen per steal round, not per task).  Rejected: an unbounded log (a worker lives for
+    millions of tasks), and recording in the worker (the book is where the decisions are).
+    """
 
     def __init__(self, me: int, victims: list[int], dead: dict[int, int] | None = None):
         self.me = me
@@ -257,6 +293,23 @@ class LoanBook:
         self.pending: int | None = None  # victim of the STEAL in flight
         self.cursor = 0  # victims asked this round
         self.hunger = _BUSY
+        self.stimuli = 0  # events handled that wrote to the story
+        self._story: _deque = _deque(maxlen=STORY_LIMIT)
+
+    def _told(self) -> int:
+        """Number the event being handled (for its story entries)."""
+        self.stimuli += 1
+        return self.stimuli
+
+    def story(self, tid: int | None = None) -> list[StoryEntry]:
+        """The story entries of task ``tid`` (None: every entry), oldest first."""
+        return [e for e in self._story if tid is None or e.task == tid]
+
+    def forked(self) -> None:
+        """This process is a fork of the worker (``os.fork`` in a task): it owns no loans
+        (their results go to the parent) and must not settle the parent's futures."""
+        self._story.append(StoryEntry(self._told(), Stimulus.FORKED, None, len(self.loans)))
+        self.loans = {}
 
     # -- the thief's side --------------------------------------------------------------
 
@@ -326,6 +379,7 @@ class LoanBook:
         loot, moved, keep, out = [], {}, [], []
         cancelled = self.cancelled
         loans = self.loans
+        story, sid = self._story, self._told()
         while give > 0 and deque:
             task = deque.popleft()
             wire_task = type(task) is WireTask
@@ -346,15 +400,18 @@ class LoanBook:
             loot.append(msg)
             if not wire_task:
                 loans[task.future.task_id] = Loan(task, thief, gen)
+                story.append(StoryEntry(sid, Stimulus.LENT, task.future.task_id, (thief, gen)))
             else:
                 tid = task.task_id
                 owner = tid >> OWNER_SHIFT
                 if owner != self.me:
                     moved.setdefault(owner, []).append(tid)
+                    story.append(StoryEntry(sid, Stimulus.HANDED_ON, tid, (thief, gen)))
                 else:  # my own task, back from a thief, leaves again: follow it
                     loan = loans.get(tid)
                     if loan is not None:
                         loan.holder, loan.gen = thief, gen
+                    story.append(StoryEntry(sid, Stimulus.LENT, tid, (thief, gen)))
         deque.extendleft(reversed(keep))
         out.append(Send(thief, Kind.LOOT, [self.me, gen, loot]))
         for owner, ids in moved.items():
@@ -394,6 +451,7 @@ class LoanBook:
         (DROPPED): it settled them when its cancel() said True, but a cancel() that gave
         up waiting on a claim said False, and then the task must still run somewhere."""
         self.cancelled.discard(tid)
+        self._story.append(StoryEntry(self._told(), Stimulus.DROPPED, tid))
         if tid >> OWNER_SHIFT:
             return [Fail(tid, CancelledError(f"task {tid:#x} was cancelled"))]
         return [Send(0, Kind.DROPPED, [tid])]
@@ -403,35 +461,42 @@ class LoanBook:
     def result(self, tid: int, ok: bool, value) -> list:
         """A result for my task ``tid`` arrived (from its holder, or from myself)."""
         loan = self.loans.pop(tid, None)
-        if loan is None:
-            return []  # a duplicate after a re-run, or for a predecessor of this endpoint
+        if loan is None:  # a duplicate after a re-run, or for a predecessor of this endpoint
+            self._story.append(StoryEntry(self._told(), Stimulus.DUPLICATE, tid, ok))
+            return []
+        self._story.append(StoryEntry(self._told(), Stimulus.RETURNED, tid, ok))
         return [Settle(loan.task, ok, value)]
 
     def moved(self, thief: int, gen: int, ids) -> list:
         """A victim handed my tasks ``ids`` on to ``thief`` (generation ``gen``)."""
         out = []
         loans = self.loans
+        sid = self._told()
         for tid in ids:
             loan = loans.get(tid)
             if loan is not None:
                 loan.holder, loan.gen = thief, gen
+                self._story.append(StoryEntry(sid, Stimulus.MOVED, tid, (thief, gen)))
                 if self.dead.get(thief, -1) >= gen:
-                    out += self._rerun(tid)
+                    out += self._rerun(tid, sid)
         return out
 
     def died(self, ep: int, gen: int) -> list:
         """The driver says generation ``gen`` of endpoint ``ep`` is dead."""
         self.dead[ep] = max(gen, self.dead.get(ep, -1))
+        sid = self._told()
+        self._story.append(StoryEntry(sid, Stimulus.DIED, None, (ep, gen)))
         out = []
         for tid in [t for t, loan in self.loans.items() if loan.holder == ep and loan.gen <= gen]:
-            out += self._rerun(tid)
+            out += self._rerun(tid, sid)
         if self.pending == ep:
             self.pending = None  # its replacement does not owe us an answer
         self.owed[:] = [(who, g) for who, g in self.owed if who != ep or g > gen]
         return out
 
-    def _rerun(self, tid: int) -> list:
+    def _rerun(self, tid: int, sid: int) -> list:
         task = self.loans.pop(tid).task
+        self._story.append(StoryEntry(sid, Stimulus.RERUN, tid))
         if task.future._state == PENDING:
             return [Run(task), *self.fed()]
         return []
@@ -442,8 +507,9 @@ class LoanBook:
         """Cancel tasks ``ids``: a running one's scope (``running``: id -> Scope) is
         marked (its children see it), a queued one is dropped when it comes up; then
         every loan whose scope is now cancelled is forwarded to its holder."""
+        sid = self._told()
         for tid in ids:
-            self._mark_cancelled(tid, running)
+            self._mark_cancelled(tid, running, sid)
         by_holder: dict[int, list] = {}
         for tid, loan in self.loans.items():
             scope = loan.task.scope
@@ -452,12 +518,13 @@ class LoanBook:
         # A loan can come home as a serialized task (a thief gave it back to me and told me
         # so with MOVED): no CANCEL to myself (there is no ring to myself), drop it here.
         for tid in by_holder.pop(self.me, ()):
-            self._mark_cancelled(tid, running)
+            self._mark_cancelled(tid, running, sid)
         return [Send(holder, Kind.CANCEL, tids) for holder, tids in by_holder.items()]
 
-    def _mark_cancelled(self, tid: int, running: dict) -> None:
+    def _mark_cancelled(self, tid: int, running: dict, sid: int) -> None:
         """A running task's scope is marked (its children see it); a queued one is
         remembered and dropped when it comes up."""
+        self._story.append(StoryEntry(sid, Stimulus.CANCELLED, tid, tid in running))
         scope = running.get(tid)
         if scope is not None:
             scope.cancelled = True
@@ -466,7 +533,9 @@ class LoanBook:
 
     def cancel_if_queued(self, ids, running: dict) -> None:
         """The driver's ``cancel()``: drop these unless they run (then it said False)."""
+        sid, story = self._told(), self._story
         for tid in ids:
+            story.append(StoryEntry(sid, Stimulus.CANCELLED, tid, tid in running))
             if tid not in running:
                 self.cancelled.add(tid)
 

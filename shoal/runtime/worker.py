@@ -772,7 +772,7 @@ class Worker:
         self.status = [0] * RingMatrix.STATUS_WORDS  # private now: the cell is the parent's
         self.deque = deque()
         self.unsettled = []
-        self.book.loans = {}
+        self.book.forked()
 
     # -- reporting ---------------------------------------------------------------------
 

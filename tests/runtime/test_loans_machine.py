@@ -66,6 +66,7 @@ class LoansMachine(RuleBasedStateMachine):
     @initialize()
     def start(self):
         self.workers = {ep: SimWorker(ep, 0) for ep in range(1, N + 1)}
+        self.incarnations = list(self.workers.values())  # every book, dead ones too (story)
         self.rings: dict[tuple[int, int], deque] = {
             (s, d): deque() for s in range(N + 1) for d in range(N + 1) if s != d}
         self.tasks: dict[int, tuple] = {}  # serial -> (owner SimWorker, LocalTask)
@@ -96,14 +97,22 @@ class LoansMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"unknown action {act!r}")
 
+    def story(self, tid: int) -> str:
+        """Task ``tid``'s story in every book that saw it (LoanBook.story), for a failure."""
+        lines = [f"  w{w.ep}.g{w.gen} #{e.stimulus} {e.what.value} {e.detail!r}"
+                 for w in self.incarnations for e in w.book.story(tid)]
+        return f"\nstory of task {tid:#x}:\n" + ("\n".join(lines) or "  (no book saw it)")
+
     def settle(self, fut: Future, ok: bool, value) -> None:
         serial = fut.serial
         assert fut._state in (PENDING, CANCELLED, CANCELLED_AND_NOTIFIED), \
-            f"a second result reached task {fut.task_id:#x}"
+            f"a second result reached task {fut.task_id:#x}" + self.story(fut.task_id)
         if ok:
-            assert value == serial, f"task {fut.task_id:#x} got another task's result {value}"
+            assert value == serial, (f"task {fut.task_id:#x} got another task's result {value}"
+                                     + self.story(fut.task_id))
         else:
-            assert isinstance(value, CancelledError) and fut.scope_cancelled(), value
+            assert isinstance(value, CancelledError) and fut.scope_cancelled(), \
+                repr(value) + self.story(fut.task_id)
         if fut._state == PENDING:
             self.deliveries[serial] = self.deliveries.get(serial, 0) + 1
             fut._state = FINISHED
@@ -191,6 +200,7 @@ class LoansMachine(RuleBasedStateMachine):
         dead = {e: w.gen if e == ep else w.gen - 1 for e, w in self.workers.items()
                 if e == ep or w.gen}
         self.workers[ep] = SimWorker(ep, old.gen + 1, dead)
+        self.incarnations.append(self.workers[ep])
         self.rings[(0, ep)].clear()  # the driver resets its ring to the dead endpoint
         for other in range(1, N + 1):
             if other != ep:
@@ -273,10 +283,11 @@ class LoansMachine(RuleBasedStateMachine):
             if self.workers[owner.ep] is not owner:
                 continue  # its owner died: nobody waits for it any more
             fut = task.future
-            assert fut._state != PENDING, f"task {fut.task_id:#x} was lost"
+            assert fut._state != PENDING, f"task {fut.task_id:#x} was lost" + self.story(fut.task_id)
             if fut._state == FINISHED and fut._exception is None:
-                assert self.deliveries.get(serial) == 1
-            assert not owner.book.loans, owner.book.loans
+                assert self.deliveries.get(serial) == 1, self.story(fut.task_id)
+            assert not owner.book.loans, repr(owner.book.loans) + "".join(
+                self.story(tid) for tid in owner.book.loans)
 
 
 TestLoansMachine = LoansMachine.TestCase
@@ -396,3 +407,35 @@ def test_cancelling_a_loan_that_came_home_sends_nothing_to_myself():
     (fut,) = [t.future for _, t in m.tasks.values()]
     assert isinstance(fut._exception, CancelledError)
     m.teardown()
+
+
+def test_a_books_story_tells_a_lent_task_from_loan_to_re_run():
+    """``LoanBook.story(tid)``: what the book did with a task, numbered by the event that
+    did it; bounded (the oldest entries go first)."""
+    from shoal.runtime import loans
+
+    book = LoanBook(1, [2, 3])
+    fut = Future.local((1 << OWNER_SHIFT) | 1)
+    dq = deque([LocalTask(None, (), {}, fut, None, False)])
+    book.answer(2, 0, dq, True, 0, lambda task, thief, gen: b"x")
+    book.moved(3, 0, [fut.task_id])
+    book.died(3, 0)
+    story = book.story(fut.task_id)
+    assert [e.what for e in story] == [loans.Stimulus.LENT, loans.Stimulus.MOVED,
+                                       loans.Stimulus.RERUN]
+    assert story[0].detail == (2, 0) and story[1].detail == (3, 0)
+    assert story[1].stimulus < story[2].stimulus
+    assert [e.what for e in book.story() if e.task is None] == [loans.Stimulus.DIED]
+    for _ in range(loans.STORY_LIMIT):
+        book.cancel_if_queued([7], {})
+    assert len(book.story()) == loans.STORY_LIMIT and not book.story(fut.task_id)
+
+
+def test_a_forked_child_forgets_its_loans_through_the_book():
+    book = LoanBook(1, [2])
+    fut = Future.local((1 << OWNER_SHIFT) | 1)
+    book.answer(2, 0, deque([LocalTask(None, (), {}, fut, None, False)]), True, 0,
+                lambda task, thief, gen: b"x")
+    assert book.loans
+    book.forked()
+    assert not book.loans and book.story()[-1].detail == 1

@@ -566,6 +566,36 @@ def test_a_task_dropped_after_cancel_said_false_still_runs(tmp_path, monkeypatch
     assert ran(str(tmp_path / "marks"))[7] == 1
 
 
+def test_a_task_whose_loot_died_with_its_victim_runs_once(tmp_path):
+    """The storm's second finding (1 round in about 1,500): a victim answered a steal, its
+    MOVED reached the driver (``where`` = the thief), but the LOOT carrying the task died
+    with it in its outbox: the live thief never got the task, and nobody re-placed it.
+    Built without timing: both workers block, a third task waits on one of them, the
+    driver is handed that worker's MOVED of the task to the other, and the holder is
+    killed.  The task runs once; before the fix its future never settled."""
+    marks, gate = str(tmp_path / "marks"), str(tmp_path / "gate")
+    with shoal.Pilot(2) as pilot:
+        backend = pilot._backend
+        started = [str(tmp_path / f"started{i}") for i in range(2)]
+        blockers = [pilot.submit(wait_for, gate, 120, i, started[i]) for i in range(2)]
+        try:
+            reach(lambda: all(os.path.exists(p) for p in started), "both workers run a gated task")
+            t = pilot.submit(mark, marks, 7)
+            reach(lambda: backend.tasks[t.task_id].where, "the third task is sent to a worker")
+            victim = backend.tasks[t.task_id].where
+            thief = next(ep for ep in backend.endpoints if ep != victim)
+            moved = wire.encode_control(Kind.MOVED, [thief, backend.generation[thief], [t.task_id]])
+            with backend.consume_lock:
+                backend._handle(victim, moved)  # as the victim's own MOVED would be
+            assert backend.tasks[t.task_id].where == thief
+            os.kill(backend.procs[victim].pid, signal.SIGKILL)
+        finally:
+            release(gate)
+        assert t.result(60) == 7
+        cf.wait(blockers, timeout=60)
+    assert ran(marks)[7] == 1
+
+
 def _cancel_storm_with_a_kill(path: str) -> None:
     """tests/attack/test_contract_local.py's SIGKILL cancel storm, where the finding
     showed: 4,000 short tasks, a worker SIGKILLed at once, 4 threads cancelling half."""

@@ -211,6 +211,14 @@ class Lifecycle:
                         # Not to be sent again blindly: it may have left for a thief whose
                         # victim's MOVED died in the victim's outbox (stopped.py _re_place).
                         self.orphans.append(task)
+                elif task.handed_by == (ep, dead_gen) and not task.cancelling:
+                    # Its MOVED said the dead worker handed it to a live thief, but the LOOT
+                    # that carried it can have died in the dead one's outbox: the thief never
+                    # got it, and nobody would run it (the SIGKILL cancel storm, 1 round in
+                    # about 1,500).  Re-placed through the handshake, which leaves it where it
+                    # runs if the thief did get it.  (A cancel() deciding about it told every
+                    # worker already.)
+                    self.orphans.append(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:
                     box.reset()

@@ -320,6 +320,7 @@ class Pumping:
                         if task.lost_on is not None and task.lost_on == (thief, gen):
                             continue  # it died running there: failed or retried already
                         task.where = thief
+                        task.handed_by = (ep, self.generation[ep])
                         if self.generation[thief] != gen:
                             # the thief died since: re-placed through the handshake after
                             # this round (it may have handed the task on before dying)

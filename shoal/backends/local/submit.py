@@ -59,7 +59,7 @@ class _Task:
     """Driver-side record of one outstanding task."""
 
     __slots__ = ("future", "msg", "retries", "timeout", "placed", "where", "fn", "queued", "queued_in",
-                 "cancelling", "lost_on")
+                 "cancelling", "lost_on", "handed_by")
 
     def __init__(self, future, msg, retries, timeout, fn):
         self.future = future
@@ -77,6 +77,9 @@ class _Task:
         # (endpoint, generation) of a dead worker that had started it after stealing it, the
         # victim's MOVED still on its way: that MOVED must not re-place it (lifecycle.py)
         self.lost_on = None
+        # (endpoint, generation) of the worker whose MOVED last said it handed the task on:
+        # if that worker dies, its LOOT may have died with it in its outbox (lifecycle.py)
+        self.handed_by = None
 
     @property
     def name(self) -> str:
@@ -273,6 +276,7 @@ class Submitting:
         self.placement.submitted(w)
         ep = w + 1
         task.placed = task.where = ep
+        task.handed_by = None
         if task.cancelling:  # ahead of the task in the same queue: dropped when it comes up
             self._send(ep, wire.encode_control(Kind.CANCEL_IF_QUEUED, [task.future.task_id]), wake=False)
         task.queued = self._send(ep, task.msg)

@@ -123,6 +123,9 @@ class Worker:
         self.inboxes = [(src, Inbox(matrix.ring(src, self.ep))) for src in range(n) if src != self.ep]
         self.driver_box = self.inboxes[0][1]  # from endpoint 0
         self.out = {dst: Outbox(matrix.ring(self.ep, dst), matrix.doorbell(dst)) for dst in range(n) if dst != self.ep}
+        # thief -> MOVED messages (owner, message) held back until my LOOT to that thief has
+        # left its outbox (see ``carry``)
+        self.behind_loot: dict[int, list] = {}
         self.doorbell = matrix.doorbell(self.ep)
         self.status = matrix.status(self.ep)
         # the status cells of this runtime's other workers (hungry_peers reads them)
@@ -225,6 +228,16 @@ class Worker:
         for act in actions:
             kind = type(act)
             if kind is Send:
+                if act.kind == Kind.MOVED and (self.out[act.body[0]].pending
+                                               or act.body[0] in self.behind_loot):
+                    # A MOVED tells the owner the thief holds its task; while my LOOT to that
+                    # thief waits in my outbox, the thief does not, and if I die the LOOT dies
+                    # with me: the owner would wait on a live thief forever.  Held back, it
+                    # dies with me too, and the owner re-runs its task when it hears of my
+                    # death (LoanBook.died; for the driver, lifecycle.py).
+                    self.behind_loot.setdefault(act.body[0], []).append(
+                        (act.dst, wire.encode_control(act.kind, act.body)))
+                    continue
                 self.send(act.dst, wire.encode_control(act.kind, act.body))
             elif kind is SetHunger:
                 self.status[STATUS_HUNGRY] = act.value
@@ -408,7 +421,15 @@ class Worker:
         for box in self.out.values():
             if box.pending:
                 box.flush()
+        if self.behind_loot:
+            for thief in [t for t in self.behind_loot if not self.out[t].pending]:
+                self.release_moved(thief)
         return got
+
+    def release_moved(self, thief: int) -> None:
+        """My LOOT to ``thief`` is in its ring now: send the MOVEDs held behind it."""
+        for owner, msg in self.behind_loot.pop(thief, ()):
+            self.send(owner, msg)
 
     def settle_deferred(self) -> None:
         """Settle the futures whose results came home while the SIGURG handler polled
@@ -772,6 +793,7 @@ class Worker:
         self.status = [0] * RingMatrix.STATUS_WORDS  # private now: the cell is the parent's
         self.deque = deque()
         self.unsettled = []
+        self.behind_loot = {}
         self.book.forked()
 
     # -- reporting ---------------------------------------------------------------------
@@ -890,6 +912,12 @@ def main(argv: list[str] | None = None) -> int:
         _exit_forked(worker.ep)
     if worker.tracer is not None:
         worker.tracer.dump(f"{spec['trace']}.w{worker.ep}")
+    for dst, box in list(worker.out.items()):
+        for _ in range(1000):
+            if box.flush():
+                break
+            time.sleep(0.001)
+        worker.release_moved(dst)
     for box in worker.out.values():
         for _ in range(1000):
             if box.flush():

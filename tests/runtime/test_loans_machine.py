@@ -67,6 +67,7 @@ class LoansMachine(RuleBasedStateMachine):
     def start(self):
         self.workers = {ep: SimWorker(ep, 0) for ep in range(1, N + 1)}
         self.incarnations = list(self.workers.values())  # every book, dead ones too (story)
+        self.behind: dict[int, list] = {}  # id(LOOT entry) -> its MOVEDs (src, dst, entry)
         self.rings: dict[tuple[int, int], deque] = {
             (s, d): deque() for s in range(N + 1) for d in range(N + 1) if s != d}
         self.tasks: dict[int, tuple] = {}  # serial -> (owner SimWorker, LocalTask)
@@ -77,13 +78,22 @@ class LoansMachine(RuleBasedStateMachine):
 
     # -- carrying actions out (what Worker.carry does) -----------------------------
 
-    def send(self, src: int, dst: int, kind: Kind, body) -> None:
-        self.rings[(src, dst)].append((kind, body))
+    def send(self, src: int, dst: int, kind: Kind, body) -> tuple:
+        entry = (kind, body)
+        self.rings[(src, dst)].append(entry)
+        return entry
 
     def carry(self, w: SimWorker, actions) -> None:
+        loot = None
         for act in actions:
             if type(act) is Send:
-                self.send(w.ep, act.dst, act.kind, act.body)
+                entry = self.send(w.ep, act.dst, act.kind, act.body)
+                if act.kind == Kind.LOOT:
+                    loot = entry
+                elif act.kind == Kind.MOVED and loot is not None:
+                    # Worker.carry holds a MOVED back until its LOOT has left the outbox:
+                    # the LOOT can die with the victim only together with its MOVEDs (die)
+                    self.behind.setdefault(id(loot), []).append((w.ep, act.dst, entry))
             elif type(act) is Steal:
                 self.send(w.ep, act.victim, Kind.STEAL, [w.ep, w.gen])
             elif type(act) is Run:
@@ -190,11 +200,23 @@ class LoansMachine(RuleBasedStateMachine):
             data.draw(st.sampled_from(live)).future.cancel()
 
     @precondition(lambda self: self.deaths < 4)
-    @rule(ep=st.integers(1, N))
-    def die(self, ep):
-        """The worker dies; the driver tells the others and starts a replacement."""
+    @rule(ep=st.integers(1, N), unsent=st.lists(st.integers(0, 2), min_size=N, max_size=N))
+    def die(self, ep, unsent=()):
+        """The worker dies; the driver tells the others and starts a replacement.  The last
+        ``unsent[dst - 1]`` messages it sent to peer ``dst`` die with it: a worker's sends
+        wait in its outbox while a ring is full, and an outbox is the dead process's memory."""
         old = self.workers[ep]
         self.deaths += 1
+        for dst, n in enumerate(unsent, 1):
+            ring = self.rings.get((ep, dst))
+            for _ in range(min(n, len(ring) if ring is not None else 0)):
+                entry = ring[-1]
+                moved = self.behind.get(id(entry), [])
+                if any(all(e is not m for e in self.rings[(s, d)]) for s, d, m in moved):
+                    break  # a MOVED of it was read: it had left the outbox, it is in the ring
+                ring.pop()
+                for s, d, m in moved:  # held back behind it, they die with it
+                    self.rings[(s, d)].remove(m)
         # the replacement knows every death before it (the driver's spec, "generations")
         # (its own predecessor included: a MOVED of its task to that one re-runs it at once)
         dead = {e: w.gen if e == ep else w.gen - 1 for e, w in self.workers.items()
@@ -439,3 +461,27 @@ def test_a_forked_child_forgets_its_loans_through_the_book():
     assert book.loans
     book.forked()
     assert not book.loans and book.story()[-1].detail == 1
+
+
+def test_a_loot_that_dies_in_its_victims_outbox_takes_its_moved_with_it():
+    """w2 holds w1's child and hands it on to w3, and dies with that LOOT still in its
+    outbox.  The MOVED to w1 was held back behind it (Worker.carry), so it dies too: w1
+    still sees w2 as the holder and re-runs the child at w2's death.  (Had the MOVED gone
+    first, w1 would wait on w3, which never got the child: found by the SIGKILL storm,
+    for a driver task.)"""
+    m = LoansMachine()
+    m.start()
+    m.spawn(1, 0, False)
+    m.steal(2)
+    m.handle(m.workers[1], m.rings[(2, 1)].popleft(), True, 1)  # w1 lends the child to w2
+    m.handle(m.workers[2], m.rings[(1, 2)].popleft(), False, 0)  # w2 has it (a WireTask)
+    m.steal(3)  # w3 asks w1 first (nothing there), then w2
+    m.handle(m.workers[1], m.rings[(3, 1)].popleft(), True, 1)
+    m.handle(m.workers[3], m.rings[(1, 3)].popleft(), False, 0)
+    m.steal(3)
+    m.handle(m.workers[2], m.rings[(3, 2)].popleft(), True, 1)  # w2 hands it on to w3
+    m.die(2, unsent=[0, 0, 1])  # the LOOT to w3 dies with w2, and the MOVED behind it
+    assert not m.rings[(2, 1)] and not m.rings[(2, 3)]
+    assert [loan.holder for loan in m.workers[1].book.loans.values()] == [2]
+    m.teardown()
+    assert m.runs == {1: 1}

@@ -26,8 +26,9 @@ runs a task: a group's task may run anywhere and give the same result.
 
 **Waves.** An operation depends only on earlier ones (its key's chain, the
 versions it reads, its transaction's earlier operations, the decisions of
-earlier transactions), so one pass over a group in timestamp order runs
-everything whose inputs are known; what is left waits on another group's
+earlier transactions; across groups a transaction's updates also wait for
+its previous one: in serial order a failed guard stops the updates after it),
+so one pass over a group in timestamp order runs everything whose inputs are known; what is left waits on another group's
 operation, known after the next exchange.  The earliest pending operation of
 the batch is always runnable, so every wave runs at least one operation: a
 batch takes at most as many waves as its longest chain of dependencies that
@@ -157,14 +158,42 @@ def wave_task(w: Wave, inputs: tuple, state: tuple | None) -> dict:
         st, val, abort = (np.array(a) for a in state)  # writable copies
     before = abort.copy()
     ex = _Exec(plan, _Arrays(w.layout, st, val, abort, np.asarray(base)), eager=True)
-    ran = [o for o in mine if st[o] == PENDING and ex.run(o)]
+    ran = []
+    op_txn, txn_start, run = plan.op_txn, plan.txn_start, ex.run
+    for o in mine:
+        # a transaction's updates in declaration order, also across groups: a later update
+        # must not raise (an error) before an earlier one's guard failed (an abort, no error)
+        if st[o] == PENDING and (o == txn_start[op_txn[o]] or st[o - 1] != PENDING) and run(o):
+            ran.append(o)
     ops = np.asarray(ran, np.int64)
     out = {"group": w.group, "host": socket.gethostname(), "ops": ops, "state": st[ops],
            "vals": val[ops], "aborted": np.flatnonzero(abort != before), "errors": ex.errors}
     if state is None:
         out.update(n_ops=plan.n_ops, txn_start=plan.start_array, gid=plan.gid_array,
-                   bad=plan.bad if w.group == 0 else {})
+                   bad=plan.bad if w.group == 0 else {}, digest=_digest(plan))
     return out
+
+
+def _digest(plan) -> str:
+    """What a process recorded of the batch (every operation's key and transaction)."""
+    import hashlib
+
+    h = hashlib.sha256(np.ascontiguousarray(plan.start_array, np.int64).tobytes())
+    h.update(np.ascontiguousarray(plan.gid_array, np.int64).tobytes())
+    return h.hexdigest()
+
+
+def same_plans(results: list, batch_no: int) -> None:
+    """Every group's process recorded the same transactions, else a ValueError (operation
+    numbers would mean other operations in other processes: a silently wrong store)."""
+    seen = {}
+    for r in results:
+        seen.setdefault(r["digest"], []).append(r["group"])
+    if len(seen) > 1:
+        raise ValueError(f"txstream: batch {batch_no}: key groups {sorted(seen.values())} "
+                         "recorded different transactions in their processes: an event's fn "
+                         "must declare the same accesses every time it is called with the same "
+                         "ev (no randomness, no state of its own)")
 
 
 class HostRunner:
@@ -198,9 +227,9 @@ class HostRunner:
             self.waves += 1
             results, inputs, lost = self._wave(waves, inputs, state, blob, base, lost, batch_no)
             if meta is None:
-                first = results[0]
-                meta = first
-                n_ops = first["n_ops"]
+                same_plans(results, batch_no)
+                meta = results[0]
+                n_ops = meta["n_ops"]
                 st = np.zeros(n_ops, np.int8)
                 val = np.zeros(n_ops, np.int64)
                 abort = np.zeros(n, np.int8)

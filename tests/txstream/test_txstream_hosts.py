@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 from test_txstream import BAD, _ok, _tables, streams
 from txs_helpers import assert_same, run
 
@@ -33,6 +34,12 @@ def pilot(request):
 @pytest.fixture(scope="module")
 def pilot2():
     with shoal.Pilot(2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def pilot3():
+    with shoal.Pilot(3) as p:
         yield p
 
 
@@ -105,6 +112,47 @@ def test_random_streams_equal_serial(pilot2, stream):
     ref = run(_tables(), evs, "serial")
     got = run(_tables(), evs, "adaptive", pilot2, punctuation=punct, across_hosts=True)
     assert_same(got, ref, "across hosts")
+
+
+def _adds(d, limit):
+    return lambda v, *r: v + d + sum(r) % 7 if v <= limit else 1 // 0
+
+
+def _at_least(gmin):
+    return lambda v, *r: v + sum(r) >= gmin
+
+
+def _guards_and_errors(txn, ev):
+    """ev: [(key, delta, guard min or None, the value above which the update raises, reads)]."""
+    for key, d, gmin, limit, reads in ev:
+        txn.update("t", key, _adds(d, limit), guard=None if gmin is None else _at_least(gmin),
+                   reads=[("t", r) for r in reads])
+
+
+@hs.composite
+def failing_streams(draw):
+    """Transactions of 1-4 updates over 9 keys (3 per group of 3), guards that may fail,
+    updates that raise past a limit: the order of a transaction's failures matters."""
+    op = hs.tuples(hs.integers(0, 8), hs.integers(-30, 30),
+                   hs.one_of(hs.none(), hs.integers(-50, 150)), hs.integers(0, 400),
+                   hs.lists(hs.integers(0, 8), max_size=2))
+    txns = draw(hs.lists(hs.lists(op, min_size=1, max_size=4), min_size=1, max_size=60))
+    return [ts.Event(_guards_and_errors, t) for t in txns], draw(hs.sampled_from([1, 5, 60]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(stream=failing_streams())
+def test_guards_and_errors_across_groups_equal_serial(pilot3, stream):
+    """Which failure of a transaction counts (a guard: an abort; an error: report.errors) is
+    decided in declaration order, also when the updates are in different groups that run in
+    the same wave."""
+    evs, punct = stream
+    tables = {"t": np.arange(9, dtype=np.int64) * 20}
+    ref = run(tables, evs, "serial", on_error="abort")
+    got = run(tables, evs, "adaptive", pilot3, punctuation=punct, on_error="abort",
+              across_hosts=True)
+    assert_same(got, ref, "guards and errors across groups")
+    assert dict(got[1].errors) == dict(ref[1].errors)
 
 
 @pytest.mark.parametrize("fn,ev,msg", BAD, ids=[b[2].split()[0] for b in BAD])

@@ -26,9 +26,10 @@ runs a task: a group's task may run anywhere and give the same result.
 
 **Waves.** An operation depends only on earlier ones (its key's chain, the
 versions it reads, its transaction's earlier operations, the decisions of
-earlier transactions; across groups a transaction's updates also wait for
-its previous one: in serial order a failed guard stops the updates after it),
-so one pass over a group in timestamp order runs everything whose inputs are known; what is left waits on another group's
+earlier transactions), so one pass over a group in timestamp order runs
+everything whose inputs are known (an update that fails while an earlier one of
+its transaction, in another group, is undecided waits instead: in serial order
+that one may abort the transaction first, with a failed guard and no error); what is left waits on another group's
 operation, known after the next exchange.  The earliest pending operation of
 the batch is always runnable, so every wave runs at least one operation: a
 batch takes at most as many waves as its longest chain of dependencies that
@@ -68,7 +69,7 @@ import numpy as np
 import shoal
 
 from . import tpg as _tpg
-from .area import PENDING
+from .area import DONE, PENDING
 from .result import BatchResult, install, settle
 from .tpgrun import _Exec
 from .txn import OnError, dumps_events, unpicklable
@@ -159,12 +160,24 @@ def wave_task(w: Wave, inputs: tuple, state: tuple | None) -> dict:
     before = abort.copy()
     ex = _Exec(plan, _Arrays(w.layout, st, val, abort, np.asarray(base)), eager=True)
     ran = []
-    op_txn, txn_start, run = plan.op_txn, plan.txn_start, ex.run
+    op_txn, txn_start, run, errors = plan.op_txn, plan.txn_start, ex.run, ex.errors
     for o in mine:
-        # a transaction's updates in declaration order, also across groups: a later update
-        # must not raise (an error) before an earlier one's guard failed (an abort, no error)
-        if st[o] == PENDING and (o == txn_start[op_txn[o]] or st[o - 1] != PENDING) and run(o):
-            ran.append(o)
+        if st[o] != PENDING:
+            continue
+        t = op_txn[o]
+        ahead = PENDING in st[txn_start[t]:o]  # an earlier update of t is not decided yet
+        aborting = abort[t]
+        if not run(o):
+            continue
+        if ahead and st[o] != DONE and not aborting:
+            # a failure ahead of an undecided earlier update: in serial order that one may
+            # abort t first (a failed guard: no error), so this one waits (undone: it wrote
+            # only its state, t's abort flag and maybe t's error)
+            st[o] = PENDING
+            abort[t] = 0
+            errors.pop(t, None)
+            continue
+        ran.append(o)
     ops = np.asarray(ran, np.int64)
     out = {"group": w.group, "host": socket.gethostname(), "ops": ops, "state": st[ops],
            "vals": val[ops], "aborted": np.flatnonzero(abort != before), "errors": ex.errors}

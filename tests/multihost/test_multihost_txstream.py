@@ -5,9 +5,12 @@ transactions in stream order, and after the pilot closes no host holds anything 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
+import time
 
+import numpy as np
 import pytest
 from testbed_helpers import ROOT, testbed, wait_until  # noqa: F401 - fixture
 
@@ -19,7 +22,7 @@ from txs_helpers import assert_same, run  # noqa: E402
 from shoal.workloads import txstream as ts  # noqa: E402
 from shoal.workloads.txstream.apps import APPS  # noqa: E402
 
-pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check]
+pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check, pytest.mark.timeout(400)]
 
 
 @pytest.fixture
@@ -113,6 +116,137 @@ def test_a_host_crashed_mid_stream_the_run_completes_equal_to_serial(no_leftover
             assert all("h2" not in b.hosts for b in got[1].batches[-2:]), got[1].batches
             print("\n[txstream crash] waves per batch:", [b.waves for b in got[1].batches],
                   "hosts:", [b.hosts for b in got[1].batches], flush=True)
+    finally:
+        store.close()
+        bed.repair()
+
+
+# -- a host lost while it runs a group's wave: deterministic, through marker files -----------
+
+
+def _stalls(folder: str, times: int, d: int):
+    """An update that stalls the first ``times`` times it runs, once per host at most
+    (markers ``stall0``.. in ``folder``, which every host sees, hold the host's name): the
+    test crashes or cuts off that host while it is inside a wave."""
+    def fn(v):
+        if socket.gethostname() in _marked(folder):
+            return v + d  # one stall per host (a host may run several groups at once)
+        for i in range(times):
+            try:
+                fd = os.open(os.path.join(folder, f"stall{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue
+            os.write(fd, socket.gethostname().encode())
+            os.close(fd)
+            time.sleep(40)
+            break
+        return v + d
+    return fn
+
+
+def _stalling_add(txn, ev):
+    txn.update("t", ev["k"], _stalls(ev["folder"], ev["times"], ev["d"]))
+    txn.update("t", (ev["k"] + 1) % ev["n"], lambda v: v * 3 % 1000 + ev["d"])
+
+
+def _stalling_stream(folder: str, times: int, n: int = 9) -> list:
+    return [ts.Event(_stalling_add, {"k": i % n, "n": n, "d": i, "folder": folder, "times": times})
+            for i in range(90)]
+
+
+def _marked(folder: str) -> list:
+    """The hosts stalled so far, in order."""
+    out = []
+    for i in range(9):
+        try:
+            with open(os.path.join(folder, f"stall{i}")) as f:
+                host = f.read()
+        except FileNotFoundError:
+            break
+        if not host:
+            break  # being written
+        out.append(host)
+    return out
+
+
+def _run_in_thread(engine, evs) -> tuple:
+    box: dict = {}
+
+    def go():
+        try:
+            box["report"] = engine.run(evs)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            box["error"] = exc
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    return th, box
+
+
+def test_two_hosts_crashed_inside_waves_the_run_completes_on_the_third(no_leftovers):
+    """A wave task stalls on its host, which is crashed (SIGKILL: processes, /tmp, /dev/shm
+    gone); dask re-runs it on another host, where a task stalls again, and that host is
+    crashed too.  No host holds state between waves: a task lost once is re-run by dask, one
+    lost twice comes back as WorkerLost and the engine submits it again itself.  The run
+    completes on the host left, equal to serial."""
+    bed = no_leftovers
+    folder = bed.shared_dir("txstream-crash")
+    evs = _stalling_stream(folder, times=2)
+    tables = {"t": np.arange(9, dtype=np.int64)}
+    ref = run(tables, _stalling_stream(folder, times=0), "serial")  # no stall in the driver
+    store = ts.Store(tables)
+    try:
+        with shoal.Pilot(backend="dask", address=bed.dask, workers=1) as pilot:
+            engine = ts.Engine(store, pilot=pilot, punctuation=30, stall_timeout=240)
+            th, box = _run_in_thread(engine, evs)
+            victims = []
+            for k in (1, 2):
+                wait_until(lambda k=k: len(_marked(folder)) >= k or box, 120,
+                           f"wave task {k} to stall on a host")
+                assert "error" not in box, box
+                victims.append(_marked(folder)[k - 1])
+                bed.verb("crash", victims[-1])  # the next stall is on another host
+            assert len(set(victims)) == 2, victims
+            th.join(300)
+            assert not th.is_alive(), "the run hangs after two hosts crashed"
+            assert "error" not in box, box.get("error")
+            got = (store.snapshot(), box["report"])
+            assert_same(got, ref, "two hosts crashed inside waves")
+            left = {"h1", "h2", "h3"} - set(victims)
+            assert set(got[1].batches[-1].hosts) == left, [b.hosts for b in got[1].batches]
+    finally:
+        store.close()
+        bed.repair()
+
+
+def test_a_host_cut_off_inside_a_wave_the_run_completes_equal_to_serial(no_leftovers):
+    """The host running a stalled wave task loses its link: nothing resets, the pilot
+    removes the silent dask worker after ``silent_after_s`` and dask re-runs the task on
+    another host; the cut-off host's late answer (if any) is never merged.  Equal to serial."""
+    bed = no_leftovers
+    folder = bed.shared_dir("txstream-partition")
+    evs = _stalling_stream(folder, times=1)
+    tables = {"t": np.arange(9, dtype=np.int64)}
+    ref = run(tables, _stalling_stream(folder, times=0), "serial")
+    store = ts.Store(tables)
+    try:
+        with shoal.Pilot(backend="dask", address=bed.dask, workers=1,
+                         silent_after_s=5.0) as pilot:
+            engine = ts.Engine(store, pilot=pilot, punctuation=30, stall_timeout=240)
+            th, box = _run_in_thread(engine, evs)
+            cut = wait_until(lambda: _marked(folder) or box, 120, "a wave to stall on a host")
+            assert isinstance(cut, list), box
+            t0 = time.monotonic()
+            bed.verb("partition", cut[0])
+            th.join(300)
+            print(f"\n[txstream partition] {cut[0]} cut off -> run done in "
+                  f"{time.monotonic() - t0:.1f} s", flush=True)
+            assert not th.is_alive(), "the run hangs after a host was cut off"
+            assert "error" not in box, box.get("error")
+            assert_same((store.snapshot(), box["report"]), ref, "a host cut off inside a wave")
+            bed.verb("heal", cut[0])  # fenced: the scheduler forgot its worker, which then stops
+            wait_until(lambda: not bed.processes_named(cut[0], "distributed.cli.dask_worker"),
+                       120, f"{cut[0]}'s fenced dask worker to shut itself down")
     finally:
         store.close()
         bed.repair()

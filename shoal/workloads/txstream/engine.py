@@ -16,6 +16,10 @@ an event's latency is from the moment the driver pulled it to that commit.
 ``scheduler``: ``"serial"`` (the oracle: in this process, no pilot needed),
 ``"2pl"``, ``"partitioned"``, ``"adaptive"`` (TPG, decisions chosen per batch)
 or a ``TPG(granularity, exploration, abort)`` (fixed decisions).
+
+On a pilot whose workers are on other hosts (``across_hosts``: found when the
+engine is built, or asked) the TPG runs through ``hosts.HostRunner`` instead:
+no shared memory, key groups exchanged in waves through this driver.
 """
 
 from __future__ import annotations
@@ -291,14 +295,14 @@ class Engine:
     def _across_hosts(self, asked: bool | None) -> bool:
         """Whether batches run as key groups exchanged in waves (hosts.py): asked, or found
         (some worker of a dask pilot on another host).  Only the TPG runs so."""
+        if asked is not None and not isinstance(asked, bool):
+            raise TypeError(f"across_hosts must be True, False or None (find out), got {asked!r}")
         if self.scheduler is Scheduler.SERIAL:
             return False
         if asked is None:
             from shoal.patterns.all_pairs import across_hosts
 
             asked = across_hosts(self.pilot)
-        elif not isinstance(asked, bool):
-            raise TypeError(f"across_hosts must be True, False or None (find out), got {asked!r}")
         if not asked:
             return False
         sched = self.scheduler

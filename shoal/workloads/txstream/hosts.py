@@ -29,8 +29,8 @@ versions it reads, its transaction's earlier operations, the decisions of
 earlier transactions), so one pass over a group in timestamp order runs
 everything whose inputs are known (an update that fails while an earlier one of
 its transaction, in another group, is undecided waits instead: in serial order
-that one may abort the transaction first, with a failed guard and no error); what is left waits on another group's
-operation, known after the next exchange.  The earliest pending operation of
+that one may abort the transaction first, with a failed guard and no error);
+what is left waits on another group's operation, known after the next exchange.  The earliest pending operation of
 the batch is always runnable, so every wave runs at least one operation: a
 batch takes at most as many waves as its longest chain of dependencies that
 changes group; a wave that runs nothing is a bug and raises.  Abort handling
@@ -71,7 +71,7 @@ import shoal
 from . import tpg as _tpg
 from .area import DONE, PENDING
 from .result import BatchResult, install, settle
-from .tpgrun import _Exec
+from .tpgrun import OpExec
 from .txn import OnError, dumps_events, unpicklable
 
 HOST_RETRIES = 3  # resubmissions of lost group tasks per batch before the batch fails
@@ -103,7 +103,7 @@ class Wave:
 
 
 class _Arrays:
-    """The batch state and base values in this process, seen as ``_Exec`` reads a ``Job``."""
+    """The batch state and base values in this process, seen as ``OpExec`` reads a ``Job``."""
 
     def __init__(self, layout: dict, state: np.ndarray, vals: np.ndarray, abort: np.ndarray,
                  base: np.ndarray):
@@ -158,7 +158,7 @@ def wave_task(w: Wave, inputs: tuple, state: tuple | None) -> dict:
     else:
         st, val, abort = (np.array(a) for a in state)  # writable copies
     before = abort.copy()
-    ex = _Exec(plan, _Arrays(w.layout, st, val, abort, np.asarray(base)), eager=True)
+    ex = OpExec(plan, _Arrays(w.layout, st, val, abort, np.asarray(base)), eager=True)
     ran = []
     op_txn, txn_start, run, errors = plan.op_txn, plan.txn_start, ex.run, ex.errors
     for o in mine:

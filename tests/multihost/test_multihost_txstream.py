@@ -40,6 +40,21 @@ def pilot(no_leftovers):
         yield p
 
 
+def _run_in_thread(engine, evs) -> tuple:
+    """``engine.run(evs)`` in a thread; the box gets its report or its error."""
+    box: dict = {}
+
+    def go():
+        try:
+            box["report"] = engine.run(evs)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            box["error"] = exc
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    return th, box
+
+
 def test_txstream_engine_on_a_multi_host_pilot(pilot):
     """Before: the store and the batch area were the driver's shared memory and the claim
     files in its /tmp, so a task on another host was refused.  Now the engine finds the hosts
@@ -88,21 +103,12 @@ def test_a_host_crashed_mid_stream_the_run_completes_equal_to_serial(no_leftover
     evs = app.events(600, 64, theta=0.5, abort=0.1, complexity=400.0, seed=9)
     ref = run(app.tables(64), evs, "serial")
     store = ts.Store(app.tables(64))
-    box: dict = {}
     try:
         with shoal.Pilot(backend="dask", address=bed.dask, workers=1) as pilot:
             engine = ts.Engine(store, pilot=pilot, punctuation=100, stall_timeout=120,
                                checkpoint=str(tmp_path / "ckpt"))
             assert engine.across_hosts
-
-            def go():
-                try:
-                    box["report"] = engine.run(evs)
-                except BaseException as exc:  # noqa: BLE001 - the test reports it
-                    box["error"] = exc
-
-            th = threading.Thread(target=go)
-            th.start()
+            th, box = _run_in_thread(engine, evs)
             wait_until(lambda: engine.last is not None or not th.is_alive(), 300,
                        "the first batch to commit")
             assert "error" not in box, box.get("error")
@@ -167,20 +173,6 @@ def _marked(folder: str) -> list:
             break  # being written
         out.append(host)
     return out
-
-
-def _run_in_thread(engine, evs) -> tuple:
-    box: dict = {}
-
-    def go():
-        try:
-            box["report"] = engine.run(evs)
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
-            box["error"] = exc
-
-    th = threading.Thread(target=go, daemon=True)
-    th.start()
-    return th, box
 
 
 def test_two_hosts_crashed_inside_waves_the_run_completes_on_the_third(no_leftovers):

@@ -269,3 +269,26 @@ def test_checkpoint_resume_across_hosts_is_exactly_once(pilot2, tmp_path):
         assert_same((store.snapshot(), rep), ref, "resumed across hosts")
     finally:
         store.close()
+
+
+def test_event_functions_a_worker_cannot_import_are_named_with_the_host(pilot2, tmp_path,
+                                                                        monkeypatch):
+    """A module on the driver's path only (as one on the driver's host only would be): the
+    wave task names the host, the module and what to do, instead of pickle's bare error."""
+    import importlib
+    import socket
+
+    (tmp_path / "driver_only_txns.py").write_text(
+        "def bump(txn, ev):\n    txn.update('a', 0, lambda v: v + 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("driver_only_txns")
+    store = ts.Store({"a": np.zeros(2, np.int64)})
+    try:
+        with pytest.raises(hosts.EventsUnavailable,
+                           match=rf"batch 0: its events do not unpickle on host "
+                                 rf"'{socket.gethostname()}': ModuleNotFoundError.*driver_only_txns"
+                                 r".*importable on every host"):
+            ts.Engine(store, pilot=pilot2, across_hosts=True).run([ts.Event(mod.bump, {})])
+        assert store.snapshot()["a"].tolist() == [0, 0]
+    finally:
+        store.close()

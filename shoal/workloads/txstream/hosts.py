@@ -82,6 +82,10 @@ class HostLost(RuntimeError):
     """The tasks of a key group were lost with their host more often than ``HOST_RETRIES``."""
 
 
+class EventsUnavailable(RuntimeError):
+    """A host cannot unpickle a batch's events (their functions' module is not there)."""
+
+
 def key_groups(layout: dict, groups: int) -> np.ndarray:
     """The group of every key of the store: its index within its table, modulo ``groups``."""
     size = max((base + n for base, n in layout.values()), default=0)
@@ -130,7 +134,15 @@ def _plan_of(w: Wave, blob: bytes):
     entry = _PLANS.get(key)
     if entry is None:
         _PLANS.clear()
-        plan = _tpg.build(pickle.loads(blob), w.layout, 1)
+        try:
+            events = pickle.loads(blob)
+        except Exception as exc:  # an event function's module is not on this host
+            raise EventsUnavailable(
+                f"txstream: batch {w.batch}: its events do not unpickle on host "
+                f"{socket.gethostname()!r}: {type(exc).__name__}: {exc} (the modules of the "
+                "event functions must be importable on every host: install them there or put "
+                "them on the shared filesystem and PYTHONPATH)") from exc
+        plan = _tpg.build(events, w.layout, 1)
         entry = _PLANS[key] = (plan, {})
     plan, mine = entry
     if w.group not in mine:

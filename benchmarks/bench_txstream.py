@@ -14,20 +14,32 @@ policy chose.  The issue's targets:
    >= 1.3x "partitioned".
 3. The 0 us complexity row: the engine's own cost per operation.
 
-The machine's load average is printed before and after: on a shared 2-core
-box every ratio moves with it.  ``--quick`` runs a small stream (a check that
-the script works, not a measurement).
+The machine's load average and its 2-process ceiling (benchmarks/run.py's
+``parallel_ceiling``: 2.0 on an idle 2-core machine) are printed before and
+after: on a shared 2-core box every ratio moves with them.  ``--quick`` runs a
+small stream (a check that the script works, not a measurement).
+
+``--across-hosts tcp://scheduler:port`` runs, instead, the engine across the
+hosts of a dask cluster (docs/txstream.md, "Across hosts"; e.g. the cluster of
+``scripts/testbed up --hosts 3 --dask``) against the plain loop and the serial
+oracle, with the waves each batch took.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pathlib
+import sys
 import time
 
-import shoal
-from shoal.workloads import txstream as ts
-from shoal.workloads.txstream.apps import gs, sl
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import run as bench_run  # noqa: E402  (benchmarks/run.py: parallel_ceiling)
+
+import shoal  # noqa: E402
+from shoal.workloads import txstream as ts  # noqa: E402
+from shoal.workloads.txstream.apps import gs, sl  # noqa: E402
 
 SCHEDS = ["serial", "adaptive", "2pl", "partitioned"]
 
@@ -136,16 +148,53 @@ def cpu_costs(n: int = 10240) -> None:
     print(f"{'derived: per worker of 2, replicated planning':58}{rep_w / n * 1e6:8.2f} us")
 
 
+def across_hosts(args) -> None:
+    """The engine on a dask cluster whose workers are on other hosts: key groups in waves."""
+    print(f"\n## across hosts ({args.across_hosts}), punctuation {args.punctuation}")
+    print(f"{'row':40}{'plain s':>9}{'serial s':>10}{'hosts s':>9}{'x plain':>9}"
+          f"{'waves/batch':>13}  hosts")
+    with shoal.Pilot(backend="dask", address=args.across_hosts, workers=1) as pilot:
+        for title, app, params in (("GS theta=0, 10 us/access", gs, {"complexity": 10}),
+                                   ("GS theta=1.0, 10 us/access", gs,
+                                    {"theta": 1.0, "complexity": 10}),
+                                   ("SL theta=0.75, 10 us/access", sl,
+                                    {"theta": 0.75, "complexity": 10}),
+                                   ("GS theta=0, 0 us/access", gs, {})):
+            evs = app.events(args.events, 10_000, seed=1, **params)
+            plain = _plain(app, 10_000, evs)
+            serial = _engine(app, 10_000, evs, "serial", None, args.punctuation)[0]
+            store = ts.Store(app.tables(10_000))
+            try:
+                t0 = time.perf_counter()
+                rep = ts.Engine(store, pilot=pilot, punctuation=args.punctuation).run(evs)
+                dt = time.perf_counter() - t0
+            finally:
+                store.close()
+            waves = [b.waves for b in rep.batches]
+            hosts = sorted({h for b in rep.batches for h in b.hosts})
+            print(f"{title:40}{plain:9.3f}{serial:10.3f}{dt:9.3f}{plain / dt:9.2f}"
+                  f"{sum(waves) / len(waves):13.1f}  {','.join(hosts)}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=20480)
     ap.add_argument("--punctuation", type=int, default=10240)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--across-hosts", metavar="ADDRESS", default=None,
+                    help="a dask scheduler whose workers are on other hosts")
     args = ap.parse_args()
     if args.quick:
         args.events, args.punctuation = 1024, 512
     print(f"load average before: {os.getloadavg()}  (cores: {os.cpu_count()})")
+    print(f"2-process ceiling before: {bench_run.parallel_ceiling():.2f} (2.00 = two idle cores)",
+          flush=True)
+    if args.across_hosts:
+        across_hosts(args)
+        print(f"\nload average after: {os.getloadavg()}")
+        print(f"2-process ceiling after: {bench_run.parallel_ceiling():.2f}")
+        return
     with shoal.Pilot(args.workers) as pilot:
         _engine(gs, 100, gs.events(256, 100, seed=0), "adaptive", pilot, 128)  # warm-up
         row("GS theta=0, 10 us/access", gs, pilot, args, theta=0.0, complexity=10)
@@ -160,6 +209,7 @@ def main():
             complexity=0)
     cpu_costs(1024 if args.quick else 10240)
     print(f"\nload average after: {os.getloadavg()}")
+    print(f"2-process ceiling after: {bench_run.parallel_ceiling():.2f}")
 
 
 if __name__ == "__main__":

@@ -237,24 +237,6 @@ def test_dl_trainer_on_a_multi_host_pilot(pilot):
     assert trainer.predict(Xte).shape[0] == len(Xte)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 30: txstream.Engine keeps its store and batch state in the driver's memory "
-    "(SharedArrays, files under the driver's /tmp): a task on another host is refused "
-    "('a SharedArray made on host ... reached a process on host ...'; before the host check: "
-    "FileNotFoundError for /tmp/shoal-txstream-... on that host)"))
-def test_txstream_engine_on_a_multi_host_pilot(pilot):
-    sys.path.insert(0, os.path.join(ROOT, "tests", "txstream"))
-    from txs_helpers import assert_same, run
-
-    from shoal.workloads.txstream.apps import APPS
-
-    app = APPS[sorted(APPS)[0]]
-    evs = app.events(60, 12, theta=1.0, abort=0.2, seed=21)
-    ref = run(app.tables(12), evs, "serial")
-    got = run(app.tables(12), evs, "adaptive", pilot, punctuation=20)
-    assert_same(got, ref, "txstream across hosts")
-
-
 def test_dashboard_groups_workers_by_host(no_leftovers):
     """The pilot's workers view on a 3-host cluster: one row per shoal worker with its host's
     name, grouped by host; CPU % only for workers of the driver's host (none here: a pid of

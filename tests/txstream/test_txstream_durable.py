@@ -28,7 +28,8 @@ def _start(ckpt, out, sched):
                              str(out), sched], stdout=subprocess.PIPE, text=True, env=env)
 
 
-@pytest.mark.parametrize("sched", ["adaptive", pytest.param("2pl", marks=pytest.mark.txstream_heavy)])
+@pytest.mark.parametrize("sched", ["adaptive", pytest.param("hosts", marks=pytest.mark.txstream_heavy),
+                                   pytest.param("2pl", marks=pytest.mark.txstream_heavy)])
 def test_sigkill_and_resume_is_exactly_once(tmp_path, sched):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.pkl"
     proc = _start(ckpt, out, sched)

@@ -2,6 +2,8 @@
 
     python txs_ckpt_script.py CHECKPOINT_DIR RESULT_FILE [SCHEDULER]
 
+SCHEDULER ``hosts`` is "adaptive" with ``across_hosts=True`` (hosts.py's runner).
+
 The test SIGKILLs this process between (or inside) batches and runs it again.
 """
 
@@ -20,6 +22,8 @@ N, KEYS, PUNCT = 1500, 64, 100
 def main():
     ckpt, out = sys.argv[1], sys.argv[2]
     sched = sys.argv[3] if len(sys.argv) > 3 else "adaptive"
+    across = sched == "hosts"
+    sched = "adaptive" if across else sched
     evs = sl.events(N, KEYS, theta=0.8, abort=0.2, complexity=100, seed=7)
     store = ts.Store(sl.tables(KEYS))
 
@@ -28,7 +32,7 @@ def main():
 
     with shoal.Pilot(2) as pilot:
         rep = ts.Engine(store, pilot=pilot, scheduler=sched, punctuation=PUNCT, checkpoint=ckpt,
-                        on_batch=tick).run(iter(evs))
+                        on_batch=tick, across_hosts=across).run(iter(evs))
     with open(out, "wb") as f:
         pickle.dump({"snap": store.snapshot(), "aborted": rep.aborted,
                      "outputs": dict(rep.outputs), "resumed_events": rep.events}, f)

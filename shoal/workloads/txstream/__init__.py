@@ -10,8 +10,9 @@ See docs/txstream.md.  Modules: store (shared tables), txn (events, recorder,
 semantics), tpg (the graph of a batch), policy (the three decisions and the
 adaptive choice), tpgrun (running a TPG on a worker), locking (2pl and
 partitioned baselines), serial (the oracle), area (shared batch state and
-partition claims), engine (the driver), checkpoint (durability), source
-(event files), apps (SL, GS, TP, OB).
+partition claims), engine (the driver), hosts (the runner for pilots whose
+workers are on other hosts: key groups in waves), checkpoint (durability),
+source (event files), apps (SL, GS, TP, OB).
 """
 
 from .engine import BatchStats, Engine, Report, Scheduler

@@ -16,6 +16,10 @@ an event's latency is from the moment the driver pulled it to that commit.
 ``scheduler``: ``"serial"`` (the oracle: in this process, no pilot needed),
 ``"2pl"``, ``"partitioned"``, ``"adaptive"`` (TPG, decisions chosen per batch)
 or a ``TPG(granularity, exploration, abort)`` (fixed decisions).
+
+On a pilot whose workers are on other hosts (``across_hosts``: found when the
+engine is built, or asked) the TPG runs through ``hosts.HostRunner`` instead:
+no shared memory, key groups exchanged in waves through this driver.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import enum
 import os
-import pickle
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -33,15 +36,16 @@ import numpy as np
 
 import shoal
 
-from .area import DONE, Area, Cancelled, ClaimDir, Job, owned
+from .area import Area, Cancelled, ClaimDir, Job, owned
 from .checkpoint import Checkpoint
+from .hosts import HostRunner
 from .locking import locking_task
-from .policy import TPG, Granularity
-from .result import BatchResult, Outputs
+from .policy import TPG, AbortHandling, Granularity
+from .result import BatchResult, Outputs, install, settle
 from .serial import run_serial
 from .store import Store
 from .tpgrun import tpg_task
-from .txn import Event, OnError, TxnError
+from .txn import Event, OnError, TxnError, dumps_events, unpicklable
 
 
 class Scheduler(enum.Enum):
@@ -69,6 +73,8 @@ class BatchStats:
     decisions: str          # what the TPG chose ("op/nonstructured/eager"), or the scheduler
     redo_from: int | None   # lazy abort: first sequence number re-run eagerly
     wall: float             # time.time() at commit
+    waves: int = 0          # across hosts: exchanges the batch took (hosts.py); 0 on one host
+    hosts: list = field(default_factory=list)  # across hosts: where its key groups ran
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -120,37 +126,6 @@ class Report:
             self.outputs.add(seq0, txn_start, vals, committed)
         self.aborted.update((np.flatnonzero(~committed) + seq0).tolist())
         self.errors.update({seq0 + t: m for t, m in errors.items()})
-
-
-def _dumps(batch) -> bytes:
-    """One pickle of the batch; by value (cloudpickle) where a function would not import on a
-    worker: a function of ``__main__`` (plain pickle would name the worker's own __main__)."""
-    if any(getattr(fn, "__module__", None) == "__main__" for fn in {e.fn for e in batch}):
-        import cloudpickle
-
-        return cloudpickle.dumps(batch, 5)
-    try:
-        return pickle.dumps(batch, 5)
-    except Exception:
-        import cloudpickle  # lambdas, closures
-
-        return cloudpickle.dumps(batch, 5)
-
-
-def _unpicklable(batch: list, seq0: int, exc: Exception) -> TypeError:
-    """The error for a batch that does not pickle, naming the first event that does not
-    (else only pickle's message: "cannot pickle '_thread.lock' object", no event)."""
-    import cloudpickle
-
-    for t, event in enumerate(batch):
-        try:
-            cloudpickle.dumps(event, 5)
-        except Exception as one:  # noqa: BLE001 - reported, with the event's number
-            return TypeError(f"event {seq0 + t}: cannot be pickled for the workers: {one!r} "
-                             f"(fn={getattr(event.fn, '__qualname__', event.fn)!s:.60}); "
-                             "an event's ev must be plain picklable data")
-    return TypeError(f"events {seq0}..{seq0 + len(batch) - 1} cannot be pickled for the "
-                     f"workers: {exc!r}")
 
 
 class _PilotRunner:
@@ -214,9 +189,9 @@ class _PilotRunner:
         e, area = self.e, self.area
         n, w = len(batch), self.pilot.workers
         try:
-            blobs = [_dumps([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+            blobs = [dumps_events([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
         except Exception as exc:
-            raise _unpicklable(batch, seq0, exc) from exc
+            raise unpicklable(batch, seq0, exc) from exc
         slices, off = [], 0
         for b in blobs:
             slices.append((off, len(b)))
@@ -261,22 +236,10 @@ class _PilotRunner:
             for r in self._phase(job, fn):
                 errors.update(r["errors"])
         txn_start = area.view("meta_start")[:n + 1].copy()
-        committed = txn_abort == 0
-        committed[list(bad)] = False
-        errors.update(bad)
         vals = area.view("op_val")[:n_ops].copy()
-        state = area.view("op_state")[:n_ops]
-        op_txn = np.repeat(np.arange(n), np.diff(txn_start))
-        cm = committed[op_txn]
-        if not (state[cm] == DONE).all():
-            raise RuntimeError("txstream: a committed transaction has an operation that did not "
-                               "run (scheduler bug)")
+        committed, cm = settle(txn_start, area.view("op_state")[:n_ops], txn_abort, bad, errors)
         if kind not in ("2pl", "partitioned") and not (errors and e.on_error is OnError.STOP):
-            idx = np.flatnonzero(cm)
-            if len(idx):
-                g = area.view("meta_gid")[idx][::-1]
-                keys, first = np.unique(g, return_index=True)
-                e.store.flat[keys] = vals[idx[::-1][first]]
+            install(e.store.flat, area.view("meta_gid")[:n_ops], vals, cm)
         self.expected_abort = float((~committed).mean()) if n else 0.0
         return BatchResult(txn_start, vals, committed, errors, decisions, redo_from)
 
@@ -297,7 +260,7 @@ class Engine:
 
     def __init__(self, store: Store, *, pilot=None, scheduler="adaptive", punctuation: int = 10_240,
                  checkpoint=None, on_error="stop", on_batch=None, keep_outputs: bool = True,
-                 stall_timeout: float = 120.0):
+                 stall_timeout: float = 120.0, across_hosts: bool | None = None):
         if not isinstance(store, Store):
             raise TypeError(f"Engine needs a ts.Store, got {type(store).__name__}")
         if isinstance(scheduler, TPG):
@@ -325,8 +288,32 @@ class Engine:
         self.on_batch = on_batch
         self.keep_outputs = keep_outputs
         self.stall_timeout = stall_timeout
+        self.across_hosts = self._across_hosts(across_hosts)
         self.checkpoint = Checkpoint(checkpoint, store.fingerprint()) if checkpoint else None
         self.last: BatchStats | None = None  # the latest batch (for a dashboard that polls)
+
+    def _across_hosts(self, asked: bool | None) -> bool:
+        """Whether batches run as key groups exchanged in waves (hosts.py): asked, or found
+        (some worker of a dask pilot on another host).  Only the TPG runs so."""
+        if asked is not None and not isinstance(asked, bool):
+            raise TypeError(f"across_hosts must be True, False or None (find out), got {asked!r}")
+        if self.scheduler is Scheduler.SERIAL:
+            return False
+        if asked is None:
+            from shoal.patterns.all_pairs import across_hosts
+
+            asked = across_hosts(self.pilot)
+        if not asked:
+            return False
+        sched = self.scheduler
+        if sched in (Scheduler.TWO_PL, Scheduler.PARTITIONED):
+            raise ValueError(f"scheduler {sched.value!r} locks in one host's shared memory, and "
+                             "this pilot's workers are on other hosts: use 'adaptive' there")
+        if isinstance(sched, TPG) and (sched.granularity is Granularity.CHAIN
+                                       or sched.abort is AbortHandling.LAZY):
+            raise ValueError(f"scheduler {sched} across hosts: key groups run operations with "
+                             "eager abort (hosts.py); use 'adaptive' or ts.TPG('op', ..., 'eager')")
+        return True
 
     def _name(self) -> str:
         return str(self.scheduler) if isinstance(self.scheduler, TPG) else self.scheduler.value
@@ -356,7 +343,10 @@ class Engine:
             if skipped < offset:
                 raise ValueError(f"the checkpoint is at event {offset}, but the stream has only "
                                  f"{skipped} events: not the stream it was written for")
-        runner = _SerialRunner(self) if self.scheduler is Scheduler.SERIAL else _PilotRunner(self)
+        if self.scheduler is Scheduler.SERIAL:
+            runner = _SerialRunner(self)
+        else:
+            runner = HostRunner(self) if self.across_hosts else _PilotRunner(self)
         in_place = self.scheduler in (Scheduler.SERIAL, Scheduler.TWO_PL, Scheduler.PARTITIONED)
         t0 = time.perf_counter()
         seq = offset
@@ -402,7 +392,7 @@ class Engine:
                     done - arrivals[0], len(batch) / max(done - arrivals[0], 1e-9),
                     float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), self._name(),
                     res.decisions, None if res.redo_from is None else seq + res.redo_from,
-                    time.time())
+                    time.time(), getattr(runner, "waves", 0), sorted(getattr(runner, "hosts", ())))
                 report.batches.append(stats)
                 self.last = stats
                 try:  # the dashboard's progress page (events/s, aborts, latency per batch)

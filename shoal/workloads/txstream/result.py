@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .area import DONE
+
 
 @dataclass
 class BatchResult:
@@ -25,6 +27,30 @@ class BatchResult:
     errors: dict = field(default_factory=dict)
     decisions: str = ""
     redo_from: int | None = None  # lazy abort: the first transaction re-run eagerly
+
+
+def settle(txn_start: np.ndarray, state: np.ndarray, txn_abort: np.ndarray, bad: dict,
+           errors: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(committed per transaction, committed per operation)`` of a finished batch: not
+    aborted and not a failed declaration (``bad``, merged into ``errors``); every operation of
+    a committed transaction must have run."""
+    committed = txn_abort == 0
+    committed[list(bad)] = False
+    errors.update(bad)
+    n = len(txn_start) - 1
+    cm = committed[np.repeat(np.arange(n), np.diff(txn_start))]
+    if not (state[cm] == DONE).all():
+        raise RuntimeError("txstream: a committed transaction has an operation that did not "
+                           "run (scheduler bug)")
+    return committed, cm
+
+
+def install(flat: np.ndarray, gid: np.ndarray, vals: np.ndarray, cm: np.ndarray) -> None:
+    """Write the last committed version of every key the batch wrote into the store."""
+    idx = np.flatnonzero(cm)
+    if len(idx):
+        keys, first = np.unique(gid[idx][::-1], return_index=True)
+        flat[keys] = vals[idx[::-1][first]]
 
 
 class Outputs(Mapping):

@@ -14,7 +14,7 @@ last two behind in-task barriers (``phase[p]`` = epoch*4 + stage, written by p's
 2. after every partition did 1: every task derives the edges from the shared arrays with
    numpy (``prev``: temporal; the version each read sees: parametric) — identical in
    every task — and its runners run their own operations (tpgrun's ``OpStructured`` /
-   ``OpFree`` and ``_Exec``, unchanged: they walk versions through other partitions'
+   ``OpFree`` and ``OpExec``, unchanged: they walk versions through other partitions'
    operations by number, never needing those closures).
 
 A barrier never deadlocks: a task whose partitions all wait at a barrier claims an

@@ -56,7 +56,7 @@ def load_plan(job: Job):
     return plan
 
 
-class _Exec:
+class OpExec:
     """Runs single operations of one plan against the shared arrays."""
 
     def __init__(self, plan, job: Job, eager: bool):
@@ -160,7 +160,7 @@ class _Exec:
 
 
 class OpStructured:
-    def __init__(self, ex: _Exec, ops: list):
+    def __init__(self, ex: OpExec, ops: list):
         self.ex, self.ops, self.i = ex, ops, 0
         self.finished = not ops
 
@@ -184,7 +184,7 @@ class OpFree:
 
     WINDOW = 64
 
-    def __init__(self, ex: _Exec, ops: list):
+    def __init__(self, ex: OpExec, ops: list):
         self.ex, self.ops, self.i = ex, ops, 0
         self.ran = bytearray(len(ops))
         self.finished = not ops
@@ -218,7 +218,7 @@ class OpFree:
 class ChainRunner:
     """Chain granularity (lazy): a chain runs whole once the chains it reads from are done."""
 
-    def __init__(self, ex: _Exec, chains: list, structured: bool):
+    def __init__(self, ex: OpExec, chains: list, structured: bool):
         self.ex = ex
         self.todo = list(chains)
         self.structured = structured
@@ -276,7 +276,7 @@ def tpg_task(job: Job, slot: int) -> dict:
         gran = Granularity.OP  # cyclic chain dependencies: fall back to operations
     eager = decision.abort is AbortHandling.EAGER or redo
     structured = decision.exploration is Exploration.STRUCTURED
-    ex = _Exec(plan, job, eager)
+    ex = OpExec(plan, job, eager)
     first_op = plan.txn_start[job.start_txn] if redo else 0
     topo_rank = None
     if gran is Granularity.CHAIN:
@@ -348,7 +348,7 @@ class _SplitTask:
                 d = choose(g.shape, job.expected_abort, lambda: True)  # chains: next batch
             self.decision = d
             self.eager = d.abort is AbortHandling.EAGER or self.redo
-            self.ex = _Exec(g, job, self.eager)
+            self.ex = OpExec(g, job, self.eager)
             self.first_op = g.txn_start[job.start_txn] if self.redo else 0
         return self.g
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import numbers
+import pickle
 import time
 import traceback
 from typing import Any, Callable, NamedTuple
@@ -157,3 +158,34 @@ def key_name(layout: dict, gid: int) -> str:
         if base <= gid < base + size:
             return f"{name}[{gid - base}]"
     return f"key {gid}"
+
+
+def dumps_events(batch: list) -> bytes:
+    """One pickle of the batch; by value (cloudpickle) where a function would not import on a
+    worker: a function of ``__main__`` (plain pickle would name the worker's own __main__)."""
+    if any(getattr(fn, "__module__", None) == "__main__" for fn in {e.fn for e in batch}):
+        import cloudpickle
+
+        return cloudpickle.dumps(batch, 5)
+    try:
+        return pickle.dumps(batch, 5)
+    except Exception:
+        import cloudpickle  # lambdas, closures
+
+        return cloudpickle.dumps(batch, 5)
+
+
+def unpicklable(batch: list, seq0: int, exc: Exception) -> TypeError:
+    """The error for a batch that does not pickle, naming the first event that does not
+    (else only pickle's message: "cannot pickle '_thread.lock' object", no event)."""
+    import cloudpickle
+
+    for t, event in enumerate(batch):
+        try:
+            cloudpickle.dumps(event, 5)
+        except Exception as one:  # noqa: BLE001 - reported, with the event's number
+            return TypeError(f"event {seq0 + t}: cannot be pickled for the workers: {one!r} "
+                             f"(fn={getattr(event.fn, '__qualname__', event.fn)!s:.60}); "
+                             "an event's ev must be plain picklable data")
+    return TypeError(f"events {seq0}..{seq0 + len(batch) - 1} cannot be pickled for the "
+                     f"workers: {exc!r}")

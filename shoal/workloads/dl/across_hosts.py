@@ -1,39 +1,45 @@
 """Training on workers of other hosts: the arrays a task needs travel as task results.
 
 The shared arena (arena.py) is memory of the driver's machine: a worker of another host
-cannot map it.  With ``Transport.FUTURES`` nothing is shared between processes; a step is::
+cannot map it.  With ``Transport.FUTURES`` no memory is shared between processes; a step is::
 
-    driver ── R replica tasks: step, rows of the replica's shard (X and y), the parameters
-    │          (the previous step's update future; the first step of a fit: the arrays)
+    driver ── R replica tasks: the step, its shard's rows (X and y), the parameters and
+    │          optimizer state (the previous step's update result, held by the driver);
     │          each runs ITS replica's whole schedule — every stage's forwards and backwards
     │          over its micro-batches, in the step graph's order — in its own process's
     │          arena (PrivateArena: the same region names, so the same code and bits) and
     │          returns (loss stats, the gradient of each stage)
-    ├─ the reduction tree of the plan: one task per tree node, the sum of its two operands
-    └─ one update task: the optimizer on every stage from the tree's root; returns the new
-       parameters and optimizer state (the next step's replica tasks take this future)
+    ├─ the plan's reduction tree: one task per tree node, the sum of its two operands
+    └─ one update task: the optimizer on every stage from the tree root's one or two
+       operands; returns the new parameters and optimizer state
+    driver: takes the update's result, then submits the next step
 
-The transport is the pilot's own: a future among a task's arguments is resolved where
-the task runs (on dask: the dask worker fetches it from the worker holding it, over
-dask's comm), so the parameters reach each host once per step and a gradient goes from
-its replica's host to the host of its tree node.  The tree is ``plan.reduction_tree``
-(fixed by R), so which workers or hosts ran what never enters the sums: the parameters
-are bitwise those of the arena path and of the in-process run.  Every task is a pure
-function of its arguments, so a task re-run after its worker or host died (dask's
-retries; a lost result is recomputed by dask from the same inputs) gives the same bytes.
+Transport: the pilot's own.  A future among a task's arguments is resolved where the task
+runs (on dask: the dask worker fetches the result from the worker holding it, over
+dask's comm), so a gradient goes from its replica's host to its tree node's host, never
+through the driver on that way; the parameters go out with each step's replica tasks.
+The tree is ``plan.reduction_tree`` (fixed by R) and every sum is the arena path's, so
+which workers or hosts ran what never enters the arithmetic: the parameters are bitwise
+those of the arena path and of the in-process run.  Every task is a pure function of
+its arguments, so a task re-run after its worker or host died (the trainer's retries; a
+finished result lost with its host is recomputed by dask from the same arguments) gives
+the same bytes; a step that never returns fails the fit after ``STEP_LIMIT_S``.
 
-Rejected: a shared arena per host (the pilot cannot aim a task at a host — dask picks
-the worker — so a replica's stages and micro-batches, which must meet in one memory,
-would land on different hosts; making a replica's step one task keeps them together
-with no aiming); torch.distributed/gloo (a second transport with its own rendezvous,
-process groups and failure handling beside dask's, and a collective that fails as a
-whole where a task is retried alone); a parameter server task (pins a worker, cannot
-be retried); sending the data set to every host once (a shard's rows of each step,
-sent with its task, add up to the data set once per epoch whatever the host count).
-Costs: the pilot also returns every result to the driver (the dask backend settles
-each future with its value), so the driver receives R gradients and one parameter
-set per step besides the hosts; pipeline stages do not spread over hosts (a replica's
-stages run one after the other in its task).
+Rejected: chaining the steps by futures (update k's future as the parameters of step
+k + 1, no wait in the driver): a host crash then lost results whose inputs, many steps
+back, dask no longer held, and the fit hung in the backend's gather (the multi-host crash
+test); a shared arena per host (the pilot cannot aim a task at a host — dask picks the
+worker — so a replica's stages and micro-batches, which must meet in one memory, would
+land on different hosts; one task per replica step keeps them together with no aiming);
+torch.distributed/gloo (a second transport with its own rendezvous, process groups and
+failure handling beside dask's, where a collective fails as a whole and a task is
+retried alone); a parameter server task (pins a worker, cannot be retried); sending the
+data set to every host once (a shard's rows, sent with its task, add up to the data set
+once per epoch whatever the host count).
+Costs: the pilot returns every result to the driver too (the dask backend settles each
+future with its value), so the driver receives R gradients and one parameter set per
+step; pipeline stages do not spread over hosts (a replica's stages run one after the
+other in its task).
 """
 
 from __future__ import annotations
@@ -178,6 +184,10 @@ class HostProgram:
 class HostEpoch:
     """The driver side: submits an epoch's steps as replica, tree and update tasks."""
 
+    # the longest a step may take when the trainer has no task timeout: a result that never
+    # arrives (a host that vanished in a way nothing reports) fails the fit, never hangs it
+    STEP_LIMIT_S = 900.0
+
     def __init__(self, trainer, ops, graph):
         self.trainer = trainer
         self.ops = ops  # HostOp -> task function
@@ -193,46 +203,49 @@ class HostEpoch:
                 self.losses.append((node.replica, seen[node.replica]))
                 seen[node.replica] += 1
 
+    def _limit(self, tasks: int) -> float:
+        """Seconds a step of ``tasks`` tasks may take: each may run ``retries + 1`` times,
+        one after another at worst, within the trainer's task timeout."""
+        t = self.trainer
+        if t.timeout is None:
+            return self.STEP_LIMIT_S
+        return max(self.STEP_LIMIT_S, t.timeout * tasks * (t.retries + 1))
+
     def run(self, pilot, X, Y, perm, n, batch_size, current):
         """One epoch from ``current`` (per stage: (parameters, state) arrays); returns the
-        loss stats in the arena path's order and the final (parameters, state) per stage."""
+        loss stats in the arena path's order and the final (parameters, state) per stage.
+
+        A step's tasks depend only on each other and on values the driver sends (its
+        rows, the parameters): the driver takes each update's result before it submits
+        the next step, so the oldest task a lost result can need again is of the same step,
+        whose futures the driver still holds (dask recomputes it from its arguments).  A
+        chain of update futures over many steps made a host crash wait for results dask
+        no longer had the inputs of (the fit hung)."""
         t = self.trainer
-        submit = t._submit
-        stats, window, params = [], [], [c[0] for c in current]
-        state = current
-        try:
-            for lo in range(0, n, batch_size):
-                hi = min(lo + batch_size, n)
-                rows = micro_batches(lo, hi, self.R, self.M)
-                reps = []
+        stats = []
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            rows = micro_batches(lo, hi, self.R, self.M)
+            futs = []
+            try:
                 for r in range(self.R):
                     a, b = rows[r][0][0], rows[r][-1][1]
                     idx = perm[a:b]
-                    reps.append(submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo, hi - lo,
-                                       a, X[idx], Y[idx], params))
-                ref = {("leaf", r): f for r, f in enumerate(reps)}
-                nodes = []
+                    futs.append(t._submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo,
+                                          hi - lo, a, X[idx], Y[idx], current))
+                ref = {("leaf", r): f for r, f in enumerate(futs)}
                 for k, (a, b) in enumerate(self.tree):
-                    ref[("node", k)] = f = submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])
-                    nodes.append(f)
-                state = submit(pilot, self.ops[HostOp.UPDATE], t.step, state,
-                               *(ref[o] for o in self.root))
-                params = state  # the replica tasks take the parameters from it
-                window.append((reps, nodes, state))
-                t.step += 1
-                if len(window) > t.WINDOW:
-                    stats.extend(self._finish(window.pop(0)))
-            while window:
-                stats.extend(self._finish(window.pop(0)))
-        except BaseException:
-            for reps, nodes, upd in window:
-                for f in (*reps, *nodes, upd):
+                    ref[("node", k)] = f = t._submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])
+                    futs.append(f)
+                futs.append(t._submit(pilot, self.ops[HostOp.UPDATE], t.step, current,
+                                      *(ref[o] for o in self.root)))
+                t._wait(futs, self._limit(len(futs)), f"step {t.step} (epoch rows {lo}..{hi})")
+            except BaseException:
+                for f in futs:
                     f.cancel()
-            raise
-        return stats, state.result()  # (n >= 1: at least one step ran)
-
-    def _finish(self, entry):
-        reps, nodes, upd = entry
-        self.trainer._wait([*reps, *nodes, upd])
-        results = [f.result() for f in reps]
-        return [results[r].stats[i] for r, i in self.losses]
+                raise
+            results = [f.result() for f in futs[:self.R]]
+            stats.extend(results[r].stats[i] for r, i in self.losses)
+            current = futs[-1].result()
+            t.step += 1
+        return stats, current

@@ -378,13 +378,20 @@ class Trainer:
         return pilot.options(retries=self.retries, timeout=self.timeout).submit(fn, *args)
 
     @staticmethod
-    def _wait(futs) -> None:
-        done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+    def _wait(futs, limit: float | None = None, what: str = "") -> None:
+        done, pending = cf.wait(futs, timeout=limit, return_when=cf.FIRST_EXCEPTION)
         for f in futs:  # the earliest failed task in submission order is the cause
             if f.done() and not f.cancelled() and f.exception() is not None:
                 for g in futs:
                     g.cancel()
                 raise f.exception()
+        if pending:
+            for g in futs:
+                g.cancel()
+            raise TimeoutError(f"dl.Trainer: {what} did not finish within {limit:g} s "
+                               f"({len(pending)} of its {len(futs)} tasks never returned): "
+                               "check that the pilot's hosts are reachable, or pass "
+                               "Trainer(timeout=seconds per task) to bound each task")
 
     # -- checks --------------------------------------------------------------------------
     def _check_x(self, X) -> np.ndarray:

@@ -294,6 +294,35 @@ def test_dl_trainer_survives_a_host_crash_mid_epoch(testbed):  # noqa: F811
         testbed.repair()
 
 
+def test_dl_trainer_survives_a_partitioned_host(testbed):  # noqa: F811
+    """h2's link cut in the middle of an epoch: the pilot drops its silent dask worker after
+    ``silent_after_s``, h2's tasks re-run on the other hosts, and the final parameters are
+    bitwise those of the undisturbed run."""
+    import threading
+
+    from shoal.workloads import dl
+
+    testbed.ensure_up()
+    plan = dl.Plan(replicas=3, stages=2, micro_batches=2)
+    serial, _ = _dl_fit(None, plan, 2, batch_size=16)
+    cut, seen = threading.Event(), {}
+
+    def cut_h2_in_epoch_1(record):
+        if record["epoch"] == 0:
+            threading.Timer(0.2, lambda: (testbed.verb("partition", "h2"), cut.set())).start()
+        if record["epoch"] == 1:
+            seen["cut in epoch 1"] = cut.is_set()
+
+    try:
+        with shoal.Pilot(backend="dask", address=testbed.dask, workers=1, silent_after_s=5) as p:
+            hosts, _ = _dl_fit(p, plan, 2, batch_size=16, callback=cut_h2_in_epoch_1)
+        assert seen == {"cut in epoch 1": True}
+        assert _same_bits(serial, hosts)
+    finally:
+        cut.wait(60)
+        testbed.repair()
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "issue 30: txstream.Engine keeps its store and batch state in the driver's memory "
     "(SharedArrays, files under the driver's /tmp): a task on another host is refused "

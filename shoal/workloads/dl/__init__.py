@@ -13,6 +13,7 @@
 Modules: ``layers`` (the numpy layers), ``losses``, ``optim`` (SGD, Adam), ``model``
 (Sequential), ``plan`` (Plan, partition, reduction tree), ``schedules`` (GPipe, 1F1B,
 the step's task graph), ``arena`` (shared memory), ``program`` (what tasks run),
+``across_hosts`` (Transport; workers on other hosts: arrays as task results),
 ``trainer`` (Trainer), ``torch_module`` (TorchModule).  docs/dl.md explains the design.
 """
 

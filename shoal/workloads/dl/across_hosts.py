@@ -26,9 +26,9 @@ finished result lost with its host is recomputed by dask from the same arguments
 the same bytes; a step that never returns fails the fit after ``STEP_LIMIT_S``.
 
 Rejected: chaining the steps by futures (update k's future as the parameters of step
-k + 1, no wait in the driver): a host crash then lost results whose inputs, many steps
-back, dask no longer held, and the fit hung in the backend's gather (the multi-host crash
-test); a shared arena per host (the pilot cannot aim a task at a host — dask picks the
+k + 1, no wait in the driver): in the multi-host crash test a crash lost finished
+results of that chain, the backend's gather rescheduled them and the fit hung (a lost
+result then needs its inputs, back along the chain, recomputed too); a shared arena per host (the pilot cannot aim a task at a host — dask picks the
 worker — so a replica's stages and micro-batches, which must meet in one memory, would
 land on different hosts; one task per replica step keeps them together with no aiming);
 torch.distributed/gloo (a second transport with its own rendezvous, process groups and

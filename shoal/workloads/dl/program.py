@@ -469,7 +469,8 @@ class ProgramRef:
                 raise RuntimeError(
                     f"a dl.Trainer task reached a worker on host {socket.gethostname()!r}, but the "
                     f"training run's memory (its arena) is on the driver's host {self.host!r}: dl "
-                    "tasks run only on workers of the driver's machine (docs/dl.md, 'On dask')")
+                    "arena tasks run only on workers of the driver's machine: leave "
+                    "Trainer(transport=None) or pass dl.Transport.FUTURES (docs/dl.md, 'Across hosts')")
             program = pickle.loads(self.blob)
             _LIVE[self.run] = program
             while len(_LIVE) > LIVE:

@@ -13,6 +13,11 @@ Data flow of one ``fit``::
                  write the checkpoint; append a history record; call ``callback``
     end:    copy parameters and optimizer state out of the arena, close it
 
+With workers on other hosts (``Transport.FUTURES``, across_hosts.py) there is no shared
+arena: per step one task per replica (its rows and the parameters as arguments), the
+reduction tree's tasks and one update task, whose result the driver passes to the next
+step; the arithmetic is the same code, so the bits are the same.
+
 Invariants: futures carry only small values (a loss sum, None); the arrays stay in the
 arena.  The arithmetic is fixed by the plan (``plan.py``), so the workers' number and
 the backend do not change a bit.  Every task is idempotent, so tasks are submitted with
@@ -262,7 +267,7 @@ class Trainer:
             return np.empty((0,) + shapes[-1], dtype=X.dtype)  # as the model's forward gives
         stage_layers = self._stages(shapes, min(len(X), 64) or 1)
         if self._transport() is Transport.FUTURES:
-            return self._predict_futures(X, shapes, stage_layers)
+            return self._predict_futures(X, stage_layers)
         layout = Layout()
         layout.add(("X",), X.shape, X.dtype)
         layout.add(("out",), (len(X),) + shapes[-1], X.dtype)
@@ -287,7 +292,7 @@ class Trainer:
         finally:
             arena.close()
 
-    def _predict_futures(self, X, shapes, stage_layers) -> np.ndarray:
+    def _predict_futures(self, X, stage_layers) -> np.ndarray:
         """``predict`` across hosts: each task gets its rows and the parameters, returns
         its outputs."""
         sizes = self._stage_sizes(stage_layers)
@@ -297,7 +302,7 @@ class Trainer:
         program = HostProgram(self._program(PrivateArena(layout), stage_layers, None), [], 1)
         ref = ProgramRef(program, pickled=self.pilot is not None, anywhere=True)
         op = task_function(ref, HostOp.PREDICT, 0)
-        params = [p for p, _ in self._flat_state(stage_layers, sizes)]
+        params = self._flat_params(stage_layers, sizes)
         pilot = self.pilot if self.pilot is not None else _Inline()
         chunk = self.PREDICT_ROWS
         futs = [self._submit(pilot, op, params, X[lo:lo + chunk]) for lo in range(0, len(X), chunk)]
@@ -549,12 +554,17 @@ class Trainer:
         self._state = [self._unflatten(stage_layers, lambda s, j=j: arena.view(("state", s, j, v)))
                        for j in range(self.optimizer.slots)] or None
 
+    def _flat_params(self, stage_layers, sizes) -> list[np.ndarray]:
+        """The model's parameters as one flat array per stage (fresh arrays)."""
+        params = [np.empty(size, self.model.dtype) for size in sizes]
+        self._flatten(self.model.parameters(), stage_layers, lambda s: params[s])
+        return params
+
     def _flat_state(self, stage_layers, sizes) -> list[tuple]:
         """Per stage: (flat parameters, [flat optimizer state per slot]), fresh arrays."""
-        dtype = self.model.dtype
-        params = [np.empty(size, dtype) for size in sizes]
-        self._flatten(self.model.parameters(), stage_layers, lambda s: params[s])
-        state = [[np.zeros(size, dtype) for size in sizes] for _ in range(self.optimizer.slots)]
+        params = self._flat_params(stage_layers, sizes)
+        state = [[np.zeros(size, self.model.dtype) for size in sizes]
+                 for _ in range(self.optimizer.slots)]
         for j, arrays in enumerate(self._state or ()):
             self._flatten(arrays, stage_layers, lambda s, j=j: state[j][s])
         return [(params[s], [state[j][s] for j in range(self.optimizer.slots)])

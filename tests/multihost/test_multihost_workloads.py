@@ -244,6 +244,7 @@ def _same_bits(a, b) -> bool:
                                   dict(replicas=2, stages=2, micro_batches=4, schedule="gpipe"),
                                   dict(replicas=3, stages=1, micro_batches=2)],
                          ids=["hybrid-1f1b", "hybrid-gpipe", "data-3"])
+@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
 def test_dl_trainer_on_a_multi_host_pilot(pilot, plan):
     """One plan, bitwise the same parameters in this process, on 1 host x 2 workers (a local
     pilot: the shared arena) and on 3 hosts x 1 worker (tasks exchange arrays as results,
@@ -265,6 +266,7 @@ def test_dl_trainer_on_a_multi_host_pilot(pilot, plan):
         assert hosts.evaluate(Xte, yte) >= 0.97
 
 
+@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
 def test_dl_trainer_survives_a_host_crash_mid_epoch(testbed):  # noqa: F811
     """A host crashed in the middle of an epoch: its tasks re-run on the other hosts (lost
     results are recomputed from the same inputs) and the final parameters are bitwise those
@@ -294,6 +296,7 @@ def test_dl_trainer_survives_a_host_crash_mid_epoch(testbed):  # noqa: F811
         testbed.repair()
 
 
+@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
 def test_dl_trainer_survives_a_partitioned_host(testbed):  # noqa: F811
     """h2's link cut in the middle of an epoch: the pilot drops its silent dask worker after
     ``silent_after_s``, h2's tasks re-run on the other hosts, and the final parameters are

@@ -120,7 +120,7 @@ class Slow(dl.Layer):
         import time
 
         if ctx.train and shoal.current_worker() is not None:
-            time.sleep(3)
+            time.sleep(2)
         return x
 
     def __repr__(self):

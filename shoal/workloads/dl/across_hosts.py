@@ -87,7 +87,7 @@ def workers_elsewhere(pilot) -> bool:
     True, the path that works wherever they start)."""
     import shoal
 
-    if pilot is None or pilot.backend is not shoal.BackendKind.DASK:
+    if getattr(pilot, "backend", None) is not shoal.BackendKind.DASK:  # (None: in this process)
         return False
     client = getattr(pilot.shared, "client", None)
     if client is None:  # pragma: no cover - a dask factory without a client
@@ -172,7 +172,8 @@ class HostProgram:
 
         p = self.program
         self._load(params, 0)
-        ctx, x = Ctx(False, p.seed), X
+        # (an array that arrived over dask's comm may be read-only; torch warns on those)
+        ctx, x = Ctx(False, p.seed), X if X.flags.writeable else X.copy()
         for s in range(p.stages):
             x, _ = p.engine.forward(s, p.params(s, 0), x, ctx, False)
         return np.asarray(x)

@@ -142,7 +142,7 @@ class HostProgram:
                 if node.replica != r:
                     continue
                 a, b = rows[node.index]
-                out = p._step(node.kind, node.stage, (step, r, node.index, a, b, lo, bn))
+                out = p.compute(node.kind, node.stage, (step, r, node.index, a, b, lo, bn))
                 if node.stage == p.stages - 1 and node.kind is not OpKind.BACKWARD:
                     stats.append(out)
         finally:
@@ -189,8 +189,9 @@ class HostEpoch:
     # arrives (a host that vanished in a way nothing reports) fails the fit, never hangs it
     STEP_LIMIT_S = 900.0
 
-    def __init__(self, trainer, ops, graph):
+    def __init__(self, trainer, ops, graph, submit, wait):
         self.trainer = trainer
+        self.submit, self.wait = submit, wait  # the trainer's: with its retries and timeout
         self.ops = ops  # HostOp -> task function
         plan = trainer.plan
         self.R, self.S, self.M = plan.replicas, plan.stages, plan.micro_batches
@@ -232,15 +233,15 @@ class HostEpoch:
                 for r in range(self.R):
                     a, b = rows[r][0][0], rows[r][-1][1]
                     idx = perm[a:b]
-                    futs.append(t._submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo,
+                    futs.append(self.submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo,
                                           hi - lo, a, X[idx], Y[idx], current))
                 ref = {("leaf", r): f for r, f in enumerate(futs)}
                 for k, (a, b) in enumerate(self.tree):
-                    ref[("node", k)] = f = t._submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])
+                    ref[("node", k)] = f = self.submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])
                     futs.append(f)
-                futs.append(t._submit(pilot, self.ops[HostOp.UPDATE], t.step, current,
+                futs.append(self.submit(pilot, self.ops[HostOp.UPDATE], t.step, current,
                                       *(ref[o] for o in self.root)))
-                t._wait(futs, self._limit(len(futs)), f"step {t.step} (epoch rows {lo}..{hi})")
+                self.wait(futs, self._limit(len(futs)), f"step {t.step} (epoch rows {lo}..{hi})")
             except BaseException:
                 for f in futs:
                     f.cancel()

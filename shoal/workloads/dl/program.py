@@ -277,7 +277,7 @@ class Program:
         if kind is OpKind.UPDATE:
             self._update(s, args)
             return None
-        out = self._step(kind, s, args)
+        out = self.compute(kind, s, args)
         step, r, m = args[:3]
         if self.fused and m == self.micro - 1 and kind is not OpKind.FORWARD:
             self._arrive(step, r, s)
@@ -305,7 +305,7 @@ class Program:
             cache[key] = np.empty(n, dtype)
         return cache[key]
 
-    def _step(self, kind: OpKind, s: int, args: tuple):
+    def compute(self, kind: OpKind, s: int, args: tuple):
         """A forward, backward or fused forward-backward of one micro-batch."""
         step, r, m, lo, hi, b0, bn = args[:7]
         n = hi - lo

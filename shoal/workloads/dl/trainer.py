@@ -212,7 +212,7 @@ class Trainer:
                 ref = ProgramRef(HostProgram(self._program(arena, stage_layers, None), graph, R),
                                  pickled=self.pilot is not None, anywhere=True)
                 ops = {kind: task_function(ref, kind, 0) for kind in HostOp}
-                host = HostEpoch(self, ops, graph)
+                host = HostEpoch(self, ops, graph, self._submit, self._wait)
                 current = self._flat_state(stage_layers, sizes)
             else:
                 self._fill(arena, X, Y, stage_layers, sizes)

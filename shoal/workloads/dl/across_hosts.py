@@ -220,9 +220,8 @@ class HostEpoch:
         A step's tasks depend only on each other and on values the driver sends (its
         rows, the parameters): the driver takes each update's result before it submits
         the next step, so the oldest task a lost result can need again is of the same step,
-        whose futures the driver still holds (dask recomputes it from its arguments).  A
-        chain of update futures over many steps made a host crash wait for results dask
-        no longer had the inputs of (the fit hung)."""
+        whose futures the driver still holds (dask recomputes it from its arguments; a
+        chain of update futures made the fit hang after a host crash: module docstring)."""
         t = self.trainer
         stats = []
         for lo in range(0, n, batch_size):
@@ -234,13 +233,13 @@ class HostEpoch:
                     a, b = rows[r][0][0], rows[r][-1][1]
                     idx = perm[a:b]
                     futs.append(self.submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo,
-                                          hi - lo, a, X[idx], Y[idx], current))
+                                            hi - lo, a, X[idx], Y[idx], current))
                 ref = {("leaf", r): f for r, f in enumerate(futs)}
                 for k, (a, b) in enumerate(self.tree):
                     ref[("node", k)] = f = self.submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])
                     futs.append(f)
                 futs.append(self.submit(pilot, self.ops[HostOp.UPDATE], t.step, current,
-                                      *(ref[o] for o in self.root)))
+                                        *(ref[o] for o in self.root)))
                 self.wait(futs, self._limit(len(futs)), f"step {t.step} (epoch rows {lo}..{hi})")
             except BaseException:
                 for f in futs:

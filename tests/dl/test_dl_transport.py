@@ -136,3 +136,20 @@ def test_a_step_that_never_returns_fails_the_fit_instead_of_hanging(pilot2, monk
     with pytest.raises(TimeoutError, match=r"step 0 \(epoch rows 0\.\.32\) did not finish within 0.5 s"):
         trainer.fit(Xtr, ytr, epochs=1, batch_size=32)
     assert trainer.step == 0 and not trainer.history
+
+
+def test_torch_module_with_futures_gives_the_arena_bits(pilot2):
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install "
+                                                "'shoal[torch]' (the CPU wheel, docs/dl.md)")
+
+    def model():
+        torch.manual_seed(0)
+        return dl.TorchModule(torch.nn.Sequential(
+            torch.nn.Linear(64, 32), torch.nn.ReLU(inplace=True), torch.nn.Linear(32, 10)
+        ).to(torch.float64))
+
+    plan = dl.Plan(replicas=3, stages=2, micro_batches=2)
+    arena = fit(plan, pilot2, model=model())
+    futures = fit(plan, pilot2, FUTURES, model=model())
+    assert same(arena.parameters(), futures.parameters())
+    assert np.array_equal(arena.predict(Xte), futures.predict(Xte))

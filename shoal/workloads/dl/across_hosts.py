@@ -3,8 +3,8 @@
 The shared arena (arena.py) is memory of the driver's machine: a worker of another host
 cannot map it.  With ``Transport.FUTURES`` no memory is shared between processes; a step is::
 
-    driver ── R replica tasks: the step, its shard's rows (X and y), the parameters and
-    │          optimizer state (the previous step's update result, held by the driver);
+    driver ── R replica tasks: the step, its shard's rows (X and y), the parameters (from
+    │          the previous step's update result, held by the driver);
     │          each runs ITS replica's whole schedule — every stage's forwards and backwards
     │          over its micro-batches, in the step graph's order — in its own process's
     │          arena (PrivateArena: the same region names, so the same code and bits) and
@@ -130,10 +130,9 @@ class HostProgram:
 
     def replica_step(self, step, r, lo, bn, first, X, Y, params) -> ReplicaResult:
         """Replica ``r``'s share of step ``step`` (batch rows ``lo .. lo + bn``; ``X``, ``Y``
-        its shard's rows, from ``first``), with ``params`` the stages' parameters or the
-        previous update's result."""
+        its shard's rows, from ``first``), with ``params`` the stages' parameters."""
         p, v = self.program, step % 2
-        self._load([s[0] if isinstance(s, tuple) else s for s in params], v)
+        self._load(params, v)
         rows = micro_batches(lo, lo + bn, self.replicas, p.micro)[r]
         p.rows = (first, X, Y)
         stats = []
@@ -227,13 +226,13 @@ class HostEpoch:
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
             rows = micro_batches(lo, hi, self.R, self.M)
-            futs = []
+            futs, params = [], [param for param, _ in current]  # (the state: update only)
             try:
                 for r in range(self.R):
                     a, b = rows[r][0][0], rows[r][-1][1]
                     idx = perm[a:b]
                     futs.append(self.submit(pilot, self.ops[HostOp.REPLICA_STEP], t.step, r, lo,
-                                            hi - lo, a, X[idx], Y[idx], current))
+                                            hi - lo, a, X[idx], Y[idx], params))
                 ref = {("leaf", r): f for r, f in enumerate(futs)}
                 for k, (a, b) in enumerate(self.tree):
                     ref[("node", k)] = f = self.submit(pilot, self.ops[HostOp.REDUCE], ref[a], ref[b])

@@ -244,7 +244,7 @@ def _same_bits(a, b) -> bool:
                                   dict(replicas=2, stages=2, micro_batches=4, schedule="gpipe"),
                                   dict(replicas=3, stages=1, micro_batches=2)],
                          ids=["hybrid-1f1b", "hybrid-gpipe", "data-3"])
-@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
+@pytest.mark.timeout(400)  # (three 15-epoch fits: over a minute on a loaded 2-core machine)
 def test_dl_trainer_on_a_multi_host_pilot(pilot, plan):
     """One plan, bitwise the same parameters in this process, on 1 host x 2 workers (a local
     pilot: the shared arena) and on 3 hosts x 1 worker (tasks exchange arrays as results,
@@ -266,63 +266,37 @@ def test_dl_trainer_on_a_multi_host_pilot(pilot, plan):
         assert hosts.evaluate(Xte, yte) >= 0.97
 
 
-@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
-def test_dl_trainer_survives_a_host_crash_mid_epoch(testbed):  # noqa: F811
-    """A host crashed in the middle of an epoch: its tasks re-run on the other hosts (lost
-    results are recomputed from the same inputs) and the final parameters are bitwise those
-    of the undisturbed run."""
+@pytest.mark.parametrize("fault, epochs, options", [("crash", 3, {}),
+                                                    ("partition", 2, {"silent_after_s": 5})],
+                         ids=["crash", "partition"])
+@pytest.mark.timeout(400)  # (repairing a cut host alone takes a minute on a loaded machine)
+def test_dl_trainer_survives_a_host_fault_mid_epoch(testbed, fault, epochs, options):  # noqa: F811
+    """h2 crashed (every process SIGKILLed) or cut off (its link down: the pilot drops its
+    silent dask worker after ``silent_after_s``) in the middle of epoch 1: h2's tasks re-run
+    on the other hosts, lost results are recomputed from the same inputs, and the final
+    parameters are bitwise those of the undisturbed run."""
     import threading
 
     from shoal.workloads import dl
 
     testbed.ensure_up()
     plan = dl.Plan(replicas=3, stages=2, micro_batches=2)
-    serial, _ = _dl_fit(None, plan, 3, batch_size=16)
-    crashed, seen = threading.Event(), {}
+    serial, _ = _dl_fit(None, plan, epochs, batch_size=16)
+    struck, seen = threading.Event(), {}
 
-    def crash_h2_in_epoch_1(record):
+    def strike_h2_in_epoch_1(record):
         if record["epoch"] == 0:
-            threading.Timer(0.2, lambda: (testbed.verb("crash", "h2"), crashed.set())).start()
+            threading.Timer(0.2, lambda: (testbed.verb(fault, "h2"), struck.set())).start()
         if record["epoch"] == 1:
-            seen["crashed in epoch 1"] = crashed.is_set()
+            seen["struck in epoch 1"] = struck.is_set()
 
     try:
-        with shoal.Pilot(backend="dask", address=testbed.dask, workers=1) as p:
-            hosts, _ = _dl_fit(p, plan, 3, batch_size=16, callback=crash_h2_in_epoch_1)
-        assert seen == {"crashed in epoch 1": True}
+        with shoal.Pilot(backend="dask", address=testbed.dask, workers=1, **options) as p:
+            hosts, _ = _dl_fit(p, plan, epochs, batch_size=16, callback=strike_h2_in_epoch_1)
+        assert seen == {"struck in epoch 1": True}
         assert _same_bits(serial, hosts)
     finally:
-        crashed.wait(60)
-        testbed.repair()
-
-
-@pytest.mark.timeout(400)  # (a loaded 2-core machine; repairing a cut host takes a minute)
-def test_dl_trainer_survives_a_partitioned_host(testbed):  # noqa: F811
-    """h2's link cut in the middle of an epoch: the pilot drops its silent dask worker after
-    ``silent_after_s``, h2's tasks re-run on the other hosts, and the final parameters are
-    bitwise those of the undisturbed run."""
-    import threading
-
-    from shoal.workloads import dl
-
-    testbed.ensure_up()
-    plan = dl.Plan(replicas=3, stages=2, micro_batches=2)
-    serial, _ = _dl_fit(None, plan, 2, batch_size=16)
-    cut, seen = threading.Event(), {}
-
-    def cut_h2_in_epoch_1(record):
-        if record["epoch"] == 0:
-            threading.Timer(0.2, lambda: (testbed.verb("partition", "h2"), cut.set())).start()
-        if record["epoch"] == 1:
-            seen["cut in epoch 1"] = cut.is_set()
-
-    try:
-        with shoal.Pilot(backend="dask", address=testbed.dask, workers=1, silent_after_s=5) as p:
-            hosts, _ = _dl_fit(p, plan, 2, batch_size=16, callback=cut_h2_in_epoch_1)
-        assert seen == {"cut in epoch 1": True}
-        assert _same_bits(serial, hosts)
-    finally:
-        cut.wait(60)
+        struck.wait(60)
         testbed.repair()
 
 

@@ -7,7 +7,9 @@
    program, mapping the arena) for: the in-process serial plan (no pilot, numpy with all
    BLAS threads), 1 replica on a 1-worker pilot (one BLAS thread: a shoal worker is
    pinned to one CPU), 1 replica on a 2-worker pilot (one BLAS thread each, the other
-   worker idle), and 2 replicas on the 2-worker pilot.  Target: 2 replicas >= 1.6x
+   worker idle), and 2 replicas on the 2-worker pilot, with the shared arena and with
+   ``dl.Transport.FUTURES`` (arrays as task results: what a pilot across hosts runs, here
+   on one host, so the ratio is the transport's cost).  Target: 2 replicas >= 1.6x
    1 replica.
 2. torch: the engine's own cost (a ``dl.TorchModule`` serial plan in this process against a
    hand-written torch loop, both on one thread), then the same model as a
@@ -66,8 +68,9 @@ def mlp(d=256, h=1024, classes=10):
     return model
 
 
-def rate(model, plan, pilot, X, y, epochs, batch=256):
-    trainer = dl.Trainer(model, optimizer=dl.SGD(lr=0.01, momentum=0.9), plan=plan, pilot=pilot)
+def rate(model, plan, pilot, X, y, epochs, batch=256, transport=None):
+    trainer = dl.Trainer(model, optimizer=dl.SGD(lr=0.01, momentum=0.9), plan=plan, pilot=pilot,
+                         transport=transport)
     history = trainer.fit(X, y, epochs=epochs, batch_size=batch)
     return history[-1]["samples_per_s"], trainer
 
@@ -307,6 +310,8 @@ def main():
             best(rate_of, "r1w1", rate(mlp(), dl.Plan(), p1, X, y, E)[0])
             best(rate_of, "r1w2", rate(mlp(), dl.Plan(), p2, X, y, E)[0])
             best(rate_of, "r2w2", rate(mlp(), dl.Plan(replicas=2), p2, X, y, E)[0])
+            best(rate_of, "r2w2f", rate(mlp(), dl.Plan(replicas=2), p2, X, y, E,
+                                        transport=dl.Transport.FUTURES)[0])
     loads.append(f"after data parallel {load()}")
     print(loads[-1], flush=True)
 
@@ -360,7 +365,8 @@ def main():
     for key, name in (("serial", "serial plan, in-process numpy (all BLAS threads)"),
                       ("r1w1", "1 replica, 1-worker pilot (1 BLAS thread: pinned to one CPU)"),
                       ("r1w2", "1 replica, 2-worker pilot (1 BLAS thread each)"),
-                      ("r2w2", "2 replicas, 2-worker pilot")):
+                      ("r2w2", "2 replicas, 2-worker pilot"),
+                      ("r2w2f", "2 replicas, 2-worker pilot, Transport.FUTURES (the path across hosts)")):
         print(f"| {name} | {rate_of[key]:,.0f} | {rate_of[key] / serial:.2f}x serial |")
     if have_torch:
         print(f"| plain torch loop, this process, 1 thread | {rate_of['torch_plain']:,.0f} | "
@@ -384,6 +390,8 @@ def main():
     print(f"| (not a target) 2 replicas on the pilot / serial in-process, all BLAS threads | "
           f"{rate_of['r2w2'] / serial:.2f} | - |")
     print(f"| (not a target) 1-worker pilot / serial in-process | {rate_of['r1w1'] / serial:.2f} | - |")
+    print(f"| (not a target) 2 replicas, Transport.FUTURES / the shared arena | "
+          f"{rate_of['r2w2f'] / rate_of['r2w2']:.2f} | - |")
     print(f"\n(pipeline run: {rate_of['pipe']:,.0f} samples/s, 1536 features, batch 512)")
 
 

@@ -13,9 +13,11 @@
 Modules: ``layers`` (the numpy layers), ``losses``, ``optim`` (SGD, Adam), ``model``
 (Sequential), ``plan`` (Plan, partition, reduction tree), ``schedules`` (GPipe, 1F1B,
 the step's task graph), ``arena`` (shared memory), ``program`` (what tasks run),
+``across_hosts`` (Transport; workers on other hosts: arrays as task results),
 ``trainer`` (Trainer), ``torch_module`` (TorchModule).  docs/dl.md explains the design.
 """
 
+from .across_hosts import Transport
 from .layers import Conv2d, Ctx, Dropout, Flatten, Layer, Linear, MaxPool2d, ReLU, ShapeError, Tanh
 from .losses import Loss
 from .model import Sequential
@@ -28,5 +30,5 @@ from .trainer import Trainer
 __all__ = [
     "Sequential", "Linear", "ReLU", "Tanh", "Conv2d", "MaxPool2d", "Flatten", "Dropout", "Layer",
     "Ctx", "SGD", "Adam", "Optimizer", "Plan", "Schedule", "PlanError", "ShapeError", "Loss",
-    "Trainer", "TorchModule", "OpKind", "step_graph", "ideal_bubble",
+    "Trainer", "Transport", "TorchModule", "OpKind", "step_graph", "ideal_bubble",
 ]

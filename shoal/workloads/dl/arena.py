@@ -71,3 +71,32 @@ class Arena:
     def close(self) -> None:
         self._views.clear()
         self.shared.close()
+
+
+class PrivateArena:
+    """A Layout's regions as this process's own arrays, each made (zeroed) on first use.
+
+    What a task of a run across hosts (``across_hosts.py``) computes in: the same region
+    names as the shared arena, so the program's arithmetic is literally the same code;
+    only the regions that process touches take memory.  It pickles as its layout."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self._views: dict = {}
+
+    def view(self, key) -> np.ndarray:
+        v = self._views.get(key)
+        if v is None:
+            _, shape, dtype = self.layout.regions[key]
+            v = self._views[key] = np.zeros(shape, np.dtype(dtype))
+        return v
+
+    def __getstate__(self):
+        return {"layout": self.layout}
+
+    def __setstate__(self, state):
+        self.layout = state["layout"]
+        self._views = {}
+
+    def close(self) -> None:
+        self._views.clear()

@@ -126,6 +126,7 @@ class Program:
         self.tree_nodes = tree_nodes  # reduction tree nodes per stage
         self.guard = guard  # None: in this process, where no task runs twice
         self.fused = replicas <= 2  # the update rides on each stage's last backward (_arrive)
+        self.rows = None  # across hosts: (first row, X rows, y rows) of the task (across_hosts.py)
 
     @staticmethod
     def task_count(replicas: int, stages: int, micro: int, tree_nodes: int) -> int:
@@ -204,6 +205,10 @@ class Program:
         if s > 0:
             return self.arena.view(("out", r, s - 1, m % self.slots[s - 1]))[:n]
         x = self.arena.view(("act", r, 0, m % self.slots[0], 0))[:n]
+        if self.rows is not None:  # the rows came with the task
+            first, X, _ = self.rows
+            x[...] = X[lo - first:hi - first]
+            return x
         np.take(self.arena.view(("X",)), self.arena.view(("perm",))[lo:hi], axis=0, out=x)
         return x
 
@@ -224,7 +229,11 @@ class Program:
         return self.arena.view(("dout", r, s, m % self.slots[s]))[:n]
 
     def _loss(self, step, r, m, lo, hi, z, batch_rows):
-        y = self.arena.view(("Y",))[self.arena.view(("perm",))[lo:hi]]
+        if self.rows is not None:
+            first, _, Y = self.rows
+            y = Y[lo - first:hi - first]
+        else:
+            y = self.arena.view(("Y",))[self.arena.view(("perm",))[lo:hi]]
         value, grad, correct = value_and_grad(self.loss, z, y, batch_rows)
         if not math.isfinite(value):
             raise FloatingPointError(
@@ -269,7 +278,7 @@ class Program:
         if kind is OpKind.UPDATE:
             self._update(s, args)
             return None
-        out = self._step(kind, s, args)
+        out = self.compute(kind, s, args)
         step, r, m = args[:3]
         if self.fused and m == self.micro - 1 and kind is not OpKind.FORWARD:
             self._arrive(step, r, s)
@@ -297,7 +306,7 @@ class Program:
             cache[key] = np.empty(n, dtype)
         return cache[key]
 
-    def _step(self, kind: OpKind, s: int, args: tuple):
+    def compute(self, kind: OpKind, s: int, args: tuple):
         """A forward, backward or fused forward-backward of one micro-batch."""
         step, r, m, lo, hi, b0, bn = args[:7]
         n = hi - lo
@@ -341,6 +350,12 @@ class Program:
         if kind == "leaf":
             return self.arena.view(("acc", i, s, (self.micro - 1) % 2))
         return self.arena.view(("node", s, i))
+
+    def call(self, kind, stage: int, args: tuple):
+        """What a task function of this run runs (``task_function``)."""
+        if kind == "predict":
+            return self.predict(*args[:3])
+        return self.run(kind, stage, args)
 
     def predict(self, lo, hi, v):
         """Rows ``lo..hi`` of ``X`` through every stage (no dropout) into the ``out`` region."""
@@ -432,9 +447,9 @@ class ProgramRef:
     run id and the bytes, and ``get`` returns the program unpickled at most once per
     process while the run is among the last ``LIVE`` this process ran."""
 
-    def __init__(self, program: Program, pickled: bool):
+    def __init__(self, program, pickled: bool, anywhere: bool = False):
         self.run = uuid.uuid4().hex
-        self.host = socket.gethostname()
+        self.host = None if anywhere else socket.gethostname()  # None: any host may run it
         self.program = program
         self.blob = _dumps(program) if pickled else None
 
@@ -451,11 +466,12 @@ class ProgramRef:
             return self.program
         program = _LIVE.get(self.run)
         if program is None:
-            if socket.gethostname() != self.host:
+            if self.host is not None and socket.gethostname() != self.host:
                 raise RuntimeError(
                     f"a dl.Trainer task reached a worker on host {socket.gethostname()!r}, but the "
                     f"training run's memory (its arena) is on the driver's host {self.host!r}: dl "
-                    "tasks run only on workers of the driver's machine (docs/dl.md, 'On dask')")
+                    "arena tasks run only on workers of the driver's machine: leave "
+                    "Trainer(transport=None) or pass dl.Transport.FUTURES (docs/dl.md, 'Across hosts')")
             program = pickle.loads(self.blob)
             _LIVE[self.run] = program
             while len(_LIVE) > LIVE:
@@ -465,10 +481,7 @@ class ProgramRef:
         return program
 
     def call(self, kind, stage, args):
-        program = self.get()
-        if kind == "predict":
-            return program.predict(*args[:3])
-        return program.run(kind, stage, args)
+        return self.get().call(kind, stage, args)
 
 
 def _dumps(obj) -> bytes:
@@ -489,7 +502,7 @@ def _dumps(obj) -> bytes:
                         "socket held by a torch module cannot)") from exc
 
 
-def task_function(ref: ProgramRef, kind: OpKind | str, stage: int):
+def task_function(ref: ProgramRef, kind, stage: int):
     """The task function of one op kind of one stage of a run: a plain function, so the
     runtime sends it to each worker once and then names it by id.  Its ``__name__``
     (``dl.forward[s1]``) names the task in traces."""
@@ -497,6 +510,6 @@ def task_function(ref: ProgramRef, kind: OpKind | str, stage: int):
     def op(*args):
         return ref.call(kind, stage, args)
 
-    label = kind.value if isinstance(kind, OpKind) else kind
+    label = getattr(kind, "value", kind)
     op.__name__ = op.__qualname__ = f"dl.{label}[s{stage}]"
     return op

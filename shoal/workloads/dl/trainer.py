@@ -13,6 +13,11 @@ Data flow of one ``fit``::
                  write the checkpoint; append a history record; call ``callback``
     end:    copy parameters and optimizer state out of the arena, close it
 
+With workers on other hosts (``Transport.FUTURES``, across_hosts.py) there is no shared
+arena: per step one task per replica (its rows and the parameters as arguments), the
+reduction tree's tasks and one update task, whose result the driver passes to the next
+step; the arithmetic is the same code, so the bits are the same.
+
 Invariants: futures carry only small values (a loss sum, None); the arrays stay in the
 arena.  The arithmetic is fixed by the plan (``plan.py``), so the workers' number and
 the backend do not change a bit.  Every task is idempotent, so tasks are submitted with
@@ -35,7 +40,8 @@ import numpy as np
 
 import shoal
 
-from .arena import Arena, Layout
+from .across_hosts import HostEpoch, HostOp, HostProgram, Transport, workers_elsewhere
+from .arena import Arena, Layout, PrivateArena
 from .checkpoint import FitCheckpoint, parameters_hash
 from .layers import ShapeError
 from .losses import Loss
@@ -73,10 +79,14 @@ class Trainer:
     """Trains ``model`` with ``optimizer`` under ``plan`` on ``pilot`` (None: in this process)."""
 
     WINDOW = 4  # steps submitted ahead of the oldest unfinished one (each depends on the last)
+    # rows per predict task, whatever the pilot: a matrix product's bits depend on its row
+    # count (OpenBLAS), so chunks sized by worker count gave predictions that differed in the
+    # last bit between pilots
+    PREDICT_ROWS = 256
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | None = None,
                  plan: Plan | None = None, pilot=None, *, retries: int = 2,
-                 timeout: float | None = None):
+                 timeout: float | None = None, transport: Transport | None = None):
         if not hasattr(model, "layers") or not hasattr(model, "parameters"):
             raise TypeError(f"Trainer needs a dl.Sequential or dl.TorchModule, got {type(model).__name__}")
         self.model = model
@@ -97,6 +107,11 @@ class Trainer:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or timeout <= 0):
             raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        if transport is not None and not isinstance(transport, Transport):
+            choices = ", ".join(f"dl.Transport.{t.name}" for t in Transport)
+            raise TypeError(f"transport must be None (chosen from the pilot), {choices}; "
+                            f"got {transport!r}")
+        self.transport = transport  # None: FUTURES when the pilot has workers on other hosts
         self.pilot = pilot
         self.retries = retries
         self.timeout = timeout  # seconds one task may run (a hung layer fails instead of hanging)
@@ -185,31 +200,45 @@ class Trainer:
         R, S, M = plan.replicas, plan.stages, plan.micro_batches
         mb = max_micro_rows(batch_size, R, M)
         layout, sizes = self._layout(X, Y, shapes, stage_layers, mb)
-        arena = Arena(layout)
-        guard = Guard() if self.pilot is not None else None
+        # R <= 2: the update rides on the last backward of each stage (one hop a step);
+        # more replicas: a reduction tree and R update tasks per stage share the work
+        graph = step_graph(R, S, M, plan.schedule, chunks=R, fuse_update=R <= 2)
+        futures = self._transport() is Transport.FUTURES
+        arena = PrivateArena(layout) if futures else Arena(layout)
+        guard = Guard() if self.pilot is not None and not futures else None
         ref = None
         try:
-            self._fill(arena, X, Y, stage_layers, sizes)
-            ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
-            ops = {(kind, s): task_function(ref, kind, s) for kind in OpKind for s in range(S)}
-            # R <= 2: the update rides on the last backward of each stage (one hop a step);
-            # more replicas: a reduction tree and R update tasks per stage share the work
-            graph = step_graph(R, S, M, plan.schedule, chunks=R, fuse_update=R <= 2)
+            if futures:  # (the driver's copy: no arrays are made in it)
+                ref = ProgramRef(HostProgram(self._program(arena, stage_layers, None), graph, R),
+                                 pickled=self.pilot is not None, anywhere=True)
+                ops = {kind: task_function(ref, kind, 0) for kind in HostOp}
+                host = HostEpoch(self, ops, graph, self._submit, self._wait)
+                current = self._flat_state(stage_layers, sizes)
+            else:
+                self._fill(arena, X, Y, stage_layers, sizes)
+                ref = ProgramRef(self._program(arena, stage_layers, guard), pickled=guard is not None)
+                ops = {(kind, s): task_function(ref, kind, s) for kind in OpKind for s in range(S)}
             pilot = self.pilot if self.pilot is not None else _Inline()
             for epoch in range(done, target):
                 t0 = time.perf_counter()
                 number = len(self.history)  # epochs this trainer has finished, over all fits
                 perm = (np.random.default_rng([seed, number]).permutation(n) if shuffle
                         else np.arange(n))
-                arena.view(("perm",))[:] = perm
                 step0 = self.step
                 try:
-                    stats = self._epoch(pilot, ops, graph, n, batch_size)
+                    if futures:
+                        stats, current = host.run(pilot, X, Y, perm, n, batch_size, current)
+                    else:
+                        arena.view(("perm",))[:] = perm
+                        stats = self._epoch(pilot, ops, graph, n, batch_size)
                 except BaseException:
                     self.step = step0  # the model still holds the last finished epoch
                     raise
                 seconds = time.perf_counter() - t0
-                self._pull(arena, stage_layers, sizes)
+                if futures:
+                    self._set_flat_state(stage_layers, current)
+                else:
+                    self._pull(arena, stage_layers, sizes)
                 loss_sum, correct, rows = (sum(v[i] for v in stats) for i in range(3))
                 record = {"epoch": number, "step": self.step, "loss": loss_sum / rows,
                           "accuracy": (correct / rows) if self.loss is Loss.CROSS_ENTROPY else None,
@@ -237,6 +266,8 @@ class Trainer:
         if not len(X):
             return np.empty((0,) + shapes[-1], dtype=X.dtype)  # as the model's forward gives
         stage_layers = self._stages(shapes, min(len(X), 64) or 1)
+        if self._transport() is Transport.FUTURES:
+            return self._predict_futures(X, stage_layers)
         layout = Layout()
         layout.add(("X",), X.shape, X.dtype)
         layout.add(("out",), (len(X),) + shapes[-1], X.dtype)
@@ -251,7 +282,7 @@ class Trainer:
             ref = ProgramRef(program, pickled=self.pilot is not None)
             op = task_function(ref, "predict", 0)
             pilot = self.pilot if self.pilot is not None else _Inline()
-            chunk = max(64, -(-len(X) // (4 * max(1, getattr(pilot, "workers", 1)))))
+            chunk = self.PREDICT_ROWS
             futs = [self._submit(pilot, op, lo, min(lo + chunk, len(X)), 0)
                     for lo in range(0, len(X), chunk)]
             self._wait(futs)
@@ -260,6 +291,31 @@ class Trainer:
             return out
         finally:
             arena.close()
+
+    def _predict_futures(self, X, stage_layers) -> np.ndarray:
+        """``predict`` across hosts: each task gets its rows and the parameters, returns
+        its outputs."""
+        sizes = self._stage_sizes(stage_layers)
+        layout = Layout()
+        for s, size in enumerate(sizes):
+            layout.add(("param", s, 0), (size,), X.dtype)
+        program = HostProgram(self._program(PrivateArena(layout), stage_layers, None), [], 1)
+        ref = ProgramRef(program, pickled=self.pilot is not None, anywhere=True)
+        op = task_function(ref, HostOp.PREDICT, 0)
+        params = self._flat_params(stage_layers, sizes)
+        pilot = self.pilot if self.pilot is not None else _Inline()
+        chunk = self.PREDICT_ROWS
+        futs = [self._submit(pilot, op, params, X[lo:lo + chunk]) for lo in range(0, len(X), chunk)]
+        try:
+            self._wait(futs)
+            return np.concatenate([f.result() for f in futs]).astype(X.dtype, copy=False)
+        finally:
+            ref.program = None  # (as in fit)
+
+    def _transport(self) -> Transport:
+        if self.transport is not None:
+            return self.transport
+        return Transport.FUTURES if workers_elsewhere(self.pilot) else Transport.ARENA
 
     def evaluate(self, X, y) -> float:
         """Accuracy on ``(X, y)`` for cross-entropy; the mean squared error for ``loss="mse"``."""
@@ -327,13 +383,20 @@ class Trainer:
         return pilot.options(retries=self.retries, timeout=self.timeout).submit(fn, *args)
 
     @staticmethod
-    def _wait(futs) -> None:
-        done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+    def _wait(futs, limit: float | None = None, what: str = "") -> None:
+        done, pending = cf.wait(futs, timeout=limit, return_when=cf.FIRST_EXCEPTION)
         for f in futs:  # the earliest failed task in submission order is the cause
             if f.done() and not f.cancelled() and f.exception() is not None:
                 for g in futs:
                     g.cancel()
                 raise f.exception()
+        if pending:
+            for g in futs:
+                g.cancel()
+            raise TimeoutError(f"dl.Trainer: {what} did not finish within {limit:g} s "
+                               f"({len(pending)} of its {len(futs)} tasks never returned): "
+                               "check that the pilot's hosts are reachable, or pass "
+                               "Trainer(timeout=seconds per task) to bound each task")
 
     # -- checks --------------------------------------------------------------------------
     def _check_x(self, X) -> np.ndarray:
@@ -489,6 +552,28 @@ class Trainer:
         v = self.step % 2
         self.model.set_parameters(self._unflatten(stage_layers, lambda s: arena.view(("param", s, v))))
         self._state = [self._unflatten(stage_layers, lambda s, j=j: arena.view(("state", s, j, v)))
+                       for j in range(self.optimizer.slots)] or None
+
+    def _flat_params(self, stage_layers, sizes) -> list[np.ndarray]:
+        """The model's parameters as one flat array per stage (fresh arrays)."""
+        params = [np.empty(size, self.model.dtype) for size in sizes]
+        self._flatten(self.model.parameters(), stage_layers, lambda s: params[s])
+        return params
+
+    def _flat_state(self, stage_layers, sizes) -> list[tuple]:
+        """Per stage: (flat parameters, [flat optimizer state per slot]), fresh arrays."""
+        params = self._flat_params(stage_layers, sizes)
+        state = [[np.zeros(size, self.model.dtype) for size in sizes]
+                 for _ in range(self.optimizer.slots)]
+        for j, arrays in enumerate(self._state or ()):
+            self._flatten(arrays, stage_layers, lambda s, j=j: state[j][s])
+        return [(params[s], [state[j][s] for j in range(self.optimizer.slots)])
+                for s in range(len(sizes))]
+
+    def _set_flat_state(self, stage_layers, current) -> None:
+        """The model's parameters and the optimizer state from ``_flat_state``'s form."""
+        self.model.set_parameters(self._unflatten(stage_layers, lambda s: current[s][0]))
+        self._state = [self._unflatten(stage_layers, lambda s, j=j: current[s][1][j])
                        for j in range(self.optimizer.slots)] or None
 
     def _program(self, arena, stage_layers, guard) -> Program:

@@ -135,6 +135,18 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
                        launcher=launcher, resume_command=resume_command, retries=retries,
                        retry_delay=retry_delay)
+    if pilot is None and resource is None and _several_nodes():
+        import shoal
+
+        # the batch step of a job of several nodes: one pilot over all of them (shoal.Pilot()
+        # decides: a dask worker on every node, or this node with SHOAL_ALL_NODES=0)
+        with shoal.Pilot(workers) as whole:
+            return run(workflow, whole, journal, resume, workers=None, cores=cores, gpus=gpus,
+                       memory=memory, walltime=walltime, sandbox=sandbox, window=window,
+                       durability=durability, progress=progress, patience=patience, new=new,
+                       retry_failed=retry_failed, values=values, shared_data=shared_data,
+                       launcher=launcher, resume_command=resume_command, retries=retries,
+                       retry_delay=retry_delay)
     engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                     cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                     sandbox=sandbox, window=window, durability=durability, progress=progress,
@@ -142,6 +154,13 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                     shared_data=shared_data, launcher=launcher, resume_command=resume_command,
                     retries=retries, retry_delay=retry_delay)
     return engine.run()
+
+
+def _several_nodes() -> bool:
+    import shoal
+
+    alloc = shoal.allocation()
+    return alloc is not None and len(alloc.nodes) > 1
 
 
 __all__ = [

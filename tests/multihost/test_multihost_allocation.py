@@ -1,0 +1,111 @@
+"""One pilot over every node of one SLURM job, on the test bed's SLURM (scripts/testbed up
+--slurm: three hosts h1..h3 with their own hostname, /tmp and /dev/shm, one CPU each).
+
+* inside: ``sbatch -N 3`` of a script running ``shoal run wf.yaml`` (60 executables, each
+  appending its name and host to a file in a shared folder): the tasks ran on all three
+  hosts, each exactly once, the run reports them done, and squeue and the hosts are empty
+  after;
+* outside: ``Pilot(provider="slurm", nodes=3, cores_per_node=1)`` from the root namespace is
+  exactly ONE job of 3 nodes in squeue; tasks run on all three hosts; after ``close()``
+  squeue lists nothing and no host runs a dask worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import mh_tasks as mt
+import pytest
+from testbed_helpers import ROOT, slurm_testbed, wait_until  # noqa: F401 - fixture
+
+import shoal
+
+pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check, pytest.mark.timeout(400)]
+
+WORKERS = "shoal.backends.dask.step_worker"
+
+
+def _pythonpath() -> str:
+    here = os.path.join(ROOT, "tests", "multihost")
+    return os.pathsep.join(filter(None, [ROOT, here, os.path.join(ROOT, "tests"),
+                                         os.environ.get("PYTHONPATH")]))
+
+
+def _queue() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %D %T"], capture_output=True, text=True,
+                         timeout=30, check=True)
+    return out.stdout.split("\n")[:-1]
+
+
+def _no_workers_left(bed) -> None:
+    wait_until(lambda: not any(bed.processes_named(h, WORKERS) or bed.processes(h)
+                               for h in bed.hosts), 30,
+               "the dask workers and shoal workers to leave every host")
+
+
+def _workflow(out: str, n: int) -> str:
+    tasks = "\n".join(
+        f"          - {{name: t{i}, executable: /bin/sh, arguments: "
+        f"[\"-c\", \"sleep 0.2; echo t{i} $(hostname) >> {out}/ran.log\"]}}"
+        for i in range(n))
+    return f"pipelines:\n  - name: p\n    stages:\n      - name: s\n        tasks:\n{tasks}\n"
+
+
+def test_sbatch_three_nodes_runs_one_ensemble_on_all_of_them(slurm_testbed, monkeypatch):  # noqa: F811
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    box = bed.shared_dir("alloc")
+    with open(os.path.join(box, "wf.yaml"), "w") as f:
+        f.write(_workflow(box, 60))
+    script = os.path.join(box, "job.sh")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(f"""\
+            #!/bin/sh
+            cd {box}
+            {sys.executable} -m shoal run wf.yaml --journal run.db
+            echo "exit $?"
+            {sys.executable} -m shoal status run.db
+            """))
+    done = subprocess.run(["sbatch", "--wait", "-N", "3", "--ntasks-per-node=1",
+                           "--partition=testbed", "--time=5", f"--output={box}/job.out", script],
+                          capture_output=True, text=True, timeout=300)
+    text = open(f"{box}/job.out").read() if os.path.exists(f"{box}/job.out") else ""
+    assert done.returncode == 0, done.stdout + done.stderr + text
+    assert "exit 0" in text, text
+    lines = open(os.path.join(box, "ran.log")).read().split("\n")[:-1]
+    ran = collections.Counter(line.split()[0] for line in lines)
+    assert sorted(ran) == sorted(f"t{i}" for i in range(60)), text  # every task ran
+    assert set(ran.values()) == {1}, [t for t, c in ran.items() if c > 1]  # nothing twice
+    hosts = {line.split()[1] for line in lines}
+    assert hosts == set(bed.hosts[:3]), hosts
+    assert wait_until(lambda: _queue() == [], 30, "squeue to be empty")
+    _no_workers_left(bed)
+
+
+def test_pilot_with_nodes_is_one_job_over_three_hosts(slurm_testbed, tmp_path, monkeypatch):  # noqa: F811
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    assert _queue() == []
+    with shoal.Pilot(provider="slurm", nodes=3, cores_per_node=1, walltime="5m",
+                     queue="testbed", log_directory=bed.shared_dir("alloc-logs"),
+                     scheduler_options={"host": bed.env["SHOAL_TESTBED_GATEWAY"]}) as pilot:
+        assert pilot.backend is shoal.BackendKind.DASK
+        rows = _queue()
+        assert len(rows) == 1 and rows[0].split()[1] == "3", rows  # ONE job of three nodes
+        wait_until(lambda: pilot.nodes == 3, 120, "the three nodes' workers")
+        hosts = collections.Counter(h for h, _ in pilot.map(_slow_where, range(30), chunksize=1))
+        assert set(hosts) == set(bed.hosts[:3]), hosts
+        assert sum(hosts.values()) == 30
+        assert len(_queue()) == 1  # still the one job
+    assert _queue() == []  # close() returns once squeue lists it no more
+    _no_workers_left(bed)
+
+
+def _slow_where(i):
+    time.sleep(0.2)
+    return mt.where(i)

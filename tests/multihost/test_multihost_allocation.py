@@ -109,3 +109,71 @@ def test_pilot_with_nodes_is_one_job_over_three_hosts(slurm_testbed, tmp_path, m
 def _slow_where(i):
     time.sleep(0.2)
     return mt.where(i)
+
+
+def test_shoal_run_slurm_nodes_submits_one_job_of_three_nodes(slurm_testbed, monkeypatch):  # noqa: F811
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    box = bed.shared_dir("alloc-run")
+    gateway = bed.env["SHOAL_TESTBED_GATEWAY"]
+    with open(os.path.join(box, "wf.yaml"), "w") as f:
+        f.write(f"resource: {{options: {{scheduler_options: {{host: '{gateway}'}}}}}}\n"
+                + _workflow(box, 30))
+    seen: list[list[str]] = []
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "run", "wf.yaml", "--journal",
+                             "run.db", "--slurm", "--nodes", "3", "--partition", "testbed",
+                             "--walltime", "5m"], cwd=box, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    while proc.poll() is None:  # what squeue lists while it runs
+        seen.append(_queue())
+        time.sleep(0.5)
+    text = proc.stdout.read()
+    assert proc.returncode == 0, text
+    assert {len(rows) for rows in seen} <= {0, 1}, seen  # never more than ONE job
+    assert any(rows and rows[0].split()[1] == "3" for rows in seen), seen  # of three nodes
+    lines = open(os.path.join(box, "ran.log")).read().split("\n")[:-1]
+    assert sorted(line.split()[0] for line in lines) == sorted(f"t{i}" for i in range(30))
+    assert {line.split()[1] for line in lines} == set(bed.hosts[:3])
+    assert _queue() == []
+    _no_workers_left(bed)
+
+
+def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_testbed,  # noqa: F811
+                                                                        monkeypatch):
+    """``--time=1`` for 90 tasks of 2 s on three 1-core nodes (a minute of work each): the run
+    stops starting tasks before the job's end (exit 3, resumable), nothing ran twice; and the
+    same job with SHOAL_ALL_NODES=0 runs everything on its first node."""
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    box = bed.shared_dir("alloc-drain")
+    with open(os.path.join(box, "wf.yaml"), "w") as f:
+        f.write(_workflow(box, 90).replace("sleep 0.2", "sleep 2"))
+    with open(os.path.join(box, "small.yaml"), "w") as f:
+        f.write(_workflow(os.path.join(box, "one"), 6))
+    os.makedirs(os.path.join(box, "one"))
+    script = os.path.join(box, "job.sh")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(f"""\
+            #!/bin/sh
+            cd {box}
+            SHOAL_ALL_NODES=0 {sys.executable} -m shoal run small.yaml --journal one.db
+            echo "one $?"
+            {sys.executable} -m shoal run wf.yaml --journal run.db
+            echo "exit $?"
+            """))
+    done = subprocess.run(["sbatch", "--wait", "-N", "3", "--ntasks-per-node=1",
+                           "--partition=testbed", "--time=1", f"--output={box}/job.out", script],
+                          capture_output=True, text=True, timeout=300)
+    text = open(f"{box}/job.out").read() if os.path.exists(f"{box}/job.out") else ""
+    assert done.returncode == 0, done.stdout + done.stderr + text
+    assert "one 0" in text, text
+    one = open(os.path.join(box, "one", "ran.log")).read().split("\n")[:-1]
+    assert len(one) == 6 and {line.split()[1] for line in one} == {bed.hosts[0]}, one
+    assert "exit 3" in text, text  # stopped at the walltime; the journal is resumable
+    assert "--resume" in text, text
+    lines = open(os.path.join(box, "ran.log")).read().split("\n")[:-1]
+    ran = collections.Counter(line.split()[0] for line in lines)
+    assert 0 < len(ran) < 90 and set(ran.values()) == {1}, ran
+    assert {line.split()[1] for line in lines} == set(bed.hosts[:3])
+    assert wait_until(lambda: _queue() == [], 30, "squeue to be empty")
+    _no_workers_left(bed)

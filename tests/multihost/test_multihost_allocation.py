@@ -177,3 +177,23 @@ def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_tes
     assert {line.split()[1] for line in lines} == set(bed.hosts[:3])
     assert wait_until(lambda: _queue() == [], 30, "squeue to be empty")
     _no_workers_left(bed)
+
+
+def test_an_n_node_job_that_ends_fails_its_tasks_instead_of_hanging(slurm_testbed,  # noqa: F811
+                                                                     monkeypatch):
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    with shoal.Pilot(provider="slurm", nodes=2, cores_per_node=1, walltime="5m",
+                     queue="testbed", log_directory=bed.shared_dir("alloc-end-logs"),
+                     scheduler_options={"host": bed.env["SHOAL_TESTBED_GATEWAY"]}) as pilot:
+        wait_until(lambda: pilot.nodes == 2, 120, "the two nodes' workers")
+        fut = pilot.submit(time.sleep, 120)
+        wait_until(fut.running, 30, "the task to start")
+        (job,) = [row.split()[0] for row in _queue()]
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        with pytest.raises(shoal.BackendUnavailable, match=f"job {job}.*not resubmitted"):
+            fut.result(timeout=60)
+        with pytest.raises(shoal.BackendUnavailable, match=f"job {job}"):
+            pilot.submit(mt.where, 1)
+    assert _queue() == []
+    _no_workers_left(bed)

@@ -102,7 +102,7 @@ from .cells import CellHub
 from .claims import CANCELLED
 from .elastic import parse_jobs
 from .errors import gone, unpicklable, unwrap
-from .job_nodes import JobStep, NodesJob
+from .job_nodes import JobStep, NodesJob, NodesJobWatch
 from .jobs import JobPolicy, JobWatch
 from .liveness import DEFAULT_SILENT_AFTER_S, LivenessWatch
 from .node import (
@@ -224,6 +224,8 @@ class DaskBackend(CancelPaths):
             self._size(workers, seed, idle_timeout, connect_timeout if wait else None)
             if spans_nodes and not wait:  # the job is queued: what its nodes will bring
                 self.n = self.cluster.nodes * self.cluster.cores
+                self.jobs = NodesJobWatch(self.cluster, self.client, self._provider_failed,
+                                          policy=JobPolicy(warn_after_s=self.cluster.warn_s))
             elif not wait:  # no worker to probe yet: what the jobs will bring (at most)
                 most = bounds.high if bounds is not None else jobs
                 self.n = max(1, most * int(provider_options.get("cores", 1)))
@@ -732,7 +734,6 @@ def _nodes_cluster(allocation: bool, provider, jobs, options: dict):
     if jobs != 1:
         raise ValueError(f"give nodes=N (one job of N nodes) or jobs= (one job per node), not "
                          f"both (got jobs={jobs!r})")
-    options.pop("queue_warn_s", None)  # the one job is not watched by JobWatch (docs/hpc.md)
     options.pop("drain_margin_s", None)  # no worker --lifetime: the job's end is the engine's
     return NodesJob(host=host, **options)
 

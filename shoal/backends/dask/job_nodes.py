@@ -31,6 +31,10 @@ machinery as on any dask cluster (backend.py).
   closes on it), bounded; then SIGKILL and ``scancel`` of the step; then the scheduler.
   A ``NodesJob`` is ``scancel``-ed and ``close()`` returns once squeue no longer lists it
   (bounded), as for the one-job-per-node pilot (jobs.py).
+* A ``NodesJob`` is watched (``NodesJobWatch``, the ``JobPolicy`` of jobs.py): queue
+  progress logged, a fatal pending reason fails the pilot; a job that ends while the pilot
+  is open fails the waiting tasks with ``BackendUnavailable`` (not resubmitted: the tasks
+  would otherwise wait for workers for good).
 * A worker whose scheduler is gone for ``DEATH_TIMEOUT_S`` exits (the driver was killed):
   the step, and with it a ``NodesJob``, ends by itself.
 
@@ -66,6 +70,7 @@ from ..._cpu_counts import expand_counts
 from ..._errors import BackendUnavailable
 from ..._walltime import walltime_seconds
 from ...runtime.allocation import expand_nodelist
+from .jobs import JobWatch
 from .provider import batch_time
 
 log = logging.getLogger("shoal.jobs")
@@ -282,7 +287,7 @@ class NodesJob:
     def __init__(self, *, nodes: int, cores_per_node: int, walltime=None,
                  queue: str | None = None, account: str | None = None,
                  memory: str | None = None, job_extra=(), log_directory: str | None = None,
-                 host: str | None = None):
+                 host: str | None = None, queue_warn_s: float = 10.0):
         for key, value in (("nodes", nodes), ("cores_per_node", cores_per_node)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an int >= 1, got {key}={value!r}")
@@ -291,6 +296,7 @@ class NodesJob:
                              f"'--exclusive'), got job_extra={job_extra!r}")
         self.job_id: str | None = None
         self.nodes, self.cores = nodes, cores_per_node
+        self.warn_s = queue_warn_s  # pending this long: a warning (NodesJobWatch)
         self.scheduler = _Scheduler(host)
         self.scheduler_address = self.scheduler.address
         self.prefix = f"shoal-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
@@ -353,3 +359,22 @@ def _scancel_steps(job_id: str, name: str) -> None:
         steps = [f.split()[0] for f in out.stdout.splitlines() if f.split()[1:] == [name]]
         if steps:
             subprocess.run(["scancel", *steps], capture_output=True, timeout=20)
+
+
+class NodesJobWatch(JobWatch):
+    """``JobWatch`` over a ``NodesJob``: its one job (name: the worker prefix), connected once
+    any of its nodes' workers (``<prefix>-<node>``) is; pending progress and fatal pending
+    reasons as for any pilot job, but a job that ends is not submitted again (its nodes are
+    gone; dask would wait for workers for good): the pilot fails, naming the job."""
+
+    replaces = False
+    no_replace = ("an N-node pilot job is not resubmitted: the tasks waiting for it fail "
+                  "(an ensemble's journal stays resumable)")
+
+    def _submitted(self) -> dict[str, str | None]:
+        return {self.cluster.prefix: self.cluster.job_id}
+
+    def _connected(self) -> set[str]:
+        prefix = self.cluster.prefix + "-"
+        return {self.cluster.prefix} if any(
+            str(n).startswith(prefix) for n in super()._connected()) else set()

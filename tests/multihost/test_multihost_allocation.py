@@ -138,11 +138,12 @@ def test_shoal_run_slurm_nodes_submits_one_job_of_three_nodes(slurm_testbed, mon
     _no_workers_left(bed)
 
 
-def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_testbed,  # noqa: F811
+def test_inside_a_job_the_walltime_drains_opt_out_stays_and_too_big_is_refused(slurm_testbed,  # noqa: F811
                                                                         monkeypatch):
     """``--time=1`` for 90 tasks of 2 s on three 1-core nodes (a minute of work each): the run
-    stops starting tasks before the job's end (exit 3, resumable), nothing ran twice; and the
-    same job with SHOAL_ALL_NODES=0 runs everything on its first node."""
+    stops starting tasks before the job's end (exit 3, resumable), nothing ran twice; in the
+    same job, SHOAL_ALL_NODES=0 runs everything on its first node, and a 2-core task is
+    refused (no node has 2 cores) before anything runs."""
     bed = slurm_testbed
     monkeypatch.setenv("PYTHONPATH", _pythonpath())
     box = bed.shared_dir("alloc-drain")
@@ -150,6 +151,8 @@ def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_tes
         f.write(_workflow(box, 90).replace("sleep 0.2", "sleep 2"))
     with open(os.path.join(box, "small.yaml"), "w") as f:
         f.write(_workflow(os.path.join(box, "one"), 6))
+    with open(os.path.join(box, "big.yaml"), "w") as f:
+        f.write(_workflow(box, 1).replace("executable:", "cores: 2, executable:"))
     os.makedirs(os.path.join(box, "one"))
     script = os.path.join(box, "job.sh")
     with open(script, "w") as f:
@@ -158,6 +161,8 @@ def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_tes
             cd {box}
             SHOAL_ALL_NODES=0 {sys.executable} -m shoal run small.yaml --journal one.db
             echo "one $?"
+            {sys.executable} -m shoal run big.yaml --journal big.db
+            echo "big $?"
             {sys.executable} -m shoal run wf.yaml --journal run.db
             echo "exit $?"
             """))
@@ -169,6 +174,9 @@ def test_inside_a_job_the_walltime_drains_and_all_nodes_0_stays_on_one(slurm_tes
     assert "one 0" in text, text
     one = open(os.path.join(box, "one", "ran.log")).read().split("\n")[:-1]
     assert len(one) == 6 and {line.split()[1] for line in one} == {bed.hosts[0]}, one
+    # a task no node can hold: refused before it runs, naming it and the largest node
+    assert "task p.s.t0 asks for 2 cores but the largest node, h1, has 1 cores" in text, text
+    assert "big 0" not in text, text
     assert "exit 3" in text, text  # stopped at the walltime; the journal is resumable
     assert "--resume" in text, text
     lines = open(os.path.join(box, "ran.log")).read().split("\n")[:-1]

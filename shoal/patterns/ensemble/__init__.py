@@ -111,6 +111,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
     """
+    import contextlib
     import os
 
     from .engine import Engine
@@ -135,25 +136,27 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
                        launcher=launcher, resume_command=resume_command, retries=retries,
                        retry_delay=retry_delay)
-    if pilot is None and resource is None and _several_nodes():
-        import shoal
+    with contextlib.ExitStack() as stack:
+        node_specs = ()
+        if pilot is None and _several_nodes():
+            # the batch step of a job of several nodes: one pilot over all of them
+            # (shoal.Pilot() decides: a dask worker on every node, or this node only with
+            # SHOAL_ALL_NODES=0); a task no node can hold is refused naming the largest
+            import shoal
 
-        # the batch step of a job of several nodes: one pilot over all of them (shoal.Pilot()
-        # decides: a dask worker on every node, or this node with SHOAL_ALL_NODES=0)
-        with shoal.Pilot(workers) as whole:
-            return run(workflow, whole, journal, resume, workers=None, cores=cores, gpus=gpus,
-                       memory=memory, walltime=walltime, sandbox=sandbox, window=window,
-                       durability=durability, progress=progress, patience=patience, new=new,
-                       retry_failed=retry_failed, values=values, shared_data=shared_data,
-                       launcher=launcher, resume_command=resume_command, retries=retries,
-                       retry_delay=retry_delay)
-    engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
-                    cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
-                    sandbox=sandbox, window=window, durability=durability, progress=progress,
-                    patience=patience, new=new, retry_failed=retry_failed, values=values,
-                    shared_data=shared_data, launcher=launcher, resume_command=resume_command,
-                    retries=retries, retry_delay=retry_delay)
-    return engine.run()
+            from . import nodes
+
+            pilot = stack.enter_context(shoal.Pilot(workers))
+            workers = None
+            if pilot.backend is shoal.BackendKind.DASK:
+                node_specs = nodes.slurm_nodes(os.environ)
+        engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
+                        cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
+                        sandbox=sandbox, window=window, durability=durability, progress=progress,
+                        patience=patience, new=new, retry_failed=retry_failed, values=values,
+                        shared_data=shared_data, launcher=launcher, resume_command=resume_command,
+                        retries=retries, retry_delay=retry_delay, node_specs=node_specs)
+        return engine.run()
 
 
 def _several_nodes() -> bool:

@@ -2,7 +2,10 @@
 
 A pilot is described by what it holds (``workers``, a ``topology``, later a
 dask cluster) and picks the backend that provides it; every method forwards
-to that backend through the protocol in ``shoal.runtime.api``.  Code written
+to that backend through the protocol in ``shoal.runtime.api``.  Without ``backend=``: the
+dask backend when a dask source is given (``provider=``, ``address=``, ...) or when this is
+the batch step of a SLURM job of several nodes (one pilot over all of them,
+``backends/dask/job_nodes.py``; ``SHOAL_ALL_NODES=0`` opts out), else the local one.  Code written
 against the Pilot (the skeletons in ``shoal.patterns``) therefore runs
 unchanged on every backend.
 

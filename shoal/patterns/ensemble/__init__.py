@@ -58,7 +58,9 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
-    started on the first function task and closed at the end).  ``journal``:
+    started on the first function task and closed at the end; in the batch step of a SLURM
+    job of several nodes, one over every node of the job is opened first and every task
+    runs on it, docs/hpc.md "One pilot, many nodes").  ``journal``:
     the SQLite file recording every state change; ``resume=True`` finishes
     the run it holds.  ``cores`` (a count or CPU ids), ``gpus`` (a count, for
     CUDA_VISIBLE_DEVICES) and ``memory`` (bytes or '64G') describe what

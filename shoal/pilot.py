@@ -65,12 +65,15 @@ class Pilot(cf.Executor):
                                          initializer=initializer, initargs=initargs,
                                          max_tasks_per_child=max_tasks_per_child, **options)
         else:  # BackendKind.DASK: address=, client=, cluster= or provider= (+ its options)
+            why = (" (this is the batch step of a SLURM job of several nodes, so the pilot "
+                   "spans them on dask; backend='local' or SHOAL_ALL_NODES=0 keeps it on this "
+                   "node)") if backend is None and options.get("allocation") else ""
             if topology is not None or trace is not None:
                 raise ValueError("backend='dask' takes no topology= or trace= (each dask worker's "
-                                 "host has its own topology; use dask's dashboard for traces)")
+                                 "host has its own topology; use dask's dashboard for traces)" + why)
             if initializer is not None or max_tasks_per_child is not None:
                 raise ValueError("backend='dask' takes no initializer= or max_tasks_per_child= "
-                                 "(use a dask WorkerPlugin for per-worker set-up)")
+                                 "(use a dask WorkerPlugin for per-worker set-up)" + why)
             from .backends.dask import DaskBackend
 
             self._backend = DaskBackend(workers, seed=seed, **options)
@@ -358,7 +361,12 @@ def _backend_kind(backend, options: dict) -> BackendKind:
     if env.get("SLURM_JOB_ID") and not env.get("SLURM_STEP_ID"):  # cheap: no import outside
         try:
             from .backends.dask.job_nodes import spans_job
-        except ImportError:  # no dask here: this node only (docs/hpc.md says what to install)
+        except ImportError:  # no dask here: this node only, said once
+            import warnings
+
+            warnings.warn("shoal.Pilot() in a SLURM job of several nodes uses only this node: "
+                          "dask.distributed, which spans them, is not installed (pip install "
+                          "distributed)", stacklevel=3)
             return BackendKind.LOCAL
         if spans_job(env):
             return BackendKind.DASK

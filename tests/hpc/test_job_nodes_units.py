@@ -113,3 +113,11 @@ def test_pilot_options_need_slurm_and_not_jobs_too():
         shoal.Pilot(provider="slurm", nodes=2, cores_per_node=1, jobs=2)
     with pytest.raises(TypeError, match="allocation=True takes no provider options"):
         shoal.Pilot(backend="dask", allocation=True, cores=2)
+
+
+def test_local_only_options_in_a_multi_node_job_say_how_to_stay_local(monkeypatch):
+    import shoal
+
+    monkeypatch.setattr("os.environ", dict(JOB))
+    with pytest.raises(ValueError, match="backend='local' or SHOAL_ALL_NODES=0"):
+        shoal.Pilot(initializer=print)

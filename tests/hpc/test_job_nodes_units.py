@@ -6,6 +6,7 @@ bed: tests/multihost/test_multihost_allocation.py."""
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 
 import pytest
@@ -121,3 +122,29 @@ def test_local_only_options_in_a_multi_node_job_say_how_to_stay_local(monkeypatc
     monkeypatch.setattr("os.environ", dict(JOB))
     with pytest.raises(ValueError, match="backend='local' or SHOAL_ALL_NODES=0"):
         shoal.Pilot(initializer=print)
+
+
+@pytest.mark.no_leak_check  # distributed's event-loop thread outlives the scheduler
+def test_a_worker_step_whose_workers_never_come_fails_with_sruns_words(monkeypatch):
+    """Outside a real job srun cannot even read its configuration: the pilot fails within its
+    bound, quoting srun, and leaves no srun behind."""
+    import psutil
+
+    import shoal
+
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    if not shutil.which("srun"):
+        pytest.skip("srun is not installed (apt-get install slurm-client)")
+    with pytest.raises(shoal.BackendUnavailable, match="0 of the 3 nodes' dask workers") as err:
+        jn.JobStep(env=JOB, host="127.0.0.1", start_timeout=3)
+    assert "srun says: srun: error" in str(err.value)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "srun"]
+
+
+@pytest.mark.no_leak_check
+def test_a_worker_step_without_srun_fails_at_once(monkeypatch, tmp_path):
+    import shoal
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun on it
+    with pytest.raises(shoal.BackendUnavailable, match="cannot start the worker step.*srun"):
+        jn.JobStep(env=JOB, host="127.0.0.1", start_timeout=3)

@@ -179,7 +179,7 @@ class _Scheduler:
 
         self.local = LocalCluster(n_workers=0, processes=False, protocol="tcp://",
                                   host=host or scheduler_host(), scheduler_port=0,
-                                  dashboard_address=None)
+                                  dashboard_address=":0")  # a free port, never 8787
         self.address = self.local.scheduler_address
 
     def workers(self) -> int:

@@ -114,6 +114,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
     """
     import contextlib
+    import dataclasses
     import os
 
     from .engine import Engine
@@ -150,8 +151,11 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
 
             pilot = stack.enter_context(shoal.Pilot(workers))
             workers = None
-            if pilot.backend is shoal.BackendKind.DASK:
-                node_specs = nodes.slurm_nodes(os.environ)
+            if pilot.backend is shoal.BackendKind.DASK:  # each node's worker has the
+                # smallest node's cores (one srun step: one --cpus-per-task for all)
+                found = nodes.slurm_nodes(os.environ)
+                least = min(n.cores for n in found)
+                node_specs = [dataclasses.replace(n, cores=least) for n in found]
         engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
                         cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
                         sandbox=sandbox, window=window, durability=durability, progress=progress,

@@ -5,6 +5,7 @@
   appending its name and host to a file in a shared folder): the tasks ran on all three
   hosts, each exactly once, the run reports them done, and squeue and the hosts are empty
   after;
+* ``salloc -N 3`` of a program run outside the nodes: ``shoal.Pilot()`` spans all three;
 * outside: ``Pilot(provider="slurm", nodes=3, cores_per_node=1)`` from the root namespace is
   exactly ONE job of 3 nodes in squeue; tasks run on all three hosts; after ``close()``
   squeue lists nothing and no host runs a dask worker.
@@ -204,4 +205,28 @@ def test_an_n_node_job_that_ends_fails_its_tasks_instead_of_hanging(slurm_testbe
         with pytest.raises(shoal.BackendUnavailable, match=f"job {job}"):
             pilot.submit(mt.where, 1)
     assert _queue() == []
+    _no_workers_left(bed)
+
+
+def test_salloc_from_outside_the_nodes_spans_them_too(slurm_testbed, monkeypatch):  # noqa: F811
+    """``salloc -N 3 python prog.py`` runs the program here (the root namespace, no node of
+    the job): ``shoal.Pilot()`` still spans the three nodes, its scheduler on this host."""
+    bed = slurm_testbed
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+    box = bed.shared_dir("alloc-salloc")
+    prog = os.path.join(box, "prog.py")
+    with open(prog, "w") as f:
+        f.write(textwrap.dedent("""\
+            import mh_tasks as mt
+            import shoal
+            with shoal.Pilot() as p:
+                print("HOSTS", p.backend.value, p.nodes,
+                      " ".join(sorted({h for h, _ in p.map(mt.where, range(30), chunksize=1)})))
+            """))
+    done = subprocess.run(["salloc", "-N", "3", "--partition=testbed", "--time=3",
+                           sys.executable, prog], capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = [x for x in done.stdout.splitlines() if x.startswith("HOSTS")]
+    assert line == [f"HOSTS dask 3 {' '.join(sorted(bed.hosts[:3]))}"], done.stdout + done.stderr
+    assert wait_until(lambda: _queue() == [], 30, "squeue to be empty")
     _no_workers_left(bed)

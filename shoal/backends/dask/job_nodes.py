@@ -22,7 +22,9 @@ one node runtime with the node's cores as shoal workers, and tasks are placed by
 machinery as on any dask cluster (backend.py).
 
 * ``srun_argv`` / ``sbatch_argv`` are pure (unit-tested without SLURM); ``job_nodes`` reads
-  the job's nodes and cores from ``SLURM_JOB_NODELIST`` / ``SLURM_JOB_CPUS_PER_NODE``.
+  the job's nodes and cores from ``SLURM_JOB_NODELIST`` / ``SLURM_JOB_CPUS_PER_NODE`` (the
+  ensemble's ``nodes.slurm_nodes`` reads the same, with memory, for its refusal; the two
+  layers may not import each other, so both use the leaf parsers).
 * The step is ``--overlap``: it holds every CPU of the job, and an MPI task's own
   ``srun`` (started by a task running in it) must still get a step.
 * One ``--cpus-per-task`` for all nodes (srun's rule): the smallest node's count; each

@@ -2,7 +2,10 @@
 
 A pilot is described by what it holds (``workers``, a ``topology``, later a
 dask cluster) and picks the backend that provides it; every method forwards
-to that backend through the protocol in ``shoal.runtime.api``.  Code written
+to that backend through the protocol in ``shoal.runtime.api``.  Without ``backend=``: the
+dask backend when a dask source is given (``provider=``, ``address=``, ...) or when this is
+the batch step of a SLURM job of several nodes (one pilot over all of them,
+``backends/dask/job_nodes.py``; ``SHOAL_ALL_NODES=0`` opts out), else the local one.  Code written
 against the Pilot (the skeletons in ``shoal.patterns``) therefore runs
 unchanged on every backend.
 
@@ -28,6 +31,7 @@ work (``shoal.runtime.context``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import sys
 import threading
 
@@ -41,17 +45,19 @@ class Pilot(cf.Executor):
     """Holds workers and runs tasks on them: ``with shoal.Pilot() as pilot: ...``."""
 
     def __init__(self, workers: int | None = None, *, max_workers: int | None = None,
-                 backend: str | BackendKind = BackendKind.LOCAL, topology: str | None = None,
+                 backend: str | BackendKind | None = None, topology: str | None = None,
                  trace: str | None = None, seed: int = 0, initializer=None, initargs: tuple = (),
                  max_tasks_per_child: int | None = None,
                  dashboard: int | str | None = None, **options):
         context.refuse_while_loading()
         workers = _worker_count(workers, max_workers)
         try:
-            kind = BackendKind(backend)
+            kind = _backend_kind(backend, options)
         except ValueError:
             choices = ", ".join(repr(k.value) for k in BackendKind)
             raise ValueError(f"unknown backend={backend!r}; choose one of {choices}") from None
+        if backend is None and kind is BackendKind.DASK and not _DASK_SOURCES & options.keys():
+            options["allocation"] = True  # the nodes of this SLURM job (backends/dask/job_nodes.py)
         if kind is BackendKind.LOCAL:
             from .backends.local import LocalBackend
 
@@ -59,12 +65,15 @@ class Pilot(cf.Executor):
                                          initializer=initializer, initargs=initargs,
                                          max_tasks_per_child=max_tasks_per_child, **options)
         else:  # BackendKind.DASK: address=, client=, cluster= or provider= (+ its options)
+            why = (" (this is the batch step of a SLURM job of several nodes, so the pilot "
+                   "spans them on dask; backend='local' or SHOAL_ALL_NODES=0 keeps it on this "
+                   "node)") if backend is None and options.get("allocation") else ""
             if topology is not None or trace is not None:
                 raise ValueError("backend='dask' takes no topology= or trace= (each dask worker's "
-                                 "host has its own topology; use dask's dashboard for traces)")
+                                 "host has its own topology; use dask's dashboard for traces)" + why)
             if initializer is not None or max_tasks_per_child is not None:
                 raise ValueError("backend='dask' takes no initializer= or max_tasks_per_child= "
-                                 "(use a dask WorkerPlugin for per-worker set-up)")
+                                 "(use a dask WorkerPlugin for per-worker set-up)" + why)
             from .backends.dask import DaskBackend
 
             self._backend = DaskBackend(workers, seed=seed, **options)
@@ -334,6 +343,34 @@ class TaskOptions:
         res += "" if self.retry_delay is None else f" retry_delay={self.retry_delay!r}"
         res += f" priority={self.priority}" if self.priority else ""
         return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}{res}>"
+
+
+_DASK_SOURCES = frozenset(("address", "client", "cluster", "provider", "allocation"))
+
+
+def _backend_kind(backend, options: dict) -> BackendKind:
+    """The backend asked for; without ``backend=``: dask when a dask source is given
+    (``provider="slurm"``, ``address=``, ...) or when this process is the batch step of a
+    SLURM job of several nodes (``job_nodes.spans_job``: one pilot over all of them, unless
+    ``SHOAL_ALL_NODES=0``), else local.  ``backend="local"`` always stays on this node."""
+    if backend is not None:
+        return BackendKind(backend)
+    if _DASK_SOURCES & options.keys():
+        return BackendKind.DASK
+    env = os.environ
+    if env.get("SLURM_JOB_ID") and not env.get("SLURM_STEP_ID"):  # cheap: no import outside
+        try:
+            from .backends.dask.job_nodes import spans_job
+        except ImportError:  # no dask here: this node only, said once
+            import warnings
+
+            warnings.warn("shoal.Pilot() in a SLURM job of several nodes uses only this node: "
+                          "dask.distributed, which spans them, is not installed (pip install "
+                          "distributed)", stacklevel=3)
+            return BackendKind.LOCAL
+        if spans_job(env):
+            return BackendKind.DASK
+    return BackendKind.LOCAL
 
 
 def _worker_count(workers, max_workers):

@@ -229,10 +229,13 @@ def test_resource_of_a_mapping():
                      "project": "p1", "walltime": "30m", "job_extra": ["--exclusive"]})
     assert (r.backend, r.nodes, r.cores, r.partition, r.account, r.walltime) == (
         ResourceKind.SLURM, 2, 4, "short", "p1", 1800)
-    kw = r.pilot_options()
-    assert kw["provider"] == "slurm" and kw["jobs"] == 2 and kw["queue"] == "short"
-    assert kw["memory"] == "8GB" and kw["job_extra"] == ["--exclusive"]
-    assert kw["drain_margin_s"] < 1800 / 10  # workers retire after the engine has stopped
+    kw = r.pilot_options()  # two nodes: ONE job of two nodes
+    assert kw["provider"] == "slurm" and kw["nodes"] == 2 and kw["cores_per_node"] == 4
+    assert "jobs" not in kw and "memory" not in kw  # SLURM's default memory unless asked
+    assert kw["queue"] == "short" and kw["job_extra"] == ["--exclusive"]
+    one = Resource.of({"cores": 4, "walltime": "30m"}).pilot_options()  # one node: dask-jobqueue
+    assert one["jobs"] == 1 and one["cores"] == 4 and one["memory"] == "8GB"
+    assert one["drain_margin_s"] < 1800 / 10  # workers retire after the engine has stopped
 
 
 @pytest.mark.parametrize("bad, message", [

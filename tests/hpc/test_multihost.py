@@ -6,7 +6,7 @@ What runs here is the launcher layer over hosts: ``nodes.place_ranks`` places on
 host, ``mpi.Srun`` builds the command, and an ``sbatch -N 2`` job runs it with the mpi4py probe:
 each rank on the host it was placed on, the allreduce over hosts correct, a rank's exit 3 failing
 the step with its own stderr file.  The engine-level checks (one pilot over the N nodes of a
-job, a 60-task ensemble on all hosts) wait for the pilot over several nodes (docs/hpc.md)."""
+job, a 60-task ensemble on all hosts) are tests/multihost/test_multihost_allocation.py."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ module               role
 ``cells.py``         cluster-wide BestCells, channels, per-node arrays; the topic
 ``provider.py``      ``provider="slurm"|"pbs"``: the dask-jobqueue cluster
 ``jobs.py``          ``JobWatch``: queue progress and replacement of batch jobs
+``job_nodes.py``     one job's nodes: a scheduler here, one srun step of workers
+``step_worker.py``   the entry point srun starts on each node (a per-node name)
 ===================  ==============================================================
 
 The data flow across them is in ``backend.py``'s docstring and docs/dask.md.

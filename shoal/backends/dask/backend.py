@@ -102,6 +102,7 @@ from .cells import CellHub
 from .claims import CANCELLED
 from .elastic import parse_jobs
 from .errors import gone, unpicklable, unwrap
+from .job_nodes import JobStep, NodesJob, NodesJobWatch
 from .jobs import JobPolicy, JobWatch
 from .liveness import DEFAULT_SILENT_AFTER_S, LivenessWatch
 from .node import (
@@ -160,15 +161,17 @@ class DaskBackend(CancelPaths):
                  cluster=None, provider: str | Provider | None = None, seed: int = 0,
                  connect_timeout: float = 10.0, idle_timeout: float = 600.0,
                  jobs: int | tuple[int, int] | str = 1,
-                 resource_wait_s: float = 60.0,
+                 resource_wait_s: float = 60.0, allocation: bool = False,
                  silent_after_s: float | None = DEFAULT_SILENT_AFTER_S, **provider_options):
         given = [k for k, v in (("address", address), ("client", client), ("cluster", cluster),
-                                ("provider", provider)) if v is not None]
+                                ("provider", provider), ("allocation", allocation or None))
+                 if v is not None]
         if len(given) != 1:
             raise ValueError("backend='dask' needs exactly one of address='tcp://host:8786', "
                              "client=<distributed.Client>, cluster=<dask cluster>, "
-                             f"provider='slurm'|'pbs'; got {given or 'none'}")
-        if provider_options and provider is None:
+                             "provider='slurm'|'pbs', allocation=True (the nodes of the SLURM "
+                             f"job this runs in); got {given or 'none'}")
+        if provider_options and provider is None and not allocation:
             raise TypeError(f"unexpected options for backend='dask': {sorted(provider_options)}")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                     or workers < 1):
@@ -184,7 +187,15 @@ class DaskBackend(CancelPaths):
         self.broken: str | None = None  # why the provider's jobs can never run
         wait = True
         bounds = None  # jobs=(low, high) of an elastic provider pilot
-        if provider is not None:
+        spans_nodes = allocation or (provider is not None and (
+            "nodes" in provider_options or "cores_per_node" in provider_options))
+        if spans_nodes:  # one job's nodes, one worker step over them (job_nodes.py)
+            self.cluster = _nodes_cluster(allocation, provider, jobs, provider_options)
+            self.owned = Owned.CLUSTER
+            address = self.cluster.scheduler_address
+            wait = allocation  # inside the job every node's worker is up; a NodesJob queues
+            provider = None
+        elif provider is not None:
             try:
                 provider = Provider(provider)
             except ValueError:
@@ -200,7 +211,7 @@ class DaskBackend(CancelPaths):
         try:
             if client is not None:
                 self.client, self.owned = client, Owned.NOTHING
-            elif self.cluster is not None:
+            elif self.cluster is not None and address is None:
                 self.client = Client(self.cluster, set_as_default=False, timeout=connect_timeout)
             else:
                 try:
@@ -211,7 +222,11 @@ class DaskBackend(CancelPaths):
                         f"cannot reach the dask scheduler at {address!r} within {connect_timeout} s "
                         f"({exc}); is `dask scheduler` running there?") from None
             self._size(workers, seed, idle_timeout, connect_timeout if wait else None)
-            if not wait:  # no worker to probe yet: what the jobs will bring (at most)
+            if spans_nodes and not wait:  # the job is queued: what its nodes will bring
+                self.n = self.cluster.nodes * self.cluster.cores
+                self.jobs = NodesJobWatch(self.cluster, self.client, self._provider_failed,
+                                          policy=JobPolicy(warn_after_s=self.cluster.warn_s))
+            elif not wait:  # no worker to probe yet: what the jobs will bring (at most)
                 most = bounds.high if bounds is not None else jobs
                 self.n = max(1, most * int(provider_options.get("cores", 1)))
             if provider is Provider.SLURM:
@@ -698,6 +713,29 @@ class DaskBackend(CancelPaths):
 
 
 _SKIP = object()
+
+
+def _nodes_cluster(allocation: bool, provider, jobs, options: dict):
+    """The job of ``allocation=True`` (this one) or ``provider='slurm', nodes=N`` (a new one)
+    and its worker step; the options are ``NodesJob``'s (``scheduler_options={"host": ...}``:
+    the address the nodes reach the scheduler at, as dask-jobqueue's)."""
+    host = dict(options.pop("scheduler_options", None) or {}).get("host")
+    if allocation:
+        if options:
+            raise TypeError(f"allocation=True takes no provider options, got {sorted(options)}")
+        return JobStep(host=host)
+    try:
+        kind = Provider(provider)
+    except ValueError:
+        kind = None
+    if kind is not Provider.SLURM:
+        raise ValueError(f"nodes=/cores_per_node= (one job of N nodes) need provider='slurm', "
+                         f"got provider={provider!r}")
+    if jobs != 1:
+        raise ValueError(f"give nodes=N (one job of N nodes) or jobs= (one job per node), not "
+                         f"both (got jobs={jobs!r})")
+    options.pop("drain_margin_s", None)  # no worker --lifetime: the job's end is the engine's
+    return NodesJob(host=host, **options)
 
 
 def _failed(exc: BaseException) -> Future:

@@ -256,6 +256,9 @@ def squeue(user: str | None = None, timeout: float = 20.0) -> dict[str, Seen] | 
 class JobWatch:
     """The thread that carries out ``JobPolicy``'s actions for one provider cluster."""
 
+    replaces = True  # a job that ended is submitted again (else the pilot fails: no_replace)
+    no_replace = ""
+
     def __init__(self, cluster, client, on_fail: Callable[[str], None], *, poll_s: float = 2.0,
                  policy: JobPolicy | None = None, list_jobs=squeue):
         self.cluster = cluster
@@ -319,6 +322,10 @@ class JobWatch:
                 log.info("%s", action.text)
             elif isinstance(action, Warn):
                 log.warning("%s", action.text)
+            elif isinstance(action, Replace) and not self.replaces:
+                message = f"{action.why}; {self.no_replace}"
+                log.error("%s", message)
+                self.on_fail(message)
             elif isinstance(action, Replace):
                 log.warning("%s; submitting a new job in its place", action.why)
                 self.replaced += 1

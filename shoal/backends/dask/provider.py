@@ -105,18 +105,24 @@ def check_submission(provider: Provider, cluster, timeout: float = 30.0) -> None
     SLURM's message).  PBS has no dry run; nothing is checked there."""
     if provider is not Provider.SLURM:
         return
-    if shutil.which("sbatch") is None:
-        raise BackendUnavailable("provider='slurm': sbatch is not on PATH (is this a SLURM login "
-                                 "node? for a local one-node SLURM: sudo scripts/slurm-local up)")
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="shoal-job-") as f:
         f.write(cluster.job_script())
         f.flush()
-        try:
-            out = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True, text=True,
-                                 timeout=timeout, env=_env())
-        except subprocess.TimeoutExpired:
-            raise BackendUnavailable(f"provider='slurm': sbatch --test-only did not answer within "
-                                     f"{timeout} s; is slurmctld up (sinfo)?") from None
+        check_script([f.name], timeout)
+
+
+def check_script(args: list[str], timeout: float = 30.0) -> None:
+    """``sbatch --test-only ARGS`` (the job script last): raise with SLURM's reason if the
+    job could never run."""
+    if shutil.which("sbatch") is None:
+        raise BackendUnavailable("provider='slurm': sbatch is not on PATH (is this a SLURM login "
+                                 "node? for a local one-node SLURM: sudo scripts/slurm-local up)")
+    try:
+        out = subprocess.run(["sbatch", "--test-only", *args], capture_output=True, text=True,
+                             timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired:
+        raise BackendUnavailable(f"provider='slurm': sbatch --test-only did not answer within "
+                                 f"{timeout} s; is slurmctld up (sinfo)?") from None
     if out.returncode != 0:
         reason = " ".join(line.strip() for line in (out.stderr or out.stdout).splitlines()
                           if line.strip()) or f"exit status {out.returncode}"

@@ -58,7 +58,9 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
-    started on the first function task and closed at the end).  ``journal``:
+    started on the first function task and closed at the end; in the batch step of a SLURM
+    job of several nodes, one over every node of the job is opened first and every task
+    runs on it, docs/hpc.md "One pilot, many nodes").  ``journal``:
     the SQLite file recording every state change; ``resume=True`` finishes
     the run it holds.  ``cores`` (a count or CPU ids), ``gpus`` (a count, for
     CUDA_VISIBLE_DEVICES) and ``memory`` (bytes or '64G') describe what
@@ -111,6 +113,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
     """
+    import contextlib
+    import dataclasses
     import os
 
     from .engine import Engine
@@ -135,13 +139,37 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
                        launcher=launcher, resume_command=resume_command, retries=retries,
                        retry_delay=retry_delay)
-    engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
-                    cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
-                    sandbox=sandbox, window=window, durability=durability, progress=progress,
-                    patience=patience, new=new, retry_failed=retry_failed, values=values,
-                    shared_data=shared_data, launcher=launcher, resume_command=resume_command,
-                    retries=retries, retry_delay=retry_delay)
-    return engine.run()
+    with contextlib.ExitStack() as stack:
+        node_specs = ()
+        if pilot is None and _several_nodes():
+            # the batch step of a job of several nodes: one pilot over all of them
+            # (shoal.Pilot() decides: a dask worker on every node, or this node only with
+            # SHOAL_ALL_NODES=0); a task no node can hold is refused naming the largest
+            import shoal
+
+            from . import nodes
+
+            pilot = stack.enter_context(shoal.Pilot(workers))
+            workers = None
+            if pilot.backend is shoal.BackendKind.DASK:  # each node's worker has the
+                # smallest node's cores (one srun step: one --cpus-per-task for all)
+                found = nodes.slurm_nodes(os.environ)
+                least = min(n.cores for n in found)
+                node_specs = [dataclasses.replace(n, cores=least) for n in found]
+        engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
+                        cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
+                        sandbox=sandbox, window=window, durability=durability, progress=progress,
+                        patience=patience, new=new, retry_failed=retry_failed, values=values,
+                        shared_data=shared_data, launcher=launcher, resume_command=resume_command,
+                        retries=retries, retry_delay=retry_delay, node_specs=node_specs)
+        return engine.run()
+
+
+def _several_nodes() -> bool:
+    import shoal
+
+    alloc = shoal.allocation()
+    return alloc is not None and len(alloc.nodes) > 1
 
 
 __all__ = [

@@ -85,7 +85,7 @@ from collections.abc import Callable
 import shoal
 from shoal._backoff import check_retry_delay, retry_delay
 
-from . import mpi, pilot_jobs
+from . import mpi, nodes, pilot_jobs
 from .functions import ship_code, with_cpus
 from .identity import count_tasks, diff_plans, diff_specs, listed_keys, plan_of, spec_text
 from .journal import Journal
@@ -167,7 +167,9 @@ class Engine:
                  max_pipelines: int = 4096, durability: str = "normal",
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
                  new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
-                 launcher=None, resume_command: str | None = None, retries: int = 0, retry_delay=None):
+                 launcher=None, resume_command: str | None = None, retries: int = 0, retry_delay=None,
+                 node_specs=()):
+        self.node_specs = tuple(node_specs)  # the dask pilot's nodes when known (nodes.NodeSpec)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise EnsembleError(f"run(retries=): must be an integer >= 0 (each task's default), got {retries!r}")
         try:
@@ -492,6 +494,10 @@ class Engine:
                     "SLURM allocation (srun); a dask pilot does not start ranks")
         if task.mpi and isinstance(self.rank_launcher, mpi.NotFound):
             return f"is an MPI task (ranks={task.ranks}) but {self.rank_launcher.why}"
+        if self.remote and self.node_specs:  # cores and memory are reserved on ONE node
+            why = nodes.refusal("T", task.cores, task.memory_bytes or 0, self.node_specs)
+            if why:
+                return why.removeprefix("task T ")  # the walker names the task
         why = self.sched.impossible(self._request(task, 0))
         if why and task.mpi:
             return (f"{why} ({task.ranks} ranks x {task.cores_per_rank} cores per rank; "

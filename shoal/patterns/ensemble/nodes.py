@@ -24,9 +24,9 @@ across two nodes, which no process can use); first fit (it fragments the big nod
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 
+from shoal._cpu_counts import expand_counts
 from shoal.runtime.allocation import expand_nodelist
 
 from .mpi import RankPlacement
@@ -37,17 +37,6 @@ class NodeSpec:
     name: str
     cores: int
     memory: int = 0  # bytes; 0: not known (not checked)
-
-
-def expand_counts(text: str) -> list[int]:
-    """SLURM's ``SLURM_JOB_CPUS_PER_NODE`` form: ``"2(x3),1"`` -> [2, 2, 2, 1]."""
-    out: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
-        if m is None:
-            raise ValueError(f"malformed SLURM CPU count list {text!r}")
-        out += [int(m[1])] * int(m[2] or 1)
-    return out
 
 
 def slurm_nodes(env: Mapping[str, str]) -> tuple[NodeSpec, ...]:

@@ -9,7 +9,8 @@ EnTK's idea (a resource description next to the workflow), in shoal's words::
 
 Data flow: ``Resource.of`` validates the description (unknown keys: an error
 with a did-you-mean) ──► ``resource_pilot`` opens a dask pilot with
-``provider="slurm"`` (one batch job per node, ``cores`` each) ──► it waits for
+``provider="slurm"`` (``nodes > 1``: one batch job of that many nodes with a dask worker per
+node; one node or an elastic range: one job per node, ``cores`` each) ──► it waits for
 the first job to run (the job watch logs queue state meanwhile; a job that can
 never start fails here with SLURM's reason) and asks, from inside the job, when
 the allocation ends ──► the engine gets the time left as its walltime and
@@ -42,7 +43,8 @@ from .model import EnsembleError
 
 KEYS = {
     "backend": "slurm or pbs",
-    "nodes": "integer (batch jobs, one node each), or 'low:high' (an elastic pilot; alias: jobs)",
+    "nodes": "integer (nodes of one batch job), or 'low:high' (an elastic pilot of one-node "
+             "jobs; alias: jobs)",
     "cores": "integer (per node)", "memory": "size per node, e.g. '8GB'",
     "partition": "string (alias: queue)", "account": "string (alias: project)",
     "walltime": "seconds, '30m', '2h' or 'HH:MM:SS'", "job_extra": "list of batch directives",
@@ -159,9 +161,18 @@ class Resource:
 
     def pilot_options(self) -> dict:
         """Keyword arguments of ``shoal.Pilot`` for this resource."""
-        kw = {"backend": shoal.BackendKind.DASK, "provider": self.backend.value,
-              "jobs": self.nodes, "cores": self.cores,
-              "memory": self.memory or f"{2 * self.cores}GB", **dict(self.options)}
+        one_job = (isinstance(self.nodes, int) and self.nodes > 1
+                   and self.backend is ResourceKind.SLURM)
+        if one_job:  # ONE job of N nodes, a worker step over them; memory only when asked for
+            kw = {"backend": shoal.BackendKind.DASK, "provider": self.backend.value,
+                  "nodes": self.nodes, "cores_per_node": self.cores, **dict(self.options)}
+            if self.memory is not None:
+                kw["memory"] = self.memory
+        else:  # one node, elastic (whole jobs come and go) or PBS: dask-jobqueue's jobs,
+            # watched by the job watch (docs/hpc.md)
+            kw = {"backend": shoal.BackendKind.DASK, "provider": self.backend.value,
+                  "jobs": self.nodes, "cores": self.cores,
+                  "memory": self.memory or f"{2 * self.cores}GB", **dict(self.options)}
         if self.partition is not None:
             kw["queue"] = self.partition
         if self.account is not None:
@@ -170,7 +181,8 @@ class Resource:
             kw["job_extra"] = list(self.job_extra)
         if self.walltime is not None:
             kw["walltime"] = self.walltime
-            kw["drain_margin_s"] = margin(self.walltime) / 2  # workers retire after the engine stops
+            if not one_job:  # workers retire (--lifetime) after the engine stops
+                kw["drain_margin_s"] = margin(self.walltime) / 2
         return kw
 
 
@@ -279,8 +291,9 @@ def add_resource_arguments(parser) -> None:
     """``shoal run``'s allocation flags (commands.py calls it)."""
     hpc = parser.add_argument_group("a batch allocation of its own (docs/hpc.md)")
     hpc.add_argument("--slurm", action="store_true",
-                     help="run in SLURM jobs (one per node); --walltime is then each job's length")
-    hpc.add_argument("--nodes", type=int, default=None, help="nodes (batch jobs), default 1")
+                     help="run in a SLURM job of --nodes nodes (an elastic --jobs: one job per "
+                          "node); --walltime is then the job's length")
+    hpc.add_argument("--nodes", type=int, default=None, help="nodes of the batch job, default 1")
     hpc.add_argument("--jobs", default=None, metavar="N|LOW:HIGH",
                      help="batch jobs: a count (as --nodes), or LOW:HIGH for an elastic pilot "
                           "that submits jobs while tasks wait and gives idle ones back")

@@ -359,15 +359,8 @@ def _backend_kind(backend, options: dict) -> BackendKind:
         return BackendKind.DASK
     env = os.environ
     if env.get("SLURM_JOB_ID") and not env.get("SLURM_STEP_ID"):  # cheap: no import outside
-        try:
-            from .backends.dask.job_nodes import spans_job
-        except ImportError:  # no dask here: this node only, said once
-            import warnings
+        from .backends.dask.job_nodes import spans_job  # (distributed is a dependency)
 
-            warnings.warn("shoal.Pilot() in a SLURM job of several nodes uses only this node: "
-                          "dask.distributed, which spans them, is not installed (pip install "
-                          "distributed)", stacklevel=3)
-            return BackendKind.LOCAL
         if spans_job(env):
             return BackendKind.DASK
     return BackendKind.LOCAL

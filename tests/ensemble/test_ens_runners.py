@@ -42,8 +42,8 @@ def _use(spawner: str, monkeypatch) -> None:
                     "pip install -e . with a C compiler (Linux)")
 
 
-def _reap(pid: int) -> int:
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+def _reap(pid: int) -> tuple[int, None]:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), None  # (exit code, no usage)
 
 
 def test_journaled_pid_start_is_the_process_start(tmp_path):

@@ -37,6 +37,7 @@ from ..._json import dumps as json_dumps
 from . import run
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
+from .report import printable
 from .resource import add_resource_arguments, resource_from_args
 
 EXIT_FAILED, EXIT_DRAINED, EXIT_INTERRUPTED = 1, 3, 130
@@ -171,9 +172,46 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run)
 
 
+def _state(text: str):
+    """An argparse type: a task state by its name (``failed``), or a usage error listing them."""
+    from .model import TaskState
+
+    try:
+        return TaskState(text.lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"no task state {text!r}; choose one of {', '.join(s.value for s in TaskState)}") from None
+
+
+def _status_tasks(args: argparse.Namespace) -> int:
+    """``shoal status run.db --tasks``: one line (or JSON object) per attempt, with what it used."""
+    from .attempts import attempts, table
+    from .journal import open_readonly
+
+    if args.watch is not None:
+        raise EnsembleError("--tasks lists the attempts once; drop --watch (or use it without --tasks)")
+    db = open_readonly(args.journal)
+    try:
+        items = list(attempts(db, state=args.state, stage=args.stage))
+    finally:
+        db.close()
+    if args.json:
+        print(json_dumps([a.to_dict() for a in items], indent=2))
+    elif items:
+        print(printable(table(items, lambda t: time.strftime("%H:%M:%S", time.localtime(t)))))
+    else:
+        print(f"no attempts in {args.journal}" + (f" with state {args.state.value}" if args.state else "")
+              + (f" in stage {args.stage}" if args.stage else ""))
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from .status import RunStatus
 
+    if args.tasks:
+        return _status_tasks(args)
+    if args.state is not None or args.stage is not None:
+        raise EnsembleError("--state and --stage filter the attempts that --tasks lists; add --tasks")
     while True:
         status = RunStatus.load(args.journal)
         text = json_dumps(status.to_dict(), indent=2) if args.json else status.table()
@@ -200,5 +238,13 @@ def add_status(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
     parser.add_argument("--watch", nargs="?", type=_seconds, const=2.0, default=None, metavar="SECONDS",
                         help="refresh every SECONDS (default 2) until the run ends")
-    parser.add_argument("--json", action="store_true", help="machine-readable (RunStatus.to_dict())")
+    parser.add_argument("--json", action="store_true",
+                        help="machine-readable (RunStatus.to_dict(); with --tasks a list of attempts)")
+    parser.add_argument("--tasks", action="store_true",
+                        help="one line per task attempt: host, node, start, seconds, exit status, CPU "
+                             "time, peak RSS, bytes read and written (docs/ensemble.md, 'What a run used')")
+    parser.add_argument("--state", type=_state, default=None, metavar="STATE",
+                        help="with --tasks: only attempts in this state (done, failed, running, ...)")
+    parser.add_argument("--stage", default=None, metavar="UID",
+                        help="with --tasks: only attempts of this stage (its uid, e.g. p.sim)")
     parser.set_defaults(handler=_status)

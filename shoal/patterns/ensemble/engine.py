@@ -71,6 +71,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import heapq
@@ -116,6 +117,7 @@ from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler, Waiting
+from .usage import HOST, NONE, Measured, Usage, measured_call, of_exception
 from .values import Values
 from .walker import Item, Walker
 
@@ -694,7 +696,9 @@ class Engine:
             self.running.pop(item.pid, None)
             self.sched.release(item.grant)
             self.journal.unstart(item.uid)
-        else:
+        else:  # b: what it used (None: reaped inside the fast spawn, which gives no rusage)
+            node = "cpus " + ",".join(map(str, sorted(item.grant.cpus)))
+            item.usage = dataclasses.replace(b or Usage(host=HOST), node=node)
             ended.append(self._exe_outcome(item, a))
 
     def _stop_local(self) -> None:
@@ -781,6 +785,7 @@ class Engine:
         fn = t.function
         if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
             fn = functools.partial(with_cpus, t.function, item.grant.cpus, t.cores)
+        fn = functools.partial(measured_call, fn)  # what the call used, measured in the worker
         if self.remote:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
@@ -902,6 +907,7 @@ class Engine:
         out = fut.result()
         if out.ended is Ended.WALLTIME:
             return None
+        item.usage = out.usage
         if out.ended is Ended.NOT_STARTED:
             return item, Failure(out.failure, out.message, attempt=item.attempt), None
         failure = exit_failure(item.task.timeout, out.exit_code, out.ended is Ended.TIMED_OUT,
@@ -920,7 +926,11 @@ class Engine:
     def _fn_outcome(self, item: Item, fut):
         exc = fut.exception()
         if exc is None:
-            return item, None, fut.result()
+            value = fut.result()
+            if isinstance(value, Measured):  # a function task (measured_call, see _submit)
+                item.usage, value = value.usage, value.value
+            return item, None, value
+        item.usage = of_exception(exc)
         if isinstance(exc, shoal.TaskTimeout):
             kind = FailureKind.TIMEOUT
         elif isinstance(exc, shoal.WorkerLost):
@@ -936,17 +946,18 @@ class Engine:
         """Journal the end of one attempt (caller commits) and move the stage on."""
         now = time.time()
         t = item.task
+        used, item.usage = item.usage, NONE
         if failure is None:
             if t.kind is TaskKind.EXECUTABLE:
                 code, outputs = value
-                self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
+                self.journal.done(item.uid, now, exit_code=code, outputs=outputs, usage=used)
             else:
-                self.journal.done(item.uid, now, result=value)
+                self.journal.done(item.uid, now, result=value, usage=used)
             t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return
         final = item.attempt > item.retries
-        self.journal.failed(item.uid, failure, now, final=final)
+        self.journal.failed(item.uid, failure, now, final=final, usage=used)
         if final:
             t.settle(TaskState.FAILED, failure.exit_code)
             self._settle(item, TaskState.FAILED)

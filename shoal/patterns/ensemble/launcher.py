@@ -58,6 +58,7 @@ import threading
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
 from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
+from .usage import NONE, Usage, wait_usage
 
 MPI_KILL_GRACE_S = 3.0  # an MPI launcher's time to stop its ranks after SIGTERM (Launcher.kill)
 PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
@@ -445,19 +446,21 @@ class Launcher:
             self._null = None
 
     # -- ending -----------------------------------------------------------------------
-    def wait(self, pid: int) -> int:
+    def wait(self, pid: int) -> tuple[int, Usage]:
         """Block until ``pid`` (a child this launcher spawned) exits and reap it: its exit status
-        (negative: killed by that signal).  Called by the runner thread that spawned it."""
+        (negative: killed by that signal) and what it used (``usage.wait_usage``: wait4's
+        rusage, its /proc counters read while it is a zombie).  Called by the runner thread
+        that spawned it, once the child has exited."""
         proc = self._procs.pop(pid, None)
         self._rank_launchers.pop(pid, None)
         try:
-            _, status = os.waitpid(pid, 0)
+            status, used = wait_usage(pid)
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:  # reaped elsewhere (an embedding program's waitpid(-1)): lost
-            code = 255
+            code, used = 255, NONE
         if proc is not None:
             proc.returncode = code  # no "still running" warning when the Popen is collected
-        return code
+        return code, used
 
     def kill(self, pid: int) -> None:
         """SIGKILL the task's whole process group (it may have started children).

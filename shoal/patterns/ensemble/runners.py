@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterable
 
 class Event(enum.Enum):
     SPAWNED = "spawned"  # (item, pid | exception | NOT_STARTED, the pid's start time or None)
-    EXITED = "exited"  # (item, exit code as os.waitstatus_to_exitcode gives it, None)
+    EXITED = "exited"  # (item, exit code as os.waitstatus_to_exitcode gives it, Usage or None)
 
 
 NOT_STARTED = "not started"  # the answer to a job taken after stop_new()
@@ -82,13 +82,13 @@ QUICK_S = 0.005  # a child that exits this soon is reported SPAWNED+EXITED with 
 class Runners:
     """One runner thread per CPU id; ``events`` is read by the engine (owner) only."""
 
-    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], int], wake: Callable[[], None],
+    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], tuple], wake: Callable[[], None],
                  kill: Callable[[int], None], started: Callable[[int], float] = lambda pid: time.time()):
         try:
             self.affinity: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             self.affinity = None
-        self._wait = wait  # blocking reap of one pid -> exit code (Launcher.wait)
+        self._wait = wait  # blocking reap of one pid -> (exit code, Usage) (Launcher.wait)
         self._wake = wake  # wakes the engine's poll (thread-safe, never blocks)
         self._kill = kill  # SIGKILL a pid's process group (Launcher.kill)
         self._started = started  # a pid's start time, as a resume's kill_leftover will compare it
@@ -200,7 +200,8 @@ class Runners:
             with self._lock:
                 self._live.discard(pid)
             self._kill(pid)  # what the task left behind in its group dies with it (the zombie
-            self._post(Event.EXITED, item, self._wait(pid), None, last=True)  # still holds the pgid)
+            code, used = self._wait(pid)  # still holds the pgid)
+            self._post(Event.EXITED, item, code, used, last=True)
 
     def _bounce(self, cpu: int, q: queue.SimpleQueue) -> None:
         """This CPU's child outlived QUICK_S: answer BOUNCED to the jobs queued behind it (and,

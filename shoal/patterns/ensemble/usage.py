@@ -1,0 +1,181 @@
+"""What one task attempt used: host, node runtime, CPU time, peak RSS, bytes read and written.
+
+Measured where the attempt ran, by the means the OS offers for that kind of task:
+
+* **executables** (local runner threads, and ``remote.run_executable`` on a dask node): the
+  child is reaped with ``os.wait4``, whose ``rusage`` gives its user and system CPU time and
+  peak RSS (``ru_maxrss``, KiB on Linux), each including the descendants it waited for (a
+  ``pre_exec`` shell's commands); ``/proc/<pid>/io`` is read while the child is a zombie
+  (exited, not yet reaped: the runner waits with ``WNOWAIT`` first), which still holds its
+  counters and those of the children it reaped.  A child that exits within the fast spawn's
+  quick window is reaped inside the C helper (spawn.py), which returns no rusage: such
+  attempts (under 5 ms) have no CPU, RSS or I/O figures.
+* **function tasks** (pilot workers, local or on dask): measured in the worker around the
+  call (``measured_call``): ``getrusage`` deltas of the worker process and of the children it
+  reaped meanwhile, ``/proc/self/io`` deltas, and the peak RSS of the worker process during
+  the call — its high-water mark is reset first (``/proc/self/clear_refs``), so the figure is
+  the call's peak *including the worker's own memory* (the interpreter, its imports).  A task
+  that waits on child tasks it spawned runs others meanwhile in the same process: their use
+  is counted in it.
+
+Bytes: ``read_chars``/``write_chars`` are everything passed through read/write system calls
+(files, pipes, sockets; ``rchar``/``wchar``), ``read_bytes``/``write_bytes`` what went to or
+came from storage (``read_bytes``/``write_bytes``: 0 for a file served from the page cache).
+Without ``/proc`` (not Linux) they are None, as is every figure the OS did not give.
+
+Rejected alternatives: sampling processes with psutil from the driver (the driver does not
+see the nodes' processes, and a sampler misses short peaks — ``ru_maxrss`` is exact); a
+``time -v`` wrapper around each executable (one more exec per task); ``RUSAGE_THREAD`` for
+function tasks (misses the BLAS/OpenMP threads the call starts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import socket
+
+import shoal
+
+# the journal's columns and their SQLite types, in ``Usage.row`` order (journal.py has them
+# in tasks and failed_attempts)
+COLUMNS = (("host", "TEXT"), ("node", "TEXT"), ("cpu_user", "REAL"), ("cpu_sys", "REAL"),
+           ("max_rss", "INTEGER"), ("read_chars", "INTEGER"), ("write_chars", "INTEGER"),
+           ("read_bytes", "INTEGER"), ("write_bytes", "INTEGER"))
+_IO_KEYS = {b"rchar": "read_chars", b"wchar": "write_chars", b"read_bytes": "read_bytes",
+            b"write_bytes": "write_bytes"}
+HOST = socket.gethostname()
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """One attempt's resource use; None where not measured.  ``max_rss`` in bytes."""
+
+    host: str | None = None
+    node: str | None = None  # the node runtime: "runner <cpu>", "worker <endpoint>", ...
+    cpu_user: float | None = None
+    cpu_sys: float | None = None
+    max_rss: int | None = None
+    read_chars: int | None = None
+    write_chars: int | None = None
+    read_bytes: int | None = None
+    write_bytes: int | None = None
+
+    def row(self) -> tuple:
+        """The values of ``COLUMNS``, in order."""
+        return tuple(getattr(self, name) for name, _ in COLUMNS)
+
+
+NONE = Usage()
+
+
+def worker_node() -> str | None:
+    """The shoal worker (node runtime) running the calling task, in words; None outside one."""
+    worker = shoal.current_worker()
+    return f"worker {worker.id} cpu {worker.cpu}" if worker is not None else None
+
+
+def proc_io(pid: int | str = "self") -> dict[str, int]:
+    """``/proc/<pid>/io`` as {column: bytes}; {} when unreadable (not Linux, gone, not ours)."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(b":")
+        name = _IO_KEYS.get(key)
+        if name is not None:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
+def of_child(ru, io: dict[str, int], node: str | None = None) -> Usage:
+    """An executable's use from ``os.wait4``'s rusage and its zombie's ``proc_io``."""
+    return Usage(host=HOST, node=node, cpu_user=ru.ru_utime, cpu_sys=ru.ru_stime,
+                 max_rss=ru.ru_maxrss * 1024, **io)
+
+
+def wait_usage(pid: int, node: str | None = None) -> tuple[int, Usage]:
+    """Reap ``pid`` (exited or about to): its wait status and what it used.  Reads its
+    ``/proc`` counters first, which a zombie still holds.  ChildProcessError as ``waitpid``."""
+    io = proc_io(pid)
+    _, status, ru = os.wait4(pid, 0)
+    return status, of_child(ru, io, node)
+
+
+def _peak_reset() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS: Linux's clear_refs "5"."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int | None:
+    """This process's peak RSS since the last reset (VmHWM), bytes; None without /proc."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A function task's return value with what the call used (``measured_call``)."""
+
+    value: object
+    usage: Usage
+
+
+USAGE_ATTR = "_shoal_usage"  # set on the exception a measured call raised (kept by pickling)
+
+
+def measured_call(fn, *args, **kwargs) -> Measured:
+    """Call ``fn`` in this (worker) process and measure it; see the module docstring.  An
+    exception is re-raised with the measurement as its ``_shoal_usage`` attribute."""
+    reset = _peak_reset()
+    io0 = proc_io()
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        usage = _since(reset, io0, self0, kids0)
+        try:
+            setattr(exc, USAGE_ATTR, usage)
+        except (AttributeError, TypeError):  # __slots__ or a built-in without a __dict__
+            pass
+        raise
+    return Measured(value, _since(reset, io0, self0, kids0))
+
+
+def _since(reset: bool, io0: dict, self0, kids0) -> Usage:
+    self1 = resource.getrusage(resource.RUSAGE_SELF)
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    io1 = proc_io()
+    io = {k: io1[k] - io0[k] for k in io1 if k in io0}
+    peak = _peak_rss() if reset else None  # no reset: the lifetime peak says nothing of this call
+    return Usage(host=HOST, node=worker_node() or f"pid {os.getpid()}",
+                 cpu_user=(self1.ru_utime - self0.ru_utime) + (kids1.ru_utime - kids0.ru_utime),
+                 cpu_sys=(self1.ru_stime - self0.ru_stime) + (kids1.ru_stime - kids0.ru_stime),
+                 max_rss=peak, **io)
+
+
+def of_exception(exc: BaseException | None) -> Usage:
+    """The measurement a failed measured call attached to its exception (NONE if absent)."""
+    usage = getattr(exc, USAGE_ATTR, None) if exc is not None else None
+    if usage is None and exc is not None and exc.__cause__ is not None:
+        usage = getattr(exc.__cause__, USAGE_ATTR, None)
+    return usage if isinstance(usage, Usage) else NONE

@@ -86,10 +86,11 @@ def _picked(have: set[str], alias: str, names) -> str:
     return ", ".join(f"{alias}.{name}" if name in have else f"NULL AS {name}" for name in names)
 
 
-def attempts(db, *, state: TaskState | None = None, stage: str | None = None) -> Iterator[Attempt]:
+def attempts(db, *, state: TaskState | None = None, stage: str | None = None,
+             latest: int | None = None) -> Iterator[Attempt]:
     """The attempts of the journal open on ``db`` (by start; those never started last),
     filtered by state (a failed attempt that was retried counts as FAILED) and by stage uid
-    (``p.s``)."""
+    (``p.s``); ``latest=n``: only the n that ended last, the newest first (the dashboard)."""
     tasks, failed = _columns(db, "tasks"), _columns(db, "failed_attempts")
     on_stage = " AND t.stage=?" if stage is not None else ""
     parts, params = [], []
@@ -109,8 +110,11 @@ def attempts(db, *, state: TaskState | None = None, stage: str | None = None) ->
         own += " AND t.state=?"
         params.append(state.value)
     parts.append(own)
-    sql = (f"SELECT * FROM ({' UNION ALL '.join(parts)}) "
-           "ORDER BY started IS NULL, started, uid, attempt")
+    sql = f"SELECT * FROM ({' UNION ALL '.join(parts)}) "
+    if latest is None:
+        sql += "ORDER BY started IS NULL, started, uid, attempt"
+    else:
+        sql += f"WHERE finished IS NOT NULL ORDER BY finished DESC LIMIT {int(latest)}"
     for row in db.execute(sql, params):
         yield _attempt(row)
 

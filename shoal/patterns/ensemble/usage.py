@@ -76,15 +76,31 @@ def worker_node() -> str | None:
     return f"worker {worker.id} cpu {worker.cpu}" if worker is not None else None
 
 
+def _read(path: str) -> bytes | None:
+    """A /proc file's bytes in one read (no Python file object: these are read per task)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 16384)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def proc_io(pid: int | str = "self") -> dict[str, int]:
     """``/proc/<pid>/io`` as {column: bytes}; {} when unreadable (not Linux, gone, not ours)."""
-    try:
-        with open(f"/proc/{pid}/io", "rb") as f:
-            text = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
+    return _io(pid)[0]
+
+
+def _io(pid: int | str) -> tuple[dict[str, int], int]:
+    """``proc_io`` and the size of the text it read (which a later read of the own process's
+    ``rchar`` counts)."""
+    text = _read(f"/proc/{pid}/io")
+    out: dict[str, int] = {}
+    for line in (text or b"").splitlines():
         key, _, value = line.partition(b":")
         name = _IO_KEYS.get(key)
         if name is not None:
@@ -92,7 +108,7 @@ def proc_io(pid: int | str = "self") -> dict[str, int]:
                 out[name] = int(value)
             except ValueError:
                 pass
-    return out
+    return out, len(text or b"")
 
 
 def of_child(ru, io: dict[str, int], node: str | None = None) -> Usage:
@@ -112,23 +128,29 @@ def wait_usage(pid: int, node: str | None = None) -> tuple[int, Usage]:
 def _peak_reset() -> bool:
     """Reset this process's peak RSS (VmHWM) to its current RSS: Linux's clear_refs "5"."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"5")
         return True
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 def _peak_rss() -> int | None:
-    """This process's peak RSS since the last reset (VmHWM), bytes; None without /proc."""
+    """This process's peak RSS since the last reset (VmHWM), bytes; None without /proc.
+    Not ``getrusage``'s ru_maxrss: that also keeps the peak of threads that exited since."""
+    text = _read("/proc/self/status") or b""
+    at = text.find(b"VmHWM:")
+    if at < 0:
+        return None
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(text[at + 6:text.index(b"kB", at)]) * 1024
+    except ValueError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +168,7 @@ def measured_call(fn, *args, **kwargs) -> Measured:
     """Call ``fn`` in this (worker) process and measure it; see the module docstring.  An
     exception is re-raised with the measurement as its ``_shoal_usage`` attribute."""
     reset = _peak_reset()
-    io0 = proc_io()
+    io0 = _io("self")
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -161,11 +183,14 @@ def measured_call(fn, *args, **kwargs) -> Measured:
     return Measured(value, _since(reset, io0, self0, kids0))
 
 
-def _since(reset: bool, io0: dict, self0, kids0) -> Usage:
+def _since(reset: bool, io0: tuple[dict, int], self0, kids0) -> Usage:
     self1 = resource.getrusage(resource.RUSAGE_SELF)
     kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     io1 = proc_io()
-    io = {k: io1[k] - io0[k] for k in io1 if k in io0}
+    before, own_read = io0
+    io = {k: io1[k] - before[k] for k in io1 if k in before}
+    if "read_chars" in io:  # not the measurement's own read of /proc/self/io
+        io["read_chars"] = max(0, io["read_chars"] - own_read)
     peak = _peak_rss() if reset else None  # no reset: the lifetime peak says nothing of this call
     return Usage(host=HOST, node=worker_node() or f"pid {os.getpid()}",
                  cpu_user=(self1.ru_utime - self0.ru_utime) + (kids1.ru_utime - kids0.ru_utime),

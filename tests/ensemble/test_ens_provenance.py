@@ -205,3 +205,22 @@ def test_status_tasks_filters_and_json(tmp_path, capsys):
     assert "no task state 'bogus'" in capsys.readouterr().err
     assert main(["status", db, "--state", "done"]) == 2  # a filter without --tasks
     assert "add --tasks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("popen", [False, True])
+def test_a_task_that_exits_at_once_has_cpu_and_rss(tmp_path, monkeypatch, popen):
+    """Reaped inside the C spawn helper's quick window (or by Popen's path): wait4 there too."""
+    from shoal.patterns.ensemble import spawn
+
+    if popen:
+        monkeypatch.setenv("SHOAL_ENSEMBLE_POPEN", "1")
+    elif spawn._native is None:
+        pytest.skip("the C spawn helper shoal/patterns/ensemble/_spawn.c was not built")
+    db = str(tmp_path / "run.db")
+    tasks = [Task(executable="/bin/true", name=f"t{i}") for i in range(3)] + [
+        Task(executable="/bin/sh", arguments=["-c", "exit 3"], name="bad")]
+    run(Pipeline([Stage(tasks)], name="p"), journal=db, cores=2)
+    rows = _rows(db)
+    for row in rows.values():
+        assert row["max_rss"] > 0 and row["cpu_user"] is not None and row["host"] == socket.gethostname()
+    assert rows["p.s0.bad"]["exit_code"] == 3

@@ -625,9 +625,9 @@ class Engine:
                 except OSError:  # full (the loop wakes anyway) or closed
                     pass
 
-    def _launch(self, item: Item) -> int | tuple[int, int]:
-        """Sandbox, staging, spawn: the pid (or pid and exit code of a child already reaped, see
-        Runners.submit); raises LaunchError (or a bug).  Runs on a runner
+    def _launch(self, item: Item) -> int | tuple:
+        """Sandbox, staging, spawn: the pid (or pid, exit code and usage of a child already reaped,
+        see Runners.submit); raises LaunchError (or a bug).  Runs on a runner
         thread: touches only this item, its files and the launcher's spawn path."""
         t = item.task
         self.launcher.make_sandbox(item.uid)
@@ -696,7 +696,7 @@ class Engine:
             self.running.pop(item.pid, None)
             self.sched.release(item.grant)
             self.journal.unstart(item.uid)
-        else:  # b: what it used (None: reaped inside the fast spawn, which gives no rusage)
+        else:  # b: what it used (None: not measured, e.g. a spawn helper built without rusage)
             node = "cpus " + ",".join(map(str, sorted(item.grant.cpus)))
             item.usage = dataclasses.replace(b or Usage(host=HOST), node=node)
             ended.append(self._exe_outcome(item, a))

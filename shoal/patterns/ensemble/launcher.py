@@ -58,7 +58,7 @@ import threading
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
 from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
-from .usage import NONE, Usage, wait_usage
+from .usage import NONE, Usage, of_rusage, wait_usage
 
 MPI_KILL_GRACE_S = 3.0  # an MPI launcher's time to stop its ranks after SIGTERM (Launcher.kill)
 PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
@@ -362,9 +362,10 @@ class Launcher:
         return found
 
     def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
-              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int]:
-        """Start ``task``: its pid, or (pid, exit code) when it exited within ``quick_s`` and was
-        reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
+              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int, Usage]:
+        """Start ``task``: its pid, or (pid, exit code, what it used) when it exited within
+        ``quick_s`` and was reaped already, its group killed (the C spawn helper only: its
+        rusage, no /proc byte counts).  Raises LaunchError (nothing
         left running).  ``ranks``: (RankLauncher, RankPlacement) of an MPI task (mpi.py): the
         launcher's command starts every rank through rank_exec.py; pre/post_exec run once,
         around the launch."""
@@ -384,10 +385,10 @@ class Launcher:
         out, err = sandbox + "/" + task.stdout_file, sandbox + "/" + task.stderr_file  # sandbox_of: absolute
         try:
             if self._spawner is not None:
-                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
-                                                  sandbox, stdin, out, err, int(quick_s * 1000))
+                pid, status, ru = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
+                                                      sandbox, stdin, out, err, int(quick_s * 1000))
                 if status is not None:
-                    return pid, os.waitstatus_to_exitcode(status)
+                    return pid, os.waitstatus_to_exitcode(status), of_rusage(ru)
             else:
                 env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
                 env.update(extra)

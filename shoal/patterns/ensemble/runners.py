@@ -107,9 +107,9 @@ class Runners:
             self._threads.append(t)
             t.start()
 
-    def submit(self, item, cpus, launch: Callable[[], int | tuple[int, int]]) -> None:
+    def submit(self, item, cpus, launch: Callable[[], int | tuple]) -> None:
         """Run ``launch`` on the runner of ``min(cpus)``.  It returns the pid (the runner reaps it),
-        or (pid, exit code) for a child that exited within QUICK_S and that ``launch`` reaped
+        or (pid, exit code, Usage) for a child that exited within QUICK_S and that ``launch`` reaped
         itself, its group killed first (the C spawn helper: spawn, wait, kill and reap in one call
         without the GIL; the pid was never published, so no kill can have aimed at it), or raises."""
         cpu = min(cpus)
@@ -181,7 +181,7 @@ class Runners:
                     self._set_mask(mine if mine is not None else self.affinity)
             if isinstance(pid, tuple):  # already reaped: one wake-up for both events
                 self.events.append((Event.SPAWNED, item, pid[0], None))
-                self._post(Event.EXITED, item, pid[1], None, last=True)
+                self._post(Event.EXITED, item, pid[1], pid[2], last=True)
                 continue
             if not isinstance(pid, int):
                 self._post(Event.SPAWNED, item, pid, None, last=True)

@@ -8,8 +8,8 @@ Measured where the attempt ran, by the means the OS offers for that kind of task
   ``pre_exec`` shell's commands); ``/proc/<pid>/io`` is read while the child is a zombie
   (exited, not yet reaped: the runner waits with ``WNOWAIT`` first), which still holds its
   counters and those of the children it reaped.  A child that exits within the fast spawn's
-  quick window is reaped inside the C helper (spawn.py), which returns no rusage: such
-  attempts (under 5 ms) have no CPU, RSS or I/O figures.
+  quick window is reaped inside the C helper (spawn.py) with ``wait4`` too, which returns its
+  rusage; such attempts (under 5 ms) have CPU and RSS figures but no byte counts.
 * **function tasks** (pilot workers, local or on dask): measured in the worker around the
   call (``measured_call``): ``getrusage`` deltas of the worker process and of the children it
   reaped meanwhile, ``/proc/self/io`` deltas, and the peak RSS of the worker process during
@@ -115,6 +115,15 @@ def of_child(ru, io: dict[str, int], node: str | None = None) -> Usage:
     """An executable's use from ``os.wait4``'s rusage and its zombie's ``proc_io``."""
     return Usage(host=HOST, node=node, cpu_user=ru.ru_utime, cpu_sys=ru.ru_stime,
                  max_rss=ru.ru_maxrss * 1024, **io)
+
+
+def of_rusage(ru: tuple | None) -> Usage | None:
+    """An executable's use from the C spawn helper's (user s, system s, peak RSS KiB) of a
+    child it reaped itself (no /proc byte counts: it was gone before anyone could read them)."""
+    if ru is None:
+        return None
+    user, system, rss_kib = ru
+    return Usage(host=HOST, cpu_user=user, cpu_sys=system, max_rss=rss_kib * 1024)
 
 
 def wait_usage(pid: int, node: str | None = None) -> tuple[int, Usage]:

@@ -168,6 +168,9 @@ def test_a_schema_2_journal_is_read_then_migrated_by_its_resume(tmp_path, capsys
     assert rows["p.s0.ok"]["max_rss"] is None  # measured by nobody: NULL, not a guess
     assert abs(rows["p.s0.flaky"]["max_rss"] - ALLOC) <= 0.1 * ALLOC
     assert _rows(db, "failed_attempts")[("p.s0.flaky", 1)]["cpu_user"] is None  # the old attempt
+    with contextlib.closing(open_readonly(db)) as conn:  # both listed: the old failure, the new run
+        listed = sorted((a.uid, a.state, a.max_rss is None) for a in attempts(conn))
+    assert listed == [("p.s0.flaky", "done", False), ("p.s0.flaky", "failed", True), ("p.s0.ok", "done", True)]
     with contextlib.closing(sqlite3.connect(db)) as c:
         assert c.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == (SCHEMA_VERSION,)
     Journal(db, resume=True).close()  # opening it again: already migrated, nothing to add
@@ -224,3 +227,29 @@ def test_a_task_that_exits_at_once_has_cpu_and_rss(tmp_path, monkeypatch, popen)
     for row in rows.values():
         assert row["max_rss"] > 0 and row["cpu_user"] is not None and row["host"] == socket.gethostname()
     assert rows["p.s0.bad"]["exit_code"] == 3
+
+
+def test_attempts_of_a_task_through_its_retries(tmp_path):
+    """One row per attempt: a retry waiting out its delay shows as its failed attempt only, the
+    next attempt once it runs, each failed one with what it used."""
+    from shoal.patterns.ensemble.model import Failure, FailureKind
+    from shoal.patterns.ensemble.usage import Usage
+
+    db = str(tmp_path / "run.db")
+    j = Journal(db)
+
+    def listed():
+        j.commit()
+        with contextlib.closing(open_readonly(db)) as conn:
+            return [(a.attempt, a.state, a.cpu) for a in attempts(conn)]
+
+    j.running("p.s.t", "p", "p.s", "executable", 1, None, 10.0)
+    assert listed() == [(1, "running", None)]
+    j.failed("p.s.t", Failure(FailureKind.EXIT_CODE, "exit code 1", 1, "", 1), 11.0, final=False,
+             usage=Usage(cpu_user=0.5, cpu_sys=0.25))
+    assert listed() == [(1, "failed", 0.75)]  # waiting to retry: no row for an attempt not begun
+    j.running("p.s.t", "p", "p.s", "executable", 2, None, 12.0)
+    assert listed() == [(1, "failed", 0.75), (2, "running", None)]  # not the last attempt's figures
+    j.done("p.s.t", 13.0, exit_code=0, usage=Usage(cpu_user=1.0, cpu_sys=0.0))
+    assert listed() == [(1, "failed", 0.75), (2, "done", 1.0)]
+    j.close()

@@ -104,8 +104,11 @@ def attempts(db, *, state: TaskState | None = None, stage: str | None = None,
         params += [stage] if stage is not None else []
     own = f"SELECT {_picked(tasks, 't', _BASE + _USAGE)} FROM tasks t WHERE 1{on_stage}"
     params += [stage] if stage is not None else []
-    if failed:  # a task row that is its last failed attempt is listed from failed_attempts
-        own += " AND NOT EXISTS (SELECT 1 FROM failed_attempts f WHERE f.uid = t.uid AND f.attempt = t.attempt)"
+    if failed:  # a FAILED row, or a PENDING one waiting to retry, is its last failed attempt,
+        # listed from failed_attempts (a row that ran again after retry_failed reset its
+        # attempts may share a number with a failure of the earlier run: it is listed)
+        own += (f" AND NOT (t.state IN ('{TaskState.FAILED.value}', '{TaskState.PENDING.value}') AND EXISTS "
+                "(SELECT 1 FROM failed_attempts f WHERE f.uid = t.uid AND f.attempt = t.attempt))")
     if state is not None:
         own += " AND t.state=?"
         params.append(state.value)

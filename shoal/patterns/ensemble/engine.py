@@ -117,7 +117,7 @@ from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler, Waiting
-from .usage import HOST, NONE, Measured, Usage, measured_call, of_exception
+from .usage import HOST, NONE, Usage, measuring, of_exception, of_row
 from .values import Values
 from .walker import Item, Walker
 
@@ -251,6 +251,7 @@ class Engine:
                              total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume,
                              specs=specs)
         self.finished_futures: collections.deque = collections.deque()
+        self.measured_fns: dict[int, tuple] = {}  # id(function) -> (function, its measured_call)
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
         self.wake_closed = False
@@ -782,10 +783,9 @@ class Engine:
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
-        fn = t.function
+        fn = self._measured(t.function)  # what the call used, measured in the worker
         if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
-            fn = functools.partial(with_cpus, t.function, item.grant.cpus, t.cores)
-        fn = functools.partial(measured_call, fn)  # what the call used, measured in the worker
+            fn = functools.partial(with_cpus, fn, item.grant.cpus, t.cores)
         if self.remote:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
@@ -800,6 +800,16 @@ class Engine:
         item.future = fut
         self.running[id(fut)] = item
         fut.add_done_callback(self._on_future)
+
+    def _measured(self, fn):
+        """``fn`` in ``measured_call`` (usage.measuring): one wrapper per function, so the pilot
+        defines it on its workers once and does not send it with every task."""
+        entry = self.measured_fns.get(id(fn))
+        if entry is None or entry[0] is not fn:
+            if len(self.measured_fns) >= 4096:  # bounded: a workflow of lambdas made per task
+                self.measured_fns.clear()
+            entry = self.measured_fns[id(fn)] = (fn, measuring(fn))
+        return entry[1]
 
     def _on_future(self, fut) -> None:
         """Runs on the pilot's result thread: hand over and wake the loop (never blocks).
@@ -926,9 +936,8 @@ class Engine:
     def _fn_outcome(self, item: Item, fut):
         exc = fut.exception()
         if exc is None:
-            value = fut.result()
-            if isinstance(value, Measured):  # a function task (measured_call, see _submit)
-                item.usage, value = value.usage, value.value
+            value, row = fut.result()  # every function task runs in measured_call (_measured)
+            item.usage = of_row(row)
             return item, None, value
         item.usage = of_exception(exc)
         if isinstance(exc, shoal.TaskTimeout):

@@ -478,7 +478,8 @@ class Journal:
             "INSERT INTO tasks (uid, pipeline, stage, kind, state, attempt, sandbox, started, session, spec) "
             "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
             "attempt=excluded.attempt, sandbox=excluded.sandbox, started=excluded.started, "
-            "session=excluded.session, pid=NULL, pid_start=NULL, spec=coalesce(tasks.spec, excluded.spec)",
+            "session=excluded.session, pid=NULL, pid_start=NULL, spec=coalesce(tasks.spec, excluded.spec), "
+            f"{_USAGE_CLEAR}",
             (uid, pipeline, stage, kind, TaskState.RUNNING.value, attempt, sandbox, now, self.session, spec),
         )
 

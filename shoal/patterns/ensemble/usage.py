@@ -32,6 +32,7 @@ function tasks (misses the BLAS/OpenMP threads the call starts).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import resource
 import socket
@@ -162,20 +163,14 @@ def _peak_rss() -> int | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """A function task's return value with what the call used (``measured_call``)."""
-
-    value: object
-    usage: Usage
-
-
 USAGE_ATTR = "_shoal_usage"  # set on the exception a measured call raised (kept by pickling)
 
 
-def measured_call(fn, *args, **kwargs) -> Measured:
-    """Call ``fn`` in this (worker) process and measure it; see the module docstring.  An
-    exception is re-raised with the measurement as its ``_shoal_usage`` attribute."""
+def measured_call(fn, *args, **kwargs) -> tuple:
+    """Call ``fn`` in this (worker) process and measure it (see the module docstring):
+    ``(its value, Usage.row())`` -- a plain tuple, which costs the result's trip back to the
+    driver a few bytes where the dataclasses cost hundreds.  An exception is re-raised with
+    the measurement as its ``_shoal_usage`` attribute."""
     reset = _peak_reset()
     io0 = _io("self")
     self0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -189,7 +184,17 @@ def measured_call(fn, *args, **kwargs) -> Measured:
         except (AttributeError, TypeError):  # __slots__ or a built-in without a __dict__
             pass
         raise
-    return Measured(value, _since(reset, io0, self0, kids0))
+    return value, _since(reset, io0, self0, kids0).row()
+
+
+def measuring(fn):
+    """``fn`` wrapped in ``measured_call``: a plain function (named as ``fn``), which a pilot
+    defines on its workers once and then sends by id -- a ``functools.partial`` would be
+    pickled with every task."""
+    @functools.wraps(fn)
+    def measured(*args, **kwargs):
+        return measured_call(fn, *args, **kwargs)
+    return measured
 
 
 def _since(reset: bool, io0: tuple[dict, int], self0, kids0) -> Usage:
@@ -205,6 +210,11 @@ def _since(reset: bool, io0: tuple[dict, int], self0, kids0) -> Usage:
                  cpu_user=(self1.ru_utime - self0.ru_utime) + (kids1.ru_utime - kids0.ru_utime),
                  cpu_sys=(self1.ru_stime - self0.ru_stime) + (kids1.ru_stime - kids0.ru_stime),
                  max_rss=peak, **io)
+
+
+def of_row(row: tuple) -> Usage:
+    """The Usage whose ``row()`` is ``row`` (what ``measured_call`` returns)."""
+    return Usage(*row)
 
 
 def of_exception(exc: BaseException | None) -> Usage:

@@ -198,7 +198,8 @@ them. {legend}</p>{timeline(items, now)}
 <h2>Resource use per stage</h2>{_usage_table(items, lambda a: a.stage, "stage", "per-stage")}
 <h2>Resource use per host</h2>{_usage_table(items, lambda a: a.host, "host", "per-host")}
 <p>CPU time is user plus system; peak RSS is the largest resident memory of the attempt's process
-(of the worker process during the call for function tasks); read and written count every byte
+(of the worker process during the call for function tasks; "-" for an executable that stayed smaller
+than the process that started it, whose peak Linux does not tell apart); read and written count every byte
 through read and write calls. What is measured for which kind of task: docs/ensemble.md, "What a
 run used".</p></body></html>
 """

@@ -5,7 +5,9 @@ Measured where the attempt ran, by the means the OS offers for that kind of task
 * **executables** (local runner threads, and ``remote.run_executable`` on a dask node): the
   child is reaped with ``os.wait4``, whose ``rusage`` gives its user and system CPU time and
   peak RSS (``ru_maxrss``, KiB on Linux), each including the descendants it waited for (a
-  ``pre_exec`` shell's commands); ``/proc/<pid>/io`` is read while the child is a zombie
+  ``pre_exec`` shell's commands).  That peak is at least the spawning process's own peak at
+  the exec (``own_peak``): a child that stayed below it has no RSS figure (None), one above
+  it has its own.  ``/proc/<pid>/io`` is read while the child is a zombie
   (exited, not yet reaped: the runner waits with ``WNOWAIT`` first), which still holds its
   counters and those of the children it reaped.  A child that exits within the fast spawn's
   quick window is reaped inside the C helper (spawn.py) with ``wait4`` too, which returns its
@@ -112,10 +114,22 @@ def _io(pid: int | str) -> tuple[dict[str, int], int]:
     return out, len(text or b"")
 
 
+def own_peak(child_maxrss_kib: int) -> int | None:
+    """A reaped child's own peak RSS in bytes, or None when it cannot be told apart from ours.
+
+    Linux's ``ru_maxrss`` of a child is at least the peak RSS of the process that started
+    it, as of the exec: the exec records the memory the child had until then -- ours, shared
+    (vfork) or copied (fork) -- as its high-water mark.  Our own ``ru_maxrss``, read after
+    the child exited, is at least that; a child above it peaked there itself.  (Seen: every
+    ``/bin/true`` of a driver that had once held 300 MB "peaked" at 338 MB.)"""
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return child_maxrss_kib * 1024 if child_maxrss_kib > ours else None
+
+
 def of_child(ru, io: dict[str, int], node: str | None = None) -> Usage:
     """An executable's use from ``os.wait4``'s rusage and its zombie's ``proc_io``."""
     return Usage(host=HOST, node=node, cpu_user=ru.ru_utime, cpu_sys=ru.ru_stime,
-                 max_rss=ru.ru_maxrss * 1024, **io)
+                 max_rss=own_peak(ru.ru_maxrss), **io)
 
 
 def of_rusage(ru: tuple | None) -> Usage | None:
@@ -124,7 +138,7 @@ def of_rusage(ru: tuple | None) -> Usage | None:
     if ru is None:
         return None
     user, system, rss_kib = ru
-    return Usage(host=HOST, cpu_user=user, cpu_sys=system, max_rss=rss_kib * 1024)
+    return Usage(host=HOST, cpu_user=user, cpu_sys=system, max_rss=own_peak(rss_kib))
 
 
 def wait_usage(pid: int, node: str | None = None) -> tuple[int, Usage]:

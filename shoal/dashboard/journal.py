@@ -127,10 +127,13 @@ def _recent(path: str) -> list[dict]:
     """The attempts that ended last (newest first), with what they used (attempts.py)."""
     from ..patterns.ensemble.attempts import attempts
 
-    db = open_readonly(path)
     try:
-        return [{"uid": a.uid, "attempt": a.attempt, "state": a.state, "host": a.host, "node": a.node,
-                 "seconds": a.seconds, "cpu": a.cpu, "max_rss": a.max_rss}
-                for a in attempts(db, latest=RECENT_SHOWN)]
-    finally:
-        db.close()
+        db = open_readonly(path)
+        try:
+            return [{"uid": a.uid, "attempt": a.attempt, "state": a.state.value, "host": a.host,
+                     "node": a.node, "seconds": a.seconds, "cpu": a.cpu, "max_rss": a.max_rss}
+                    for a in attempts(db, latest=RECENT_SHOWN)]
+        finally:
+            db.close()
+    except (EnsembleError, sqlite3.DatabaseError):  # the rest of the page says what is wrong
+        return []

@@ -145,7 +145,7 @@ def test_failed_attempts_keep_what_they_used(tmp_path):
     fn = failed[("p.s0.fn", 1)]  # the exception carried the worker's measurement back
     assert fn["node"].startswith("worker ") and fn["cpu_user"] is not None
     with contextlib.closing(open_readonly(db)) as conn:
-        listed = [(a.uid, a.attempt, a.state) for a in attempts(conn)]
+        listed = [(a.uid, a.attempt, a.state.value) for a in attempts(conn)]
     assert sorted(listed) == [("p.s0.exe", 1, "failed"), ("p.s0.exe", 2, "failed"), ("p.s0.fn", 1, "failed")]
 
 
@@ -208,7 +208,7 @@ def test_a_schema_2_journal_is_read_then_migrated_by_its_resume(tmp_path, capsys
     assert rows["p.s0.flaky"]["cpu_user"] is not None  # the new attempt, measured
     assert _rows(db, "failed_attempts")[("p.s0.flaky", 1)]["cpu_user"] is None  # the old attempt
     with contextlib.closing(open_readonly(db)) as conn:  # both listed: the old failure, the new run
-        listed = sorted((a.uid, a.state, a.cpu is None) for a in attempts(conn))
+        listed = sorted((a.uid, a.state.value, a.cpu is None) for a in attempts(conn))
     assert listed == [("p.s0.flaky", "done", False), ("p.s0.flaky", "failed", True), ("p.s0.ok", "done", True)]
     with contextlib.closing(sqlite3.connect(db)) as c:
         assert c.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == (SCHEMA_VERSION,)
@@ -281,7 +281,7 @@ def test_attempts_of_a_task_through_its_retries(tmp_path):
     def listed():
         j.commit()
         with contextlib.closing(open_readonly(db)) as conn:
-            return [(a.attempt, a.state, a.cpu) for a in attempts(conn)]
+            return [(a.attempt, a.state.value, a.cpu) for a in attempts(conn)]
 
     j.running("p.s.t", "p", "p.s", "executable", 1, None, 10.0)
     assert listed() == [(1, "running", None)]

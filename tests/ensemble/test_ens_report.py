@@ -132,3 +132,22 @@ def test_output_path_safety(journal, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.txt", "fifo", "link.html", "r.html"]
     assert main(["report", str(tmp_path / "none.db"), "--html", str(out)]) == 2
     assert "no journal at" in capsys.readouterr().err
+
+
+def test_a_damaged_state_is_one_line_naming_the_journal(journal, tmp_path, capsys):
+    import contextlib
+    import shutil
+    import sqlite3
+
+    db = str(tmp_path / "bad.db")
+    shutil.copy(journal, db)
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        c.execute("UPDATE tasks SET state='bogus' WHERE uid='p.sim.slow'")
+        c.commit()
+    for argv in (["status", db, "--tasks"], ["report", db, "--html", str(tmp_path / "r.html")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "bogus" in err and len(err.strip().splitlines()) == 1, err
+    from shoal.dashboard.journal import journal_state
+
+    assert journal_state(db)["error"]  # the dashboard says so instead of raising

@@ -19,6 +19,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
+from .journal import JournalError
 from .model import TaskState
 from .usage import COLUMNS as USAGE_COLUMNS
 
@@ -35,7 +36,7 @@ class Attempt:
     pipeline: str | None
     stage: str | None
     kind: str | None
-    state: str  # a TaskState value
+    state: TaskState  # a failed attempt that was retried is FAILED
     attempt: int
     started: float | None
     finished: float | None
@@ -56,7 +57,7 @@ class Attempt:
     @property
     def seconds(self) -> float | None:
         """Wall seconds from its start to its end, as the driver saw them (None if unknown)."""
-        if _number(self.started) and _number(self.finished) and self.state != TaskState.RUNNING.value:
+        if _number(self.started) and _number(self.finished) and self.state is not TaskState.RUNNING:
             return max(0.0, self.finished - self.started)
         return None
 
@@ -69,7 +70,7 @@ class Attempt:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out["seconds"], out["cpu"] = self.seconds, self.cpu
+        out["state"], out["seconds"], out["cpu"] = self.state.value, self.seconds, self.cpu
         return out
 
 
@@ -125,7 +126,11 @@ def attempts(db, *, state: TaskState | None = None, stage: str | None = None,
 def _attempt(row) -> Attempt:
     values = dict(zip(_BASE + _USAGE, row, strict=True))
     values["uid"] = str(values["uid"])
-    values["state"] = str(values["state"])
+    try:
+        values["state"] = TaskState(values["state"])
+    except ValueError:
+        raise JournalError(f"a journal row of task {values['uid'][:200]!r} has the state "
+                           f"{str(values['state'])[:60]!r}, which shoal never writes (damaged?)") from None
     values["attempt"] = values["attempt"] if isinstance(values["attempt"], int) else 0
     for name in ("started", "finished", "cpu_user", "cpu_sys"):  # a journal is a trust boundary:
         if not _number(values[name]):  # what is not a number shows as unknown
@@ -161,7 +166,7 @@ def table_rows(items, clock) -> list[tuple[str, ...]]:
     """The cells of ``shoal status --tasks`` (``clock``: epoch seconds -> text)."""
     rows = []
     for a in items:
-        rows.append((a.uid, str(a.attempt), a.state, a.host or "-", a.node or "-",
+        rows.append((a.uid, str(a.attempt), a.state.value, a.host or "-", a.node or "-",
                      clock(a.started) if a.started is not None else "-", fmt_seconds(a.seconds),
                      "-" if a.exit_code is None else str(a.exit_code), fmt_seconds(a.cpu),
                      fmt_bytes(a.max_rss), fmt_bytes(a.read_chars), fmt_bytes(a.write_chars)))

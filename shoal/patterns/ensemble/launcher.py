@@ -12,7 +12,8 @@ task's files and the child they start.  Data flow per task::
                        pinned to the granted CPUs from its first instruction (it inherits
                        the mask of the runner thread that spawns it: runners.py);
                        CUDA_VISIBLE_DEVICES = the granted GPUs (when GPUs are configured)
-    wait(pid)       -> the runner blocks in waitpid(pid) and reaps exactly that pid
+    wait(pid)       -> the runner reaps exactly that pid with wait4 (its rusage, and its
+                       /proc io counters read just before: usage.py)
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 

@@ -41,8 +41,8 @@ FAILURES = 50
 LANE_H = 12
 LABEL_W = 170
 PLOT_W = 860
-COLOURS = {TaskState.DONE.value: "#2e8b57", TaskState.FAILED.value: "#c0392b",
-           TaskState.RUNNING.value: "#2f6fdf", TaskState.CANCELED.value: "#8c8c8c"}
+COLOURS = {TaskState.DONE: "#2e8b57", TaskState.FAILED: "#c0392b", TaskState.RUNNING: "#2f6fdf",
+           TaskState.CANCELED: "#8c8c8c"}
 
 
 def _e(text) -> str:
@@ -80,7 +80,7 @@ def timeline(items: list[Attempt], now: float) -> str:
     timed = [a for a in items if a.started is not None]
     if not timed:
         return "<p>No attempt has started yet.</p>"
-    ends = {id(a): (a.finished if a.finished is not None and a.state != TaskState.RUNNING.value else now)
+    ends = {id(a): (a.finished if a.finished is not None and a.state is not TaskState.RUNNING else now)
             for a in timed}
     shown = sorted(timed, key=lambda a: ends[id(a)] - a.started, reverse=True)[:MAX_BARS]
     t0 = min(a.started for a in shown)
@@ -100,7 +100,7 @@ def timeline(items: list[Attempt], now: float) -> str:
         for a, lane in zip(bars, lanes, strict=True):
             x = LABEL_W + (a.started - t0) * scale
             w = max(1.0, (a.finished - a.started) * scale)
-            tip = (f"{a.uid} (attempt {a.attempt}, {a.state}) on {a.node or '?'}: "
+            tip = (f"{a.uid} (attempt {a.attempt}, {a.state.value}) on {a.node or '?'}: "
                    f"{fmt_seconds(a.finished - a.started)} s, cpu {fmt_seconds(a.cpu)} s, "
                    f"peak rss {fmt_bytes(a.max_rss)}")
             parts.append(f'<rect class="bar" x="{x:.1f}" y="{y + lane * LANE_H + 1}" width="{w:.1f}" '
@@ -120,7 +120,7 @@ def timeline(items: list[Attempt], now: float) -> str:
 
 def _attempt_rows(items: list[Attempt]) -> str:
     return "".join(
-        f'<tr><td class="text">{_e(a.uid)}</td><td>{a.attempt}</td><td class="text">{_e(a.state)}</td>'
+        f'<tr><td class="text">{_e(a.uid)}</td><td>{a.attempt}</td><td class="text">{_e(a.state.value)}</td>'
         f'<td class="text">{_e(a.host or "-")}</td><td class="text">{_e(a.node or "-")}</td>'
         f"<td>{fmt_seconds(a.seconds)}</td><td>{fmt_seconds(a.cpu)}</td><td>{fmt_bytes(a.max_rss)}</td>"
         f"<td>{fmt_bytes(a.read_chars)}</td><td>{fmt_bytes(a.write_chars)}</td></tr>" for a in items)
@@ -182,7 +182,7 @@ def render(path: str, *, now: float | None = None) -> str:
     more = c[TaskState.FAILED] - len(status.failures)
     if more > 0:
         failures += f"<p>... and {more:,} more failures (shoal status {_e(path)} --tasks --state failed)</p>"
-    legend = " ".join(f'<span class="key" style="background:{colour}"></span>{_e(state)}'
+    legend = " ".join(f'<span class="key" style="background:{colour}"></span>{_e(state.value)}'
                       for state, colour in COLOURS.items())
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font:14px/1.4 system-ui,"DejaVu Sans",sans-serif;margin:1.5em;color:#1d2330}}

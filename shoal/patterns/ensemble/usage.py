@@ -11,7 +11,7 @@ Measured where the attempt ran, by the means the OS offers for that kind of task
   (exited, not yet reaped: the runner waits with ``WNOWAIT`` first), which still holds its
   counters and those of the children it reaped.  A child that exits within the fast spawn's
   quick window is reaped inside the C helper (spawn.py) with ``wait4`` too, which returns its
-  rusage; such attempts (under 5 ms) have CPU and RSS figures but no byte counts.
+  rusage; such attempts (under 5 ms) have CPU figures (RSS as above) but no byte counts.
 * **function tasks** (pilot workers, local or on dask): measured in the worker around the
   call (``measured_call``): ``getrusage`` deltas of the worker process and of the children it
   reaped meanwhile, ``/proc/self/io`` deltas, and the peak RSS of the worker process during
@@ -27,8 +27,9 @@ Without ``/proc`` (not Linux) they are None, as is every figure the OS did not g
 
 Rejected alternatives: sampling processes with psutil from the driver (the driver does not
 see the nodes' processes, and a sampler misses short peaks — ``ru_maxrss`` is exact); a
-``time -v`` wrapper around each executable (one more exec per task); ``RUSAGE_THREAD`` for
-function tasks (misses the BLAS/OpenMP threads the call starts).
+``time -v`` wrapper around each executable (one more exec per task; a small supervisor that
+forks the task would also give the peaks below the spawner's, at that price);
+``RUSAGE_THREAD`` for function tasks (misses the BLAS/OpenMP threads the call starts).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Usage:
     """One attempt's resource use; None where not measured.  ``max_rss`` in bytes."""
 
     host: str | None = None
-    node: str | None = None  # the node runtime: "runner <cpu>", "worker <endpoint>", ...
+    node: str | None = None  # the node runtime: "cpus 0,1" (local runners), "worker 2 cpu 1"
     cpu_user: float | None = None
     cpu_sys: float | None = None
     max_rss: int | None = None

@@ -91,6 +91,8 @@ def test_the_resume_command_carries_the_flags():
     assert again.retry_delay == shoal.Backoff(base=1, factor=2, cap=30, jitter=0.1) and again.retries == 3
     assert "--retry" not in resume_command(parser.parse_args(["run", "wf.yaml"]))
     assert "--retry-delay 2.5" in resume_command(parser.parse_args(["run", "wf.yaml", "--retry-delay", "2.5"]))
+    exact = resume_command(parser.parse_args(["run", "wf.yaml", "--retry-delay", "0.123456789"]))
+    assert parser.parse_args(exact.split()[1:]).retry_delay == 0.123456789  # not rounded to 0.123457
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -122,10 +122,14 @@ def _retry_delay(text: str):
 
 
 def _retry_delay_text(delay) -> str:
-    """``--retry-delay``'s text for ``delay`` (what ``_retry_delay`` reads back)."""
+    """``--retry-delay``'s text for ``delay``: what ``_retry_delay`` reads back as the same value."""
+    def number(v) -> str:
+        short = f"{v:g}"
+        return short if float(short) == v else repr(float(v))
+
     if isinstance(delay, int | float):
-        return f"{delay:g}"
-    return ",".join(f"{k}={getattr(delay, k):g}" for k in BACKOFF_KEYS)
+        return number(delay)
+    return ",".join(f"{k}={number(getattr(delay, k))}" for k in BACKOFF_KEYS)
 
 
 def resume_command(args: argparse.Namespace) -> str:

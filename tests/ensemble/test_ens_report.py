@@ -83,11 +83,13 @@ def test_a_run_still_going_and_an_empty_journal(tmp_path):
 
     j = Journal(db)
     j.running("p.s.t", "p", "p.s", "executable", 1, None, 100.0)
+    j.running("p.s.drained", "p", "p.s", "executable", 1, None, 100.0)
+    j.unstart("p.s.drained")  # stopped by a walltime: PENDING again, nothing runs it
     j.commit()
     text = run_report.render(db, now=160.0)  # the driver holds the journal: read while it writes
     j.close()
     bars = [a for t, a in _parse(text).tags if t == "rect" and a.get("class") == "bar"]
-    assert len(bars) == 1  # the running attempt, drawn up to now
+    assert len(bars) == 1  # the running attempt, drawn up to now; not the drained one
     empty = str(tmp_path / "empty.db")
     Journal(empty).close()
     assert "No attempt has started yet" in run_report.render(empty)

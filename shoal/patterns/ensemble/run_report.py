@@ -77,7 +77,8 @@ def _lanes(items: list[Attempt]) -> list[int]:
 
 def timeline(items: list[Attempt], now: float) -> str:
     """The SVG: per host, its attempts as bars from start to end on non-overlapping lanes."""
-    timed = [a for a in items if a.started is not None]
+    timed = [a for a in items if a.started is not None  # not a task left PENDING by a drain
+             and (a.state is TaskState.RUNNING or (a.finished is not None and a.state is not TaskState.PENDING))]
     if not timed:
         return "<p>No attempt has started yet.</p>"
     ends = {id(a): (a.finished if a.finished is not None and a.state is not TaskState.RUNNING else now)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from shoal._errors import ShoalError
 from shoal.dashboard.commands import add_dashboard, add_trace, with_dashboard
-from shoal.patterns.ensemble.commands import add_run, add_status
+from shoal.patterns.ensemble.commands import add_report, add_run, add_status
 from shoal.patterns.ensemble.graph_command import add_graph
 from shoal.runtime.allocation import current as allocation
 from shoal.runtime.topology import Topology, format_cpulist, topology
@@ -103,7 +103,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
 
 
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_info, _add_run, add_status, add_graph, add_dashboard, add_trace)
+    _add_info, _add_run, add_status, add_report, add_graph, add_dashboard, add_trace)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from ..patterns.ensemble.model import EnsembleError, TaskState
 STATES = [s.value for s in TaskState]
 INTERRUPTED = "interrupted"  # the column of rows a dead driver left RUNNING (RunStatus.interrupted)
 FAILURES_SHOWN = 50
+RECENT_SHOWN = 20  # the attempts that ended last, with host, CPU time and peak RSS
 JOB_EVENTS_SHOWN = 50  # the newest of a dask pilot's job events (grow, shrink, queue state)
 
 
@@ -106,6 +107,7 @@ def journal_state(path: str, total: int | None = None) -> dict:
         eta = 0.0
     elif eta is None and total is not None and rate and d["driver"]["state"] == "alive":
         eta = max(0, total - settled) / rate
+    recent = _recent(path)
     failures = [{**f, "stderr_tail": (f["stderr_tail"] or "")[-2000:],
                  "line": failure_line(f["uid"], f["reason"], f["exit_code"], f["attempts"])}
                 for f in d["failures"]]
@@ -117,4 +119,21 @@ def journal_state(path: str, total: int | None = None) -> dict:
         "interrupted": d["interrupted"], "elapsed_s": round(elapsed, 3), "rate": None if rate is None else round(rate, 3),
         "eta_s": eta, "finished": finished, "malformed": d["malformed"],
         "job_events": d["job_events"][-JOB_EVENTS_SHOWN:][::-1],  # newest first
+        "recent": recent,
     }
+
+
+def _recent(path: str) -> list[dict]:
+    """The attempts that ended last (newest first), with what they used (attempts.py)."""
+    from ..patterns.ensemble.attempts import attempts
+
+    try:
+        db = open_readonly(path)
+        try:
+            return [{"uid": a.uid, "attempt": a.attempt, "state": a.state.value, "host": a.host,
+                     "node": a.node, "seconds": a.seconds, "cpu": a.cpu, "max_rss": a.max_rss}
+                    for a in attempts(db, latest=RECENT_SHOWN)]
+        finally:
+            db.close()
+    except (EnsembleError, sqlite3.DatabaseError):  # the rest of the page says what is wrong
+        return []

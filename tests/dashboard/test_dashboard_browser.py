@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -143,6 +144,8 @@ def test_journal_page_while_a_run_writes_it_and_after(page, tmp_path):
         tail = page.locator("#failures pre.stderr").inner_text()
         assert "disk quota exceeded" in tail and HOSTILE in tail
         assert page.evaluate("() => document.body.dataset.pwned") is None
+        hosts = set(page.locator("#recent td.host").all_inner_texts())  # what the attempts used
+        assert hosts == {socket.gethostname()} and page.locator("#recent td.rss").count() >= 1
         screenshot(page, "dashboard-journal.png")
 
 

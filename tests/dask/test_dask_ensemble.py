@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -233,6 +235,38 @@ def test_executables_run_on_the_nodes(pilot, kind, tmp_path):
         assert parents == {os.getpid()}
     else:
         assert parents <= set(shoal_workers()), "not started by the nodes' shoal workers"
+
+
+def test_attempts_record_where_they_ran_and_what_they_used(pilot, kind, tmp_path):
+    """Host, node runtime, CPU time and peak RSS per attempt (usage.py), measured where the
+    attempt ran: on dask the node's host and shoal worker; on the test bed each host's own
+    name, and the HTML report draws one timeline row group per host."""
+    from shoal.patterns.ensemble import run_report
+
+    alloc = 150 << 20  # above a shoal worker's own peak (usage.own_peak)
+    grow = f"import time; b = b'\\x01' * {alloc}; time.sleep(0.3)"
+    tasks = [Task(executable=sys.executable, arguments=["-c", grow], name=f"x{i}") for i in range(6)]
+    tasks += [Task(function=t.inc, args=(i,), name=f"f{i}") for i in range(2)]
+    tasks.append(sh("bad", "exit 4"))
+    db = str(tmp_path / "run.db")
+    report = run(Pipeline([Stage(tasks, name="s")], name="p"), pilot=pilot, journal=db)
+    assert report.done == 8 and report.failed == 1
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        c.row_factory = sqlite3.Row
+        rows = {r["uid"]: dict(r) for r in c.execute("SELECT * FROM tasks")}
+    for uid, row in rows.items():
+        assert row["host"] and row["node"] and row["cpu_user"] is not None, uid
+        remote_exe = kind != "local" and not uid.startswith("p.s.f")
+        assert row["node"].startswith("worker " if remote_exe or uid.startswith("p.s.f") else "cpus "), row
+    for i in range(6):
+        assert abs(rows[f"p.s.x{i}"]["max_rss"] - alloc) <= 0.1 * alloc
+    hosts = {row["host"] for row in rows.values()}
+    if kind == TESTBED:
+        assert socket.gethostname() not in hosts and len(hosts) >= 2, hosts  # the nodes' own names
+    else:
+        assert hosts == {socket.gethostname()}
+    page = run_report.render(db)
+    assert page.count('<g class="host">') == len(hosts)
 
 
 def test_dask_refuses_gpus_and_cpu_ids(kind, clusters, tmp_path):

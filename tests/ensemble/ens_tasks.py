@@ -76,3 +76,21 @@ def make_object():
 def read_text(path):
     with open(path) as f:
         return f.read()
+
+
+def alloc_bytes(n):
+    """Allocate and touch ``n`` bytes (every page written), then free them."""
+    block = b"\x01" * n
+    return len(block)
+
+
+def busy_cpu(seconds):
+    """Spin for ``seconds`` of CPU; the CPU this process measured of itself over the call."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t = time.process_time()
+    while time.process_time() - t < seconds:
+        pass
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -151,9 +151,10 @@ def test_ctrl_c_drains_and_prints_the_exact_resume_command(tmp_path):
 
 def test_resume_command_keeps_every_option():
     args = argparse.Namespace(workflow="wf.py", journal="x.db", dask="tcp://h:8786", workers=3, walltime="2h",
-                              sandbox="/s", gpus=1, pickle_values=True)
+                              sandbox="/s", gpus=1, pickle_values=True, retries=2, retry_delay=0.5)
     assert resume_command(args) == ("shoal run wf.py --journal x.db --resume --dask tcp://h:8786 --workers 3 "
-                                    "--walltime 2h --sandbox /s --gpus 1 --pickle-values")
+                                    "--walltime 2h --sandbox /s --gpus 1 --retries 2 --retry-delay 0.5 "
+                                    "--pickle-values")
 
 
 def test_task_timeout_does_not_stop_walltime_from_starting_tasks(tmp_path):

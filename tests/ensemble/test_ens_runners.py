@@ -42,8 +42,8 @@ def _use(spawner: str, monkeypatch) -> None:
                     "pip install -e . with a C compiler (Linux)")
 
 
-def _reap(pid: int) -> int:
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+def _reap(pid: int) -> tuple[int, None]:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), None  # (exit code, no usage)
 
 
 def test_journaled_pid_start_is_the_process_start(tmp_path):
@@ -350,9 +350,10 @@ def test_spawn_failures_name_the_culprit_and_leave_no_zombie(tmp_path):
                 sp.spawn(exe, [exe], env, cwd, None, out, str(sb / "e"), 5)
             assert (info.value.errno, info.value.filename) == (code, culprit), (exe, cwd, out, info.value)
         assert _zombies() == []
-        pid, status = sp.spawn("/bin/sh", ["/bin/sh", "-c", "exit 7"], env, str(sb), None, str(sb / "o"),
-                               str(sb / "e"), 0)  # no quick wait: the caller reaps
-        assert status is None and _reap(pid) == 7
+        pid, status, used = sp.spawn("/bin/sh", ["/bin/sh", "-c", "exit 7"], env, str(sb), None, str(sb / "o"),
+                                     str(sb / "e"), 0)  # no quick wait: the caller reaps
+        assert used is None
+        assert status is None and _reap(pid)[0] == 7
     finally:
         os.close(null)
 
@@ -380,9 +381,9 @@ def test_spawns_from_many_threads_under_a_signal_storm(tmp_path):
             code = (k * 60 + i) % 200
             script = f"exit {code}" if i % 10 else f"sleep 0.02; exit {code}"
             try:
-                pid, status = sp.spawn("/bin/sh", ["/bin/sh", "-c", script], env, str(sb), None,
-                                       str(sb / "o"), str(sb / "e"), 5)
-                got = os.waitstatus_to_exitcode(status) if status is not None else _reap(pid)
+                pid, status, _ = sp.spawn("/bin/sh", ["/bin/sh", "-c", script], env, str(sb), None,
+                                          str(sb / "o"), str(sb / "e"), 5)
+                got = os.waitstatus_to_exitcode(status) if status is not None else _reap(pid)[0]
             except OSError as exc:  # pragma: no cover - the failure this test looks for
                 got = exc
             if got != code:

@@ -174,6 +174,17 @@ function renderJournal(st) {
   }
   if (!j.failures.length) html += `<p class="muted">none</p>`;
   html += "</div>";
+  const recent = j.recent || [];  // the attempts that ended last, with what they used (newest first)
+  if (recent.length) {
+    const mib = b => b === null || b === undefined ? "-" : (b / 1048576).toFixed(1) + " MiB";
+    const sec = s => s === null || s === undefined ? "-" : s.toFixed(2);
+    html += `<h2>Latest attempts</h2><table id="recent"><tr><th class="text">task</th><th>try</th><th class="text">state</th>` +
+      `<th class="text">host</th><th class="text">node</th><th>secs</th><th>cpu s</th><th>peak rss</th></tr>` +
+      recent.map(a => `<tr data-uid="${esc(a.uid)}"><td class="text">${esc(a.uid)}</td><td>${fmt(a.attempt)}</td>` +
+        `<td class="text ${esc(a.state)}">${esc(a.state)}</td><td class="text host">${esc(a.host || "-")}</td>` +
+        `<td class="text">${esc(a.node || "-")}</td><td>${sec(a.seconds)}</td><td class="cpu">${sec(a.cpu)}</td>` +
+        `<td class="rss">${mib(a.max_rss)}</td></tr>`).join("") + "</table>";
+  }
   const jobs = j.job_events || [];  // a dask pilot's batch jobs: grow, shrink, queue state (newest first)
   if (jobs.length) {
     html += `<h2>Batch jobs</h2><table id="job-events"><tr><th class="text">time</th><th class="text">what happened, and why</th></tr>` +

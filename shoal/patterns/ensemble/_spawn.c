@@ -1,15 +1,17 @@
 /* Native spawn for ensemble executables: vfork + a hand-written child, a short wait, the GIL
  * released once.
  *
- * spawn(exe, argv, envp, cwd, stdin, stdout, stderr, null_fd, quick_ms) -> (pid, status)
+ * spawn(exe, argv, envp, cwd, stdin, stdout, stderr, null_fd, quick_ms)
+ *     -> (pid, status, (user s, system s, peak rss KiB))
  *
  *   The child sets itself up, in this order (the order glibc's posix_spawn used here before):
  *   setsid, SIGPIPE/SIGXFSZ back to default, fd 0 <- stdin file or null_fd, fd 1/2 <-
  *   stdout/stderr (created, truncated, 0644), close every fd >= 3, chdir(cwd), an empty signal
  *   mask, execve.  Then, still without the GIL, the parent waits up to quick_ms for the child
  *   to exit (pidfd + poll): if it did, SIGKILL what it left in its process group (the unreaped
- *   zombie still holds the group id, so no stranger can own it), reap it, and return its raw
- *   wait status; else status is None and the caller owns the pid (the runner journals it, and
+ *   zombie still holds the group id, so no stranger can own it), reap it with wait4, and return
+ *   its raw wait status and its rusage (CPU times, ru_maxrss: ensemble/usage.py); else status
+ *   and rusage are None and the caller owns the pid (the runner journals it, and
  *   kills the group and reaps it when it exits: runners.py).  A child reaped here was never
  *   published to anyone, so no other kill can have aimed at it.  Failure (any step, the exec
  *   itself): the child stores errno in the parent's memory (vfork shares it) and _exits(127);
@@ -153,6 +155,8 @@ static PyObject *native_spawn(PyObject *self, PyObject *args) {
     const char *in = stdin_b ? PyBytes_AS_STRING(stdin_b) : NULL;
     pid_t pid = 0;
     int rc = 0, status = 0, exited = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
     volatile int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     sigset_t all, old;
@@ -181,7 +185,7 @@ static PyObject *native_spawn(PyObject *self, PyObject *args) {
             if (n == 1) {
                 pid_t r;
                 kill(-pid, SIGKILL);  /* its leftovers (sleep 600 &): see the header */
-                do { r = waitpid(pid, &status, 0); } while (r < 0 && errno == EINTR);
+                do { r = wait4(pid, &status, 0, &ru); } while (r < 0 && errno == EINTR);
                 exited = (r == pid);
             }
         }
@@ -192,7 +196,12 @@ static PyObject *native_spawn(PyObject *self, PyObject *args) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    result = exited ? Py_BuildValue("(ii)", (int)pid, status) : Py_BuildValue("(iO)", (int)pid, Py_None);
+    if (exited)
+        result = Py_BuildValue("(ii(ddl))", (int)pid, status,
+                               ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+                               ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6, (long)ru.ru_maxrss);
+    else
+        result = Py_BuildValue("(iOO)", (int)pid, Py_None, Py_None);
 done:
     Py_DECREF(exe_o); Py_DECREF(cwd_o); Py_DECREF(out_o); Py_DECREF(err_o);
     Py_XDECREF(stdin_b); Py_XDECREF(argv_keep); Py_XDECREF(envp_keep);
@@ -202,7 +211,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"spawn", native_spawn, METH_VARARGS,
-     "spawn(exe, argv, envp, cwd, stdin, stdout, stderr, null_fd, quick_ms) -> (pid, wait status | None)"},
+     "spawn(exe, argv, envp, cwd, stdin, stdout, stderr, null_fd, quick_ms) -> "
+     "(pid, wait status | None, (user s, system s, peak rss KiB) | None)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -37,6 +37,7 @@ from ..._json import dumps as json_dumps
 from . import run
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
+from .report import printable
 from .resource import add_resource_arguments, resource_from_args
 
 EXIT_FAILED, EXIT_DRAINED, EXIT_INTERRUPTED = 1, 3, 130
@@ -86,6 +87,51 @@ def _seconds(text: str) -> float:
     return value
 
 
+BACKOFF_KEYS = ("base", "factor", "cap", "jitter")
+
+
+def _retry_delay(text: str):
+    """An argparse type: ``--retry-delay 5`` (seconds before every retry) or
+    ``--retry-delay base=1,factor=2,cap=60,jitter=0.1`` (exponential backoff, shoal.Backoff;
+    any of the keys, the others at their defaults)."""
+    from shoal._backoff import Backoff
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not 0 <= seconds < math.inf:
+            raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+        return seconds
+    fields = {}
+    for part in text.split(","):
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or key not in BACKOFF_KEYS:
+            raise argparse.ArgumentTypeError(
+                f"expected seconds (5) or backoff fields ({','.join(k + '=...' for k in BACKOFF_KEYS)}), "
+                f"got {text!r}")
+        try:
+            fields[key] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}={value!r} in {text!r} is not a number") from None
+    try:
+        return Backoff(**fields)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _retry_delay_text(delay) -> str:
+    """``--retry-delay``'s text for ``delay``: what ``_retry_delay`` reads back as the same value."""
+    def number(v) -> str:
+        short = f"{v:g}"
+        return short if float(short) == v else repr(float(v))
+
+    if isinstance(delay, int | float):
+        return number(delay)
+    return ",".join(f"{k}={number(getattr(delay, k))}" for k in BACKOFF_KEYS)
+
+
 def resume_command(args: argparse.Namespace) -> str:
     """The exact ``shoal run ... --resume`` that finishes this run: every option it used."""
     argv = ["shoal", "run", args.workflow, "--journal", args.journal, "--resume"]
@@ -95,6 +141,10 @@ def resume_command(args: argparse.Namespace) -> str:
             argv += [flag, str(value)]
     if args.gpus:
         argv += ["--gpus", str(args.gpus)]
+    if args.retries:
+        argv += ["--retries", str(args.retries)]
+    if args.retry_delay is not None:
+        argv += ["--retry-delay", _retry_delay_text(args.retry_delay)]
     if args.pickle_values:
         argv.append("--pickle-values")
     for flag, value in getattr(args, "extra_resume", ()):  # options other commands add (e.g. --slurm)
@@ -120,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
                          resource=resource,
                          new=args.new, retry_failed=args.retry_failed,
                          values="pickle" if args.pickle_values else "data",
-                         launcher=args.launcher, resume_command=resume_command(args))
+                         launcher=args.launcher, resume_command=resume_command(args),
+                         retries=args.retries, retry_delay=args.retry_delay)
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
             progress.end()
             print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",
@@ -164,6 +215,13 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--launcher", choices=["srun", "mpirun", "none"], default=None,
                         help="how MPI tasks (ranks=) start their ranks (default: srun inside a "
                              "SLURM job, else mpirun; docs/hpc.md)")
+    parser.add_argument("--retries", type=_count, default=0, metavar="N",
+                        help="retry each failed task up to N times (default 0); a task's or its "
+                             "stage's own retries= come first")
+    parser.add_argument("--retry-delay", type=_retry_delay, default=None, metavar="SPEC",
+                        help="wait before each retry: seconds (5), or exponential backoff "
+                             "base=1,factor=2,cap=60,jitter=0.1 (any of the keys); a task's or its "
+                             "stage's own retry_delay= comes first")
     parser.add_argument("--pickle-values", action="store_true",
                         help="store function results with pickle (any type); reading such a journal runs "
                              "code its author chose: only for journals you trust")
@@ -171,9 +229,46 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run)
 
 
+def _state(text: str):
+    """An argparse type: a task state by its name (``failed``), or a usage error listing them."""
+    from .model import TaskState
+
+    try:
+        return TaskState(text.lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"no task state {text!r}; choose one of {', '.join(s.value for s in TaskState)}") from None
+
+
+def _status_tasks(args: argparse.Namespace) -> int:
+    """``shoal status run.db --tasks``: one line (or JSON object) per attempt, with what it used."""
+    from .attempts import attempts, table
+    from .journal import open_readonly
+
+    if args.watch is not None:
+        raise EnsembleError("--tasks lists the attempts once; drop --watch (or use it without --tasks)")
+    db = open_readonly(args.journal)
+    try:
+        items = list(attempts(db, state=args.state, stage=args.stage))
+    finally:
+        db.close()
+    if args.json:
+        print(json_dumps([a.to_dict() for a in items], indent=2))
+    elif items:
+        print(printable(table(items, lambda t: time.strftime("%H:%M:%S", time.localtime(t)))))
+    else:
+        print(f"no attempts in {args.journal}" + (f" with state {args.state.value}" if args.state else "")
+              + (f" in stage {args.stage}" if args.stage else ""))
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from .status import RunStatus
 
+    if args.tasks:
+        return _status_tasks(args)
+    if args.state is not None or args.stage is not None:
+        raise EnsembleError("--state and --stage filter the attempts that --tasks lists; add --tasks")
     while True:
         status = RunStatus.load(args.journal)
         text = json_dumps(status.to_dict(), indent=2) if args.json else status.table()
@@ -200,5 +295,33 @@ def add_status(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
     parser.add_argument("--watch", nargs="?", type=_seconds, const=2.0, default=None, metavar="SECONDS",
                         help="refresh every SECONDS (default 2) until the run ends")
-    parser.add_argument("--json", action="store_true", help="machine-readable (RunStatus.to_dict())")
+    parser.add_argument("--json", action="store_true",
+                        help="machine-readable (RunStatus.to_dict(); with --tasks a list of attempts)")
+    parser.add_argument("--tasks", action="store_true",
+                        help="one line per task attempt: host, node, start, seconds, exit status, CPU "
+                             "time, peak RSS, bytes read and written (docs/ensemble.md, 'What a run used')")
+    parser.add_argument("--state", type=_state, default=None, metavar="STATE",
+                        help="with --tasks: only attempts in this state (done, failed, running, ...)")
+    parser.add_argument("--stage", default=None, metavar="UID",
+                        help="with --tasks: only attempts of this stage (its uid, e.g. p.sim)")
     parser.set_defaults(handler=_status)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .run_report import write
+
+    write(args.journal, args.html)
+    print(f"shoal report: wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def add_report(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="write a self-contained HTML report of an ensemble run from its journal",
+        description="One HTML file (inline CSS and SVG, nothing fetched): a timeline of the attempts "
+                    "per host, the slowest tasks, the failures with their stderr, and CPU time, peak "
+                    "RSS and bytes read and written per stage and per host (works while a run writes).",
+    )
+    parser.add_argument("journal", help="the run's SQLite journal, e.g. run.db")
+    parser.add_argument("--html", required=True, metavar="OUT", help="write the HTML report to OUT")
+    parser.set_defaults(handler=_report)

@@ -71,6 +71,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import heapq
@@ -116,6 +117,7 @@ from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
 from .report import Report, Results
 from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
 from .scheduler import Request, Scheduler, Waiting
+from .usage import HOST, NONE, Usage, measuring, of_exception, of_row
 from .values import Values
 from .walker import Item, Walker
 
@@ -251,6 +253,7 @@ class Engine:
                              total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume,
                              specs=specs)
         self.finished_futures: collections.deque = collections.deque()
+        self.measured_fns: dict[int, tuple] = {}  # id(function) -> (function, its measured_call)
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
         self.wake_closed = False
@@ -629,9 +632,9 @@ class Engine:
                 except OSError:  # full (the loop wakes anyway) or closed
                     pass
 
-    def _launch(self, item: Item) -> int | tuple[int, int]:
-        """Sandbox, staging, spawn: the pid (or pid and exit code of a child already reaped, see
-        Runners.submit); raises LaunchError (or a bug).  Runs on a runner
+    def _launch(self, item: Item) -> int | tuple:
+        """Sandbox, staging, spawn: the pid (or pid, exit code and usage of a child already reaped,
+        see Runners.submit); raises LaunchError (or a bug).  Runs on a runner
         thread: touches only this item, its files and the launcher's spawn path."""
         t = item.task
         self.launcher.make_sandbox(item.uid)
@@ -700,7 +703,9 @@ class Engine:
             self.running.pop(item.pid, None)
             self.sched.release(item.grant)
             self.journal.unstart(item.uid)
-        else:
+        else:  # b: what it used (None: not measured, e.g. a spawn helper built without rusage)
+            node = "cpus " + ",".join(map(str, sorted(item.grant.cpus)))
+            item.usage = dataclasses.replace(b or Usage(host=HOST), node=node)
             ended.append(self._exe_outcome(item, a))
 
     def _stop_local(self) -> None:
@@ -784,9 +789,9 @@ class Engine:
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
-        fn = t.function
+        fn = self._measured(t.function)  # what the call used, measured in the worker
         if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
-            fn = functools.partial(with_cpus, t.function, item.grant.cpus, t.cores)
+            fn = functools.partial(with_cpus, fn, item.grant.cpus, t.cores)
         if self.remote:
             ship_code(t.function)  # a module beside the workflow travels to the dask workers
         try:
@@ -801,6 +806,16 @@ class Engine:
         item.future = fut
         self.running[id(fut)] = item
         fut.add_done_callback(self._on_future)
+
+    def _measured(self, fn):
+        """``fn`` in ``measured_call`` (usage.measuring): one wrapper per function, so the pilot
+        defines it on its workers once and does not send it with every task."""
+        entry = self.measured_fns.get(id(fn))
+        if entry is None or entry[0] is not fn:
+            if len(self.measured_fns) >= 4096:  # bounded: a workflow of lambdas made per task
+                self.measured_fns.clear()
+            entry = self.measured_fns[id(fn)] = (fn, measuring(fn))
+        return entry[1]
 
     def _on_future(self, fut) -> None:
         """Runs on the pilot's result thread: hand over and wake the loop (never blocks).
@@ -908,6 +923,7 @@ class Engine:
         out = fut.result()
         if out.ended is Ended.WALLTIME:
             return None
+        item.usage = out.usage
         if out.ended is Ended.NOT_STARTED:
             return item, Failure(out.failure, out.message, attempt=item.attempt), None
         failure = exit_failure(item.task.timeout, out.exit_code, out.ended is Ended.TIMED_OUT,
@@ -926,7 +942,10 @@ class Engine:
     def _fn_outcome(self, item: Item, fut):
         exc = fut.exception()
         if exc is None:
-            return item, None, fut.result()
+            value, row = fut.result()  # every function task runs in measured_call (_measured)
+            item.usage = of_row(row)
+            return item, None, value
+        item.usage = of_exception(exc)
         if isinstance(exc, shoal.TaskTimeout):
             kind = FailureKind.TIMEOUT
         elif isinstance(exc, shoal.WorkerLost):
@@ -942,17 +961,18 @@ class Engine:
         """Journal the end of one attempt (caller commits) and move the stage on."""
         now = time.time()
         t = item.task
+        used, item.usage = item.usage, NONE
         if failure is None:
             if t.kind is TaskKind.EXECUTABLE:
                 code, outputs = value
-                self.journal.done(item.uid, now, exit_code=code, outputs=outputs)
+                self.journal.done(item.uid, now, exit_code=code, outputs=outputs, usage=used)
             else:
-                self.journal.done(item.uid, now, result=value)
+                self.journal.done(item.uid, now, result=value, usage=used)
             t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return
         final = item.attempt > item.retries
-        self.journal.failed(item.uid, failure, now, final=final)
+        self.journal.failed(item.uid, failure, now, final=final, usage=used)
         if final:
             t.settle(TaskState.FAILED, failure.exit_code)
             self._settle(item, TaskState.FAILED)

@@ -62,23 +62,33 @@ import time
 from collections.abc import Iterator
 
 from .model import EnsembleError, Failure, FailureKind, TaskState
+from .usage import COLUMNS as USAGE_COLUMNS
+from .usage import NONE, Usage
 from .values import Values, decode, encode
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
-_SCHEMA = """
+# what an attempt used (usage.py), in tasks (the latest attempt) and failed_attempts (each
+# failed one); schema 3 added them: ``Journal._migrate`` adds them to a schema-2 journal
+_USAGE_DDL = ", ".join(f"{name} {kind}" for name, kind in USAGE_COLUMNS)
+_USAGE_SET = ", ".join(f"{name}=?" for name, _ in USAGE_COLUMNS)
+_USAGE_NAMES = ", ".join(name for name, _ in USAGE_COLUMNS)
+_USAGE_CLEAR = ", ".join(f"{name}=NULL" for name, _ in USAGE_COLUMNS)  # a new attempt starts
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS tasks (
     uid TEXT PRIMARY KEY, pipeline TEXT, stage TEXT, kind TEXT, state TEXT NOT NULL,
     attempt INTEGER DEFAULT 0, pid INTEGER, pid_start REAL, sandbox TEXT,
     started REAL, finished REAL, exit_code INTEGER, failure TEXT, reason TEXT,
-    stderr_tail TEXT, result BLOB, outputs TEXT, session INTEGER, spec TEXT);
+    stderr_tail TEXT, result BLOB, outputs TEXT, session INTEGER, spec TEXT, {_USAGE_DDL});
 CREATE TABLE IF NOT EXISTS stages (uid TEXT PRIMARY KEY, pipeline TEXT, state TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS failed_attempts (
     uid TEXT, attempt INTEGER, started REAL, finished REAL, failure TEXT, exit_code INTEGER,
-    reason TEXT, PRIMARY KEY (uid, attempt));
+    reason TEXT, {_USAGE_DDL}, PRIMARY KEY (uid, attempt));
 """
+MIGRATES_FROM = ("2",)  # older schemas this shoal brings up to SCHEMA_VERSION in place
 
 
 class JournalError(EnsembleError):
@@ -270,7 +280,7 @@ class Journal:
             self.db.execute(f"PRAGMA synchronous={sync}")
             if existed:
                 version = self._meta_or_none("schema")
-                if version not in (None, SCHEMA_VERSION):
+                if version not in (None, SCHEMA_VERSION, *MIGRATES_FROM):
                     raise JournalError(f"journal {path}: schema {version}, this shoal writes {SCHEMA_VERSION}; "
                                        "finish it with the shoal that wrote it, or start afresh with --new")
             self.db.executescript(_SCHEMA)
@@ -290,6 +300,7 @@ class Journal:
                         "only if you trust this file")
             self.session = self._count(self._meta("sessions"), "meta sessions") + 1
             self.db.execute("BEGIN")
+            self._migrate()
             self._set_meta("schema", SCHEMA_VERSION)
             self._set_meta("sessions", str(self.session))
             self._set_meta("values", self.values.value)
@@ -300,6 +311,16 @@ class Journal:
             self.db.close()
             raise
 
+    def _migrate(self) -> None:
+        """Schema 2 -> 3: add the usage columns a schema-2 journal lacks (``ALTER TABLE ADD
+        COLUMN``, in the session's opening transaction: all or nothing).  Old rows keep NULL
+        there: nothing was measured then."""
+        for table in ("tasks", "failed_attempts"):
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in USAGE_COLUMNS:
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
     @property
     def db(self) -> _Conn | None:
         """The connection, with every pending DONE row written first: whatever runs next on it
@@ -308,7 +329,7 @@ class Journal:
             rows, self._done = self._done, []
             self._db.executemany(
                 f"UPDATE tasks SET state='{TaskState.DONE.value}', finished=?, result=?, exit_code=?, "
-                "outputs=?, failure=NULL, reason=NULL, pid=NULL WHERE uid=?", rows)
+                f"outputs=?, failure=NULL, reason=NULL, pid=NULL, {_USAGE_SET} WHERE uid=?", rows)
         return self._db
 
     @db.setter
@@ -457,7 +478,8 @@ class Journal:
             "INSERT INTO tasks (uid, pipeline, stage, kind, state, attempt, sandbox, started, session, spec) "
             "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(uid) DO UPDATE SET state=excluded.state, "
             "attempt=excluded.attempt, sandbox=excluded.sandbox, started=excluded.started, "
-            "session=excluded.session, pid=NULL, pid_start=NULL, spec=coalesce(tasks.spec, excluded.spec)",
+            "session=excluded.session, pid=NULL, pid_start=NULL, spec=coalesce(tasks.spec, excluded.spec), "
+            f"{_USAGE_CLEAR}",
             (uid, pipeline, stage, kind, TaskState.RUNNING.value, attempt, sandbox, now, self.session, spec),
         )
 
@@ -470,36 +492,38 @@ class Journal:
             f"VALUES (?,?,?,?,'{TaskState.RUNNING.value}',?,?,?,{int(self.session)},?) ON CONFLICT(uid) "
             "DO UPDATE SET state=excluded.state, attempt=excluded.attempt, sandbox=excluded.sandbox, "
             "started=excluded.started, session=excluded.session, pid=NULL, pid_start=NULL, "
-            "spec=coalesce(tasks.spec, excluded.spec)", rows)
+            f"spec=coalesce(tasks.spec, excluded.spec), {_USAGE_CLEAR}", rows)
 
     def pid(self, uid: str, pid: int, start: float) -> None:
         self._tx()
         self.db.execute("UPDATE tasks SET pid=?, pid_start=? WHERE uid=?", (pid, start, uid))
 
     def done(self, uid: str, now: float, *, result=None, exit_code: int | None = None,
-             outputs: list[str] | None = None) -> None:
-        """Record ``uid`` DONE (once per task; the caller commits).  The row is written with the
-        other DONE rows of the pass, before the next statement on the journal (``db``)."""
+             outputs: list[str] | None = None, usage: Usage = NONE) -> None:
+        """Record ``uid`` DONE (once per task; the caller commits) with what it used.  The row is
+        written with the other DONE rows of the pass, before the next statement on the journal
+        (``db``)."""
         self._tx()
         self._done.append((now, encode(result, self.values), exit_code, "\n".join(outputs) if outputs else None,
-                           uid))
+                           *usage.row(), uid))
 
-    def failed(self, uid: str, failure: Failure, now: float, *, final: bool) -> None:
+    def failed(self, uid: str, failure: Failure, now: float, *, final: bool, usage: Usage = NONE) -> None:
         """Record a failed attempt: FAILED if ``final``, else back to PENDING for a retry.
-        Each failed attempt also keeps a row in ``failed_attempts`` (its start, end and why):
-        the task's own row holds only its latest attempt, so this is where the spacing of
-        retries (``retry_delay``) can be read."""
+        Each failed attempt also keeps a row in ``failed_attempts`` (its start, end, why and
+        what it used): the task's own row holds only its latest attempt, so this is where the
+        spacing of retries (``retry_delay``) can be read."""
         self._tx()
+        marks = ", ".join("?" * len(USAGE_COLUMNS))
         self.db.execute(
             "INSERT OR REPLACE INTO failed_attempts (uid, attempt, started, finished, failure, exit_code, "
-            "reason) SELECT uid, attempt, started, ?, ?, ?, ? FROM tasks WHERE uid=?",
-            (now, failure.kind.value, failure.exit_code, failure.message, uid))
+            f"reason, {_USAGE_NAMES}) SELECT uid, attempt, started, ?, ?, ?, ?, {marks} FROM tasks WHERE uid=?",
+            (now, failure.kind.value, failure.exit_code, failure.message, *usage.row(), uid))
         state = TaskState.FAILED if final else TaskState.PENDING
         self.db.execute(
             "UPDATE tasks SET state=?, finished=?, failure=?, exit_code=?, reason=?, stderr_tail=?, "
-            "pid=NULL WHERE uid=?",
+            f"pid=NULL, {_USAGE_SET} WHERE uid=?",
             (state.value, now, failure.kind.value, failure.exit_code, failure.message,
-             failure.stderr_tail, uid),
+             failure.stderr_tail, *usage.row(), uid),
         )
 
     def settled(self, uid: str, pipeline: str, stage: str, kind: str, state: TaskState,

@@ -12,7 +12,8 @@ task's files and the child they start.  Data flow per task::
                        pinned to the granted CPUs from its first instruction (it inherits
                        the mask of the runner thread that spawns it: runners.py);
                        CUDA_VISIBLE_DEVICES = the granted GPUs (when GPUs are configured)
-    wait(pid)       -> the runner blocks in waitpid(pid) and reaps exactly that pid
+    wait(pid)       -> the runner reaps exactly that pid with wait4 (its rusage, and its
+                       /proc io counters read just before: usage.py)
 
 Only tasks with ``pre_exec``/``post_exec`` lines go through ``/bin/sh -c``.
 
@@ -58,6 +59,7 @@ import threading
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
 from .mpi import RANK_EXEC, LauncherKind
 from .spawn import Spawner, envp
+from .usage import NONE, Usage, of_rusage, wait_usage
 
 MPI_KILL_GRACE_S = 3.0  # an MPI launcher's time to stop its ranks after SIGTERM (Launcher.kill)
 PER_TASK_VARS = ("SHOAL_SANDBOX", "SHOAL_TASK", "SHOAL_RANK_CPUS", "SHOAL_RANK_DIR")
@@ -361,9 +363,10 @@ class Launcher:
         return found
 
     def spawn(self, task: Task, uid: str, sandbox: str, gpus, arguments: list[str],
-              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int]:
-        """Start ``task``: its pid, or (pid, exit code) when it exited within ``quick_s`` and was
-        reaped already, its group killed (the C spawn helper only).  Raises LaunchError (nothing
+              stdin: str | None, quick_s: float = 0.0, ranks=None) -> int | tuple[int, int, Usage]:
+        """Start ``task``: its pid, or (pid, exit code, what it used) when it exited within
+        ``quick_s`` and was reaped already, its group killed (the C spawn helper only: its
+        rusage, no /proc byte counts).  Raises LaunchError (nothing
         left running).  ``ranks``: (RankLauncher, RankPlacement) of an MPI task (mpi.py): the
         launcher's command starts every rank through rank_exec.py; pre/post_exec run once,
         around the launch."""
@@ -383,10 +386,10 @@ class Launcher:
         out, err = sandbox + "/" + task.stdout_file, sandbox + "/" + task.stderr_file  # sandbox_of: absolute
         try:
             if self._spawner is not None:
-                pid, status = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
-                                                  sandbox, stdin, out, err, int(quick_s * 1000))
+                pid, status, ru = self._spawner.spawn(argv[0], argv, self._envp(task, sandbox, uid, gpus, extra),
+                                                      sandbox, stdin, out, err, int(quick_s * 1000))
                 if status is not None:
-                    return pid, os.waitstatus_to_exitcode(status)
+                    return pid, os.waitstatus_to_exitcode(status), of_rusage(ru)
             else:
                 env = task_env(self.base_env, _threads(task), task.environment, sandbox, uid)
                 env.update(extra)
@@ -445,19 +448,21 @@ class Launcher:
             self._null = None
 
     # -- ending -----------------------------------------------------------------------
-    def wait(self, pid: int) -> int:
+    def wait(self, pid: int) -> tuple[int, Usage]:
         """Block until ``pid`` (a child this launcher spawned) exits and reap it: its exit status
-        (negative: killed by that signal).  Called by the runner thread that spawned it."""
+        (negative: killed by that signal) and what it used (``usage.wait_usage``: wait4's
+        rusage, its /proc counters read while it is a zombie).  Called by the runner thread
+        that spawned it, once the child has exited."""
         proc = self._procs.pop(pid, None)
         self._rank_launchers.pop(pid, None)
         try:
-            _, status = os.waitpid(pid, 0)
+            status, used = wait_usage(pid)
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:  # reaped elsewhere (an embedding program's waitpid(-1)): lost
-            code = 255
+            code, used = 255, NONE
         if proc is not None:
             proc.returncode = code  # no "still running" warning when the Popen is collected
-        return code
+        return code, used
 
     def kill(self, pid: int) -> None:
         """SIGKILL the task's whole process group (it may have started children).

@@ -79,6 +79,7 @@ from .launcher import (
     task_env,
 )
 from .model import EnsembleError, FailureKind, Input
+from .usage import NONE, Usage, wait_usage, worker_node
 
 PR_SET_PDEATHSIG = 1
 
@@ -129,6 +130,7 @@ class ExecOutcome:
     host: str = ""
     pid: int | None = None
     seconds: float = 0.0
+    usage: Usage = NONE  # what the process used (usage.py: wait4 and its /proc counters)
 
 
 def run_executable(spec: ExecSpec) -> ExecOutcome:
@@ -161,7 +163,7 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
         return ExecOutcome(Ended.NOT_STARTED, failure=FailureKind.SPAWN,
                            message=f"cannot start {spec.executable!r}: {exc}", host=host)
     try:
-        ended = _wait(proc, spec.timeout, spec.walltime_at)
+        ended, used = _wait(proc, spec.timeout, spec.walltime_at, worker_node())
     finally:
         if proc.returncode is None:  # an exception while waiting: leave nothing running
             kill_group(proc.pid)
@@ -169,61 +171,73 @@ def run_executable(spec: ExecSpec) -> ExecOutcome:
     code = proc.returncode
     seconds = time.monotonic() - t0
     if ended is not Ended.EXITED or code != 0:
-        return ExecOutcome(ended, code, tail(err), host=host, pid=proc.pid, seconds=seconds)
+        return ExecOutcome(ended, code, tail(err), host=host, pid=proc.pid, seconds=seconds, usage=used)
     try:
         outputs = tuple(check_outputs(spec.outputs, spec.sandbox)) if spec.outputs else None
     except LaunchError as exc:
         return ExecOutcome(ended, code, failure=exc.kind, message=exc.message, host=host,
-                           pid=proc.pid, seconds=seconds)
-    return ExecOutcome(ended, code, outputs=outputs, host=host, pid=proc.pid, seconds=seconds)
+                           pid=proc.pid, seconds=seconds, usage=used)
+    return ExecOutcome(ended, code, outputs=outputs, host=host, pid=proc.pid, seconds=seconds, usage=used)
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | None) -> Ended:
-    """Wait for ``proc``; kill its process group at the timeout or the walltime."""
+def _wait(proc: subprocess.Popen, timeout: float | None, walltime_at: float | None,
+          node: str | None) -> tuple[Ended, Usage]:
+    """Wait for ``proc``; kill its process group at the timeout or the walltime.  Also what it
+    used, as it was reaped (``usage.wait_usage``)."""
     limits = []
     if timeout:
         limits.append((time.monotonic() + timeout, Ended.TIMED_OUT))
     if walltime_at is not None:
         limits.append((time.monotonic() + (walltime_at - time.time()), Ended.WALLTIME))
     if not limits:
-        _reap_group(proc)
-        return Ended.EXITED
+        return Ended.EXITED, _reap_group(proc, node)
     until, why = min(limits, key=lambda x: x[0])
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):  # pragma: no cover - kernels before 5.3
         pidfd = -1
+    used = NONE
     try:
         while proc.returncode is None:
             left = until - time.monotonic()
             if left <= 0:
                 kill_group(proc.pid)
-                proc.wait()
-                return why
+                return why, _reap(proc, node)
             if pidfd >= 0:
                 poller = select.poll()
                 poller.register(pidfd, select.POLLIN)
                 if poller.poll(min(int(left * 1000) + 1, _POLL_MAX_MS)):  # poll() takes a C int
-                    _reap_group(proc)
+                    used = _reap_group(proc, node)
             else:  # pragma: no cover
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(min(left, 0.05))
     finally:
         if pidfd >= 0:
             os.close(pidfd)
-    return Ended.EXITED
+    return Ended.EXITED, used
 
 
 _POLL_MAX_MS = 2**31 - 1  # ~24.8 days: a longer timeout (timeout=1e9, "never") waits in slices
 
 
-def _reap_group(proc: subprocess.Popen) -> None:
+def _reap_group(proc: subprocess.Popen, node: str | None) -> Usage:
     """Wait for ``proc`` to exit, SIGKILL what it left in its process group, then reap it.  The
     unreaped zombie keeps the group id from being reused, so the kill cannot reach a stranger."""
     with contextlib.suppress(ChildProcessError):
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     kill_group(proc.pid)
-    proc.wait()
+    return _reap(proc, node)
+
+
+def _reap(proc: subprocess.Popen, node: str | None) -> Usage:
+    """Reap ``proc`` with ``wait4`` (its exit status into ``proc.returncode``): what it used."""
+    try:
+        status, used = wait_usage(proc.pid, node)
+    except ChildProcessError:  # reaped elsewhere: what Popen.wait says then
+        proc.wait()
+        return NONE
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return used
 
 
 def _child_setup():

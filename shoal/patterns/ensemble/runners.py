@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterable
 
 class Event(enum.Enum):
     SPAWNED = "spawned"  # (item, pid | exception | NOT_STARTED, the pid's start time or None)
-    EXITED = "exited"  # (item, exit code as os.waitstatus_to_exitcode gives it, None)
+    EXITED = "exited"  # (item, exit code as os.waitstatus_to_exitcode gives it, Usage or None)
 
 
 NOT_STARTED = "not started"  # the answer to a job taken after stop_new()
@@ -82,13 +82,13 @@ QUICK_S = 0.005  # a child that exits this soon is reported SPAWNED+EXITED with 
 class Runners:
     """One runner thread per CPU id; ``events`` is read by the engine (owner) only."""
 
-    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], int], wake: Callable[[], None],
+    def __init__(self, cpus: Iterable[int], *, wait: Callable[[int], tuple], wake: Callable[[], None],
                  kill: Callable[[int], None], started: Callable[[int], float] = lambda pid: time.time()):
         try:
             self.affinity: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             self.affinity = None
-        self._wait = wait  # blocking reap of one pid -> exit code (Launcher.wait)
+        self._wait = wait  # blocking reap of one pid -> (exit code, Usage) (Launcher.wait)
         self._wake = wake  # wakes the engine's poll (thread-safe, never blocks)
         self._kill = kill  # SIGKILL a pid's process group (Launcher.kill)
         self._started = started  # a pid's start time, as a resume's kill_leftover will compare it
@@ -107,9 +107,9 @@ class Runners:
             self._threads.append(t)
             t.start()
 
-    def submit(self, item, cpus, launch: Callable[[], int | tuple[int, int]]) -> None:
+    def submit(self, item, cpus, launch: Callable[[], int | tuple]) -> None:
         """Run ``launch`` on the runner of ``min(cpus)``.  It returns the pid (the runner reaps it),
-        or (pid, exit code) for a child that exited within QUICK_S and that ``launch`` reaped
+        or (pid, exit code, Usage) for a child that exited within QUICK_S and that ``launch`` reaped
         itself, its group killed first (the C spawn helper: spawn, wait, kill and reap in one call
         without the GIL; the pid was never published, so no kill can have aimed at it), or raises."""
         cpu = min(cpus)
@@ -181,7 +181,7 @@ class Runners:
                     self._set_mask(mine if mine is not None else self.affinity)
             if isinstance(pid, tuple):  # already reaped: one wake-up for both events
                 self.events.append((Event.SPAWNED, item, pid[0], None))
-                self._post(Event.EXITED, item, pid[1], None, last=True)
+                self._post(Event.EXITED, item, pid[1], pid[2], last=True)
                 continue
             if not isinstance(pid, int):
                 self._post(Event.SPAWNED, item, pid, None, last=True)
@@ -200,7 +200,8 @@ class Runners:
             with self._lock:
                 self._live.discard(pid)
             self._kill(pid)  # what the task left behind in its group dies with it (the zombie
-            self._post(Event.EXITED, item, self._wait(pid), None, last=True)  # still holds the pgid)
+            code, used = self._wait(pid)  # still holds the pgid)
+            self._post(Event.EXITED, item, code, used, last=True)
 
     def _bounce(self, cpu: int, q: queue.SimpleQueue) -> None:
         """This CPU's child outlived QUICK_S: answer BOUNCED to the jobs queued behind it (and,

@@ -11,7 +11,8 @@ Data flow (one call, on a runner thread; runners.py)::
       -> pid, or the errno of the step that failed (the exec included: the child stores it in
          the parent's memory before it _exits), raised as OSError
       -> wait up to ``quick_ms`` for the child: a child that exited by then has its group
-         killed and is reaped in the same call -> (pid, wait status); else (pid, None)
+         killed and is reaped in the same call (``wait4``) -> (pid, wait status, (user s,
+         system s, peak RSS KiB)); else (pid, None, None)
 
 All of it is one call into the optional C helper ``_spawn`` (``_spawn.c``, built by setup.py;
 its header has the vfork safety rules), which releases the GIL once for the spawn and the quick
@@ -49,9 +50,10 @@ except ImportError:  # pragma: no cover - built without a C compiler or an old g
 
 
 class Spawner:
-    """``spawn(exe, argv, envp, cwd, stdin, stdout, stderr, quick_ms) -> (pid, wait status | None)``;
-    thread-safe.  The status is there when the child exited within ``quick_ms`` (its group was
-    killed and it was reaped then); None: it runs and the caller reaps it."""
+    """``spawn(exe, argv, envp, cwd, stdin, stdout, stderr, quick_ms) -> (pid, wait status | None,
+    rusage | None)``; thread-safe.  The status and the rusage (user s, system s, peak RSS KiB)
+    are there when the child exited within ``quick_ms`` (its group was killed and it was
+    reaped then); None: it runs and the caller reaps it."""
 
     def __init__(self, null_fd: int):
         self._null = null_fd
@@ -64,10 +66,11 @@ class Spawner:
         return cls(null_fd)
 
     def spawn(self, exe: str, argv: list[str], envp: list[bytes], cwd: str, stdin: str | None,
-              stdout: str, stderr: str, quick_ms: int = 0) -> tuple[int, int | None]:
+              stdout: str, stderr: str, quick_ms: int = 0) -> tuple[int, int | None, tuple | None]:
         """Start ``exe``.  OSError (errno and the culprit's name) if any step failed."""
         try:
-            return _native.spawn(exe, argv, envp, cwd, stdin, stdout, stderr, self._null, quick_ms)
+            out = _native.spawn(exe, argv, envp, cwd, stdin, stdout, stderr, self._null, quick_ms)
+            return out if len(out) == 3 else (*out, None)  # a helper built before it gave rusage
         except OSError as exc:
             culprit = exe if os.path.isdir(cwd) else cwd  # a step before the exec failed: name the sandbox
             raise OSError(exc.errno, os.strerror(exc.errno), culprit) from None

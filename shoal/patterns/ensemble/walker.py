@@ -73,6 +73,7 @@ from .model import (
     parse_ref,
 )
 from .report import Results, StageContext
+from .usage import NONE
 
 
 class Intake(Protocol):
@@ -163,7 +164,7 @@ class Item:
 
     __slots__ = ("task", "uid", "srun", "stage_uid", "pipe_uid", "attempt", "deps", "pid", "request",
                  "future", "grant", "deadline", "t0", "sandbox", "spec", "priority", "retries",
-                 "retry_delay", "not_before")
+                 "retry_delay", "not_before", "usage")
 
     def __init__(self, task: Task, uid: str, srun: _StageRun, attempt: int, spec: str | None = None):
         self.task, self.uid, self.srun, self.attempt = task, uid, srun, attempt
@@ -176,6 +177,7 @@ class Item:
         self.future = self.grant = self.deadline = self.sandbox = None
         self.t0 = 0.0
         self.not_before = 0.0  # a retry waits for its retry_delay: not placed before this (monotonic)
+        self.usage = NONE  # what the attempt that just ended used (usage.py), journaled with its end
         self.policy_of(task, srun.stage)
 
     def policy_of(self, task: Task, stage: Stage) -> None:

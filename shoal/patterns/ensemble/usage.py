@@ -13,12 +13,16 @@ Measured where the attempt ran, by the means the OS offers for that kind of task
   quick window is reaped inside the C helper (spawn.py) with ``wait4`` too, which returns its
   rusage; such attempts (under 5 ms) have CPU figures (RSS as above) but no byte counts.
 * **function tasks** (pilot workers, local or on dask): measured in the worker around the
-  call (``measured_call``): ``getrusage`` deltas of the worker process and of the children it
-  reaped meanwhile, ``/proc/self/io`` deltas, and the peak RSS of the worker process during
-  the call — its high-water mark is reset first (``/proc/self/clear_refs``), so the figure is
-  the call's peak *including the worker's own memory* (the interpreter, its imports).  A task
-  that waits on child tasks it spawned runs others meanwhile in the same process: their use
-  is counted in it.
+  call (``measured_call``) with two ``getrusage`` calls before and two after: CPU time as
+  deltas of the worker process and of the children it reaped meanwhile; peak RSS as the
+  worker's ``ru_maxrss`` after the call when the call raised it (the call's peak *including
+  the worker's own memory*: the interpreter, its imports), else None (the call stayed below
+  what the worker had already reached, as an executable below its spawner's peak).  No byte
+  counts: reading ``/proc/self/io`` twice, resetting the peak (``/proc/self/clear_refs``)
+  and reading it back (``/proc/self/status``) cost a tiny task more than the task itself
+  (tiny function tasks ran at well under the unmeasured rate), so they are left to
+  executables.  A task that waits on child tasks it spawned runs others meanwhile in the
+  same process: their use is counted in it.
 
 Bytes: ``read_chars``/``write_chars`` are everything passed through read/write system calls
 (files, pipes, sockets; ``rchar``/``wchar``), ``read_bytes``/``write_bytes`` what went to or
@@ -96,15 +100,8 @@ def _read(path: str) -> bytes | None:
 
 def proc_io(pid: int | str = "self") -> dict[str, int]:
     """``/proc/<pid>/io`` as {column: bytes}; {} when unreadable (not Linux, gone, not ours)."""
-    return _io(pid)[0]
-
-
-def _io(pid: int | str) -> tuple[dict[str, int], int]:
-    """``proc_io`` and the size of the text it read (which a later read of the own process's
-    ``rchar`` counts)."""
-    text = _read(f"/proc/{pid}/io")
     out: dict[str, int] = {}
-    for line in (text or b"").splitlines():
+    for line in (_read(f"/proc/{pid}/io") or b"").splitlines():
         key, _, value = line.partition(b":")
         name = _IO_KEYS.get(key)
         if name is not None:
@@ -112,7 +109,7 @@ def _io(pid: int | str) -> tuple[dict[str, int], int]:
                 out[name] = int(value)
             except ValueError:
                 pass
-    return out, len(text or b"")
+    return out
 
 
 def own_peak(child_maxrss_kib: int) -> int | None:
@@ -150,34 +147,6 @@ def wait_usage(pid: int, node: str | None = None) -> tuple[int, Usage]:
     return status, of_child(ru, io, node)
 
 
-def _peak_reset() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS: Linux's clear_refs "5"."""
-    try:
-        fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        os.write(fd, b"5")
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _peak_rss() -> int | None:
-    """This process's peak RSS since the last reset (VmHWM), bytes; None without /proc.
-    Not ``getrusage``'s ru_maxrss: that also keeps the peak of threads that exited since."""
-    text = _read("/proc/self/status") or b""
-    at = text.find(b"VmHWM:")
-    if at < 0:
-        return None
-    try:
-        return int(text[at + 6:text.index(b"kB", at)]) * 1024
-    except ValueError:
-        return None
-
-
 USAGE_ATTR = "_shoal_usage"  # set on the exception a measured call raised (kept by pickling)
 
 
@@ -186,20 +155,18 @@ def measured_call(fn, *args, **kwargs) -> tuple:
     ``(its value, Usage.row())`` -- a plain tuple, which costs the result's trip back to the
     driver a few bytes where the dataclasses cost hundreds.  An exception is re-raised with
     the measurement as its ``_shoal_usage`` attribute."""
-    reset = _peak_reset()
-    io0 = _io("self")
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self0 = _getrusage(_SELF)
+    kids0 = _getrusage(_CHILDREN)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
-        usage = _since(reset, io0, self0, kids0)
+        usage = _since(self0, kids0)
         try:
             setattr(exc, USAGE_ATTR, usage)
         except (AttributeError, TypeError):  # __slots__ or a built-in without a __dict__
             pass
         raise
-    return value, _since(reset, io0, self0, kids0).row()
+    return value, _since(self0, kids0).row()
 
 
 def measuring(fn):
@@ -212,19 +179,17 @@ def measuring(fn):
     return measured
 
 
-def _since(reset: bool, io0: tuple[dict, int], self0, kids0) -> Usage:
-    self1 = resource.getrusage(resource.RUSAGE_SELF)
-    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    io1 = proc_io()
-    before, own_read = io0
-    io = {k: io1[k] - before[k] for k in io1 if k in before}
-    if "read_chars" in io:  # not the measurement's own read of /proc/self/io
-        io["read_chars"] = max(0, io["read_chars"] - own_read)
-    peak = _peak_rss() if reset else None  # no reset: the lifetime peak says nothing of this call
+_getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
+
+
+def _since(self0, kids0) -> Usage:
+    self1 = _getrusage(_SELF)
+    kids1 = _getrusage(_CHILDREN)
+    raised = self1.ru_maxrss > self0.ru_maxrss  # KiB on Linux
     return Usage(host=HOST, node=worker_node() or f"pid {os.getpid()}",
                  cpu_user=(self1.ru_utime - self0.ru_utime) + (kids1.ru_utime - kids0.ru_utime),
                  cpu_sys=(self1.ru_stime - self0.ru_stime) + (kids1.ru_stime - kids0.ru_stime),
-                 max_rss=peak, **io)
+                 max_rss=self1.ru_maxrss * 1024 if raised else None)
 
 
 def of_row(row: tuple) -> Usage:

@@ -199,6 +199,7 @@ UNPICKLING = {  # (module, enclosing function) -> the docs/runtime.md "Trust bou
     ("shoal/backends/dask/node.py", "_start_lent"): "Over dask connections",
     ("shoal/backends/dask/node.py", "deliver_result"): "Over dask connections",
     ("shoal/backends/dask/node.py", "function"): "Over dask connections",
+    ("shoal/workloads/txstream/hosts.py", "_plan_of"): "Over dask connections",
     ("shoal/integrations/joblib.py", "_run_batch"): RINGS,
     ("shoal/integrations/joblib.py", "_unpack"): RINGS,
 }

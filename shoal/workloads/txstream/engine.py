@@ -395,10 +395,9 @@ class Engine:
                     time.time(), getattr(runner, "waves", 0), sorted(getattr(runner, "hosts", ())))
                 report.batches.append(stats)
                 self.last = stats
-                try:  # the dashboard's progress page (events/s, aborts, latency per batch)
-                    shoal.publish("txstream", stats.as_dict())
-                except (TypeError, ValueError):
-                    pass
+                # the dashboard's progress page (events/s, aborts, latency per batch); a record
+                # holds scalars only (a list field made publish() refuse every batch's record)
+                shoal.publish("txstream", {**stats.as_dict(), "hosts": ",".join(stats.hosts)})
                 if self.on_batch is not None:
                     self.on_batch(stats)
                 seq += len(batch)

@@ -215,9 +215,11 @@ class Lifecycle:
                     # Its MOVED said the dead worker handed it to a live thief, but the LOOT
                     # that carried it can have died in the dead one's outbox: the thief never
                     # got it, and nobody would run it (the SIGKILL cancel storm, 1 round in
-                    # about 1,500).  Re-placed through the handshake, which leaves it where it
-                    # runs if the thief did get it.  (A cancel() deciding about it told every
-                    # worker already.)
+                    # about 1,500).  Workers now hold a MOVED back until its LOOT is in the
+                    # thief's ring (worker.py); this is the driver's own guard for a MOVED that
+                    # arrives first all the same.  Re-placed through the handshake, which
+                    # leaves it where it runs if the thief did get it.  (A cancel() deciding
+                    # about it told every worker already.)
                     self.orphans.append(task)
             for inbox_ep, box in self.inboxes:
                 if inbox_ep == ep:

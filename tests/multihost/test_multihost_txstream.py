@@ -25,6 +25,21 @@ from shoal.workloads.txstream.apps import APPS  # noqa: E402
 pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check, pytest.mark.timeout(400)]
 
 
+@pytest.fixture
+def no_leftovers(testbed):  # noqa: F811
+    """The hosts' /dev/shm and /tmp and shoal processes now; after the test: nothing new."""
+    testbed.ensure_up()
+    before = testbed.snapshot()
+    yield testbed
+    testbed.assert_clean(before)
+
+
+@pytest.fixture
+def pilot(no_leftovers):
+    with shoal.Pilot(backend="dask", address=no_leftovers.dask, workers=1) as p:
+        yield p
+
+
 def _run_in_thread(engine, evs) -> tuple:
     """``engine.run(evs)`` in a thread; the box gets its report or its error."""
     box: dict = {}

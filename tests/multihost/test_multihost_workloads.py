@@ -34,6 +34,21 @@ from shoal.patterns import backtracking as bt  # noqa: E402
 pytestmark = [pytest.mark.multihost, pytest.mark.no_leak_check]
 
 
+@pytest.fixture
+def no_leftovers(testbed):  # noqa: F811
+    """The hosts' /dev/shm and /tmp and shoal processes now; after the test: nothing new."""
+    testbed.ensure_up()
+    before = testbed.snapshot()
+    yield testbed
+    testbed.assert_clean(before)
+
+
+@pytest.fixture
+def pilot(no_leftovers):
+    with shoal.Pilot(backend="dask", address=no_leftovers.dask, workers=1) as p:
+        yield p
+
+
 def test_each_host_is_a_machine_of_its_own(pilot, no_leftovers):
     """Tasks run on all three hosts, none on the driver's; a file a task leaves in its
     host's temp folder exists there only."""

@@ -205,24 +205,6 @@ def testbed() -> Testbed:
     return needs_testbed(dask=True, hosts=3)
 
 
-@pytest.fixture
-def no_leftovers(testbed):
-    """The hosts' /dev/shm and /tmp and shoal processes now; after the test: nothing new."""
-    testbed.ensure_up()
-    before = testbed.snapshot()
-    yield testbed
-    testbed.assert_clean(before)
-
-
-@pytest.fixture
-def pilot(no_leftovers):
-    """A dask pilot over the test bed's hosts, one shoal worker per host."""
-    import shoal
-
-    with shoal.Pilot(backend="dask", address=no_leftovers.dask, workers=1) as p:
-        yield p
-
-
 @pytest.fixture(scope="session")
 def slurm_testbed() -> Testbed:
     """The test bed with its SLURM cluster (else skip); SLURM_CONF points at it for the

@@ -243,7 +243,8 @@ def test_attempts_record_where_they_ran_and_what_they_used(pilot, kind, tmp_path
     name, and the HTML report draws one timeline row group per host."""
     from shoal.patterns.ensemble import run_report
 
-    alloc = 150 << 20  # above a shoal worker's own peak (usage.own_peak)
+    alloc = 600 << 20  # above the spawning worker's own peak (usage.own_peak), also for the
+    # test bed's long-lived dask workers after other tests
     grow = f"import time; b = b'\\x01' * {alloc}; time.sleep(0.3)"
     tasks = [Task(executable=sys.executable, arguments=["-c", grow], name=f"x{i}") for i in range(6)]
     tasks += [Task(function=t.inc, args=(i,), name=f"f{i}") for i in range(2)]

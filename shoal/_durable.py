@@ -117,14 +117,14 @@ def check_target(path: str, what: str, *, directory: bool = False) -> bool:
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         raise DurableIOError(f"{what} {path} is a symbolic link; shoal never reads or writes a "
-                             "checkpoint through a link: give the real path", None, path)
+                             f"{what} through a link: give the real path", None, path)
     if directory:
         if not stat.S_ISDIR(mode):
             raise DurableIOError(f"{what} {path} is not a folder (it is {_kind(mode)}); give a "
                                  "folder path", None, path)
     elif stat.S_ISDIR(mode):
-        raise DurableIOError(f"{what} {path} is a directory; give a file path such as "
-                             f"{os.path.join(path, 'checkpoint')}", None, path)
+        raise DurableIOError(f"{what} {path} is a directory; give the path of a file in it, "
+                             f"such as {os.path.join(path, what.replace(' ', '-'))}", None, path)
     elif not stat.S_ISREG(mode):
         raise DurableIOError(f"{what} {path} is not a regular file (it is {_kind(mode)}); "
                              "give the path of a file (a FIFO would block the read for ever)", None, path)

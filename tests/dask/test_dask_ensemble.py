@@ -260,7 +260,11 @@ def test_attempts_record_where_they_ran_and_what_they_used(pilot, kind, tmp_path
         remote_exe = kind != "local" and not uid.startswith("p.s.f")
         assert row["node"].startswith("worker " if remote_exe or uid.startswith("p.s.f") else "cpus "), row
     for i in range(6):
-        assert abs(rows[f"p.s.x{i}"]["max_rss"] - alloc) <= 0.1 * alloc
+        rss = rows[f"p.s.x{i}"]["max_rss"]
+        if kind == "local" and rss is None:
+            continue  # spawned by this test process, whose peak (grown with the tests before)
+            # each child inherits at its exec: below it, no figure (usage.own_peak)
+        assert abs(rss - alloc) <= 0.1 * alloc, (kind, rss)
     hosts = {row["host"] for row in rows.values()}
     if kind == TESTBED:
         assert socket.gethostname() not in hosts and len(hosts) >= 2, hosts  # the nodes' own names

@@ -78,13 +78,6 @@ def read_text(path):
         return f.read()
 
 
-def worker_peak():
-    """This process's peak RSS so far, bytes (``ru_maxrss``)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def alloc_bytes(n):
     """Allocate and touch ``n`` bytes (every page written), then free them."""
     block = b"\x01" * n

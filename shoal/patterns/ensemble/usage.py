@@ -13,15 +13,16 @@ Measured where the attempt ran, by the means the OS offers for that kind of task
   quick window is reaped inside the C helper (spawn.py) with ``wait4`` too, which returns its
   rusage; such attempts (under 5 ms) have CPU figures (RSS as above) but no byte counts.
 * **function tasks** (pilot workers, local or on dask): measured in the worker around the
-  call (``measured_call``) with two ``getrusage`` calls before and two after: CPU time as
-  deltas of the worker process and of the children it reaped meanwhile; peak RSS as the
-  worker's ``ru_maxrss`` after the call when the call raised it (the call's peak *including
-  the worker's own memory*: the interpreter, its imports), else None (the call stayed below
-  what the worker had already reached, as an executable below its spawner's peak).  No byte
-  counts: reading ``/proc/self/io`` twice, resetting the peak (``/proc/self/clear_refs``)
-  and reading it back (``/proc/self/status``) cost a tiny task more than the task itself
-  (tiny function tasks ran at well under the unmeasured rate), so they are left to
-  executables.  A task that waits on child tasks it spawned runs others meanwhile in the
+  call (``measured_call``): CPU time as ``getrusage`` deltas of the worker process and of the
+  children it reaped meanwhile; peak RSS as the worker's high-water mark during the call --
+  reset before it (``/proc/self/clear_refs``) and read after it (``VmHWM`` of
+  ``/proc/self/status``), through file descriptors kept open per process (``pread``/
+  ``pwrite`` at offset 0 regenerate them), so the figure is the call's peak *including the
+  worker's own memory* (the interpreter, its imports).  Not ``ru_maxrss``: a worker started
+  by a big driver inherits the driver's peak there (the exec keeps the spawner's high-water
+  mark), which hid every call's peak below it.  No byte counts: two more ``/proc/self/io``
+  reads per call cost a tiny task more than the rest of the measurement, so they are left
+  to executables.  A task that waits on child tasks it spawned runs others meanwhile in the
   same process: their use is counted in it.
 
 Bytes: ``read_chars``/``write_chars`` are everything passed through read/write system calls
@@ -38,6 +39,7 @@ forks the task would also give the peaks below the spawner's, at that price);
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -155,18 +157,19 @@ def measured_call(fn, *args, **kwargs) -> tuple:
     ``(its value, Usage.row())`` -- a plain tuple, which costs the result's trip back to the
     driver a few bytes where the dataclasses cost hundreds.  An exception is re-raised with
     the measurement as its ``_shoal_usage`` attribute."""
+    reset = _PeakFiles.reset()
     self0 = _getrusage(_SELF)
     kids0 = _getrusage(_CHILDREN)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
-        usage = _since(self0, kids0)
+        usage = _since(reset, self0, kids0)
         try:
             setattr(exc, USAGE_ATTR, usage)
         except (AttributeError, TypeError):  # __slots__ or a built-in without a __dict__
             pass
         raise
-    return value, _since(self0, kids0).row()
+    return value, _since(reset, self0, kids0).row()
 
 
 def measuring(fn):
@@ -182,14 +185,46 @@ def measuring(fn):
 _getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
 
 
-def _since(self0, kids0) -> Usage:
+class _PeakFiles:
+    """This process's ``/proc/self/clear_refs`` and ``/proc/self/status``, opened once per
+    process (a forked child opens its own: the parent's name the parent)."""
+
+    pid = 0
+    clear = status = -1
+
+    @classmethod
+    def reset(cls) -> bool:
+        """The peak RSS (VmHWM) back to the current RSS; False without /proc."""
+        if cls.pid != os.getpid():
+            cls.pid = os.getpid()
+            cls.clear = cls.status = -1
+            with contextlib.suppress(OSError):
+                cls.clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+                cls.status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(cls.clear, b"5", 0)
+            return True
+        except OSError:
+            return False
+
+    @classmethod
+    def peak(cls) -> int | None:
+        """The peak RSS since the last ``reset``, bytes (None if unreadable)."""
+        try:
+            text = os.pread(cls.status, 16384, 0)
+            at = text.index(b"VmHWM:")
+            return int(text[at + 6:text.index(b"kB", at)]) * 1024
+        except (OSError, ValueError):
+            return None
+
+
+def _since(reset: bool, self0, kids0) -> Usage:
     self1 = _getrusage(_SELF)
     kids1 = _getrusage(_CHILDREN)
-    raised = self1.ru_maxrss > self0.ru_maxrss  # KiB on Linux
     return Usage(host=HOST, node=worker_node() or f"pid {os.getpid()}",
                  cpu_user=(self1.ru_utime - self0.ru_utime) + (kids1.ru_utime - kids0.ru_utime),
                  cpu_sys=(self1.ru_stime - self0.ru_stime) + (kids1.ru_stime - kids0.ru_stime),
-                 max_rss=self1.ru_maxrss * 1024 if raised else None)
+                 max_rss=_PeakFiles.peak() if reset else None)
 
 
 def of_row(row: tuple) -> Usage:

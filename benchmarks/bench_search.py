@@ -3,6 +3,7 @@
     python benchmarks/bench_search.py [--quick] [--workers 2] [--uts T3] [--apps ...] [--no-dask]
     python benchmarks/bench_search.py --cpu-overhead [--apps ...]   # 1-worker overhead, CPU time
     python benchmarks/bench_search.py --dask-machines [--repeat 2]  # 2 dask machines vs local
+    python benchmarks/bench_search.py --user [--quick]   # what a user compares, TARGETS table
     ... [--no-tick] [--no-inline]   # the count loop as it was: countdown polls; accept() called
 
 For each app, in one run: the hand-written sequential search (the reference,
@@ -24,6 +25,19 @@ the pilots and the pool running; then those are closed and one LocalCluster is
 started for the dask column of every app, and closed at the end.  A live
 cluster's scheduler runs in this process (heartbeats, an event loop), so it
 would share the CPU and the GIL with the references timed here.
+
+``--user`` runs, once each, the comparisons a user would make with the functions
+they wrote for the skeleton (generator ``children``, ``accept=``): the skeleton on 1
+and 2 workers against (a) the same functions run by a plain recursion, (b) a static
+``multiprocessing.Pool(2)`` split of that recursion (fork; split depths 1-3 tried, the
+fastest kept), (c) for N-Queens a static Pool split of a hand-written bitmask recursion,
+which is also the ``kernel=`` timed against it; UTS also as ``shoal.spawn`` code
+(benchmarks/bench_uts_spawn.py's ``explore``); max clique on sanr200_0.7, brock200_4,
+p_hat300-2, Taillard ta001-ta010 and simple cycles (examples/search_cycles.py) against
+the hand-written sequential search.  The 2-process ceiling
+(benchmarks/run.py's ``parallel_ceiling``) is measured after every app and an app's
+targets use the mean of the ones around it; the 1-worker overhead is judged in CPU
+time of the process tree (load does not inflate it), its wall ratio printed beside.
 
 Every time is the best of ``--repeat`` runs; the table prints reference time /
 time (higher is better) and, for branch and bound, nodes and work inflation

@@ -3,6 +3,7 @@
     python benchmarks/bench_search.py [--quick] [--workers 2] [--uts T3] [--apps ...] [--no-dask]
     python benchmarks/bench_search.py --cpu-overhead [--apps ...]   # 1-worker overhead, CPU time
     python benchmarks/bench_search.py --dask-machines [--repeat 2]  # 2 dask machines vs local
+    python benchmarks/bench_search.py --user [--quick]   # what a user compares, TARGETS table
     ... [--no-tick] [--no-inline]   # the count loop as it was: countdown polls; accept() called
 
 For each app, in one run: the hand-written sequential search (the reference,
@@ -24,6 +25,19 @@ the pilots and the pool running; then those are closed and one LocalCluster is
 started for the dask column of every app, and closed at the end.  A live
 cluster's scheduler runs in this process (heartbeats, an event loop), so it
 would share the CPU and the GIL with the references timed here.
+
+``--user`` runs, once each, the comparisons a user would make with the functions
+they wrote for the skeleton (generator ``children``, ``accept=``): the skeleton on 1
+and 2 workers against (a) the same functions run by a plain recursion, (b) a static
+``multiprocessing.Pool(2)`` split of that recursion (fork; split depths 1-3 tried, the
+fastest kept), (c) for N-Queens a static Pool split of a hand-written bitmask recursion,
+which is also the ``kernel=`` timed against it; UTS also as ``shoal.spawn`` code
+(benchmarks/bench_uts_spawn.py's ``explore``); max clique on sanr200_0.7, brock200_4,
+p_hat300-2, Taillard ta001-ta010 and simple cycles (examples/search_cycles.py) against
+the hand-written sequential search.  The 2-process ceiling
+(benchmarks/run.py's ``parallel_ceiling``) is measured after every app and an app's
+targets use the mean of the ones around it; the 1-worker overhead is judged in CPU
+time of the process tree (load does not inflate it), its wall ratio printed beside.
 
 Every time is the best of ``--repeat`` runs; the table prints reference time /
 time (higher is better) and, for branch and bound, nodes and work inflation
@@ -50,9 +64,8 @@ import search_maxclique as mc  # noqa: E402
 import search_nqueens as nq  # noqa: E402
 
 import shoal  # noqa: E402
+from shoal._room import in_room  # noqa: E402  (a leaf module: the search package's internals are imported where used)
 from shoal.patterns import backtracking  # noqa: E402
-from shoal.patterns.search import shapes  # noqa: E402
-from shoal.patterns.search.room import in_room  # noqa: E402
 from shoal.workloads import uts  # noqa: E402
 
 DIMACS = ROOT / "examples" / "data" / "dimacs"
@@ -506,6 +519,8 @@ def cpu_overhead(apps, repeat: int) -> None:
         print(f"| {app.name} | {t_ref:.2f} | {t_calls:.2f} | {t_eng:.2f} | {over:.2f}x | "
               f"{t_eng / t_calls:.2f}x | {'met' if over <= OVERHEAD_TARGET else 'missed'} |",
               flush=True)
+        from shoal.patterns.search import shapes
+
         if isinstance(app, Knapsack) and shapes.INLINE:  # the same loop calling value/bound
             shapes.INLINE = False
             try:
@@ -571,6 +586,294 @@ def dask_machines(repeat: int) -> None:
     print(f"# load average {os.getloadavg()[0]:.1f}")
 
 
+# -- --user: the comparisons a user would make, one run each --------------------------------
+#
+# Every app as a user writes it for the skeleton (generator children, accept=, bounds read
+# from the node) on 1 and 2 workers, next to what the same user would otherwise run: (a)
+# the same functions called by a plain recursion, (b) a static multiprocessing.Pool split
+# of that recursion, (c) for N-Queens a static Pool split of a hand-written bitmask
+# recursion, which is also the kernel= a user is pointed to; for UTS the same count written
+# with shoal.spawn; for branch and bound the example's hand-written sequential search.
+
+USER_TARGETS = {  # the issue's targets, against the 2-process ceiling measured in the run
+    "overhead": 1.10,  # 1 worker / (a), every app
+    "pool": 0.95,  # 2 workers >= 0.95x the static Pool split of (a)
+    "ceiling": 0.90,  # 2 workers >= 0.9 x ceiling over (a) (counting apps)
+    "kernel": 1.00,  # kernel= on 2 workers >= the static Pool split (c)
+    "bnb": 0.85,  # branch and bound on 2 workers >= 0.85 x ceiling over the sequential search
+    "cycles": 0.85,  # cycle counting on 2 workers >= 0.85 x ceiling over the same recursion
+}
+USER_CLIQUES = ("sanr200_0.7", "brock200_4", "p_hat300-2")
+SPLIT_DEPTHS = (1, 2, 3)  # the static splits' depths tried; the fastest is kept
+
+
+def queens_bits(n: int, row: int, cols: int, ld: int, rd: int) -> int:
+    """N-Queens hand-written: a bitmask recursion, no node objects, no generators."""
+    if row == n:
+        return 1
+    full = (1 << n) - 1
+    avail = full & ~(cols | ld | rd)
+    total = 0
+    while avail:
+        bit = avail & -avail
+        avail ^= bit
+        total += queens_bits(n, row + 1, cols | bit, ((ld | bit) << 1) & full, (rd | bit) >> 1)
+    return total
+
+
+def queens_bits_node(n: int, node) -> int:
+    """queens_bits from a skeleton node (row, cols, ld, rd): the kernel= and (c)'s job."""
+    return queens_bits(n, *node)
+
+
+def bnb_min_from(children, node, value_of, bound_of, best):
+    """Least value below ``best`` in ``node``'s subtree (minimising, prune_level)."""
+
+    def rec(nd) -> None:
+        nonlocal best
+        for c in children(nd):
+            if bound_of(c) >= best:
+                return
+            v = value_of(c)
+            if v < best:
+                best = v
+            rec(c)
+
+    rec(node)
+    return best
+
+
+def flowshop_sequential(fs, p) -> int:
+    """ta00x by hand: NEH, then the bidirectional search of solve_bidirectional, sequential,
+    the bound and objective read from the node."""
+    upper, _ = fs.neh(p)
+    bp = fs.bi_problem(p, upper + 1)
+    best = upper + 1
+
+    def rec(nd) -> None:
+        nonlocal best
+        for c in fs.bi_children(bp, nd):
+            if c.lb >= best:
+                return  # children come in non-decreasing bound order
+            if c.left == 0:
+                best = c.lb
+            rec(c)
+
+    rec(fs.bi_root(bp))
+    return best
+
+
+def static_split(pool, children, root, job, depth) -> int:
+    """A pool user's split: the nodes at ``depth`` (and shallower leaves) one task each;
+    ``job(node)`` counts a node's subtree, the node included."""
+    return sum(pool.map(functools.partial(in_room, job), frontier(children, root, depth),
+                        chunksize=1))
+
+
+def user_comparisons(args) -> None:
+    import bench_uts_spawn as spawn_uts
+    import psutil
+    import run as bench_run  # benchmarks/run.py: parallel_ceiling
+    import search_cycles as cy
+    import search_flowshop as fs
+
+    me = psutil.Process()
+
+    def cpu_now() -> float:
+        """CPU seconds of this process and its children (the pilots' workers, the pool's)."""
+        total = 0.0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                ct = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += ct.user + ct.system
+        return total
+
+    def timed(t: dict, key: str, fn):
+        """fn() once; its wall seconds added to t[key], its CPU seconds to t["cpu " + key]."""
+        c0, w0 = cpu_now(), time.perf_counter()
+        out = in_room(fn)
+        t[key] = t.get(key, 0.0) + time.perf_counter() - w0
+        t["cpu " + key] = t.get("cpu " + key, 0.0) + cpu_now() - c0
+        return out
+
+    quick = args.quick
+    qn = 12 if quick else 14
+    tree = args.uts or ("T3S" if quick else "T3")
+    cliques = ("p_hat300-2", "brock200_4") if quick else USER_CLIQUES
+    tais = range(4) if quick else range(10)
+    cyc = (12, 0.5, 1) if quick else (14, 0.5, 1)
+    load0 = os.getloadavg()
+    ceil0 = bench_run.parallel_ceiling()
+    print(f"# --user{' --quick' if quick else ''}: load average {load0[0]:.2f} {load0[1]:.2f} "
+          f"{load0[2]:.2f}; 2-process ceiling {ceil0:.2f} (2.00 = two idle cores); "
+          f"{os.cpu_count()} CPUs", flush=True)
+    rows = []  # (app, kind, {column: seconds}, note)
+
+    def row(app, kind, times, note=""):
+        times["ceiling"] = bench_run.parallel_ceiling()  # this app's minute, not the run's
+        rows.append((app, kind, times, note))
+        print(f"{app}: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()
+                                     if not k.startswith("cpu "))
+              + (f" ({note})" if note else ""), flush=True)
+
+    # fork: the fastest start on Linux, and the pool is started and warmed before timing
+    with multiprocessing.get_context("fork").Pool(2) as pool, \
+            shoal.Pilot(workers=1) as p1, shoal.Pilot(workers=2) as p2:
+        pool.map(abs, range(4), chunksize=1)
+        for p in (p1, p2):  # warm up: every worker imports the apps and the engine
+            for _ in range(2 * p.workers):
+                nq.count_queens(p, 6)
+                cy.count_cycles(p, cy.random_digraph(6, 0.5, 1))
+
+        # N-Queens: generator children + accept=
+        kids, acc = functools.partial(nq.children, qn), functools.partial(nq.is_solution, qn)
+        want = nq.OEIS_A000170[qn]
+        t = {}
+        v = timed(t, "a", functools.partial(queens_calls, qn, nq.ROOT))
+        assert v == want, v
+        for w, p in ((1, p1), (2, p2)):
+            v = timed(t, f"skel{w}", functools.partial(nq.count_queens, p, qn))
+            assert v == want, v
+        best_b = best_c = None
+        for d in SPLIT_DEPTHS:
+            for col, job in (("b", queens_calls), ("c", queens_bits_node)):
+                v = timed(t, f"{col}{d}", functools.partial(
+                    static_split, pool, kids, nq.ROOT, functools.partial(job, qn), d))
+                assert v == want, v
+        best_b = min(SPLIT_DEPTHS, key=lambda d: t[f"b{d}"])
+        best_c = min(SPLIT_DEPTHS, key=lambda d: t[f"c{d}"])
+        t["b"], t["c"] = t[f"b{best_b}"], t[f"c{best_c}"]
+        v = timed(t, "kernel2", lambda: backtracking.count(
+            p2, nq.ROOT, kids, accept=acc, kernel=functools.partial(queens_bits_node, qn),
+            kernel_depth=KERNEL_DEPTH))
+        assert v == want, v
+        v = timed(t, "seq_c", functools.partial(queens_bits, qn, 0, 0, 0, 0))
+        assert v == want, v
+        row(f"N-Queens {qn}", "count", t, f"(b) split at depth {best_b}, (c) at depth "
+            f"{best_c}; kernel= below depth {KERNEL_DEPTH}")
+
+        # UTS: backtracking.count(root, children) and the same count with shoal.spawn
+        params = uts.UTSParams.preset(tree)
+        app = UTS(tree)
+        t = {}
+        v = timed(t, "a", app.reference)
+        for w, p in ((1, p1), (2, p2)):
+            _ = timed(t, f"skel{w}", functools.partial(app.shoal, p))
+        v = timed(t, "b", functools.partial(run_static, app, functools.partial(pool.map,
+                                                                                chunksize=1)))
+        app.check(v, "the Pool split")
+        for w, p in ((1, p1), (2, p2)):
+            v = timed(t, f"spawn{w}", lambda p=p: p.submit(
+                spawn_uts.explore, params, [uts.root(params)], spawn_uts.CHUNK).result())
+            app.check(v, f"shoal.spawn on {w} worker(s)")
+        row(f"UTS {tree}", "count", t, f"(b) {UTS_STATIC_TASKS}+ subtrees")
+
+        # max clique: children in bound order, prune_level=True
+        for name in cliques:
+            g = mc.read_dimacs(DIMACS / f"{name}.clq")
+            t = {}
+            want = timed(t, "a", functools.partial(mc.sequential_reference, g))
+            nodes = []
+            for w, p in ((1, p1), (2, p2)):
+                r = timed(t, f"skel{w}", functools.partial(mc.max_clique, p, g, stats=True))
+                assert r.value == want, (name, r.value, want)
+                nodes.append(r.stats.nodes)
+            row(f"max clique {name}", "bnb", t, f"omega {want}; nodes {nodes[0]:,} -> "
+                f"{nodes[1]:,} on 2 workers")
+
+        # Taillard ta001..: bidirectional branching from NEH, every instance proved optimal
+        t = {}
+        for i in tais:
+            p = fs.taillard(fs.TA20x5_SEEDS[i], 20, 5)
+            v = timed(t, "a", functools.partial(flowshop_sequential, fs, p))
+            assert v == fs.TA20x5_OPTIMA[i], (i, v)
+            for w, pl in ((1, p1), (2, p2)):
+                r = timed(t, f"skel{w}", functools.partial(fs.solve_bidirectional, pl, p))
+                assert r.value == fs.TA20x5_OPTIMA[i], (i, r.value)
+        row(f"Taillard ta001-ta{tais[-1] + 1:03d}", "bnb-flowshop", t,
+            "sum over the instances, each proved optimal")
+
+        # simple cycles: fine-grained path extensions
+        g = cy.random_digraph(*cyc)
+        t = {}
+        want = timed(t, "a", functools.partial(cy.count_sequential, g))
+        for w, p in ((1, p1), (2, p2)):
+            v = timed(t, f"skel{w}", functools.partial(cy.count_cycles, p, g))
+            assert v == want, (v, want)
+        v = timed(t, "johnson", functools.partial(cy.count_johnson, g))
+        assert v == want, (v, want)
+        row(f"simple cycles G({cyc[0]}, {cyc[1]}) seed {cyc[2]}", "cycles", t,
+            f"{want:,} cycles")
+
+    load1 = os.getloadavg()
+    after = ", ".join(f"{t['ceiling']:.2f}" for _, _, t, _ in rows)
+    print(f"\n# load average {load0[0]:.2f} at start, {load1[0]:.2f} {load1[1]:.2f} "
+          f"{load1[2]:.2f} at end; 2-process ceiling {ceil0:.2f} at start, then after each "
+          f"app: {after} (an app's targets "
+          f"use the mean of the ceilings before and after it)\n")
+    before = ceil0
+    for _, _, t, _ in rows:
+        t["ceiling"], before = (before + t["ceiling"]) / 2, t["ceiling"]
+    print_user_tables(rows)
+
+
+def print_user_tables(rows) -> None:
+    """The user comparisons as markdown: times as speed-ups over (a), then the TARGETS."""
+
+    def x(v):
+        return "" if v is None else f"{v:.2f}x"
+
+    print("| app | (a) plain recursion | 1 worker / (a): wall (CPU) | 2 workers: speed-up over "
+          "(a) | (b) Pool(2) split of (a) | (c) Pool(2) split, bitmask recursion | kernel= 2 "
+          "workers | shoal.spawn 1 worker / (a), 2 workers | ceiling | |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for app, _, t, note in rows:
+        a = t["a"]
+        sp = (f"{x(t['spawn1'] / a)}, {x(a / t['spawn2'])}" if "spawn2" in t else "")
+        print(f"| {app} | {a:.2f} s | {x(t['skel1'] / a)} ({x(t['cpu skel1'] / t['cpu a'])}) | "
+              f"{x(a / t['skel2'])} | {x(a / t['b']) if 'b' in t else ''} | "
+              f"{x(a / t['c']) if 'c' in t else ''} | "
+              f"{x(a / t['kernel2']) if 'kernel2' in t else ''} | {sp} | {t['ceiling']:.2f} | "
+              f"{note} |")
+    print()
+    print("| target | measured | |\n|---|---|---|")
+    tg = USER_TARGETS
+
+    def line(what, got, ok):
+        print(f"| {what} | {got} | {'met' if ok else 'not met'} |")
+
+    for app, kind, t, _ in rows:
+        a, ceil = t["a"], t["ceiling"]
+        over, over_cpu = t["skel1"] / a, t["cpu skel1"] / t["cpu a"]
+        line(f"{app}: 1 worker <= {tg['overhead']:.2f}x (a), CPU time (wall)",
+             f"{over_cpu:.2f}x ({over:.2f}x)", over_cpu <= tg["overhead"])
+        s2 = a / t["skel2"]
+        if kind == "count":
+            line(f"{app}: 2 workers >= {tg['pool']:.2f}x the speed of (b)",
+                 f"{t['b'] / t['skel2']:.2f}x", t["b"] / t["skel2"] >= tg["pool"])
+            line(f"{app}: 2 workers >= {tg['ceiling']:.2f} x ceiling over (a)",
+                 f"{s2:.2f}x = {s2 / ceil:.2f} x ceiling", s2 >= tg["ceiling"] * ceil)
+        if "kernel2" in t:
+            k = t["c"] / t["kernel2"]
+            line(f"{app}: kernel= on 2 workers >= {tg['kernel']:.2f}x the speed of (c)",
+                 f"{k:.2f}x", k >= tg["kernel"])
+        if kind == "bnb":
+            line(f"{app}: 2 workers >= {tg['bnb']:.2f} x ceiling over the sequential search",
+                 f"{s2:.2f}x = {s2 / ceil:.2f} x ceiling", s2 >= tg["bnb"] * ceil)
+        if kind == "cycles":
+            line(f"{app}: 2 workers >= {tg['cycles']:.2f} x ceiling over the same recursion",
+                 f"{s2:.2f}x = {s2 / ceil:.2f} x ceiling", s2 >= tg["cycles"] * ceil)
+    for app, _, t, _ in rows:  # for the reader: the hand-written alternatives' own speed
+        if "seq_c" in t:
+            print(f"\n{app}: the bitmask recursion alone, sequential, runs "
+                  f"{t['a'] / t['seq_c']:.2f}x the speed of (a)")
+        if "johnson" in t:
+            print(f"\n{app}: Johnson's algorithm (blocked set, B-lists), sequential, runs "
+                  f"{t['a'] / t['johnson']:.2f}x the speed of (a)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -585,6 +888,9 @@ def main() -> None:
     ap.add_argument("--no-dask", action="store_true", help="skip the dask static column")
     ap.add_argument("--cpu-overhead", action="store_true",
                     help="only the 1-worker overhead, as CPU time of the engine in-process")
+    ap.add_argument("--user", action="store_true",
+                    help="only the comparisons a user would make (N-Queens, UTS, max clique, "
+                         "Taillard, simple cycles; one run each) and their TARGETS table")
     ap.add_argument("--dask-machines", action="store_true",
                     help="only the skeleton on a 2-machine dask pilot vs a local one")
     ap.add_argument("--no-inline", action="store_true",
@@ -602,6 +908,8 @@ def main() -> None:
         _tick.ENABLED = False
         print("# the countdown count loop, not the ticked one (--no-tick)")
     if args.no_inline:  # before any worker starts: they inherit the environment
+        from shoal.patterns.search import shapes
+
         os.environ["SHOAL_SEARCH_INLINE"] = "0"
         shapes.INLINE = False
         print("# accept() called, not inlined (--no-inline)")
@@ -609,6 +917,8 @@ def main() -> None:
         raise SystemExit("--workers and --repeat must be >= 1")
     if args.dask_machines:
         return dask_machines(args.repeat)
+    if args.user:
+        return user_comparisons(args)
     apps = make_apps(args)
     if not apps:
         raise SystemExit("no apps to run")
@@ -623,4 +933,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run main() from the module imported by name, so that the workers (which inherit
+    # this sys.path) can unpickle its functions (the kernel=) by reference
+    import bench_search
+
+    bench_search.main()

@@ -54,6 +54,10 @@ class Plan:
     shape: Shape
     gid_array: np.ndarray
     start_array: np.ndarray
+    # the reads of op o, flat: read_prev/read_gid[read_start[o]:read_start[o + 1]] (OpExec)
+    read_start: list = None
+    read_prev: list = None
+    read_gid: list = None
     _topo: list | None = None
     _cyclic: bool | None = None
 
@@ -103,7 +107,7 @@ def build(events: list, layout: dict, nparts: int) -> Plan:
         shape = Shape(n_txn, 0, 0, guarded / max(n_txn, 1), 0.0, 0.0, False)
         return Plan(n_txn, 0, txn_start, op_txn, op_gid, op_fn, op_guard, [], [], [], [],
                     np.zeros(0, np.int64), nparts, bad, shape, gid,
-                    np.asarray(txn_start, np.int64))
+                    np.asarray(txn_start, np.int64), [0], [], [])
     order = np.argsort(gid, kind="stable")
     sg = gid[order]
     new = np.empty(n_ops, bool)
@@ -167,8 +171,11 @@ def build(events: list, layout: dict, nparts: int) -> Plan:
         reads.append(tuple(zip(rp[i:i + k], rg[i:i + k], strict=True)))
         i += k
     chains = [order[a:b].tolist() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    read_start = np.zeros(n_ops + 1, np.int64)
+    np.cumsum(nreads, out=read_start[1:])
     return Plan(n_txn, n_ops, txn_start, op_txn, op_gid, op_fn, op_guard, reads, prev.tolist(),
-                chains, deps, part_of_chain, nparts, bad, shape, gid, ts)
+                chains, deps, part_of_chain, nparts, bad, shape, gid, ts, read_start.tolist(),
+                rp, rg)
 
 
 def _kahn(n: int, deps: list) -> list | None:

@@ -126,18 +126,24 @@ class OpExec:
         if self.eager and self.abort[t]:
             self.st[o] = SKIPPED
             return True
-        v = self.version(plan.prev[o], plan.op_gid[o], t)
+        q = plan.prev[o]
+        v = self.base[plan.op_gid[o]] if q < 0 else self.version(q, plan.op_gid[o], t)
         if v is _NOT_READY:
             return False
         vals = [v]
-        for q, g in plan.op_reads[o]:
-            w = self.version(q, g, t)
-            if w is _NOT_READY:
-                return False
-            if w is _ABORTING:
-                v = w
-                break
-            vals.append(w)
+        rs = plan.read_start
+        a, b = rs[o], rs[o + 1]
+        if b > a:
+            rp, rg, base = plan.read_prev, plan.read_gid, self.base
+            for j in range(a, b):
+                q = rp[j]
+                w = base[rg[j]] if q < 0 else self.version(q, rg[j], t)
+                if w is _NOT_READY:
+                    return False
+                if w is _ABORTING:
+                    v = w
+                    break
+                vals.append(w)
         if v is _ABORTING:
             self.abort[t] = 1
             self.st[o] = SKIPPED
@@ -318,6 +324,7 @@ class _SplitTask:
         self.ex = None
         self.decision = None
         self.first_op = 0
+        self.times: dict = {}  # section -> seconds in this task (record, publish, assemble, run)
 
     def sized(self) -> bool:
         """After barrier 1: the global offsets, and whether the shared arrays are big enough."""
@@ -369,7 +376,7 @@ def _split_task(job: Job, slot: int) -> dict:
         return task.need
     out = {"parts": parts, "errors": task.ex.errors if task.ex else {}, "bad": task.bad,
            "n_txn": task.n_txn, "plan_s": 0.0, "run_s": time.perf_counter() - t1,
-           "waits": counters.get("waits", 0)}
+           "waits": counters.get("waits", 0), "times": task.times}
     if task.g is not None:
         g, d = task.g, task.decision
         out["n_ops"] = g.n_ops

@@ -124,15 +124,15 @@ class Txn:
 
 class ArrayTxn:
     """The recorder of a whole slice of transactions into flat columns (split planning):
-    per operation its key, fn, guard and read count, the reads' keys in one flat list, per
-    transaction its operation count, read count and "has a guard".  ``record(t, fn, ev)``
-    records one transaction; a declaration that fails leaves no operation behind.  The
-    columns become numpy arrays with ``arrays()``; only fn and guard stay Python objects.
-    (Rejected: one ``Txn`` and a list of op tuples per transaction, unpacked again into the
-    shared arrays operation by operation — the largest planning cost measured.)"""
+    per operation its key, fn, guard and read count, the reads' keys in one flat list, and
+    where each transaction's operations end.  ``record(t, fn, ev)`` records one transaction;
+    a declaration that fails leaves no operation behind (``bad[t]``: why).  ``arrays()``
+    gives the numeric columns as numpy arrays, per transaction too (operation count, read
+    count, "has a guard"); only fn and guard stay Python objects.  (Rejected: one ``Txn``
+    and a list of op tuples per transaction, unpacked again into the shared arrays
+    operation by operation — the largest planning cost measured.)"""
 
-    __slots__ = ("_layout", "gid", "fn", "guard", "nreads", "rgid", "txn_nops", "txn_nreads",
-                 "txn_guard", "bad")
+    __slots__ = ("_layout", "gid", "fn", "guard", "nreads", "rgid", "ends", "guarded", "bad")
 
     def __init__(self, layout: dict):
         self._layout = layout
@@ -141,9 +141,8 @@ class ArrayTxn:
         self.guard: list = []
         self.nreads: list = []
         self.rgid: list = []
-        self.txn_nops: list = []
-        self.txn_nreads: list = []
-        self.txn_guard: list = []
+        self.ends: list = []     # per transaction: one past its last operation
+        self.guarded: list = []  # operations with a guard
         self.bad: dict = {}
 
     def update(self, table: str, key: int, fn: Callable, *, guard: Callable | None = None,
@@ -164,36 +163,48 @@ class ArrayTxn:
             self.nreads.append(len(rg))
         else:
             self.nreads.append(0)
+        if guard is not None:
+            self.guarded.append(len(self.gid))
         self.gid.append(base + key)
         self.fn.append(fn)
         self.guard.append(guard)
 
     def record(self, t: int, fn: Callable, ev) -> None:
         """Record transaction ``t`` (its number in the batch, for ``bad``)."""
-        n0, r0 = len(self.gid), len(self.rgid)
         try:
             fn(self, ev)
         except Exception as exc:  # noqa: BLE001 - a bad declaration or the user's fn raised
-            if isinstance(exc, _BadAccess):
-                self.bad[t] = str(exc)
-            else:
-                self.bad[t] = describe(exc, "declaring the transaction "
-                                            f"({getattr(fn, '__name__', fn)!r})")
-            for col in (self.gid, self.fn, self.guard, self.nreads):
-                del col[n0:]
-            del self.rgid[r0:]
-        n1 = len(self.gid)
-        self.txn_nops.append(n1 - n0)
-        self.txn_nreads.append(len(self.rgid) - r0)
-        self.txn_guard.append(any(g is not None for g in self.guard[n0:n1]))
+            self._drop(t, exc, fn)
+        self.ends.append(len(self.gid))
+
+    def _drop(self, t: int, exc: Exception, fn) -> None:
+        """Transaction t's declaration failed: its error, and none of its operations."""
+        if isinstance(exc, _BadAccess):
+            self.bad[t] = str(exc)
+        else:
+            self.bad[t] = describe(exc, f"declaring the transaction ({getattr(fn, '__name__', fn)!r})")
+        n0 = self.ends[-1] if self.ends else 0
+        del self.rgid[len(self.rgid) - sum(self.nreads[n0:]):]
+        for col in (self.gid, self.fn, self.guard, self.nreads):
+            del col[n0:]
+        while self.guarded and self.guarded[-1] >= n0:
+            self.guarded.pop()
 
     def arrays(self) -> dict:
-        """The numeric columns as int64/int8 arrays."""
+        """The numeric columns as int64/int8 arrays, per operation and per transaction."""
         i8 = np.int64
-        return {"gid": np.asarray(self.gid, i8), "nreads": np.asarray(self.nreads, i8),
-                "rgid": np.asarray(self.rgid, i8), "txn_nops": np.asarray(self.txn_nops, i8),
-                "txn_nreads": np.asarray(self.txn_nreads, i8),
-                "txn_guard": np.asarray(self.txn_guard, np.int8)}
+        ends = np.asarray(self.ends, i8)
+        starts = np.concatenate(([0], ends[:-1])).astype(i8)
+        nreads = np.asarray(self.nreads, i8)
+        op_rend = np.cumsum(nreads)
+        rend = np.where(ends > 0, op_rend[np.maximum(ends - 1, 0)] if len(nreads) else 0, 0)
+        rstart = np.concatenate(([0], rend[:-1])).astype(i8)
+        guarded = np.zeros(len(ends), np.int8)
+        if self.guarded:
+            guarded[np.searchsorted(ends, np.asarray(self.guarded, i8), "right")] = 1
+        return {"gid": np.asarray(self.gid, i8), "nreads": nreads,
+                "rgid": np.asarray(self.rgid, i8), "txn_nops": ends - starts,
+                "txn_nreads": rend - rstart, "txn_guard": guarded}
 
 
 def record(fn: Callable, ev, layout: dict) -> list:

@@ -6,10 +6,13 @@ Partition p owns blocks of 64 consecutive transactions, dealt round robin
 their operations.  Three stages per partition, the
 last two behind in-task barriers (``phase[p]`` = epoch*4 + stage, written by p's owner):
 
-0. record own transactions; publish per transaction: operation count, read count,
-   "has a guard" (``txn_nops``/``txn_nreads``/``txn_guard``);
+0. record own transactions into columns (``txn.ArrayTxn``: flat lists, then numpy
+   arrays; only fn and guard stay Python objects); publish per transaction: operation
+   count, read count, "has a guard" (``txn_nops``/``txn_nreads``/``txn_guard``), one
+   numpy index write each;
 1. after every partition did 0: prefix sums give global operation and read offsets;
-   publish own operations' keys and reads (``meta_gid``, ``op_nreads``, ``read_gid``);
+   publish own operations' keys and reads (``meta_gid``, ``op_nreads``, ``read_gid``:
+   positions from ``np.repeat`` of the offsets, one index write each);
    partition 0 also publishes ``meta_start`` (what the driver reads after the batch);
 2. after every partition did 1: every task derives the edges from the shared arrays with
    numpy (``prev``: temporal; the version each read sees: parametric) — identical in
@@ -22,9 +25,9 @@ unclaimed partition (``area.drive``), so every partition is held by a running ta
 The redo phase of a lazy batch skips stages 0-1 (the metadata is in shared memory) and
 re-records a partition's own transactions only in a process that lacks them.
 
-What it buys: recording costs ~12 us per event (calling the user's function,
-validating keys); replicated, every worker pays it for the whole batch; split, each pays
-it for 1/workers of it.  What it costs: two barriers per batch, and operation
+What it buys: recording (calling the user's function, validating keys) is the largest
+planning cost per event (docs/txstream.md, "Where the time goes"); replicated, every worker
+pays it for the whole batch; split, each pays it for 1/workers of it.  What it costs: two barriers per batch, and operation
 granularity only (a key's chain has operations of every partition) — chain granularity
 uses the replicated plan (tpg.py); the adaptive policy picks it from the previous
 batch's shape.
@@ -38,6 +41,7 @@ import numpy as np
 
 from .area import BLOCK, load_events, owned
 from .policy import Shape
+from .tpg import sorted_search
 from .txn import ArrayTxn
 
 _OWN: dict = {}  # (run_id, batch, p) -> Recorded: this process's recordings
@@ -117,7 +121,7 @@ class Global:
         r_gid = job.view("read_gid")[:int(self.rstart[-1])].copy()
         r_op = np.repeat(np.arange(n), nreads)
         m = n + 1
-        pos = np.searchsorted(sg * m + order, r_gid * m + r_op, "left") - 1
+        pos = sorted_search(sg * m + order, r_gid * m + r_op) - 1
         ok = (pos >= 0) & (sg[np.clip(pos, 0, None)] == r_gid)
         self.r_prev = np.where(ok, order[np.clip(pos, 0, None)], -1)
         self.r_gid = r_gid

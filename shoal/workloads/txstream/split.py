@@ -47,11 +47,26 @@ from .txn import ArrayTxn
 _OWN: dict = {}  # (run_id, batch, p) -> Recorded: this process's recordings
 
 
+def _clock() -> tuple:
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(t0: tuple) -> tuple:
+    """(wall, CPU) seconds since ``_clock()`` gave ``t0``: a section's time (wall and CPU
+    apart, since on a loaded machine the wall clock mostly counts waiting for a core)."""
+    return time.perf_counter() - t0[0], time.thread_time() - t0[1]
+
+
+def _add(times: dict, name: str, spent: tuple) -> None:
+    w, c = times.get(name, (0.0, 0.0))
+    times[name] = (w + spent[0], c + spent[1])
+
+
 class Recorded:
     """A partition's own transactions recorded as columns (``txn.ArrayTxn``): ``txns`` (their
     numbers in the batch, ascending), per transaction ``txn_nops``/``txn_nreads``/``txn_guard``,
     per operation ``gid``/``nreads``/``fn``/``guard``, the reads' keys ``rgid``; ``bad``: the
-    transactions whose declaration failed.  ``seconds``: what recording took."""
+    transactions whose declaration failed.  ``seconds``: what recording took, (wall, CPU)."""
 
     def __init__(self, txns: list, rec: ArrayTxn, seconds: float):
         self.txns = np.asarray(txns, np.int64)
@@ -77,14 +92,14 @@ def own_records(job, p: int) -> Recorded:
     if got is None:
         if len(_OWN) > 64:
             _OWN.clear()
-        t0 = time.perf_counter()
+        t0 = _clock()
         mine = load_events(job, p)
         txns = owned(p, job.extra["n"], job.nparts)
         rec = ArrayTxn(job.layout)
         record = rec.record
         for t, (fn, ev) in zip(txns, mine, strict=True):
             record(t, fn, ev)
-        got = _OWN[key] = Recorded(txns, rec, time.perf_counter() - t0)
+        got = _OWN[key] = Recorded(txns, rec, _since(t0))
     return got
 
 
@@ -203,7 +218,7 @@ class SplitRunner:
         times = task.times
         if self.stage == 0:
             rec = own_records(job, p)
-            t0 = time.perf_counter()
+            t0 = _clock()
             txns = rec.txns
             job.view("txn_nops")[txns] = rec.txn_nops
             job.view("txn_nreads")[txns] = rec.txn_nreads
@@ -211,8 +226,8 @@ class SplitRunner:
             task.bad.update(rec.bad)
             job.view("phase")[p] = self.base + 1
             self.stage = 1
-            times["record"] = times.get("record", 0.0) + rec.seconds
-            times["publish"] = times.get("publish", 0.0) + time.perf_counter() - t0
+            _add(times, "record", rec.seconds)
+            _add(times, "publish", _since(t0))
             return True
         if self.stage == 1:
             if not self._barrier(1):
@@ -220,7 +235,7 @@ class SplitRunner:
             if not task.sized():
                 self.finished = True
                 return True
-            t0 = time.perf_counter()
+            t0 = _clock()
             rec = own_records(job, p)
             pos = rec.positions(task.starts, rec.txn_nops)
             job.view("meta_gid")[pos] = rec.gid
@@ -230,19 +245,19 @@ class SplitRunner:
                 job.view("meta_start")[:len(task.starts)] = task.starts
             job.view("phase")[p] = self.base + 2
             self.stage = 2
-            times["publish"] = times.get("publish", 0.0) + time.perf_counter() - t0
+            _add(times, "publish", _since(t0))
             return True
         if self.inner is None:
             if not task.redo and not self._barrier(2):
                 return False
-            t0 = time.perf_counter()
+            t0 = _clock()
             g = task.graph()
             mine = g.adopt(own_records(job, p))
             self.inner = task.runner(mine[mine >= task.first_op].tolist())
-            times["assemble"] = times.get("assemble", 0.0) + time.perf_counter() - t0
+            _add(times, "assemble", _since(t0))
             return True
-        t0 = time.perf_counter()
+        t0 = _clock()
         progressed = self.inner.step()
-        times["run"] = times.get("run", 0.0) + time.perf_counter() - t0
+        _add(times, "run", _since(t0))
         self.finished = self.inner.finished
         return progressed

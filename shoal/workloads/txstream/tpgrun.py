@@ -348,7 +348,7 @@ class _SplitTask:
         self.ex = None
         self.decision = None
         self.first_op = 0
-        self.times: dict = {}  # section -> seconds in this task (record, publish, assemble, run)
+        self.times: dict = {}  # section (record, publish, assemble, run) -> (wall, CPU) s in this task
 
     def sized(self) -> bool:
         """After barrier 1: the global offsets, and whether the shared arrays are big enough."""

@@ -290,7 +290,11 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.events, args.punctuation = 1024, 512
-    print(f"load average before: {os.getloadavg()}  (cores: {os.cpu_count()})")
+    load = os.getloadavg()
+    print(f"load average before: {load}  (cores: {os.cpu_count()})")
+    if load[0] > (os.cpu_count() or 1) / 2:
+        print("the machine is loaded by other work: wall seconds and ratios move with it; read "
+              "CPU per event (first column) first")
     ceiling = bench_run.parallel_ceiling()
     print(f"2-process ceiling before: {ceiling:.2f} (2.00 = two idle cores; the same CPU-bound job "
           "alone and twice at once)", flush=True)

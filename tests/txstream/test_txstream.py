@@ -8,6 +8,8 @@ tests/dask/test_dask_txstream.py; the large matrices run with ``-m txstream_heav
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -370,3 +372,49 @@ def test_ownership_blocks_cover_each_transaction_once(n, w):
     assert sorted(t for part in got for t in part) == list(range(n))
     for p, part in enumerate(got):
         assert part == sorted(part) and all((t // BLOCK) % w == p for t in part)
+
+
+def _ident(f):
+    """What a recorded closure computes (each recording makes new closure objects)."""
+    if isinstance(f, functools.partial):
+        return f.func, f.args, f.keywords
+    return f.__code__
+
+
+def _declares_then_fails(txn, ev):
+    txn.update("t", 0, lambda v: v + 1, guard=lambda v: v > 0, reads=[("t", 1), ("u", 2)])
+    txn.update("nope", 0, lambda v: v)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(stream=streams(), bad_at=hs.lists(hs.integers(0, 299), max_size=5))
+def test_column_recorder_equals_per_transaction_recording(stream, bad_at):
+    """Split planning's ArrayTxn columns hold exactly what Txn records transaction by
+    transaction, a failed declaration (after some updates) leaving no operation behind."""
+    from shoal.workloads.txstream.txn import ArrayTxn, record_or_error
+
+    evs, _ = stream
+    evs = list(evs)
+    for i in bad_at:
+        evs.insert(min(i, len(evs)), ts.Event(_declares_then_fails, {}))
+    layout = {"t": (0, 16), "u": (16, 4)}
+    rec = ArrayTxn(layout)
+    for t, (fn, ev) in enumerate(evs):
+        rec.record(t, fn, ev)
+    cols = rec.arrays()
+    ops, bad = [], {}
+    for t, (fn, ev) in enumerate(evs):
+        o, err = record_or_error(fn, ev, layout)
+        if err is not None:
+            bad[t] = err
+        ops.append(o)
+    flat = [op for o in ops for op in o]
+    assert rec.bad == bad and set(bad) >= {t for t, e in enumerate(evs) if e.fn is _declares_then_fails}
+    assert cols["txn_nops"].tolist() == [len(o) for o in ops]
+    assert cols["txn_nreads"].tolist() == [sum(len(x[3]) for x in o) for o in ops]
+    assert cols["txn_guard"].tolist() == [int(any(x[2] is not None for x in o)) for o in ops]
+    assert cols["gid"].tolist() == [x[0] for x in flat]
+    assert cols["nreads"].tolist() == [len(x[3]) for x in flat]
+    assert cols["rgid"].tolist() == [g for x in flat for g in x[3]]
+    assert [_ident(f) for f in rec.fn] == [_ident(x[1]) for x in flat]
+    assert [g is None for g in rec.guard] == [x[2] is None for x in flat]

@@ -164,22 +164,25 @@ def owned(p: int, n: int, nparts: int) -> list:
 
 
 def load_events(job: Job, p: int | None = None) -> list:
-    """The batch's events (``p=None``), or only partition p's slice (``owned`` order).
+    """The batch's events as ``(fn, ev)`` pairs (``p=None``), or only partition p's slice
+    (``owned`` order).
 
-    The driver pickles the batch as ``nparts`` slices, so split planning unpickles only
-    what a partition records."""
+    The driver pickles the batch as ``nparts`` slices, each as two lists ``(fns, evs)``
+    (``txn.dumps_events(columns=True)``), so split planning unpickles only what a partition
+    records."""
     import pickle
 
     buf = job.inbox.array
     if p is not None:
         off, size = job.slices[p]
-        return pickle.loads(buf[off:off + size].tobytes())
+        fns, evs = pickle.loads(buf[off:off + size].tobytes())
+        return list(zip(fns, evs, strict=True))
     parts = [pickle.loads(buf[off:off + size].tobytes()) for off, size in job.slices]
-    n = sum(len(x) for x in parts)
+    n = sum(len(fns) for fns, _ in parts)
     events: list = [None] * n
-    for q, part in enumerate(parts):
-        for t, e in zip(owned(q, n, len(parts)), part, strict=True):
-            events[t] = e
+    for q, (fns, evs) in enumerate(parts):
+        for t, fn, ev in zip(owned(q, n, len(parts)), fns, evs, strict=True):
+            events[t] = (fn, ev)
     return events
 
 

@@ -189,7 +189,8 @@ class _PilotRunner:
         e, area = self.e, self.area
         n, w = len(batch), self.pilot.workers
         try:
-            blobs = [dumps_events([batch[t] for t in owned(p, n, w)]) for p in range(w)]  # per partition
+            blobs = [dumps_events([batch[t] for t in owned(p, n, w)], columns=True)
+                     for p in range(w)]  # per partition
         except Exception as exc:
             raise unpicklable(batch, seq0, exc) from exc
         slices, off = [], 0

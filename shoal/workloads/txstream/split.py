@@ -6,10 +6,13 @@ Partition p owns blocks of 64 consecutive transactions, dealt round robin
 their operations.  Three stages per partition, the
 last two behind in-task barriers (``phase[p]`` = epoch*4 + stage, written by p's owner):
 
-0. record own transactions; publish per transaction: operation count, read count,
-   "has a guard" (``txn_nops``/``txn_nreads``/``txn_guard``);
+0. record own transactions into columns (``txn.ArrayTxn``: flat lists, then numpy
+   arrays; only fn and guard stay Python objects); publish per transaction: operation
+   count, read count, "has a guard" (``txn_nops``/``txn_nreads``/``txn_guard``), one
+   numpy index write each;
 1. after every partition did 0: prefix sums give global operation and read offsets;
-   publish own operations' keys and reads (``meta_gid``, ``op_nreads``, ``read_gid``);
+   publish own operations' keys and reads (``meta_gid``, ``op_nreads``, ``read_gid``:
+   positions from ``np.repeat`` of the offsets, one index write each);
    partition 0 also publishes ``meta_start`` (what the driver reads after the batch);
 2. after every partition did 1: every task derives the edges from the shared arrays with
    numpy (``prev``: temporal; the version each read sees: parametric) — identical in
@@ -22,9 +25,9 @@ unclaimed partition (``area.drive``), so every partition is held by a running ta
 The redo phase of a lazy batch skips stages 0-1 (the metadata is in shared memory) and
 re-records a partition's own transactions only in a process that lacks them.
 
-What it buys: recording costs ~12 us per event (calling the user's function,
-validating keys); replicated, every worker pays it for the whole batch; split, each pays
-it for 1/workers of it.  What it costs: two barriers per batch, and operation
+What it buys: recording (calling the user's function, validating keys) is the largest
+planning cost per event (docs/txstream.md, "Where the time goes"); replicated, every worker
+pays it for the whole batch; split, each pays it for 1/workers of it.  What it costs: two barriers per batch, and operation
 granularity only (a key's chain has operations of every partition) — chain granularity
 uses the replicated plan (tpg.py); the adaptive policy picks it from the previous
 batch's shape.
@@ -32,30 +35,71 @@ batch's shape.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .area import BLOCK, load_events, owned
 from .policy import Shape
-from .txn import record_or_error
+from .tpg import sorted_search
+from .txn import ArrayTxn
 
-_OWN: dict = {}  # (run_id, batch, p) -> (own txns, their ops, bad): this process's recordings
+_OWN: dict = {}  # (run_id, batch, p) -> Recorded: this process's recordings
 
 
-def own_records(job, p: int):
+def _clock() -> tuple:
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(t0: tuple) -> tuple:
+    """(wall, CPU) seconds since ``_clock()`` gave ``t0``: a section's time (wall and CPU
+    apart, since on a loaded machine the wall clock mostly counts waiting for a core)."""
+    return time.perf_counter() - t0[0], time.thread_time() - t0[1]
+
+
+def _add(times: dict, name: str, spent: tuple) -> None:
+    w, c = times.get(name, (0.0, 0.0))
+    times[name] = (w + spent[0], c + spent[1])
+
+
+class Recorded:
+    """A partition's own transactions recorded as columns (``txn.ArrayTxn``): ``txns`` (their
+    numbers in the batch, ascending), per transaction ``txn_nops``/``txn_nreads``/``txn_guard``,
+    per operation ``gid``/``nreads``/``fn``/``guard``, the reads' keys ``rgid``; ``bad``: the
+    transactions whose declaration failed.  ``seconds``: what recording took, (wall, CPU)."""
+
+    def __init__(self, txns: list, rec: ArrayTxn, seconds: float):
+        self.txns = np.asarray(txns, np.int64)
+        cols = rec.arrays()
+        self.gid, self.nreads, self.rgid = cols["gid"], cols["nreads"], cols["rgid"]
+        self.txn_nops, self.txn_nreads = cols["txn_nops"], cols["txn_nreads"]
+        self.txn_guard = cols["txn_guard"]
+        self.fn, self.guard, self.bad = rec.fn, rec.guard, rec.bad
+        self.seconds = seconds
+
+    def positions(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Global positions of this partition's items (operations or reads) given the batch's
+        per-transaction offsets ``starts`` and this partition's per-transaction ``counts``."""
+        total = int(counts.sum())
+        local = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=local[1:])
+        return np.repeat(starts[self.txns] - local[:-1], counts) + np.arange(total)
+
+
+def own_records(job, p: int) -> Recorded:
     key = (job.run_id, job.batch, p)
     got = _OWN.get(key)
     if got is None:
         if len(_OWN) > 64:
             _OWN.clear()
+        t0 = _clock()
         mine = load_events(job, p)
         txns = owned(p, job.extra["n"], job.nparts)
-        ops, bad = [], {}
-        for t, event in zip(txns, mine, strict=True):
-            o, err = record_or_error(*event, job.layout)
-            if err is not None:
-                bad[t] = err
-            ops.append(o)
-        got = _OWN[key] = (txns, ops, bad)
+        rec = ArrayTxn(job.layout)
+        record = rec.record
+        for t, (fn, ev) in zip(txns, mine, strict=True):
+            record(t, fn, ev)
+        got = _OWN[key] = Recorded(txns, rec, _since(t0))
     return got
 
 
@@ -92,13 +136,18 @@ class Global:
         r_gid = job.view("read_gid")[:int(self.rstart[-1])].copy()
         r_op = np.repeat(np.arange(n), nreads)
         m = n + 1
-        pos = np.searchsorted(sg * m + order, r_gid * m + r_op, "left") - 1
+        pos = sorted_search(sg * m + order, r_gid * m + r_op) - 1
         ok = (pos >= 0) & (sg[np.clip(pos, 0, None)] == r_gid)
         self.r_prev = np.where(ok, order[np.clip(pos, 0, None)], -1)
         self.r_gid = r_gid
-        self.op_fn: list = [None] * n
-        self.op_guard: list = [None] * n
-        self.op_reads: list = [()] * n
+        # the reads of operation o are read_prev/read_gid[read_start[o]:read_start[o + 1]]
+        self.read_start = self.rstart.tolist()
+        self.read_prev = self.r_prev.tolist()
+        self.read_gid = r_gid.tolist()
+        self._fn = np.full(n, None, object)
+        self._guard = np.full(n, None, object)
+        self.op_fn: list = []
+        self.op_guard: list = []
         self.nparts = job.nparts
         # the shape, for the adaptive choice (owner of an operation: its transaction % parts)
         owner = (op_txn // BLOCK) % job.nparts
@@ -135,24 +184,18 @@ class Global:
                 deps[d].append(s)
         return _kahn(n_chains, deps) is not None
 
-    def adopt(self, txns: list, ops: list) -> list:
-        """Take a partition's closures; returns its operations in timestamp order."""
-        mine = []
-        if self._lists is None:
-            self._lists = (self.r_prev.tolist(), self.r_gid.tolist(), self.rstart.tolist())
-        rp, rg, rs = self._lists
-        fns, guards, reads, starts = self.op_fn, self.op_guard, self.op_reads, self.txn_start
-        for t, tops in zip(txns, ops, strict=True):
-            o = starts[t]
-            for _, fn, guard, _ in tops:
-                fns[o] = fn
-                guards[o] = guard
-                a, b = rs[o], rs[o + 1]
-                if b > a:
-                    reads[o] = tuple(zip(rp[a:b], rg[a:b], strict=True))
-                mine.append(o)
-                o += 1
-        return mine
+    def adopt(self, rec: Recorded) -> np.ndarray:
+        """Take a partition's closures; returns its operations' numbers (timestamp order)."""
+        pos = rec.positions(np.asarray(self.txn_start, np.int64), rec.txn_nops)
+        fns = np.empty(len(rec.fn), object)
+        fns[:] = rec.fn
+        guards = np.empty(len(rec.guard), object)
+        guards[:] = rec.guard
+        self._fn[pos] = fns
+        self._guard[pos] = guards
+        self.op_fn = self._fn.tolist()
+        self.op_guard = self._guard.tolist()
+        return pos
 
 
 class SplitRunner:
@@ -172,16 +215,19 @@ class SplitRunner:
 
     def step(self) -> bool:
         task, job, p = self.task, self.task.job, self.p
+        times = task.times
         if self.stage == 0:
-            txns, ops, bad = own_records(job, p)
-            nops, nreads, guard = job.view("txn_nops"), job.view("txn_nreads"), job.view("txn_guard")
-            for t, tops in zip(txns, ops, strict=True):
-                nops[t] = len(tops)
-                nreads[t] = sum(len(x[3]) for x in tops)
-                guard[t] = any(x[2] is not None for x in tops)
-            task.bad.update(bad)
+            rec = own_records(job, p)
+            t0 = _clock()
+            txns = rec.txns
+            job.view("txn_nops")[txns] = rec.txn_nops
+            job.view("txn_nreads")[txns] = rec.txn_nreads
+            job.view("txn_guard")[txns] = rec.txn_guard
+            task.bad.update(rec.bad)
             job.view("phase")[p] = self.base + 1
             self.stage = 1
+            _add(times, "record", rec.seconds)
+            _add(times, "publish", _since(t0))
             return True
         if self.stage == 1:
             if not self._barrier(1):
@@ -189,32 +235,29 @@ class SplitRunner:
             if not task.sized():
                 self.finished = True
                 return True
-            txns, ops, _ = own_records(job, p)
-            start = task.starts
-            rstart = task.rstarts
-            gidv, nrv, rgv = job.view("meta_gid"), job.view("op_nreads"), job.view("read_gid")
-            for t, tops in zip(txns, ops, strict=True):
-                o, r = int(start[t]), int(rstart[t])
-                for gid, _, _, rg in tops:
-                    gidv[o] = gid
-                    nrv[o] = len(rg)
-                    for g in rg:
-                        rgv[r] = g
-                        r += 1
-                    o += 1
+            t0 = _clock()
+            rec = own_records(job, p)
+            pos = rec.positions(task.starts, rec.txn_nops)
+            job.view("meta_gid")[pos] = rec.gid
+            job.view("op_nreads")[pos] = rec.nreads
+            job.view("read_gid")[rec.positions(task.rstarts, rec.txn_nreads)] = rec.rgid
             if p == 0:
-                job.view("meta_start")[:len(start)] = start
+                job.view("meta_start")[:len(task.starts)] = task.starts
             job.view("phase")[p] = self.base + 2
             self.stage = 2
+            _add(times, "publish", _since(t0))
             return True
         if self.inner is None:
             if not task.redo and not self._barrier(2):
                 return False
+            t0 = _clock()
             g = task.graph()
-            txns, ops, _ = own_records(job, p)
-            mine = g.adopt(txns, ops)
-            self.inner = task.runner([o for o in mine if o >= task.first_op])
+            mine = g.adopt(own_records(job, p))
+            self.inner = task.runner(mine[mine >= task.first_op].tolist())
+            _add(times, "assemble", _since(t0))
             return True
+        t0 = _clock()
         progressed = self.inner.step()
+        _add(times, "run", _since(t0))
         self.finished = self.inner.finished
         return progressed

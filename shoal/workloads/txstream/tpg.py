@@ -54,6 +54,10 @@ class Plan:
     shape: Shape
     gid_array: np.ndarray
     start_array: np.ndarray
+    # the reads of op o, flat: read_prev/read_gid[read_start[o]:read_start[o + 1]] (OpExec)
+    read_start: list = None
+    read_prev: list = None
+    read_gid: list = None
     _topo: list | None = None
     _cyclic: bool | None = None
 
@@ -103,7 +107,7 @@ def build(events: list, layout: dict, nparts: int) -> Plan:
         shape = Shape(n_txn, 0, 0, guarded / max(n_txn, 1), 0.0, 0.0, False)
         return Plan(n_txn, 0, txn_start, op_txn, op_gid, op_fn, op_guard, [], [], [], [],
                     np.zeros(0, np.int64), nparts, bad, shape, gid,
-                    np.asarray(txn_start, np.int64))
+                    np.asarray(txn_start, np.int64), [0], [], [])
     order = np.argsort(gid, kind="stable")
     sg = gid[order]
     new = np.empty(n_ops, bool)
@@ -126,7 +130,7 @@ def build(events: list, layout: dict, nparts: int) -> Plan:
     r_gid = np.fromiter((g for r in op_rg for g in r), np.int64, int(nreads.sum()))
     m = n_ops + 1
     combined = sg * m + order
-    pos = np.searchsorted(combined, r_gid * m + r_op, "left") - 1
+    pos = sorted_search(combined, r_gid * m + r_op) - 1
     ok = (pos >= 0) & (sg[np.clip(pos, 0, None)] == r_gid)
     r_prev = np.where(ok, order[np.clip(pos, 0, None)], -1)
     # chains -> partitions: longest first, snake order
@@ -167,8 +171,22 @@ def build(events: list, layout: dict, nparts: int) -> Plan:
         reads.append(tuple(zip(rp[i:i + k], rg[i:i + k], strict=True)))
         i += k
     chains = [order[a:b].tolist() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    read_start = np.zeros(n_ops + 1, np.int64)
+    np.cumsum(nreads, out=read_start[1:])
     return Plan(n_txn, n_ops, txn_start, op_txn, op_gid, op_fn, op_guard, reads, prev.tolist(),
-                chains, deps, part_of_chain, nparts, bad, shape, gid, ts)
+                chains, deps, part_of_chain, nparts, bad, shape, gid, ts, read_start.tolist(),
+                rp, rg)
+
+
+def sorted_search(sorted_keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(sorted_keys, queries, "left")``, with the queries sorted first: the
+    binary searches then walk the keys in order, about twice as fast on a batch's reads."""
+    if len(queries) < 2:
+        return np.searchsorted(sorted_keys, queries, "left")
+    order = np.argsort(queries, kind="stable")
+    out = np.empty(len(queries), np.int64)
+    out[order] = np.searchsorted(sorted_keys, queries[order], "left")
+    return out
 
 
 def _kahn(n: int, deps: list) -> list | None:

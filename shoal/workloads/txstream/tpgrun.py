@@ -126,18 +126,24 @@ class OpExec:
         if self.eager and self.abort[t]:
             self.st[o] = SKIPPED
             return True
-        v = self.version(plan.prev[o], plan.op_gid[o], t)
+        q = plan.prev[o]
+        v = self.base[plan.op_gid[o]] if q < 0 else self.version(q, plan.op_gid[o], t)
         if v is _NOT_READY:
             return False
         vals = [v]
-        for q, g in plan.op_reads[o]:
-            w = self.version(q, g, t)
-            if w is _NOT_READY:
-                return False
-            if w is _ABORTING:
-                v = w
-                break
-            vals.append(w)
+        rs = plan.read_start
+        a, b = rs[o], rs[o + 1]
+        if b > a:
+            rp, rg, base = plan.read_prev, plan.read_gid, self.base
+            for j in range(a, b):
+                q = rp[j]
+                w = base[rg[j]] if q < 0 else self.version(q, rg[j], t)
+                if w is _NOT_READY:
+                    return False
+                if w is _ABORTING:
+                    v = w
+                    break
+                vals.append(w)
         if v is _ABORTING:
             self.abort[t] = 1
             self.st[o] = SKIPPED
@@ -160,15 +166,26 @@ class OpExec:
 
 
 class OpStructured:
+    """Structured: the partition's operations in timestamp order, stopping at the first that
+    must wait.  ``wait``: the PENDING operation the head waited for last time; while it is
+    still PENDING the head is not tried again (the same walk would stop at it: every state
+    it passed on the way is final for the phase)."""
+
     def __init__(self, ex: OpExec, ops: list):
         self.ex, self.ops, self.i = ex, ops, 0
+        self.wait = -1
         self.finished = not ops
 
     def step(self) -> bool:
-        ops, run, i, n = self.ops, self.ex.run, self.i, len(self.ops)
+        ex = self.ex
+        if self.wait >= 0 and ex.st[self.wait] == PENDING:
+            return False
+        ops, run, i, n = self.ops, ex.run, self.i, len(self.ops)
         start = i
+        ex.blocked_on = -1
         while i < n and run(ops[i]):
             i += 1
+        self.wait = ex.blocked_on if i < n else -1
         self.i = i
         self.finished = i == n
         return i > start
@@ -176,42 +193,55 @@ class OpStructured:
 
 class OpFree:
     """Non-structured: the partition's operations in timestamp order, but a blocked one does
-    not stop the worker — it runs any of the next ``window`` pending operations whose own
-    chain predecessor has run (their other inputs are checked by ``run``).  The window
-    bounds the cost of a scan; the oldest pending operation is always in it, so the
-    partition finishes.  (Rejected: rescanning every chain after each step — with thousands
-    of chains blocked on another worker that is O(chains) per operation.)"""
+    not stop the worker — it runs any of the ``WINDOW`` oldest operations not run yet
+    (``todo``, ascending) whose inputs are ready.  The oldest pending operation is always in
+    the window, so the partition finishes; a step costs O(``WINDOW``) however many later
+    operations already ran.  An operation that had to wait is not tried again while the
+    operation it waited for (``wait``) is PENDING (as in ``OpStructured``).  (Rejected:
+    rescanning every chain after each step — with thousands of chains blocked on another
+    worker that is O(chains) per operation; a window over positions rather than over the
+    operations not run yet — every step then walked again over all the ones run since the
+    oldest blocked one, which made skewed batches quadratic.)"""
 
     WINDOW = 64
 
     def __init__(self, ex: OpExec, ops: list):
-        self.ex, self.ops, self.i = ex, ops, 0
-        self.ran = bytearray(len(ops))
+        self.ex, self.ops = ex, ops
+        self.todo: list = []   # positions in ops, ascending: the window
+        self.next = 0          # the first position not in the window yet
+        self.wait: dict = {}   # position -> the PENDING operation it waited for
         self.finished = not ops
 
     def step(self) -> bool:
-        ops, ran, n = self.ops, self.ran, len(self.ops)
-        st, prev, run = self.ex.st, self.ex.plan.prev, self.ex.run
-        i = self.i
-        progressed = False
-        j, seen = i, 0
-        while j < n and seen < self.WINDOW:
-            if not ran[j]:
-                o = ops[j]
-                p = prev[o]
-                if (p < 0 or st[p] != PENDING) and run(o):
-                    ran[j] = 1
-                    progressed = True
-                    if j == i:  # the window's front moved: look further
-                        while i < n and ran[i]:
-                            i += 1
-                        j = i
-                        continue
-                else:
-                    seen += 1
-            j += 1
-        self.i = i
-        self.finished = i == n
+        ops, todo, wait, n = self.ops, self.todo, self.wait, len(self.ops)
+        ex = self.ex
+        st, prev, run = ex.st, ex.plan.prev, ex.run
+        nxt = self.next
+        while len(todo) < self.WINDOW and nxt < n:
+            todo.append(nxt)
+            nxt += 1
+        self.next = nxt
+        keep = []
+        for j in todo:
+            w = wait.get(j, -1)
+            if w >= 0 and st[w] == PENDING:
+                keep.append(j)
+                continue
+            o = ops[j]
+            p = prev[o]
+            if p >= 0 and st[p] == PENDING:
+                wait[j] = p
+                keep.append(j)
+                continue
+            ex.blocked_on = -1
+            if run(o):
+                wait.pop(j, None)
+            else:
+                wait[j] = ex.blocked_on
+                keep.append(j)
+        progressed = len(keep) < len(todo)
+        self.todo = keep
+        self.finished = not keep and nxt == n
         return progressed
 
 
@@ -318,6 +348,7 @@ class _SplitTask:
         self.ex = None
         self.decision = None
         self.first_op = 0
+        self.times: dict = {}  # section (record, publish, assemble, run) -> (wall, CPU) s in this task
 
     def sized(self) -> bool:
         """After barrier 1: the global offsets, and whether the shared arrays are big enough."""
@@ -369,7 +400,7 @@ def _split_task(job: Job, slot: int) -> dict:
         return task.need
     out = {"parts": parts, "errors": task.ex.errors if task.ex else {}, "bad": task.bad,
            "n_txn": task.n_txn, "plan_s": 0.0, "run_s": time.perf_counter() - t1,
-           "waits": counters.get("waits", 0)}
+           "waits": counters.get("waits", 0), "times": task.times}
     if task.g is not None:
         g, d = task.g, task.decision
         out["n_ops"] = g.n_ops

@@ -29,6 +29,8 @@ import time
 import traceback
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -59,8 +61,45 @@ class _BadAccess(Exception):
     pass
 
 
+def _bad_table(layout: dict, table) -> _BadAccess:
+    return _BadAccess(f"unknown table {table!r} (tables: {', '.join(layout)})")
+
+
+def _checked_key(table, key, size: int) -> int:
+    """The slow path of a key check (not a plain int in range): the int, or ``_BadAccess``."""
+    if type(key) is not int:
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+            raise _BadAccess(f"key {key!r} of table {table!r} is not an integer")
+        key = int(key)
+    if not 0 <= key < size:
+        raise _BadAccess(f"key {key} out of range for table {table!r} (size {size})")
+    return key
+
+
+def _read_gids(layout: dict, reads) -> list:
+    rg = []
+    try:
+        for t, k in reads:
+            try:
+                base, size = layout[t]
+            except (KeyError, TypeError):
+                raise _bad_table(layout, t) from None
+            if type(k) is not int or not 0 <= k < size:
+                k = _checked_key(t, k, size)
+            rg.append(base + k)
+    except (TypeError, ValueError):
+        raise _BadAccess(f"reads must be a list of (table, key) pairs, got {reads!r}") from None
+    return rg
+
+
+def _bad_callables(table, key, fn, guard) -> _BadAccess:
+    return _BadAccess(f"the update of {table!r}[{key!r}] needs callables, got fn={fn!r}, "
+                      f"guard={guard!r}")
+
+
 class Txn:
-    """The recorder passed to an event's ``fn``: collects the declared updates."""
+    """The recorder passed to an event's ``fn``: collects the declared updates as tuples
+    (the serial oracle, the locking baselines and the replicated plan read them so)."""
 
     __slots__ = ("_layout", "ops")
 
@@ -68,36 +107,104 @@ class Txn:
         self._layout = layout
         self.ops: list = []
 
-    def _gid(self, table, key) -> int:
-        try:
-            base, size = self._layout[table]
-        except (KeyError, TypeError):
-            raise _BadAccess(f"unknown table {table!r} (tables: {', '.join(self._layout)})") from None
-        if type(key) is not int:
-            if isinstance(key, bool) or not isinstance(key, numbers.Integral):
-                raise _BadAccess(f"key {key!r} of table {table!r} is not an integer")
-            key = int(key)
-        if not 0 <= key < size:
-            raise _BadAccess(f"key {key} out of range for table {table!r} (size {size})")
-        return base + key
-
     def update(self, table: str, key: int, fn: Callable, *, guard: Callable | None = None,
                reads=()) -> None:
         """Declare ``table[key] = fn(table[key], *reads)`` if ``guard(same values)`` (else abort)."""
         if not callable(fn) or (guard is not None and not callable(guard)):
-            raise _BadAccess(f"the update of {table!r}[{key!r}] needs callables, got fn={fn!r}, "
-                             f"guard={guard!r}")
-        gid = self._gid(table, key)
-        if not reads:
-            self.ops.append((gid, fn, guard, ()))
-            return
-        rg = []
+            raise _bad_callables(table, key, fn, guard)
+        layout = self._layout
         try:
-            for t, k in reads:
-                rg.append(self._gid(t, k))
-        except (TypeError, ValueError):
-            raise _BadAccess(f"reads must be a list of (table, key) pairs, got {reads!r}") from None
-        self.ops.append((gid, fn, guard, tuple(rg)))
+            base, size = layout[table]
+        except (KeyError, TypeError):
+            raise _bad_table(layout, table) from None
+        if type(key) is not int or not 0 <= key < size:
+            key = _checked_key(table, key, size)
+        self.ops.append((base + key, fn, guard, tuple(_read_gids(layout, reads)) if reads else ()))
+
+
+class ArrayTxn:
+    """The recorder of a whole slice of transactions into flat columns (split planning):
+    per operation its key, fn, guard and read count, the reads' keys in one flat list, and
+    where each transaction's operations end.  ``record(t, fn, ev)`` records one transaction;
+    a declaration that fails leaves no operation behind (``bad[t]``: why).  ``arrays()``
+    gives the numeric columns as numpy arrays, per transaction too (operation count, read
+    count, "has a guard"); only fn and guard stay Python objects.  (Rejected: one ``Txn``
+    and a list of op tuples per transaction, unpacked again into the shared arrays
+    operation by operation — the largest planning cost measured.)"""
+
+    __slots__ = ("_layout", "gid", "fn", "guard", "nreads", "rgid", "ends", "guarded", "bad")
+
+    def __init__(self, layout: dict):
+        self._layout = layout
+        self.gid: list = []
+        self.fn: list = []
+        self.guard: list = []
+        self.nreads: list = []
+        self.rgid: list = []
+        self.ends: list = []     # per transaction: one past its last operation
+        self.guarded: list = []  # operations with a guard
+        self.bad: dict = {}
+
+    def update(self, table: str, key: int, fn: Callable, *, guard: Callable | None = None,
+               reads=()) -> None:
+        """``Txn.update``, appended to the columns."""
+        if not callable(fn) or (guard is not None and not callable(guard)):
+            raise _bad_callables(table, key, fn, guard)
+        layout = self._layout
+        try:
+            base, size = layout[table]
+        except (KeyError, TypeError):
+            raise _bad_table(layout, table) from None
+        if type(key) is not int or not 0 <= key < size:
+            key = _checked_key(table, key, size)
+        if reads:
+            rg = _read_gids(layout, reads)
+            self.rgid.extend(rg)
+            self.nreads.append(len(rg))
+        else:
+            self.nreads.append(0)
+        if guard is not None:
+            self.guarded.append(len(self.gid))
+        self.gid.append(base + key)
+        self.fn.append(fn)
+        self.guard.append(guard)
+
+    def record(self, t: int, fn: Callable, ev) -> None:
+        """Record transaction ``t`` (its number in the batch, for ``bad``)."""
+        try:
+            fn(self, ev)
+        except Exception as exc:  # noqa: BLE001 - a bad declaration or the user's fn raised
+            self._drop(t, exc, fn)
+        self.ends.append(len(self.gid))
+
+    def _drop(self, t: int, exc: Exception, fn) -> None:
+        """Transaction t's declaration failed: its error, and none of its operations."""
+        if isinstance(exc, _BadAccess):
+            self.bad[t] = str(exc)
+        else:
+            self.bad[t] = describe(exc, f"declaring the transaction ({getattr(fn, '__name__', fn)!r})")
+        n0 = self.ends[-1] if self.ends else 0
+        del self.rgid[len(self.rgid) - sum(self.nreads[n0:]):]
+        for col in (self.gid, self.fn, self.guard, self.nreads):
+            del col[n0:]
+        while self.guarded and self.guarded[-1] >= n0:
+            self.guarded.pop()
+
+    def arrays(self) -> dict:
+        """The numeric columns as int64/int8 arrays, per operation and per transaction."""
+        i8 = np.int64
+        ends = np.asarray(self.ends, i8)
+        starts = np.concatenate(([0], ends[:-1])).astype(i8)
+        nreads = np.asarray(self.nreads, i8)
+        op_rend = np.cumsum(nreads)
+        rend = np.where(ends > 0, op_rend[np.maximum(ends - 1, 0)] if len(nreads) else 0, 0)
+        rstart = np.concatenate(([0], rend[:-1])).astype(i8)
+        guarded = np.zeros(len(ends), np.int8)
+        if self.guarded:
+            guarded[np.searchsorted(ends, np.asarray(self.guarded, i8), "right")] = 1
+        return {"gid": np.asarray(self.gid, i8), "nreads": nreads,
+                "rgid": np.asarray(self.rgid, i8), "txn_nops": ends - starts,
+                "txn_nreads": rend - rstart, "txn_guard": guarded}
 
 
 def record(fn: Callable, ev, layout: dict) -> list:
@@ -160,19 +267,23 @@ def key_name(layout: dict, gid: int) -> str:
     return f"key {gid}"
 
 
-def dumps_events(batch: list) -> bytes:
+def dumps_events(batch: list, columns: bool = False) -> bytes:
     """One pickle of the batch; by value (cloudpickle) where a function would not import on a
-    worker: a function of ``__main__`` (plain pickle would name the worker's own __main__)."""
+    worker: a function of ``__main__`` (plain pickle would name the worker's own __main__).
+    ``columns``: as ``(fns, evs)``, two lists (``area.load_events`` reads that form): no
+    ``Event`` tuple is pickled per event, and a batch of few distinct functions pickles
+    each once."""
+    obj = ([e.fn for e in batch], [e.ev for e in batch]) if columns else batch
     if any(getattr(fn, "__module__", None) == "__main__" for fn in {e.fn for e in batch}):
         import cloudpickle
 
-        return cloudpickle.dumps(batch, 5)
+        return cloudpickle.dumps(obj, 5)
     try:
-        return pickle.dumps(batch, 5)
+        return pickle.dumps(obj, 5)
     except Exception:
         import cloudpickle  # lambdas, closures
 
-        return cloudpickle.dumps(batch, 5)
+        return cloudpickle.dumps(obj, 5)
 
 
 def unpicklable(batch: list, seq0: int, exc: Exception) -> TypeError:

@@ -57,7 +57,7 @@ import sys
 import threading
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
-from .mpi import RANK_EXEC, LauncherKind
+from .mpi import RANK_EXEC, RANK_TAIL, LauncherKind
 from .spawn import Spawner, envp
 from .usage import NONE, Usage, of_rusage, wait_usage
 
@@ -89,6 +89,19 @@ def tail(path: str, limit: int = 2000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def rank_tails(sandbox: str, ranks: int, launcher_tail: str) -> str:
+    """The launcher's stderr tail, then every rank's, each line labelled: a failure's
+    stderr_tail (the ranks last, so a report's last lines show what the ranks said)."""
+    parts = []
+    text = launcher_tail.strip()[-RANK_TAIL:]
+    if text:
+        parts.append("[launcher] " + text.replace("\n", "\n[launcher] "))
+    for r in range(ranks):
+        text = tail(os.path.join(sandbox, f"stderr.rank{r}"), RANK_TAIL).rstrip()
+        parts.append(f"[rank {r}] " + (text.replace("\n", f"\n[rank {r}] ") if text else "(no stderr)"))
+    return "\n".join(parts)
 
 
 def make_sandbox(path: str) -> str:

@@ -9,10 +9,14 @@ journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 (executables as pilot tasks on the nodes of a dask pilot), ``functions``
 (function tasks on N CPUs; local code travelling to dask), ``report``
 (Results/StageContext/Report), ``walker`` (the Walker: pipelines, stages,
-the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
-the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager),
+the stage barrier), ``progress`` (the progress line), ``config`` (``EngineConfig``: a run's
+settings, checked once), ``launch`` (the ``Launch`` a run starts its tasks with: local runners
+or dask pilot tasks, chosen once), ``engine`` (the Engine, the driver loop: place, launch, reap;
+the Walker's ``Intake``), ``drive`` (the pilot or allocation a run opens, then the engine),
+``entk`` (EnTK's AppManager),
 ``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
-(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
+(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files) and ``resource_args``
+(``shoal run --slurm``'s flags).  No module imports another in a cycle (tests/test_layers.py).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
 """
@@ -117,5 +121,5 @@ __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
     "Request", "Grant", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
-    "TaskFailure", "Driver", "DriverState", "Values", "EngineConfig",
+    "TaskFailure", "Driver", "DriverState", "Values",
 ]

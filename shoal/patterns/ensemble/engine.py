@@ -81,7 +81,6 @@ import fcntl
 import heapq
 import os
 import select
-import shutil
 import threading
 import time
 
@@ -167,7 +166,7 @@ class Engine:
             self.journal.close(ended=False)
             raise
         try:
-            self._stage_shared(config.shared_data)
+            self.launcher.stage_shared(config.shared_data)
         except BaseException:
             self.journal.close(ended=False)
             raise
@@ -317,26 +316,6 @@ class Engine:
             for sig, h in old.items():
                 signal.signal(sig, h)
         return restore
-
-    def _stage_shared(self, shared_data) -> None:
-        """EnTK's ``appman.shared_data``: copy each ``'path'`` / ``'path > name'`` into the shared
-        area (after the journal moved an old run's sandbox aside: ``new``), every run, so a resume
-        sees the files as they are now."""
-        if not shared_data:
-            return
-        os.makedirs(self.launcher.shared, exist_ok=True)
-        for entry in shared_data:
-            src, _, dst = (x.strip() for x in str(entry).partition(">"))
-            src = src.rstrip("/")
-            target = os.path.join(self.launcher.shared, dst or os.path.basename(src))
-            try:
-                if os.path.isdir(src):
-                    shutil.copytree(src, target, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(src, target)
-            except OSError as exc:
-                raise EnsembleError(f"shared_data {entry!r}: cannot copy {src} into the shared area: "
-                                    f"{exc.strerror or exc}") from None
 
     def _finished(self) -> bool:
         return (self.walker.finished and not self.waiting and not self.running and not self.starting

@@ -340,6 +340,26 @@ class Launcher:
                 return found
         return self._prefix + uid.replace(".", "/")  # = os.path.join(root, *uid.split(".")): keys hold no "/"
 
+    def stage_shared(self, shared_data) -> None:
+        """EnTK's ``appman.shared_data``: copy each ``'path'`` / ``'path > name'`` into the shared
+        area (after the journal moved an old run's sandbox aside: ``new``), every run, so a resume
+        sees the files as they are now."""
+        if not shared_data:
+            return
+        os.makedirs(self.shared, exist_ok=True)
+        for entry in shared_data:
+            src, _, dst = (x.strip() for x in str(entry).partition(">"))
+            src = src.rstrip("/")
+            target = os.path.join(self.shared, dst or os.path.basename(src))
+            try:
+                if os.path.isdir(src):
+                    shutil.copytree(src, target, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(src, target)
+            except OSError as exc:
+                raise EnsembleError(f"shared_data {entry!r}: cannot copy {src} into the shared area: "
+                                    f"{exc.strerror or exc}") from None
+
     def shared_sandbox(self, uid: str, directory: str) -> None:
         """Task ``uid`` runs in ``directory`` (EnTK's ``t.sandbox``; relative to the root, or absolute)."""
         self._shared_sandboxes[uid] = os.path.normpath(os.path.join(self.root, directory))

@@ -83,15 +83,23 @@ class Launch(Protocol):
     def slots(self, config: EngineConfig) -> list[int]: ...
     def memory_total(self, config: EngineConfig) -> int: ...
     def request(self, task: Task, key) -> Request: ...
-    def refusal(self, task: Task, sched: Scheduler) -> str | None: ...
+    def refusal(self, task: Task, sched: Scheduler) -> str | None:
+        """Why ``task`` can never be placed here (the walker names the task), or None."""
 
     # -- starting (after the engine committed RUNNING)
-    def start(self, items: list[Item], on_done: Callable) -> list[tuple[Item, Failure]]: ...
-    def function(self, item: Item, fn: Callable) -> tuple[Callable, dict | None]: ...
+    def start(self, items: list[Item], on_done: Callable) -> list[tuple[Item, Failure]]:
+        """Start placed executables: each either reports through ``events`` (local), or gets
+        ``item.future`` and is passed to ``on_done`` (dask); returns those that could not start."""
+
+    def function(self, item: Item, fn: Callable) -> tuple[Callable, dict | None]:
+        """A function task's call as the pilot should run it, and its dask resources."""
 
     # -- how it ended
-    def future_outcome(self, item: Item, fut) -> Outcome | None: ...
-    def exit_outcome(self, item: Item, code: int, timed_out: bool) -> Outcome: ...
+    def future_outcome(self, item: Item, fut) -> Outcome | None:
+        """The attempt whose future settled; None: killed on its node at the walltime (PENDING)."""
+
+    def exit_outcome(self, item: Item, code: int, timed_out: bool) -> Outcome:
+        """The local executable that exited with ``code`` (an EXITED event)."""
 
     # -- the driver's own processes (local executables): events, kills, the stop
     @property

@@ -32,8 +32,10 @@ def module_name(path: Path) -> str:
 
 
 def _is_module(dotted: str) -> bool:
+    """A module or package of the tree, also a C extension (its ``.c`` source or built ``.so``)."""
     base = ROOT.joinpath(*dotted.split("."))
-    return base.with_suffix(".py").exists() or base.is_dir()
+    return (base.with_suffix(".py").exists() or base.is_dir() or base.with_suffix(".c").exists()
+            or any(base.parent.glob(base.name + ".*.so")))
 
 
 def imports_of(source: str, module: str, is_package: bool) -> set[str]:
@@ -219,6 +221,100 @@ def test_resolver(module, is_package, source, expected):
 )
 def test_rules(module, imported, ok):
     assert (violations(module, imported) == []) is ok
+
+
+# -- no import cycles inside a package ---------------------------------------------------
+#
+# Within each package listed here no module imports another that (directly or through others)
+# imports it back, counting every import statement (also inside functions): a function-level
+# import that closes a cycle still couples the two modules both ways, and hides it from the
+# reader of the module's header.  A submodule importing its own package (``from . import x``
+# for a name the ``__init__`` defines) counts as importing the package's ``__init__``.
+
+ACYCLIC_PACKAGES = ("shoal.patterns.ensemble",)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (or a module importing itself),
+    each sorted; Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        comp.append(member)
+                        if member == node:
+                            break
+                    if len(comp) > 1 or node in graph[node]:
+                        cycles.append(sorted(comp))
+    return sorted(cycles)
+
+
+def package_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` (itself included) it imports."""
+    folder = ROOT.joinpath(*package.split("."))
+    graph = {}
+    for path in sorted(folder.glob("*.py")):
+        module = module_name(path)
+        graph[module] = {name for name in imports_of(path.read_text(), module, path.name == "__init__.py")
+                         if _within(name, package) and name != module}
+    return graph
+
+
+@pytest.mark.parametrize("package", ACYCLIC_PACKAGES)
+def test_no_import_cycles(package):
+    graph = package_graph(package)
+    described = [" -> ".join(c) + f" (each imports: {', '.join(f'{m}: {sorted(graph[m] & set(c))}' for m in c)})"
+                 for c in import_cycles(graph)]
+    assert described == []
+
+
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ({"a": {"b"}, "b": set()}, []),
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b", "x"}, "b": {"c"}, "c": set(), "d": {"e"}, "e": {"d"}}, [["d", "e"]]),
+        ({"a": {"a"}}, [["a"]]),
+    ],
+)
+def test_cycle_finder(graph, expected):
+    assert import_cycles(graph) == expected
+
+
+def test_function_level_import_counts():
+    source = "def f():\n    from .yamlfile import _Loader\n"
+    assert "shoal.patterns.ensemble.yamlfile" in imports_of(source, "shoal.patterns.ensemble.resource", False)
 
 
 # -- no reaching into another module's private attributes --------------------------------

@@ -156,7 +156,7 @@ def test_a_negative_threshold_is_refused():
 def _run_args(*argv):
     import argparse
 
-    from shoal.patterns.ensemble.resource import add_resource_arguments
+    from shoal.patterns.ensemble.resource_args import add_resource_arguments
 
     parser = argparse.ArgumentParser()
     parser.add_argument("workflow")
@@ -167,7 +167,7 @@ def _run_args(*argv):
 
 
 def test_shoal_run_slurm_jobs_low_high_asks_for_an_elastic_pilot():
-    from shoal.patterns.ensemble.resource import resource_from_args
+    from shoal.patterns.ensemble.resource_args import resource_from_args
 
     args = _run_args("--slurm", "--jobs", "1:8", "--cores", "4")
     resource, _ = resource_from_args(args)
@@ -180,7 +180,8 @@ def test_shoal_run_slurm_jobs_low_high_asks_for_an_elastic_pilot():
 
 def test_jobs_and_nodes_together_or_a_bad_range_are_one_clear_error():
     from shoal.patterns.ensemble.model import EnsembleError
-    from shoal.patterns.ensemble.resource import Resource, resource_from_args
+    from shoal.patterns.ensemble.resource import Resource
+    from shoal.patterns.ensemble.resource_args import resource_from_args
 
     with pytest.raises(EnsembleError, match="--nodes and --jobs both give the batch jobs"):
         resource_from_args(_run_args("--slurm", "--jobs", "1:8", "--nodes", "2"))
@@ -238,7 +239,7 @@ def test_a_damaged_job_notes_entry_reads_as_none():
 
 def test_shoal_run_threshold_flags_reach_the_pilot_and_need_a_range():
     from shoal.patterns.ensemble.model import EnsembleError
-    from shoal.patterns.ensemble.resource import resource_from_args
+    from shoal.patterns.ensemble.resource_args import resource_from_args
 
     args = _run_args("--slurm", "--jobs", "1:4", "--grow-after", "2", "--idle-after", "30")
     resource, _ = resource_from_args(args)

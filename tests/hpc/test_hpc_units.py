@@ -285,8 +285,7 @@ def test_time_left_counts_from_the_jobs_start_and_never_past_its_end():
 
 
 def test_yaml_resource_block_errors_carry_the_line(tmp_path):
-    from shoal.patterns.ensemble.resource import yaml_resource
-    from shoal.patterns.ensemble.yamlfile import load_yaml
+    from shoal.patterns.ensemble.yamlfile import load_yaml, yaml_resource
 
     path = tmp_path / "wf.yaml"
     path.write_text("resource:\n  backend: slurm\n  core: 2\npipelines:\n"

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
-from shoal.patterns.ensemble import mpi
+from shoal.patterns.ensemble import launcher, mpi
 from shoal.patterns.ensemble.mpi import LauncherKind, RankPlacement
 
 
@@ -87,7 +87,7 @@ def test_a_placement_too_small_for_its_ranks_is_an_error():
 def test_rank_tails_label_every_rank_and_put_the_ranks_last(tmp_path):
     (tmp_path / "stderr.rank0").write_text("fine\n")
     (tmp_path / "stderr.rank1").write_text("boom\nTraceback\n")
-    text = mpi.rank_tails(str(tmp_path), 3, "mpirun: a rank failed\n")
+    text = launcher.rank_tails(str(tmp_path), 3, "mpirun: a rank failed\n")
     assert text.splitlines() == ["[launcher] mpirun: a rank failed", "[rank 0] fine",
                                  "[rank 1] boom", "[rank 1] Traceback", "[rank 2] (no stderr)"]
 

@@ -9,17 +9,21 @@ journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 (executables as pilot tasks on the nodes of a dask pilot), ``functions``
 (function tasks on N CPUs; local code travelling to dask), ``report``
 (Results/StageContext/Report), ``walker`` (the Walker: pipelines, stages,
-the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
-the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager),
+the stage barrier), ``progress`` (the progress line), ``config`` (``EngineConfig``: a run's
+settings, checked once), ``launch`` (the ``Launch`` a run starts its tasks with: local runners
+or dask pilot tasks, chosen once), ``engine`` (the Engine, the driver loop: place, launch, reap;
+the Walker's ``Intake``), ``drive`` (the pilot or allocation a run opens, then the engine),
+``entk`` (EnTK's AppManager),
 ``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
-(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
+(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files) and ``resource_args``
+(``shoal run --slurm``'s flags).  No module imports another in a cycle (tests/test_layers.py).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
 """
 
 from __future__ import annotations
 
-from ..._walltime import walltime_seconds
+from .config import EngineConfig, parse_walltime
 from .model import (
     EnsembleError,
     Failure,
@@ -36,17 +40,6 @@ from .report import Report, Results, StageContext
 from .scheduler import Grant, Request, Scheduler
 from .status import Driver, DriverState, PipelineStatus, RunStatus, StageStatus, TaskFailure
 from .values import Values
-
-
-def parse_walltime(value) -> float | None:
-    """``3600``, ``"90s"``, ``"30m"``, ``"2h"``, ``"1:30:00"``, Slurm's ``"1-12:00:00"`` -> seconds
-    (shoal/_walltime.py has the forms); None stays None; a bad value is an EnsembleError."""
-    if value is None:
-        return None
-    try:
-        return walltime_seconds(value)
-    except ValueError as exc:
-        raise EnsembleError(str(exc)) from None
 
 
 def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
@@ -113,63 +106,15 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
     """
-    import contextlib
-    import dataclasses
-    import os
+    from .drive import run_workflow
 
-    from .engine import Engine
-
-    if os.environ.get("SHOAL_RESUME") == "1":  # the resume command journaled for a script
-        resume, new = True, False
-    if workers is not None and (type(workers) is not int or workers < 1):
-        raise EnsembleError(f"run(): workers must be an integer >= 1 (the cores to use), got {workers!r}")
-    if type(gpus) is not int or gpus < 0:
-        raise EnsembleError(f"run(): gpus must be an integer >= 0 (GPUs to hand out), got {gpus!r}")
-    if resource is not None:
-        from .resource import Resource, resource_pilot
-
-        if pilot is not None:
-            raise EnsembleError("run(): give pilot= or resource=, not both")
-        with resource_pilot(Resource.of(resource)) as (rpilot, left):
-            budget = [w for w in (parse_walltime(walltime), left) if w is not None]
-            return run(workflow, rpilot, journal, resume, workers=workers, cores=cores,
-                       gpus=gpus, memory=memory, walltime=min(budget) if budget else None,
-                       sandbox=sandbox, window=window, durability=durability,
-                       progress=progress, patience=patience, new=new,
-                       retry_failed=retry_failed, values=values, shared_data=shared_data,
-                       launcher=launcher, resume_command=resume_command, retries=retries,
-                       retry_delay=retry_delay)
-    with contextlib.ExitStack() as stack:
-        node_specs = ()
-        if pilot is None and _several_nodes():
-            # the batch step of a job of several nodes: one pilot over all of them
-            # (shoal.Pilot() decides: a dask worker on every node, or this node only with
-            # SHOAL_ALL_NODES=0); a task no node can hold is refused naming the largest
-            import shoal
-
-            from . import nodes
-
-            pilot = stack.enter_context(shoal.Pilot(workers))
-            workers = None
-            if pilot.backend is shoal.BackendKind.DASK:  # each node's worker has the
-                # smallest node's cores (one srun step: one --cpus-per-task for all)
-                found = nodes.slurm_nodes(os.environ)
-                least = min(n.cores for n in found)
-                node_specs = [dataclasses.replace(n, cores=least) for n in found]
-        engine = Engine(workflow, pilot=pilot, journal=journal, resume=resume, workers=workers,
-                        cores=cores, gpus=gpus, memory=memory, walltime=parse_walltime(walltime),
-                        sandbox=sandbox, window=window, durability=durability, progress=progress,
-                        patience=patience, new=new, retry_failed=retry_failed, values=values,
-                        shared_data=shared_data, launcher=launcher, resume_command=resume_command,
-                        retries=retries, retry_delay=retry_delay, node_specs=node_specs)
-        return engine.run()
-
-
-def _several_nodes() -> bool:
-    import shoal
-
-    alloc = shoal.allocation()
-    return alloc is not None and len(alloc.nodes) > 1
+    config = EngineConfig.for_run(
+        journal=journal, resume=resume, new=new, retry_failed=retry_failed, workers=workers,
+        cores=cores, gpus=gpus, memory=memory, walltime=walltime, sandbox=sandbox, window=window,
+        durability=durability, progress=progress, patience=patience, values=values,
+        shared_data=shared_data, launcher=launcher, resume_command=resume_command,
+        retries=retries, retry_delay=retry_delay)
+    return run_workflow(workflow, config, pilot=pilot, resource=resource)
 
 
 __all__ = [

@@ -34,11 +34,12 @@ import sys
 import time
 
 from ..._json import dumps as json_dumps
-from . import run
+from .config import EngineConfig
+from .drive import run_workflow
 from .model import EnsembleError
 from .progress import Progress, progress_callback, progress_line  # noqa: F401 - re-exported
 from .report import printable
-from .resource import add_resource_arguments, resource_from_args
+from .resource_args import add_resource_arguments, resource_from_args
 
 EXIT_FAILED, EXIT_DRAINED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -152,6 +153,17 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(argv)
 
 
+def config_from_args(args: argparse.Namespace, walltime, progress, pilot) -> EngineConfig:
+    """``shoal run``'s options as the run's ``EngineConfig`` (``--workers`` sizes the dask pilot
+    when ``--dask`` opened one, not the run)."""
+    return EngineConfig.for_run(
+        journal=args.journal, resume=args.resume, new=args.new, retry_failed=args.retry_failed,
+        workers=None if pilot else args.workers, gpus=args.gpus, walltime=walltime,
+        sandbox=args.sandbox, progress=progress, values="pickle" if args.pickle_values else "data",
+        launcher=args.launcher, resume_command=resume_command(args), retries=args.retries,
+        retry_delay=args.retry_delay)
+
+
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
     resource, walltime = resource_from_args(args)  # --slurm & co., or inside an allocation
@@ -164,14 +176,8 @@ def _run(args: argparse.Namespace) -> int:
             pilot = stack.enter_context(
                 shoal.Pilot(args.workers, backend=shoal.BackendKind.DASK, address=args.dask))
         try:
-            report = run(workflow, pilot=pilot, journal=args.journal, resume=args.resume,
-                         workers=None if pilot else args.workers, gpus=args.gpus,
-                         walltime=walltime, sandbox=args.sandbox, progress=progress,
-                         resource=resource,
-                         new=args.new, retry_failed=args.retry_failed,
-                         values="pickle" if args.pickle_values else "data",
-                         launcher=args.launcher, resume_command=resume_command(args),
-                         retries=args.retries, retry_delay=args.retry_delay)
+            report = run_workflow(workflow, config_from_args(args, walltime, progress, pilot),
+                                  pilot=pilot, resource=resource)
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
             progress.end()
             print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",

@@ -25,17 +25,19 @@ The pipeline/stage half (pulling pipelines and tasks, the stage barrier,
 each one is settled; walker.py's docstring has the whole interface and who
 owns what.  This module places, launches, reaps and journals the tasks.
 
-Two ways to launch an executable, chosen once per run from the pilot: on the
-local backend a runner thread of the driver spawns it (runners.py: one thread
-per CPU, pinned, so the child is pinned to the cores the Scheduler granted;
-the thread reaps it with a blocking ``waitpid`` and posts SPAWNED/EXITED
-events that this loop journals); on a dask pilot it becomes a
-pilot task (remote.py: ``run_executable`` on a node, reaped like a function
-task through its future) and the Scheduler's "cores" are slots, one per shoal
-worker of the cluster (``pilot.workers``): the driver cannot see or pin the
-nodes' CPUs; a task's ``gpus=k`` becomes the dask worker resource ``GPU=k``
-(``remote.dask_resources``), which dask accounts on the nodes.  Everything
-else — journal, stages, retries, reports — is the same code on both.
+Where it runs is one ``Launch`` object (launch.py), chosen once per run from the pilot
+(``LocalLaunch``: runner threads of the driver spawn executables pinned to the granted CPUs
+and report SPAWNED/EXITED events; ``DaskLaunch``: executables become pilot tasks on the
+cluster's nodes, remote.py, reaped through their futures, and the Scheduler's "cores" are
+slots, one per shoal worker).  The engine asks it what there is to place on, what a task
+asks for, whether it can ever fit, to start what was placed and how an attempt ended; the
+engine alone journals, accounts (the Scheduler) and moves the walker on.  What the run was
+told comes in one checked ``EngineConfig`` (config.py); opening the pilot or the batch
+allocation it runs on is drive.py's; ``$SHARED``/``$p.s.t`` references are refs.py's.
+
+A task enters through ``admit`` (the walker's ``Intake``; it then waits) and is placed in
+``_schedule`` (granted, journaled RUNNING, then started): a check that settles a task
+without running it (e.g. reusing an earlier result) hooks into one of these two methods.
 
 Resume replays the workflow definition: tasks whose journal row is terminal
 are counted, not run; a stage whose tasks are all terminal runs its
@@ -63,7 +65,10 @@ fell from ~0.24 to ~0.17 ms.  A queued task shows as running in ``shoal status``
 Rejected alternatives: a thread per running task (thousands of threads for
 long-running ensembles; runners are one per CPU); ``waitpid(-1)`` / SIGCHLD
 (would reap the pilot's own workers); submitting every function task to the pilot at once (unbounded
-memory, and no core accounting against executables).
+memory, and no core accounting against executables); a ``remote`` flag
+tested wherever local and dask launching differ (there were eleven such tests while this
+docstring said the choice was made once; launch.py's docstring has the rest); the engine's
+~20 keyword parameters forwarded from each entry point (config.py says why).
 """
 
 from __future__ import annotations
@@ -73,35 +78,28 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import heapq
 import os
 import select
-import shutil
-import sys
 import threading
 import time
-from collections.abc import Callable
 
 import shoal
-from shoal._backoff import check_retry_delay, retry_delay
+from shoal._backoff import retry_delay
 
-from . import mpi, nodes, pilot_jobs
-from .functions import ship_code, with_cpus
+from . import pilot_jobs
+from .config import EngineConfig
 from .identity import count_tasks, diff_plans, diff_specs, listed_keys, plan_of, spec_text
 from .journal import Journal
+from .launch import NODE_KILL_GRACE_S, Launch
+from .launch import choose as choose_launch
 from .launcher import (
     Launcher,
     LaunchError,
     check_root,
-    exit_failure,
     kill_leftover,
-    process_start,
-    stage_out,
-    tail,
 )
 from .model import (
-    EMBEDDED_REF_RE,
     EnsembleError,
     Failure,
     FailureKind,
@@ -109,53 +107,17 @@ from .model import (
     TaskKind,
     TaskState,
     as_pipelines,
-    parse_ref,
 )
-from .pilot_jobs import JobLog
 from .progress import progress_callback, progress_record
-from .remote import Ended, ExecSpec, dask_resources, dask_slots, run_executable
+from .refs import Refs
 from .report import Report, Results
-from .runners import BOUNCED, NOT_STARTED, QUICK_S, Event, Runners
+from .rerun import NO_COMMAND_TO_REPEAT, script_resume_command
+from .runners import BOUNCED, NOT_STARTED, Event
 from .scheduler import Request, Scheduler, Waiting
-from .usage import HOST, NONE, Usage, measuring, of_exception, of_row
-from .values import Values
+from .usage import HOST, NONE, Usage, measuring
 from .walker import Item, Walker
 
-NODE_KILL_GRACE_S = 10.0  # a drain waits this long past the walltime for nodes to report their kills
 QUEUE_BELOW_S = 0.05  # queue a CPU's next task behind its current one while tasks average less
-
-
-def script_resume_command() -> str:
-    """How to finish a run started by a script that calls ``run()`` (or EnTK's
-    ``AppManager.run()``): the same command line again with ``SHOAL_RESUME=1``, which makes
-    ``run()`` resume the journal instead of refusing it or starting afresh.  ``shoal run``
-    passes its own ``shoal run ... --resume`` instead."""
-    import shlex
-
-    if not script_can_rerun():
-        return NO_COMMAND_TO_REPEAT
-    try:
-        import psutil
-
-        argv = psutil.Process().cmdline()
-    except Exception:  # pragma: no cover - psutil is a dependency
-        argv = [sys.executable, *sys.argv]
-    return "SHOAL_RESUME=1 " + shlex.join(argv)
-
-
-# what ``shoal status`` prints after "finish with:" for a driver whose command line does not
-# hold its code (`python - < driver.py`, the interactive prompt, a notebook)
-NO_COMMAND_TO_REPEAT = ("run the code that started it again with resume=True (or with SHOAL_RESUME=1 "
-                        "in its environment); it ran from standard input, a prompt or a notebook, "
-                        "so there is no command to repeat")
-
-
-def script_can_rerun() -> bool:
-    """Whether this process's command line runs its code again: not for a script read from
-    standard input (``python -``), the interactive prompt or a notebook kernel."""
-    if sys.argv[:1] in ([""], ["-"]):  # the prompt (argv ['']), a script on stdin (['-'])
-        return False
-    return not sys.argv[0].endswith("ipykernel_launcher.py")  # a Jupyter kernel
 
 
 class Engine:
@@ -163,85 +125,48 @@ class Engine:
 
     The ``Intake`` of its ``Walker`` (``has_room``, ``admit``, ``impossible``)."""
 
-    def __init__(self, workflow, *, pilot=None, journal: str = "run.db", resume: bool = False,
-                 workers: int | None = None, cores=None, gpus: int = 0, memory=None,
-                 walltime: float | None = None, sandbox: str | None = None, window: int | None = None,
-                 max_pipelines: int = 4096, durability: str = "normal",
-                 progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
-                 new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
-                 launcher=None, resume_command: str | None = None, retries: int = 0, retry_delay=None,
-                 node_specs=()):
-        self.node_specs = tuple(node_specs)  # the dask pilot's nodes when known (nodes.NodeSpec)
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise EnsembleError(f"run(retries=): must be an integer >= 0 (each task's default), got {retries!r}")
-        try:
-            self.retry_delay = check_retry_delay(retry_delay, "run(retry_delay=)")
-        except ValueError as exc:
-            raise EnsembleError(str(exc)) from None
-        self.retries = retries
+    def __init__(self, workflow, config: EngineConfig, *, pilot=None, node_specs=()):
+        """``config``: the run's checked settings (config.py); ``pilot``: an open pilot to run on
+        (None: a local one is started with the first function task); ``node_specs``: the nodes
+        of a dask pilot opened over a SLURM job (its ``DaskLaunch`` refuses what no node holds)."""
+        self.config = config
+        journal = config.journal
+        self.retries = config.retries
+        self.retry_delay = config.retry_delay
         self.retry_due: list[float] = []  # heap: when delayed retries become placeable (monotonic)
-        if retry_failed and not resume:
-            raise EnsembleError("retry_failed=True (--retry-failed) re-runs the failed tasks of a "
-                                "journaled run: it needs resume=True (--resume)")
-        if new and resume:
-            raise EnsembleError("new=True (--new) starts a fresh run and resume=True (--resume) finishes "
-                                "the journaled one: choose one")
         pipelines = as_pipelines(workflow)
         specs: dict = {}  # each listed task's spec, computed once: for the identity and its journal row
         self.plan, self.identity = plan_of(pipelines, specs)
         self.workflow_list = pipelines if isinstance(pipelines, list | tuple) else []
         self.user_pilot = pilot
         self.pilot = pilot
-        self.workers = workers
-        self.remote = pilot is not None and pilot.backend is shoal.BackendKind.DASK
-        self.job_log = JobLog() if self.remote else None  # its batch jobs' notes -> the journal
-        if self.remote:
-            cpus = dask_slots(pilot, cores, gpus)
-        elif cores is None:
-            cpus = (pilot.topology if pilot is not None else shoal.topology()).usable_cpus
-            if workers is not None and pilot is None:
-                cpus = cpus[:workers] if workers <= len(cpus) else list(range(workers))
-        elif isinstance(cores, int):
-            cpus = list(range(cores))
-        else:
-            cpus = list(cores)
-        if memory is None and self.remote:
-            memory_total = 0  # not tracked: the driver does not know the nodes' memory
-        elif memory is None:
-            import psutil
-
-            memory_total = psutil.virtual_memory().total
-            alloc = shoal.allocation()  # inside a batch job: what it may use (docs/hpc.md)
-            if alloc is not None and alloc.memory:
-                memory_total = min(memory_total, alloc.memory)
-        else:
-            from .model import parse_size
-
-            memory_total = parse_size(memory, "run(memory=)")
-        self.sched = Scheduler(cpus, gpus=gpus, memory=memory_total, patience=patience)
-        self.window = window or max(64, 8 * len(self.sched.cpus))
-        self.walltime = walltime
-        self.journal_path = journal
-        root = sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
+        self.workers = config.workers
+        root = config.sandbox or os.path.splitext(os.path.abspath(journal))[0] + ".sandbox"
         check_root(root)
-        self.launcher = Launcher(root, gpus=gpus)
-        self.launcher_kind = mpi.parse_kind(launcher)
-        self._rank_launcher = None  # chosen on the first MPI task (mpi.choose), then kept
-        self.runners: Runners | None = None  # started with the first local executable
+        self.launcher = Launcher(root, gpus=config.gpus)
+        self.refs = Refs(self.launcher)
+        self.launch: Launch = choose_launch(pilot, self.launcher, self.refs, config, node_specs,
+                                            wake=self._poke)  # once per run: local or dask
+        cpus = self.launch.slots(config)
+        memory_total = self.launch.memory_total(config)
+        self.sched = Scheduler(cpus, gpus=config.gpus, memory=memory_total, patience=config.patience)
+        self.window = config.window or max(64, 8 * len(self.sched.cpus))
+        self.walltime = config.walltime
+        self.journal_path = journal
         self.starting: dict[int, Item] = {}  # id(item) -> handed to a runner, no SPAWNED yet
-        self.progress = progress_callback(progress)
-        self.resume = resume
-        self.retry_failed = retry_failed
-        self.resume_command = resume_command or script_resume_command()
-        self.journal = Journal(journal, resume=resume, durability=durability, values=Values.parse(values),
-                               new=new, sandbox=root)
+        self.progress = progress_callback(config.progress)
+        self.resume = config.resume
+        self.retry_failed = config.retry_failed
+        self.resume_command = config.resume_command or script_resume_command()
+        self.journal = Journal(journal, resume=config.resume, durability=config.durability.value,
+                               values=config.values, new=config.new, sandbox=root)
         try:
             self._check_identity()
         except BaseException:
             self.journal.close(ended=False)
             raise
         try:
-            self._stage_shared(shared_data)
+            self.launcher.stage_shared(config.shared_data)
         except BaseException:
             self.journal.close(ended=False)
             raise
@@ -250,7 +175,8 @@ class Engine:
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
         self.walker = Walker(iter(pipelines), self, journal=self.journal, journal_path=journal,
                              results=self.results, plan_pipes=list(self.workflow_list), plan=self.plan,
-                             total=count_tasks(pipelines), max_pipelines=max_pipelines, replay=resume,
+                             total=count_tasks(pipelines), max_pipelines=config.max_pipelines,
+                             replay=config.resume,
                              specs=specs)
         self.finished_futures: collections.deque = collections.deque()
         self.measured_fns: dict[int, tuple] = {}  # id(function) -> (function, its measured_call)
@@ -309,8 +235,7 @@ class Engine:
         wall0 = time.time()
         self.walltime_at = wall0 + self.walltime if self.walltime else None  # for the nodes
         restore = self._catch_signals()
-        if self.job_log is not None:
-            self.job_log.attach()
+        self.launch.begin(self.walltime_at)
         try:
             if self.resume:
                 for uid, pid, start in self.journal.take_over(self.retry_failed):
@@ -345,8 +270,7 @@ class Engine:
             raise
         finally:
             restore()
-            if self.job_log is not None:
-                self.job_log.detach()
+            if self.launch.end():  # it kept batch-job notes
                 with contextlib.suppress(Exception):  # an aborted run's journal may be gone
                     self._journal_job_notes()
             self._close_resources()
@@ -393,32 +317,12 @@ class Engine:
                 signal.signal(sig, h)
         return restore
 
-    def _stage_shared(self, shared_data) -> None:
-        """EnTK's ``appman.shared_data``: copy each ``'path'`` / ``'path > name'`` into the shared
-        area (after the journal moved an old run's sandbox aside: ``new``), every run, so a resume
-        sees the files as they are now."""
-        if not shared_data:
-            return
-        os.makedirs(self.launcher.shared, exist_ok=True)
-        for entry in shared_data:
-            src, _, dst = (x.strip() for x in str(entry).partition(">"))
-            src = src.rstrip("/")
-            target = os.path.join(self.launcher.shared, dst or os.path.basename(src))
-            try:
-                if os.path.isdir(src):
-                    shutil.copytree(src, target, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(src, target)
-            except OSError as exc:
-                raise EnsembleError(f"shared_data {entry!r}: cannot copy {src} into the shared area: "
-                                    f"{exc.strerror or exc}") from None
-
     def _finished(self) -> bool:
         return (self.walker.finished and not self.waiting and not self.running and not self.starting
                 and not self._events())
 
     def _events(self):
-        return self.runners.events if self.runners is not None else ()
+        return self.launch.events
 
     def _moves(self) -> int:
         """Progress counter: a loop pass that moves nothing with nothing running is stuck."""
@@ -440,6 +344,8 @@ class Engine:
         return len(self.waiting) < self.window
 
     def admit(self, item: Item) -> None:
+        """The one place a task enters the engine (from the walker): it waits here until
+        ``_schedule`` places it.  A hook that settles a task without running it belongs here."""
         self._run_defaults(item)
         self.waiting[id(item)] = item
 
@@ -457,22 +363,6 @@ class Engine:
         self.session_counts[state] += 1
         self.walker.settled(item, state)
 
-    def _request(self, task: Task, key) -> Request:
-        # on dask, GPUs are dask worker resources (remote.dask_resources), not the driver's;
-        # queueable: a 1-core local executable may wait behind another on its CPU's runner
-        memory = task.memory_bytes
-        cores = task.reserved_cores
-        queueable = (not self.remote and cores == 1 and not task.gpus and not memory
-                     and task.function is None and not task.mpi)
-        return Request(key, cores, 0 if self.remote else task.gpus, memory, queueable)
-
-    @property
-    def rank_launcher(self):
-        """How this run starts MPI tasks' ranks: chosen once (mpi.choose), on first use."""
-        if self._rank_launcher is None:
-            self._rank_launcher = mpi.choose(self.launcher_kind)
-        return self._rank_launcher
-
     def _may_queue(self) -> bool:
         """Hand each CPU's runner its next task before the current one ends (Scheduler: queueing
         behind)?  Only while this run's tasks are short (the mean of its finished attempts under
@@ -487,34 +377,17 @@ class Engine:
 
     def _item_request(self, item: Item) -> Request:
         if item.request is None:
-            item.request = self._request(item.task, id(item))
+            item.request = self.launch.request(item.task, id(item))
         return item.request
 
     def impossible(self, task: Task) -> str | None:
         """Why ``task`` can never be placed on this run's resources (None if it can)."""
-        if task.mpi and self.remote:
-            return ("is an MPI task (ranks=): MPI tasks run on a local pilot, also inside a "
-                    "SLURM allocation (srun); a dask pilot does not start ranks")
-        if task.mpi and isinstance(self.rank_launcher, mpi.NotFound):
-            return f"is an MPI task (ranks={task.ranks}) but {self.rank_launcher.why}"
-        if self.remote and self.node_specs:  # cores and memory are reserved on ONE node
-            why = nodes.refusal("T", task.cores, task.memory_bytes or 0, self.node_specs)
-            if why:
-                return why.removeprefix("task T ")  # the walker names the task
-        why = self.sched.impossible(self._request(task, 0))
-        if why and task.mpi:
-            return (f"{why} ({task.ranks} ranks x {task.cores_per_rank} cores per rank; "
-                    f"the largest node has {len(self.sched.cpus)} cores)")
-        if why and self.remote:
-            if task.cores > len(self.sched.cpus):
-                return (f"asks for {task.cores} cores but the dask pilot has "
-                        f"{len(self.sched.cpus)} slots (pilot.workers)")
-        return why
+        return self.launch.refusal(task, self.sched)
 
     # -- starting ---------------------------------------------------------------------
     def _schedule(self) -> int:
-        """Start what may start now; its RUNNING rows and what _reap wrote share one commit,
-        made before anything starts."""
+        """Start what may start now (the one place a task is placed); its RUNNING rows and what
+        _reap wrote share one commit, made before anything starts."""
         if self.draining or not self.waiting:
             return 0
         grants = self.sched.place(self._candidates(time.monotonic()), queue=self._may_queue())
@@ -534,19 +407,17 @@ class Engine:
             items.append(item)
         self.journal.running_many(rows)
         self.journal.commit()  # write-ahead: RUNNING (and the last pass's DONE) durable before anything starts
-        local_exes = []
+        executables = []
         for item in items:
             item.t0 = time.monotonic()
             if item.task.timeout and not item.grant.queued:  # a queued one's starts at its SPAWNED
                 item.deadline = item.t0 + item.task.timeout
             if item.task.kind is TaskKind.FUNCTION:
                 self._submit(item)
-            elif self.remote:
-                self._spawn_remote(item)
             else:
-                local_exes.append(item)
-        if local_exes:
-            self._spawn_local(local_exes)
+                executables.append(item)
+        if executables:
+            self._start_executables(executables)
         self.moves += 1
         return len(items)
 
@@ -609,15 +480,21 @@ class Engine:
         mean = total / n if n else 0.0
         return min(mean, task.timeout) if task.timeout else mean
 
-    def _spawn_local(self, items: list[Item]) -> None:
-        """Hand local executables to the runner threads (runners.py): the runner of the first
-        granted CPU spawns it (pinned) and reaps it; SPAWNED/EXITED come back as events."""
-        if self.runners is None:
-            self.runners = Runners(self.sched.cpus, wait=self.launcher.wait, wake=self._poke,
-                                   kill=self.launcher.kill, started=process_start)
+    def _start_executables(self, items: list[Item]) -> None:
+        """Hand the placed executables to the launch: local ones wait for their runner's SPAWNED
+        (``starting``), those it made futures of run (``_running_future``)."""
         for item in items:
             self.starting[id(item)] = item
-            self.runners.submit(item, item.grant.cpus, functools.partial(self._launch, item))
+        for item, failure in self.launch.start(items, self._running_future):
+            self.starting.pop(id(item), None)
+            self.sched.release(item.grant)
+            self._ended(item, failure)
+
+    def _running_future(self, item: Item) -> None:
+        """``item.future`` was submitted: it runs until the future settles (``_on_future``)."""
+        self.starting.pop(id(item), None)
+        self.running[id(item.future)] = item
+        item.future.add_done_callback(self._on_future)
 
     def _poke(self) -> None:
         """Wake the loop's poll (any thread, after appending its event; never blocks).  Only
@@ -631,25 +508,6 @@ class Engine:
                     os.write(self.wake_w, b"x")
                 except OSError:  # full (the loop wakes anyway) or closed
                     pass
-
-    def _launch(self, item: Item) -> int | tuple:
-        """Sandbox, staging, spawn: the pid (or pid, exit code and usage of a child already reaped,
-        see Runners.submit); raises LaunchError (or a bug).  Runs on a runner
-        thread: touches only this item, its files and the launcher's spawn path."""
-        t = item.task
-        self.launcher.make_sandbox(item.uid)
-        inputs = t.staged_inputs()
-        if inputs:
-            self.launcher.stage_in(inputs, item.sandbox, self._resolve)
-        args = [self._resolve_all(str(a)) for a in t.arguments]
-        stdin = self._resolve(t.stdin) if t.stdin else None
-        if stdin is not None and not os.path.isabs(stdin):
-            stdin = os.path.join(item.sandbox, stdin)
-        ranks = None
-        if t.mpi:
-            ranks = (self.rank_launcher, mpi.local_placement(t.ranks, t.cores_per_rank, item.grant.cpus))
-        return self.launcher.spawn(t, item.uid, item.sandbox, item.grant.gpus, args, stdin, QUICK_S,
-                                   ranks=ranks)
 
     def _take_events(self, ended: list, *, stopping: bool = False) -> None:
         """Journal what the runners reported: SPAWNED -> the pid (running; killed at once when
@@ -683,7 +541,7 @@ class Engine:
                     self.journal.pid(item.uid, a, b)  # a resume after a crash kills it
                     self.sched.mark_long(item.grant)  # nothing more queues behind it
                 if stopping:
-                    self.runners.kill(a)
+                    self.launch.kill(a)
                 return
             self.sched.release(item.grant)
             if a is BOUNCED and not (stopping or self.draining):  # queued behind a long task:
@@ -706,22 +564,21 @@ class Engine:
         else:  # b: what it used (None: not measured, e.g. a spawn helper built without rusage)
             node = "cpus " + ",".join(map(str, sorted(item.grant.cpus)))
             item.usage = dataclasses.replace(b or Usage(host=HOST), node=node)
-            ended.append(self._exe_outcome(item, a))
+            ended.append(self.launch.exit_outcome(item, a, item.future is False))
 
     def _stop_local(self) -> None:
         """Kill every local executable, started or being started, and wait until the runners
         have reaped each one (or answered NOT_STARTED); they are left PENDING for a resume."""
-        if self.runners is None:
-            return
-        self.runners.stop_new()
+        if not self.launch.stop_new():
+            return  # no executable ever started here
         ended: list = []
         self._take_events(ended)  # exits already reported: journaled normally
         for item, failure, value in ended:
             self._finish_attempt(item, failure, value, time.monotonic())
         for item in list(self.running.values()):
             if item.future is None or item.future is False:
-                self.runners.kill(item.pid)  # a no-op for a pid already seen exiting
-        while self.runners.busy or self.runners.events:  # the runners' count, not ours: nothing
+                self.launch.kill(item.pid)  # a no-op for a pid already seen exiting
+        while self.launch.busy:  # the runners' count, not ours: nothing
             self._sleep(100)  # the engine lost track of can make this wait forever
             self._take_events([], stopping=True)
         for key, item in list(self.running.items()):  # reaped, their events consumed by a pass
@@ -738,67 +595,16 @@ class Engine:
         except BlockingIOError:
             pass
 
-    def _spawn_remote(self, item: Item) -> bool:
-        """Submit the attempt to the dask pilot: ``run_executable`` on some node (remote.py)."""
-        t = item.task
-        stdin = self._resolve(t.stdin) if t.stdin else None
-        if stdin is not None and not os.path.isabs(stdin):
-            stdin = os.path.join(item.sandbox, stdin)
-        spec = ExecSpec(
-            uid=item.uid, executable=t.executable,
-            arguments=tuple(self._resolve_all(str(a)) for a in t.arguments),
-            sandbox=item.sandbox, cwd=self.launcher.cwd, cores=t.cores,
-            environment=tuple((str(k), str(v)) for k, v in t.environment.items()),
-            pre_exec=tuple(t.pre_exec), post_exec=tuple(t.post_exec),
-            inputs=tuple((inp, self._resolve(inp.source)) for inp in t.staged_inputs()),
-            stdin=stdin, outputs=tuple(t.outputs), timeout=t.timeout, walltime_at=self.walltime_at,
-            shell=t._shell, shared=self.launcher.shared, stdout=t.stdout_file, stderr=t.stderr_file)
-        try:
-            gpus = dask_resources(t)  # {"GPU": k}: a dask worker resource
-            submit = self.pilot.options(resources=gpus).submit if gpus else self.pilot.submit
-            fut = submit(run_executable, spec)
-        except Exception as exc:
-            self.sched.release(item.grant)
-            self._ended(item, Failure(FailureKind.SPAWN, f"cannot submit to the dask pilot: {exc!r}",
-                                      attempt=item.attempt))
-            return False
-        item.future = fut
-        self.running[id(fut)] = item
-        fut.add_done_callback(self._on_future)
-        return True
-
-    def _resolve(self, text: str) -> str:
-        if not text.startswith("$"):
-            return text
-        if text == "$SHARED" or text.startswith("$SHARED/"):
-            return self.launcher.shared + text[len("$SHARED"):]
-        return self.launcher.resolve(text, parse_ref(text))
-
-    def _shared_outputs(self, pairs):
-        """EnTK's ``copy_output_data = ['file > $SHARED/file']``: the destination in the shared area."""
-        return [(src, self._resolve(dst)) for src, dst in pairs]
-
-    def _resolve_all(self, text: str) -> str:
-        """Every ``$p.s.t/path`` inside ``text`` (an executable's argument) -> an absolute path."""
-        if "$" not in text:
-            return text
-        return EMBEDDED_REF_RE.sub(
-            lambda m: self.launcher.resolve("", (f"{m[1]}.{m[2]}.{m[3]}", m[4].lstrip("/"))), text)
-
     def _submit(self, item: Item) -> None:
         if self.pilot is None:
             self.pilot = shoal.Pilot(workers=self.workers or len(self.sched.cpus))
         t = item.task
-        fn = self._measured(t.function)  # what the call used, measured in the worker
-        if t.cores > 1 and not self.remote:  # N CPUs: affinity + OMP/BLAS threads, as for executables
-            fn = functools.partial(with_cpus, fn, item.grant.cpus, t.cores)
-        if self.remote:
-            ship_code(t.function)  # a module beside the workflow travels to the dask workers
+        fn, resources = self.launch.function(item, self._measured(t.function))  # measured in the worker
         try:
-            args = [self._resolve(a) if isinstance(a, str) else a for a in t.args]
-            kwargs = {k: self._resolve(v) if isinstance(v, str) else v for k, v in t.kwargs.items()}
-            fut = self.pilot.options(timeout=t.timeout, resources=dask_resources(t) if self.remote
-                                     else None).submit(fn, *args, **kwargs)
+            resolve = self.refs.resolve
+            args = [resolve(a) if isinstance(a, str) else a for a in t.args]
+            kwargs = {k: resolve(v) if isinstance(v, str) else v for k, v in t.kwargs.items()}
+            fut = self.pilot.options(timeout=t.timeout, resources=resources).submit(fn, *args, **kwargs)
         except Exception as exc:
             self.sched.release(item.grant)
             self._ended(item, Failure(FailureKind.EXCEPTION, f"submit failed: {exc!r}", attempt=item.attempt))
@@ -871,10 +677,7 @@ class Engine:
             item = self.running.get(id(fut))
             if item is None:
                 continue
-            if item.task.kind is TaskKind.FUNCTION:
-                ended.append(self._fn_outcome(item, fut))
-                continue
-            outcome = self._remote_outcome(item, fut)
+            outcome = self.launch.future_outcome(item, fut)
             if outcome is None:  # killed on its node at the walltime: PENDING for a resume
                 del self.running[id(fut)]
                 self.sched.release(item.grant)
@@ -886,7 +689,7 @@ class Engine:
             self._finish_attempt(item, failure, value, now)
         for item in list(self.running.values()):
             if item.future is None and item.deadline is not None and now >= item.deadline:
-                self.runners.kill(item.pid)  # its runner reaps it; ended as a timeout
+                self.launch.kill(item.pid)  # its runner reaps it; ended as a timeout
                 item.future = False  # marks "killed for its timeout"
         if self.deadline is not None and now >= self.deadline and (self.running or self.starting):
             self.drain_reason = self.drain_reason or "walltime reached: running tasks were stopped"
@@ -898,63 +701,6 @@ class Engine:
         self.durations[0] += now - item.t0
         self.durations[1] += 1
         self._ended(item, failure, value)
-
-    def _exe_outcome(self, item: Item, code: int):
-        timed_out = item.future is False
-        sandbox = item.sandbox
-        if timed_out or code != 0:
-            err = tail(os.path.join(sandbox, item.task.stderr_file))
-            if item.task.mpi and self.rank_launcher.kind is not mpi.LauncherKind.NONE:
-                err = mpi.rank_tails(sandbox, item.task.ranks, err)
-            return item, exit_failure(item.task.timeout, code, timed_out, err, item.attempt), None
-        try:
-            outputs = self.launcher.outputs(item.task, sandbox) if item.task.outputs else None
-            if item.task.stage_out:
-                stage_out(self._shared_outputs(item.task.stage_out), sandbox, self.launcher.cwd)
-        except LaunchError as exc:
-            return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
-        return item, None, (0, outputs)
-
-    def _remote_outcome(self, item: Item, fut):
-        """(item, failure, value) of an executable run on a node, classified exactly as
-        ``_exe_outcome`` classifies a local one; None when its node killed it at the walltime."""
-        if fut.exception() is not None:  # lost with its dask workers, the cluster gone, ...
-            return self._fn_outcome(item, fut)
-        out = fut.result()
-        if out.ended is Ended.WALLTIME:
-            return None
-        item.usage = out.usage
-        if out.ended is Ended.NOT_STARTED:
-            return item, Failure(out.failure, out.message, attempt=item.attempt), None
-        failure = exit_failure(item.task.timeout, out.exit_code, out.ended is Ended.TIMED_OUT,
-                               out.stderr_tail, item.attempt)
-        if failure is not None:
-            return item, failure, None
-        if out.failure is not None:  # declared outputs missing after exit 0
-            return item, Failure(out.failure, out.message, 0, "", item.attempt), None
-        if item.task.stage_out:  # copied by the driver: the sandbox is on a shared filesystem
-            try:
-                stage_out(self._shared_outputs(item.task.stage_out), item.sandbox, self.launcher.cwd)
-            except LaunchError as exc:
-                return item, Failure(exc.kind, exc.message, 0, "", item.attempt), None
-        return item, None, (0, list(out.outputs) if out.outputs else None)
-
-    def _fn_outcome(self, item: Item, fut):
-        exc = fut.exception()
-        if exc is None:
-            value, row = fut.result()  # every function task runs in measured_call (_measured)
-            item.usage = of_row(row)
-            return item, None, value
-        item.usage = of_exception(exc)
-        if isinstance(exc, shoal.TaskTimeout):
-            kind = FailureKind.TIMEOUT
-        elif isinstance(exc, shoal.WorkerLost):
-            kind = FailureKind.WORKER_LOST
-        else:
-            kind = FailureKind.EXCEPTION
-        cause = exc.__cause__
-        tb = getattr(cause, "tb", "") if cause is not None else ""
-        return item, Failure(kind, f"{type(exc).__name__}: {exc}", None, tb[-2000:], item.attempt), None
 
     # -- ending -----------------------------------------------------------------------
     def _ended(self, item: Item, failure: Failure | None, value=None) -> None:
@@ -1008,7 +754,7 @@ class Engine:
         self._stop_local()
         on_nodes = []
         for key, item in list(self.running.items()):  # function tasks and executables on dask
-            if not item.future.cancel() and self._node_kills(item):
+            if not item.future.cancel() and self.launch.ends_on_node(item, self.walltime_at):
                 on_nodes.append(item)
                 continue
             self.journal.unstart(item.uid)
@@ -1020,12 +766,6 @@ class Engine:
         if self.pilot is not None and self.pilot is not self.user_pilot:
             self.pilot.close(cancel_pending=True)
             self.pilot = None
-
-    def _node_kills(self, item: Item) -> bool:
-        """True when ``item`` is an executable running on a node that kills it at the
-        walltime (remote.py) within ``NODE_KILL_GRACE_S`` from now."""
-        return (item.task.kind is TaskKind.EXECUTABLE and self.walltime_at is not None
-                and self.walltime_at - time.time() < NODE_KILL_GRACE_S)
 
     def _settle_on_nodes(self, items: list[Item]) -> None:
         """Wait (until the walltime plus ``NODE_KILL_GRACE_S``) for executables already
@@ -1042,7 +782,7 @@ class Engine:
         now = time.monotonic()
         for item in items:
             fut = item.future
-            outcome = self._remote_outcome(item, fut) if fut.done() and not fut.cancelled() else None
+            outcome = self.launch.future_outcome(item, fut) if fut.done() and not fut.cancelled() else None
             if outcome is None:  # killed at the walltime, or no word from its node in time
                 self.journal.unstart(item.uid)
                 self.sched.release(item.grant)
@@ -1054,10 +794,7 @@ class Engine:
         with contextlib.suppress(BaseException):
             self._stop_local()  # every started process killed and reaped
         for item in list(self.running.values()):
-            if item.future is None or item.future is False:
-                self.runners.kill(item.pid)
-            elif self.remote:  # queued on the cluster: do not let it start after we are gone
-                item.future.cancel()
+            self.launch.abandon(item)  # a local process killed; a dask one not started after we are gone
             with contextlib.suppress(Exception):
                 self.journal.unstart(item.uid)
         self.running.clear()
@@ -1067,9 +804,7 @@ class Engine:
 
     def _close_resources(self) -> None:
         self.walker.close()  # finished pipelines take stages again
-        if self.runners is not None:
-            self.runners.close()
-            self.runners = None
+        self.launch.close()
         self.launcher.close()
         with self.wake_lock:
             self.wake_closed = True
@@ -1082,7 +817,7 @@ class Engine:
 
     def _journal_job_notes(self) -> None:
         """What the pilot's job watch and scaler said since the last call, into the journal."""
-        events = self.job_log.take() if self.job_log is not None else []
+        events = self.launch.notes()
         if events:
             self.journal.set_meta(pilot_jobs.JOURNAL_KEY,
                                   pilot_jobs.merged(self.journal.meta(pilot_jobs.JOURNAL_KEY), events))

@@ -156,7 +156,8 @@ class AppManager:
     # -- running ----------------------------------------------------------------------
     def run(self):
         """Run the workflow to the end; return the Report, raise EnsembleError if tasks failed."""
-        from . import run
+        from .config import EngineConfig
+        from .drive import run_workflow
 
         if not self._workflow:
             raise EnsembleError("AppManager.run(): set appman.workflow = [pipeline, ...] first")
@@ -166,12 +167,12 @@ class AppManager:
         if progress is None:  # as shoal run: the progress line on a terminal, none in a log
             isatty = getattr(sys.stderr, "isatty", None)
             progress = bool(isatty and isatty())
-        report = run(self._workflow, pilot=self.pilot, journal=self.journal, resume=self.resume,
-                     new=not self.resume, retry_failed=self.retry_failed,
-                     cores=int(desc["cpus"]) if desc.get("cpus") else None,
-                     gpus=int(desc.get("gpus") or 0), memory=desc.get("memory"),
-                     walltime=minutes * 60 if minutes else None, progress=progress,
-                     shared_data=self._shared_data, retries=self.retries, retry_delay=self.retry_delay)
+        config = EngineConfig.for_run(
+            journal=self.journal, resume=self.resume, new=not self.resume, retry_failed=self.retry_failed,
+            cores=int(desc["cpus"]) if desc.get("cpus") else None, gpus=int(desc.get("gpus") or 0),
+            memory=desc.get("memory"), walltime=minutes * 60 if minutes else None, progress=progress,
+            shared_data=self._shared_data, retries=self.retries, retry_delay=self.retry_delay)
+        report = run_workflow(self._workflow, config, pilot=self.pilot)
         self.report = report
         if report.drained:
             raise EnsembleError(

@@ -57,7 +57,7 @@ import sys
 import threading
 
 from .model import EnsembleError, Failure, FailureKind, Input, Staging, Task
-from .mpi import RANK_EXEC, LauncherKind
+from .mpi import RANK_EXEC, RANK_TAIL, LauncherKind
 from .spawn import Spawner, envp
 from .usage import NONE, Usage, of_rusage, wait_usage
 
@@ -89,6 +89,19 @@ def tail(path: str, limit: int = 2000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def rank_tails(sandbox: str, ranks: int, launcher_tail: str) -> str:
+    """The launcher's stderr tail, then every rank's, each line labelled: a failure's
+    stderr_tail (the ranks last, so a report's last lines show what the ranks said)."""
+    parts = []
+    text = launcher_tail.strip()[-RANK_TAIL:]
+    if text:
+        parts.append("[launcher] " + text.replace("\n", "\n[launcher] "))
+    for r in range(ranks):
+        text = tail(os.path.join(sandbox, f"stderr.rank{r}"), RANK_TAIL).rstrip()
+        parts.append(f"[rank {r}] " + (text.replace("\n", f"\n[rank {r}] ") if text else "(no stderr)"))
+    return "\n".join(parts)
 
 
 def make_sandbox(path: str) -> str:
@@ -326,6 +339,26 @@ class Launcher:
             if found is not None:
                 return found
         return self._prefix + uid.replace(".", "/")  # = os.path.join(root, *uid.split(".")): keys hold no "/"
+
+    def stage_shared(self, shared_data) -> None:
+        """EnTK's ``appman.shared_data``: copy each ``'path'`` / ``'path > name'`` into the shared
+        area (after the journal moved an old run's sandbox aside: ``new``), every run, so a resume
+        sees the files as they are now."""
+        if not shared_data:
+            return
+        os.makedirs(self.shared, exist_ok=True)
+        for entry in shared_data:
+            src, _, dst = (x.strip() for x in str(entry).partition(">"))
+            src = src.rstrip("/")
+            target = os.path.join(self.shared, dst or os.path.basename(src))
+            try:
+                if os.path.isdir(src):
+                    shutil.copytree(src, target, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(src, target)
+            except OSError as exc:
+                raise EnsembleError(f"shared_data {entry!r}: cannot copy {src} into the shared area: "
+                                    f"{exc.strerror or exc}") from None
 
     def shared_sandbox(self, uid: str, directory: str) -> None:
         """Task ``uid`` runs in ``directory`` (EnTK's ``t.sandbox``; relative to the root, or absolute)."""

@@ -27,7 +27,7 @@ the program (the same pid, so the launcher's bookkeeping and PMIx are unchanged)
 mechanism for every launcher: binding flags differ between Open MPI, MPICH and SLURM's
 affinity plugins (and ``task/none``, common without cgroups, binds nothing), the pin-and-exec
 does not.  A failed rank fails the task; the failure's stderr tail lists every rank's tail
-(``rank_tails``) and the launcher's own.
+(``launcher.rank_tails``) and the launcher's own.
 
 Choice (``choose``): ``launcher=`` of ``run()`` (``"srun"``, ``"mpirun"``, ``"none"`` or a
 ``LauncherKind``) wins; otherwise ``srun`` inside a SLURM job (``SLURM_JOB_ID`` set and ``srun``
@@ -202,20 +202,5 @@ def local_placement(ranks: int, cores_per_rank: int, cpus: Sequence[int]) -> Ran
     return RankPlacement(ranks, cores_per_rank, ((socket.gethostname(), tuple(cpus)),))
 
 
-def rank_tails(sandbox: str, ranks: int, launcher_tail: str) -> str:
-    """The launcher's stderr tail, then every rank's, each line labelled: a failure's
-    stderr_tail (the ranks last, so a report's last lines show what the ranks said)."""
-    from .launcher import tail
-
-    parts = []
-    text = launcher_tail.strip()[-RANK_TAIL:]
-    if text:
-        parts.append("[launcher] " + text.replace("\n", "\n[launcher] "))
-    for r in range(ranks):
-        text = tail(os.path.join(sandbox, f"stderr.rank{r}"), RANK_TAIL).rstrip()
-        parts.append(f"[rank {r}] " + (text.replace("\n", f"\n[rank {r}] ") if text else "(no stderr)"))
-    return "\n".join(parts)
-
-
 __all__ = ["LauncherKind", "RankLauncher", "RankPlacement", "Srun", "Mpirun", "NoLauncher",
-           "NotFound", "choose", "parse_kind", "local_placement", "rank_tails"]
+           "NotFound", "choose", "parse_kind", "local_placement"]

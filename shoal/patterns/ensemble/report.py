@@ -11,26 +11,16 @@ journal file, which is what ``shoal status`` prints.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import TYPE_CHECKING
 
 from .journal import Journal, open_readonly
 from .model import EnsembleError, Pipeline, Stage, TaskState
 from .progress import settled
+from .terminal import printable  # noqa: F401 - used here and re-exported
 
 if TYPE_CHECKING:
     from .status import RunStatus
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` for a terminal: control characters (escape sequences that set the window
-    title, clear the screen or write the clipboard) shown as ``\\x1b``, not obeyed.  Failure
-    tails are a task's stderr, and a journal is whatever its author wrote (a trust boundary)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
-
 
 def _uid(ref) -> str:
     uid = ref if isinstance(ref, str) else getattr(ref, "path_uid", None)  # EnTK's t.uid is its own

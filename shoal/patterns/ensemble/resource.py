@@ -39,6 +39,7 @@ import time
 
 import shoal
 
+from .config import parse_walltime
 from .model import EnsembleError
 
 KEYS = {
@@ -111,8 +112,6 @@ class Resource:
             if kw.get(name) is not None and not isinstance(kw[name], str):
                 raise EnsembleError(f"resource: {name} must be a string, got {kw[name]!r}")
         if kw.get("walltime") is not None:
-            from . import parse_walltime
-
             kw["walltime"] = parse_walltime(kw["walltime"])
         extra = kw.get("job_extra", ())
         if isinstance(extra, str) or not all(isinstance(x, str) for x in extra):
@@ -264,108 +263,5 @@ def merge(base, **overrides) -> Resource | None:
     return Resource.of({**{k: v for k, v in fields.items() if v is not None}, **given})
 
 
-def yaml_resource(path: str) -> Resource | None:
-    """The ``resource:`` block of a YAML workflow file (None without one); errors carry
-    the file's line, as for the rest of the file (yamlfile.py checks it on load too)."""
-    import yaml
-    from yaml.nodes import MappingNode
-
-    from .yamlfile import _Loader
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            root = yaml.compose(f.read(), Loader=yaml.SafeLoader)
-    except (OSError, yaml.YAMLError):
-        return None  # load_yaml reports it, with the line
-    if not isinstance(root, MappingNode):
-        return None
-    for knode, vnode in root.value:
-        if getattr(knode, "value", None) == "resource":
-            return _Loader(path).resource_block(vnode)
-    return None
-
-
-# -- the command line: shoal run --slurm ... ---------------------------------------------
-
-def add_resource_arguments(parser) -> None:
-    """``shoal run``'s allocation flags (commands.py calls it)."""
-    hpc = parser.add_argument_group("a batch allocation of its own (docs/hpc.md)")
-    hpc.add_argument("--slurm", action="store_true",
-                     help="run in a SLURM job of --nodes nodes (an elastic --jobs: one job per "
-                          "node); --walltime is then the job's length")
-    hpc.add_argument("--nodes", type=int, default=None, help="nodes of the batch job, default 1")
-    hpc.add_argument("--jobs", default=None, metavar="N|LOW:HIGH",
-                     help="batch jobs: a count (as --nodes), or LOW:HIGH for an elastic pilot "
-                          "that submits jobs while tasks wait and gives idle ones back")
-    hpc.add_argument("--grow-after", type=float, default=None, metavar="S",
-                     help="elastic pilot: submit jobs once a task has waited S seconds (default 10)")
-    hpc.add_argument("--idle-after", type=float, default=None, metavar="S",
-                     help="elastic pilot: give a job back once idle S seconds (default 60)")
-    hpc.add_argument("--cores", type=int, default=None, help="cores per node, default 1")
-    hpc.add_argument("--partition", default=None, help="SLURM partition (queue)")
-    hpc.add_argument("--account", default=None, help="account (project) to charge")
-
-
-def resource_from_args(args) -> tuple[Resource | None, float | None]:
-    """(the allocation to ask for, the engine's walltime) from ``shoal run``'s arguments.
-
-    With --slurm or a YAML ``resource:`` block: the Resource (flags override the block)
-    and no engine walltime (it comes from the allocation).  Otherwise no Resource and
-    ``--walltime``; without one, inside a batch job: the time until the job ends.
-    Sets ``args.extra_resume``: the (flag, value) pairs the resume hint must repeat."""
-    from . import parse_walltime
-
-    jobs = getattr(args, "jobs", None)
-    if jobs is not None and args.nodes is not None:
-        raise EnsembleError("--nodes and --jobs both give the batch jobs: give one of them")
-    thresholds = {"grow_after_s": getattr(args, "grow_after", None),
-                  "idle_after_s": getattr(args, "idle_after", None)}
-    flags = {"nodes": args.nodes, "jobs": jobs, "cores": args.cores,
-             "partition": args.partition, "account": args.account,
-             "grow-after": thresholds["grow_after_s"], "idle-after": thresholds["idle_after_s"]}
-    args.extra_resume = ([("--slurm", None)] if args.slurm else []) + [
-        (f"--{k}", v) for k, v in flags.items() if v is not None]
-    base = yaml_resource(args.workflow) if args.workflow.endswith((".yaml", ".yml")) else None
-    if base is None and not args.slurm:
-        given = [f"--{k}" for k, v in flags.items() if v is not None]
-        if given:
-            raise EnsembleError(f"{', '.join(given)} describe a batch allocation: add --slurm")
-        walltime = parse_walltime(args.walltime)
-        if walltime is None and not args.dask:
-            walltime = _allocation_walltime()
-        return None, walltime
-    if args.dask:
-        raise EnsembleError("--dask runs on an existing cluster; --slurm (or a resource: block) "
-                            "asks for an allocation: give one of them")
-    flags["nodes"] = flags.pop("jobs") if jobs is not None else flags["nodes"]
-    del flags["grow-after"], flags["idle-after"]
-    resource = merge(base, backend="slurm" if args.slurm else None, walltime=args.walltime,
-                     **flags)
-    given = {k: v for k, v in thresholds.items() if v is not None}
-    if given:
-        if isinstance(resource.nodes, int):
-            raise EnsembleError(f"{', '.join('--' + k.removesuffix('_s').replace('_', '-') for k in given)} "
-                                f"apply to an elastic pilot: add --jobs LOW:HIGH (e.g. --jobs 1:4)")
-        resource = dataclasses.replace(resource, options=tuple(sorted(
-            {**dict(resource.options), **given}.items())))
-    return resource, None
-
-
-def _allocation_walltime() -> float | None:
-    """Inside a batch job: seconds until it ends, less the drain margin (None outside one)."""
-    import sys
-
-    alloc = shoal.allocation()
-    if alloc is None:
-        return None
-    start, end = alloc.times()
-    if end is None:
-        return None
-    left = time_left(None, time.time(), start, end)
-    print(f"shoal run: inside {alloc.scheduler.value} job {alloc.job_id}: draining before it "
-          f"ends, in {left:.0f} s", file=sys.stderr)
-    return left
-
-
 __all__ = ["Resource", "ResourceKind", "resource_pilot", "time_left", "margin", "merge", "KEYS",
-           "yaml_resource", "add_resource_arguments", "resource_from_args"]
+           "ALIASES"]

@@ -42,7 +42,7 @@ import time
 from . import pilot_jobs
 from .journal import JournalError, open_readonly
 from .model import TaskState
-from .report import printable
+from .terminal import printable
 
 _STATES = (TaskState.PENDING, TaskState.RUNNING, TaskState.DONE, TaskState.FAILED,
            TaskState.SKIPPED, TaskState.CANCELED)

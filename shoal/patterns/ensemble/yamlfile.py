@@ -44,6 +44,7 @@ from .model import (
     parse_ref,
     parse_size,
 )
+from .resource import ALIASES, KEYS, Resource
 
 try:
     import yaml
@@ -221,7 +222,7 @@ class _Loader:
         keys = self.mapping(root, "top level", TOP_KEYS)
         if "pipelines" not in keys:
             raise self.error(root, "top level", "missing key 'pipelines'")
-        if "resource" in keys:  # checked here; resource.yaml_resource reads it for shoal run
+        if "resource" in keys:  # checked here; yaml_resource reads it for shoal run
             self.resource_block(keys["resource"][1])
         nodes = self.seq(keys["pipelines"][1], "pipelines", "pipelines")
         if not nodes:
@@ -236,8 +237,6 @@ class _Loader:
 
     def resource_block(self, node):
         """``resource:`` -> a ``Resource`` (resource.py), errors with this file's line."""
-        from .resource import ALIASES, KEYS, Resource
-
         keys = self.mapping(node, "resource", {**KEYS, **{a: f"alias of {n}" for a, n in ALIASES.items()}})
         try:
             return Resource.of({k: self.value(v) for k, (_, v) in keys.items()})
@@ -677,3 +676,19 @@ def load_yaml(path: str) -> list[Pipeline]:
     if here not in sys.path:
         sys.path.insert(0, here)  # 'module:function' next to the file imports (workers inherit sys.path)
     return loader.top(root)
+
+
+def yaml_resource(path: str) -> Resource | None:
+    """The ``resource:`` block of a YAML workflow file (None without one); errors carry
+    the file's line, as for the rest of the file (``_Loader.resource_block``, which also checks it on load)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f.read(), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return None  # load_yaml reports it, with the line
+    if not isinstance(root, MappingNode):
+        return None
+    for knode, vnode in root.value:
+        if getattr(knode, "value", None) == "resource":
+            return _Loader(path).resource_block(vnode)
+    return None

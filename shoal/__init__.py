@@ -51,6 +51,10 @@ def __getattr__(name: str):
             return version("shoal")
         except Exception:  # pragma: no cover - running from a source tree
             return "0+unknown"
+    if name == "cached":  # shoal/cache.py needs the ensemble's data format: imported on first use
+        from .cache import cached
+
+        return cached
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
 
 
@@ -117,6 +121,7 @@ def current_worker() -> WorkerInfo | None:
 
 __all__ = [
     "Pilot",
+    "cached",
     "Future",
     "Backoff",
     "spawn",

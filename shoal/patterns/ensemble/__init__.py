@@ -54,7 +54,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
         values: str = "data", resource=None, shared_data=(), launcher=None,
-        resume_command: str | None = None, retries: int = 0, retry_delay=None) -> Report:
+        resume_command: str | None = None, retries: int = 0, retry_delay=None, reuse: bool = False,
+        cache=None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -112,6 +113,13 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     up to ``retries`` times after a failure, waiting ``retry_delay`` before each retry
     (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
+
+    ``reuse=True``: start afresh (the journal there is kept under its dated name, as with
+    ``new``) and reuse every task whose key -- its code or executable, arguments, named
+    environment and the contents of its input files -- matches a task the old journal holds DONE:
+    its outputs are staged back and it is not run.  ``cache``: a folder shared between runs where
+    every finished task's key, outputs and result are kept, and matched the same way (reuse.py,
+    docs/ensemble.md "Reusing results across runs").
     """
     import contextlib
     import dataclasses
@@ -121,6 +129,10 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
 
     if os.environ.get("SHOAL_RESUME") == "1":  # the resume command journaled for a script
         resume, new = True, False
+    if reuse and not resume:
+        new = True  # a fresh run beside the old one, whose journal and sandbox are read
+    if cache is not None and not isinstance(cache, str | os.PathLike):
+        raise EnsembleError(f"run(): cache must be a folder path, got {cache!r}")
     if workers is not None and (type(workers) is not int or workers < 1):
         raise EnsembleError(f"run(): workers must be an integer >= 1 (the cores to use), got {workers!r}")
     if type(gpus) is not int or gpus < 0:
@@ -138,7 +150,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                        progress=progress, patience=patience, new=new,
                        retry_failed=retry_failed, values=values, shared_data=shared_data,
                        launcher=launcher, resume_command=resume_command, retries=retries,
-                       retry_delay=retry_delay)
+                       retry_delay=retry_delay, reuse=reuse, cache=cache)
     with contextlib.ExitStack() as stack:
         node_specs = ()
         if pilot is None and _several_nodes():
@@ -161,7 +173,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
                         sandbox=sandbox, window=window, durability=durability, progress=progress,
                         patience=patience, new=new, retry_failed=retry_failed, values=values,
                         shared_data=shared_data, launcher=launcher, resume_command=resume_command,
-                        retries=retries, retry_delay=retry_delay, node_specs=node_specs)
+                        retries=retries, retry_delay=retry_delay, node_specs=node_specs,
+                        reuse=reuse, cache=None if cache is None else os.fspath(cache))
         return engine.run()
 
 

@@ -147,6 +147,10 @@ def resume_command(args: argparse.Namespace) -> str:
         argv += ["--retry-delay", _retry_delay_text(args.retry_delay)]
     if args.pickle_values:
         argv.append("--pickle-values")
+    if args.reuse:
+        argv.append("--reuse")
+    if args.cache is not None:
+        argv += ["--cache", args.cache]
     for flag, value in getattr(args, "extra_resume", ()):  # options other commands add (e.g. --slurm)
         argv += [flag] + ([str(value)] if value is not None else [])
     return shlex.join(argv)
@@ -154,6 +158,13 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
+    if args.explain:
+        from .reuse import explain
+
+        for uid, verdict in explain(workflow, args.journal, args.cache,
+                                    "pickle" if args.pickle_values else "data"):
+            print(printable(f"{uid}: {verdict}"))
+        return 0
     resource, walltime = resource_from_args(args)  # --slurm & co., or inside an allocation
     progress = Progress(sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -171,7 +182,8 @@ def _run(args: argparse.Namespace) -> int:
                          new=args.new, retry_failed=args.retry_failed,
                          values="pickle" if args.pickle_values else "data",
                          launcher=args.launcher, resume_command=resume_command(args),
-                         retries=args.retries, retry_delay=args.retry_delay)
+                         retries=args.retries, retry_delay=args.retry_delay,
+                         reuse=args.reuse, cache=args.cache)
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the journal is resumable
             progress.end()
             print(f"shoal: interrupted; the journal is resumable; finish with: {resume_command(args)}",
@@ -203,6 +215,17 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     again.add_argument("--resume", action="store_true", help="finish the run the journal holds")
     again.add_argument("--new", action="store_true",
                        help="start a fresh run; a journal already there is kept as <name>.<date>.db")
+    parser.add_argument("--reuse", action="store_true",
+                        help="start afresh (the old journal is kept as <name>.<date>.db) and reuse every "
+                             "task whose code, arguments, environment and input files' contents match "
+                             "a finished task of the old journal (or of --cache): its outputs are staged "
+                             "back, it does not run")
+    parser.add_argument("--cache", default=None, metavar="DIR",
+                        help="a folder shared between runs: every finished task's key and outputs are "
+                             "kept there and reused by a later run whose task has the same key")
+    parser.add_argument("--explain", action="store_true",
+                        help="print per task whether --reuse/--cache would reuse it or why it runs "
+                             "(changed argument, input file, code, environment, new); runs nothing")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --resume: run FAILED and CANCELED tasks (and those skipped for them) again")
     parser.add_argument("--workers", type=_positive_int, default=None,

@@ -170,7 +170,7 @@ class Engine:
                  progress: Callable[[dict], None] | bool | None = None, patience: int = 64,
                  new: bool = False, retry_failed: bool = False, values="data", shared_data=(),
                  launcher=None, resume_command: str | None = None, retries: int = 0, retry_delay=None,
-                 node_specs=()):
+                 node_specs=(), reuse: bool = False, cache: str | None = None):
         self.node_specs = tuple(node_specs)  # the dask pilot's nodes when known (nodes.NodeSpec)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise EnsembleError(f"run(retries=): must be an integer >= 0 (each task's default), got {retries!r}")
@@ -245,6 +245,11 @@ class Engine:
         except BaseException:
             self.journal.close(ended=False)
             raise
+        self.reuse = None  # --reuse / --cache: reuse.py keys each task before its first attempt
+        if reuse or cache is not None:
+            from .reuse import Reuse
+
+            self.reuse = Reuse(self.journal, self.launcher, self._resolve, previous=reuse, cache=cache)
         self.results = Results(self.journal, self.launcher)
         self.waiting = Waiting()  # by priority, then arrival (scheduler.py)
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
@@ -573,6 +578,8 @@ class Engine:
                     continue
             if item.task.when is not None and item.attempt == 0 and not self._when(item):
                 continue
+            if self.reuse is not None and item.attempt == 0 and self._reused(item):
+                continue
             if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
                 self.draining = True
                 left = max(0.0, self.deadline - now)
@@ -580,6 +587,29 @@ class Engine:
                                      f"{self._estimate(item.task):.1f}s but {left:.1f}s are left")
                 return
             yield self._item_request(item)
+
+    def _reused(self, item: Item) -> bool:
+        """``item``'s key matches a finished task (reuse.py): journaled DONE with its recorded
+        result, its outputs staged back; never placed."""
+        from .reuse import MISS
+
+        value = self.reuse.match(item)
+        if value is MISS:
+            return False
+        item.sandbox = self.launcher.sandbox_of(item.uid) if item.task.kind is TaskKind.EXECUTABLE else None
+        if item.task.stage_out:
+            try:
+                stage_out(self._shared_outputs(item.task.stage_out), item.sandbox, self.launcher.cwd)
+            except LaunchError:
+                return False  # it runs, and its own stage_out says what is wrong
+        self.waiting.pop(id(item), None)
+        self.sched.forget(id(item))
+        self.journal.running(item.uid, item.pipe_uid, item.stage_uid, item.task.kind.value, 1,
+                             item.sandbox, time.time(), item.spec)
+        item.attempt = 1
+        self.session_counts["reused"] += 1
+        self._ended(item, None, value)
+        return True
 
     def _when(self, item: Item) -> bool:
         """Evaluate the task's ``when=``; False (and settled: SKIPPED or FAILED) if it must not run."""
@@ -968,6 +998,8 @@ class Engine:
                 self.journal.done(item.uid, now, exit_code=code, outputs=outputs, usage=used)
             else:
                 self.journal.done(item.uid, now, result=value, usage=used)
+            if self.reuse is not None:
+                self.reuse.record(item, value)
             t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return

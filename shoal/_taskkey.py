@@ -37,9 +37,15 @@ import sys
 import sysconfig
 import time
 import types
+from pathlib import PurePath
 
 RACY_S = 2.0  # a digest of a file modified this recently is not trusted by the stat pre-check
 CHUNK = 1 << 20
+
+
+class CacheWarning(UserWarning):
+    """A cached or recorded result could not be used (torn, tampered, gone, pickle without the
+    opt-in) or stored: a miss, the task runs.  Re-exported as ``shoal.cache.CacheWarning``."""
 
 
 class Unkeyable(ValueError):
@@ -124,6 +130,8 @@ def data_bytes(value, other=None, _depth: int = 0) -> bytes:
         return b"str:%d:" % len(b) + b
     if t is bytes:
         return b"bytes:%d:" % len(value) + value
+    if isinstance(value, os.PathLike) and isinstance(value, PurePath):  # a path: by its text
+        return b"path:" + data_bytes(str(value), other, _depth + 1)
     if t in (tuple, list):
         inner = b"".join(data_bytes(v, other, _depth + 1) for v in value)
         return f"{t.__name__}:{len(value)}:".encode() + inner + b";"

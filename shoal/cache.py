@@ -35,14 +35,11 @@ import hashlib
 import os
 import warnings
 
-from . import _durable
-from ._taskkey import Unkeyable, data_bytes, function_digest
+from ._durable import CheckpointError, pack, read_file, unpack, write_atomic
+from ._taskkey import CacheWarning, Unkeyable, data_bytes, function_digest
 
 KIND = "function-result"
-
-
-class CacheWarning(UserWarning):
-    """A cache file could not be used (torn, tampered, of another key, pickle without opt-in): a miss."""
+__all__ = ["CacheWarning", "Cached", "FunctionCache", "cached", "submit_cached"]
 
 
 def _values():
@@ -105,12 +102,12 @@ class FunctionCache:
         path = self._file(key)
         values = _values()
         try:
-            blob = _durable.read_file(path, "cache file")
+            blob = read_file(path, "cache file")
             if blob is None:
                 return False, None
-            belongs, body = _durable.unpack(blob, path, KIND, "cache file")
+            belongs, body = unpack(blob, path, KIND, "cache file")
             if belongs.get("key") != key:
-                raise _durable.CheckpointError(f"cache file {path} is of key {belongs.get('key')!r}")
+                raise CheckpointError(f"cache file {path} is of key {belongs.get('key')!r}")
             mode = values.Values.PICKLE if self.pickle else values.Values.DATA
             return True, values.decode(bytes(body) or None, mode, f"cache file {path}")
         except (OSError, ValueError) as exc:  # CheckpointError and EnsembleError are ValueErrors
@@ -120,18 +117,15 @@ class FunctionCache:
     def put(self, key: str, value) -> bool:
         """Store ``value``; False (and a warning) if the data format cannot hold it."""
         values = _values()
-        if not self.pickle:
-            try:
-                values._pack(value)
-            except (TypeError, ValueError, OverflowError):
-                warnings.warn(f"cache {self.path}: a {type(value).__qualname__} result is not plain data "
-                              "and was not stored (return data, or cache with pickle=True for a folder "
-                              "only you can write)", CacheWarning, stacklevel=3)
-                return False
+        if not self.pickle and not values.is_data(value):
+            warnings.warn(f"cache {self.path}: a {type(value).__qualname__} result is not plain data "
+                          "and was not stored (return data, or cache with pickle=True for a folder "
+                          "only you can write)", CacheWarning, stacklevel=3)
+            return False
         mode = values.Values.PICKLE if self.pickle else values.Values.DATA
         blob = values.encode(value, mode) or b""
         try:
-            _durable.write_atomic(self._file(key), _durable.pack(KIND, {"key": key}, blob), "cache file")
+            write_atomic(self._file(key), pack(KIND, {"key": key}, blob), "cache file")
         except OSError as exc:
             warnings.warn(f"cache {self.path}: not stored: {exc}", CacheWarning, stacklevel=3)
             return False

@@ -51,8 +51,8 @@ import shutil
 import sqlite3
 import warnings
 
-from ... import _durable
-from ..._taskkey import FileDigests, Unkeyable, data_bytes, function_digest
+from ..._durable import CheckpointError, pack, read_file, unpack, write_atomic
+from ..._taskkey import CacheWarning, FileDigests, Unkeyable, data_bytes, function_digest
 from .model import EMBEDDED_REF_RE, EnsembleError, Task, TaskKind, TaskState, parse_ref
 from .values import Values, decode, encode
 
@@ -75,10 +75,6 @@ class Reason(enum.Enum):
 
 PART_REASONS = (("code", Reason.CODE), ("arguments", Reason.ARGUMENTS),
                 ("environment", Reason.ENVIRONMENT), ("inputs", Reason.INPUTS))
-
-
-class CacheWarning(UserWarning):
-    """A cache entry or recorded output could not be used (torn, tampered, gone): a miss."""
 
 
 def _numpy_bytes(value):
@@ -107,15 +103,22 @@ class Keyed:
 
 
 def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: str,
-             upstream_digest=None) -> Keyed:
+             upstream_digest=None, code_memo: dict | None = None) -> Keyed:
     """The key of ``task`` (module docstring).  ``resolve(text)``: a ``$p.s.t/file`` reference
     -> its path; ``upstream_key(uid)``: the key of a finished task of this run (None if unknown);
     ``upstream_digest(uid, rel)``: for ``--explain``, the recorded digest of an upstream output
-    (None: look at the file)."""
+    (None: look at the file).  ``code_memo``: ``id(function) -> (function, digest)``, so a run
+    hashes each function (and the globals it names) once, when its first task is keyed."""
     try:
         parts: dict = {}
         if task.function is not None:
-            parts["code"] = function_digest(task.function, _numpy_bytes)
+            known = code_memo.get(id(task.function)) if code_memo is not None else None
+            if known is not None and known[0] is task.function:
+                parts["code"] = known[1]
+            else:
+                parts["code"] = function_digest(task.function, _numpy_bytes)
+                if code_memo is not None:
+                    code_memo[id(task.function)] = (task.function, parts["code"])
             args = [_arg(a, upstream_key) for a in task.args]
             kwargs = {k: _arg(v, upstream_key) for k, v in dict(task.kwargs).items()}
             parts["arguments"] = _h(data_bytes([args, kwargs], _numpy_bytes))
@@ -244,7 +247,7 @@ def copy_checked(src: str, dest: str | None, digest: str, what: str) -> bool:
                     pass
                 return True
             os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-            _durable.write_atomic(dest, chunks(f), what)
+            write_atomic(dest, chunks(f), what)
     except (Mismatch, OSError):
         return False
     return True
@@ -328,23 +331,23 @@ class CacheStore:
     def find(self, key: str) -> Record | None:
         path = self._entry(key)
         try:
-            blob = _durable.read_file(path, "cache entry")
+            blob = read_file(path, "cache entry")
             if blob is None:
                 return None
-            belongs, body = _durable.unpack(blob, path, ENTRY_KIND, "cache entry")
+            belongs, body = unpack(blob, path, ENTRY_KIND, "cache entry")
             if belongs.get("key") != key:
-                raise _durable.CheckpointError(f"cache entry {path} belongs to key {belongs.get('key')!r}")
+                raise CheckpointError(f"cache entry {path} belongs to key {belongs.get('key')!r}")
             d = json.loads(bytes(body))
             result = bytes.fromhex(d["result"]) if d.get("result") is not None else None
             return Record(d["uid"], key, d["parts"], d["kind"], d.get("exit_code"), result,
                           dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}")
-        except (OSError, _durable.CheckpointError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, CheckpointError, ValueError, KeyError, TypeError) as exc:
             warnings.warn(f"cache entry {path} is not used (a miss): {exc}", CacheWarning, stacklevel=2)
             return None
 
     def last(self, uid: str) -> Record | None:
         try:
-            blob = _durable.read_file(self._name(uid), "cache name")
+            blob = read_file(self._name(uid), "cache name")
         except OSError:
             return None
         key = blob.decode("ascii", "replace").strip() if blob else ""
@@ -363,9 +366,9 @@ class CacheStore:
         body = json.dumps({"uid": rec.uid, "parts": rec.parts, "kind": rec.kind, "exit_code": rec.exit_code,
                            "result": rec.result.hex() if rec.result is not None else None,
                            "outputs": rec.outputs}, sort_keys=True).encode()
-        _durable.write_atomic(self._entry(rec.key), _durable.pack(ENTRY_KIND, {"key": rec.key}, body),
+        write_atomic(self._entry(rec.key), pack(ENTRY_KIND, {"key": rec.key}, body),
                               "cache entry")
-        _durable.write_atomic(self._name(rec.uid), [rec.key.encode()], "cache name")
+        write_atomic(self._name(rec.uid), [rec.key.encode()], "cache name")
 
 
 class Reuse:
@@ -393,6 +396,7 @@ class Reuse:
         self.keys: dict[str, str] = {}  # uid -> key of the tasks of this run that finished
         self.reused: dict[int, Record] = {}
         self.why: dict[str, list[str]] = {}  # uid -> why it ran (for the journal and tests)
+        self.code_memo: dict = {}  # id(function) -> (function, digest): see task_key
 
     def match(self, item):
         """The recorded result of ``item`` (an executable: ``(0, output paths)``) if its key matches
@@ -402,7 +406,8 @@ class Reuse:
         if id(item) in self.keyed:
             return MISS
         k = self.keyed[id(item)] = task_key(item.task, resolve=self.resolve, digests=self.digests,
-                                            upstream_key=self.keys.get, cwd=self.launcher.cwd)
+                                            upstream_key=self.keys.get, cwd=self.launcher.cwd,
+                                            code_memo=self.code_memo)
         k.task = item.task
         if k.key is None:
             self.why[item.uid] = [f"{Reason.UNKEYABLE.value}: {k.unkeyable or 'upstream ' + str(k.upstream)}"]
@@ -523,6 +528,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
         stores.append(CacheStore(cache))
     digests = FileDigests({k: v for st in stores for k, v in getattr(st, "file_digests", {}).items()})
     found: dict[str, Record] = {}  # uid -> the record it is reused from
+    memo: dict = {}
     out: list[tuple[str, str]] = []
 
     def upstream_digest(uid, rel):
@@ -549,7 +555,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
                     continue
                 t.bind_path(uid)
                 k = task_key(t, resolve=lambda text: text, digests=digests, upstream_key=upstream_key,
-                             cwd=os.getcwd(), upstream_digest=upstream_digest)
+                             cwd=os.getcwd(), upstream_digest=upstream_digest, code_memo=memo)
                 out.append((uid, _verdict(uid, t, k, stores, found)))
     return out
 

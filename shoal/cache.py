@@ -17,14 +17,17 @@ runs code its author chose (docs/runtime.md "What a worker trusts"), so use it o
 only you can write.
 
 ``pilot.options(cache=path).submit`` looks the key up in the driver: a hit is a finished
-``shoal.Future`` and nothing is submitted; a miss is submitted and its value stored when it
-arrives (on the pilot's result thread).  ``@shoal.cached(path)`` wraps the function itself: the
-lookup happens wherever it is called — in the driver, or in the worker that runs it, which
-then needs the folder on a filesystem it shares with the driver.
+``shoal.Future`` and nothing is submitted; a miss is submitted, and the worker that runs it
+stores the value before returning it, so a done future's value is in the folder.
+``@shoal.cached(path)`` wraps the function itself: the lookup happens wherever it is called.
+Either way the workers need the folder on a filesystem they share with the driver (on dask:
+a shared filesystem, as for an ensemble's sandboxes).
 
 Rejected alternatives: pickle by default (a shared cache folder would be a code-execution vector
 for whoever can write it); keying by ``module:qualname`` (an edited function, or a helper it
-calls, would give the old results); an SQLite file for the cache (concurrent writers from many
+calls, would give the old results); storing a miss's value from the driver when it arrives (a
+done callback on the pilot's result thread: the future was done before the file existed, and
+file I/O delayed every other result); an SQLite file for the cache (concurrent writers from many
 workers and hosts on a network filesystem; one file per key needs no lock).
 """
 
@@ -133,7 +136,9 @@ class FunctionCache:
 
 
 def submit_cached(submit, cache: FunctionCache, fn, args, kwargs):
-    """``submit(fn, args, kwargs) -> Future`` through ``cache``: a hit is a finished Future."""
+    """``submit(fn, args, kwargs) -> Future`` through ``cache``: a hit is a finished Future; a
+    miss runs ``fn`` in a worker that stores its value before returning it (so once the future
+    is done, the value is in the folder)."""
     from .runtime.future import Future
 
     key = cache.key(fn, args, kwargs)
@@ -142,14 +147,14 @@ def submit_cached(submit, cache: FunctionCache, fn, args, kwargs):
         fut = Future()
         fut.set_result(value)
         return fut
-    fut = submit(fn, args, kwargs)
+    return submit(functools.partial(call_and_store, cache, key, fn), args, kwargs)
 
-    def store(done):
-        if not done.cancelled() and done.exception() is None:
-            cache.put(key, done.result())
 
-    fut.add_done_callback(store)
-    return fut
+def call_and_store(cache: FunctionCache, key: str, fn, *args, **kwargs):
+    """Run ``fn`` and keep its value under ``key`` (in the worker that ran it)."""
+    value = fn(*args, **kwargs)
+    cache.put(key, value)
+    return value
 
 
 class Cached:

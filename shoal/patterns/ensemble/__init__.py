@@ -12,7 +12,8 @@ journal), ``launcher`` (sandboxes, staging, Popen, reaping), ``remote``
 the stage barrier), ``progress`` (the progress line), ``engine`` (the Engine,
 the driver loop: place, launch, reap; the Walker's ``Intake``), ``entk`` (EnTK's AppManager),
 ``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
-(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files).
+(``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files), and ``reuse``
+(task keys by content: ``run(reuse=True, cache=)``, ``explain``).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
 """
@@ -33,6 +34,7 @@ from .model import (
     TaskState,
 )
 from .report import Report, Results, StageContext
+from .reuse import explain
 from .scheduler import Grant, Request, Scheduler
 from .status import Driver, DriverState, PipelineStatus, RunStatus, StageStatus, TaskFailure
 from .values import Values
@@ -189,5 +191,5 @@ __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
     "Request", "Grant", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
-    "TaskFailure", "Driver", "DriverState", "Values",
+    "TaskFailure", "Driver", "DriverState", "Values", "explain",
 ]

@@ -13,7 +13,7 @@ format (patterns/ensemble/values.py: msgpack, reading never runs code), or pickl
 ``pickle=True``.  Written atomically (a reader sees the old file or the new one); read without
 following links; a torn, tampered or foreign file is a miss with a ``CacheWarning``, and the call
 runs.  A file stored with pickle is read only by a cache opened with ``pickle=True``: reading it
-runs code its author chose (docs/runtime.md "What a worker trusts"), so use it only for folders
+runs code its author chose (docs/runtime.md, "Trust boundaries"), so use it only for folders
 only you can write.
 
 ``pilot.options(cache=path).submit`` looks the key up in the driver: a hit is a finished

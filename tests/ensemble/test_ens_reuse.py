@@ -333,6 +333,17 @@ def test_shoal_run_reuse_and_explain_name_each_reason(tmp_path):
     assert ran(tmp_path) == []
 
 
+def test_the_resume_command_of_a_reuse_run_keeps_reusing():
+    import argparse
+
+    from shoal.patterns.ensemble.commands import resume_command
+
+    args = argparse.Namespace(workflow="wf.yaml", journal="x.db", dask=None, workers=None, walltime=None,
+                              sandbox=None, gpus=0, pickle_values=False, retries=0, retry_delay=None,
+                              reuse=True, cache="c")
+    assert resume_command(args) == "shoal run wf.yaml --journal x.db --resume --reuse --cache c"
+
+
 # -- the stat pre-check ------------------------------------------------------------------------
 def test_the_stat_precheck_rehashes_only_files_whose_stat_changed(tmp_path):
     f = tmp_path / "data"

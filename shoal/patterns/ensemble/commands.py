@@ -147,9 +147,9 @@ def resume_command(args: argparse.Namespace) -> str:
         argv += ["--retry-delay", _retry_delay_text(args.retry_delay)]
     if args.pickle_values:
         argv.append("--pickle-values")
-    if args.reuse:
+    if getattr(args, "reuse", False):  # a resume of a reuse run reads the same old journal
         argv.append("--reuse")
-    if args.cache is not None:
+    if getattr(args, "cache", None) is not None:
         argv += ["--cache", args.cache]
     for flag, value in getattr(args, "extra_resume", ()):  # options other commands add (e.g. --slurm)
         argv += [flag] + ([str(value)] if value is not None else [])

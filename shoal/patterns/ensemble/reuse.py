@@ -26,7 +26,8 @@ bytes, by content), ``DIR/names/<hash of uid>`` (the last key of a task, for ``-
 reasons).  Entries are written atomically; on reading, a torn, tampered or foreign entry is a miss
 with a warning, never a result.
 
-A hit stages the recorded outputs back into the task's new sandbox, each copied from the old
+A hit stages the recorded outputs (the declared ``outputs``, and the task's ``stdout`` and
+``stderr`` files) back into the task's new sandbox, each copied from the old
 sandbox (or the cache's object) and checked against its recorded digest while it is copied: an
 output that was deleted or changed since makes the task run (``Reason.OUTPUT_GONE``), it is never
 "reused" with other bytes.  A function's result comes back in the journal's data format
@@ -466,7 +467,8 @@ class Reuse:
         outputs, files = {}, {}
         if t.kind is TaskKind.EXECUTABLE:
             sandbox = self.launcher.sandbox_of(item.uid)
-            for name in t.outputs:
+            # the declared outputs, and stdout/stderr, which later tasks often read ($p.s.t/stdout)
+            for name in (*t.outputs, t.stdout_file, t.stderr_file):
                 for path in _files(os.path.join(sandbox, name)):
                     rel = os.path.relpath(path, sandbox)
                     outputs[rel] = self.digests.digest(path)

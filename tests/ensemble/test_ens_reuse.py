@@ -408,8 +408,10 @@ def test_a_pickled_cache_file_is_read_only_with_the_opt_in(tmp_path):
     pickled = shoal.cached(tmp_path / "c", pickle=True)(make_point)
     assert pickled(log, 1).x == 1 and pickled(log, 1).x == 1
     assert len((tmp_path / "n").read_text().split()) == 2
-    with pytest.warns(CacheWarning, match="stored with pickle"):
+    with pytest.warns(CacheWarning) as seen:
         shoal.cached(tmp_path / "c")(make_point)(log, 1)  # without the opt-in: a miss, never unpickled
+    assert "stored with pickle" in str(seen[0].message)
+    assert "not plain data and was not stored" in str(seen[1].message)
     assert len((tmp_path / "n").read_text().split()) == 3
 
 
@@ -429,3 +431,34 @@ def test_pilot_options_cache_skips_the_worker_on_a_hit(tmp_path):
 def _count_and_add(log, a, b):
     _count(log)
     return a + b
+
+
+def test_entk_appmanager_reuses_the_previous_session(tmp_path, monkeypatch):
+    """EnTK's AppManager: each run() is a new session (the old journal kept under a dated name);
+    with reuse=True it reuses the previous session's finished tasks."""
+    from shoal.entk import AppManager
+    from shoal.entk import Pipeline as EPipeline
+    from shoal.entk import Stage as EStage
+    from shoal.entk import Task as ETask
+
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "ran.log"
+
+    def workflow(arg):
+        p = EPipeline()
+        for i in range(2):
+            s = EStage()
+            t = ETask()
+            t.name = f"t{i}"
+            t.executable = "/bin/sh"
+            t.arguments = ["-c", f"echo t{i} >> {log}; echo {arg if i else 'same'} > o"]
+            s.add_tasks(t)
+            p.add_stages(s)
+        return [p]
+
+    for arg, expect in (("a", ["t0", "t1"]), ("b", ["t1"]), ("b", [])):
+        appman = AppManager(resource_desc={"resource": "local.localhost", "cpus": 1}, reuse=True)
+        appman.workflow = workflow(arg)
+        appman.run()
+        assert ran(tmp_path) == expect, arg
+    assert appman.report.reused == 2

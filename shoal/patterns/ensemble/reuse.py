@@ -158,6 +158,10 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
         return Keyed(parts)
     except Unkeyable as exc:
         return Keyed(None, str(exc))
+    except OSError as exc:  # an executable or input that cannot be read: it runs, and says why
+        return Keyed(None, f"{exc.filename or 'a file'} cannot be read: {exc.strerror or exc}")
+    except RecursionError:
+        return Keyed(None, "its code or arguments nest too deep to hash")
     except _Upstream as up:
         return Keyed(None, upstream=up.uid)
 
@@ -362,13 +366,12 @@ class CacheStore:
         for rel, path in files.items():
             digest = rec.outputs[rel]
             obj = self._object(digest)
-            if not os.path.exists(obj):
-                copy_checked(path, obj, digest, "cache object")
+            if not os.path.exists(obj) and not copy_checked(path, obj, digest, "cache object"):
+                return  # changed since it was hashed (a process still writing it): not cached
         body = json.dumps({"uid": rec.uid, "parts": rec.parts, "kind": rec.kind, "exit_code": rec.exit_code,
                            "result": rec.result.hex() if rec.result is not None else None,
                            "outputs": rec.outputs}, sort_keys=True).encode()
-        write_atomic(self._entry(rec.key), pack(ENTRY_KIND, {"key": rec.key}, body),
-                              "cache entry")
+        write_atomic(self._entry(rec.key), pack(ENTRY_KIND, {"key": rec.key}, body), "cache entry")
         write_atomic(self._name(rec.uid), [rec.key.encode()], "cache name")
 
 

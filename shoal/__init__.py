@@ -51,10 +51,6 @@ def __getattr__(name: str):
             return version("shoal")
         except Exception:  # pragma: no cover - running from a source tree
             return "0+unknown"
-    if name == "cached":  # shoal/cache.py needs the ensemble's data format: imported on first use
-        from .cache import cached
-
-        return cached
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
 
 
@@ -93,6 +89,23 @@ class WorkerInfo:
                 f"WorkerInfo.hungry() reads the status of worker {self.id} (pid {self.pid})'s "
                 "peers live; call it in a task running on that worker")
         return worker.hungry_peers()
+
+
+def cached(path, *, pickle: bool = False):
+    """A decorator: each call's result is kept in the folder ``path``, keyed by the function's
+    code by value (with the code of the helpers of your own modules it calls) and its arguments
+    as data; a later call with the same key -- in this process or another run -- returns it
+    without running.  Values are stored in the ensemble journal's data format; ``pickle=True``
+    stores any picklable value, for folders only you can write (docs/guide.md "Caching
+    results").  ``pilot.options(cache=path).submit(fn, ...)`` is the same for pilot tasks::
+
+        @shoal.cached("cache/")
+        def simulate(n, seed):
+            ...
+    """
+    from .cache import cached as decorate  # needs the ensemble's data format: imported on use
+
+    return decorate(path, pickle=pickle)
 
 
 def spawn(fn, /, *args, **kwargs) -> Future:

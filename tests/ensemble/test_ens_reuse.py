@@ -158,6 +158,23 @@ def test_a_torn_or_tampered_cache_entry_is_a_miss_with_a_warning(tmp_path):
     assert ran(tmp_path) == ["gen", "t0", "t1", "t2", "u0", "u1"]
 
 
+def test_a_reused_tasks_stdout_is_staged_back_for_the_tasks_that_read_it(tmp_path):
+    """Regression: only the declared outputs were staged back, so a later task's input
+    ``$p.s1.a/stdout`` was missing in the new sandbox and that task failed at staging."""
+    def wf(word):
+        return [Pipeline([
+            Stage([Task(executable="/bin/echo", arguments=["hi"], name="a"),
+                   Task(executable="/bin/echo", arguments=[word], name="b")], name="s1"),
+            Stage([Task(executable="/bin/cat", arguments=["x"], inputs=[("$p.s1.a/stdout", "x")], name="c")],
+                  name="s2")], name="p")]
+    journal = str(tmp_path / "run.db")
+    assert run(wf("one"), journal=journal, reuse=True).ok
+    report = run(wf("two"), journal=journal, reuse=True)
+    assert report.ok and report.reused == 2
+    assert (tmp_path / "run.sandbox/p/s2/c/stdout").read_text() == "hi\n"
+    assert (tmp_path / "run.sandbox/p/s1/a/stdout").read_text() == "hi\n"
+
+
 def test_a_changed_executable_file_is_changed_code(tmp_path):
     tool = tmp_path / "tool.sh"
     tool.write_text("#!/bin/sh\necho tool >> ran.log\necho 1 > out\n")

@@ -22,7 +22,7 @@ from ens_tasks import ROOT
 
 import shoal
 from shoal._taskkey import FileDigests, function_digest
-from shoal.ensemble import Pipeline, Stage, Task, run
+from shoal.ensemble import EnsembleError, Pipeline, Stage, Task, run
 from shoal.patterns.ensemble.reuse import CacheWarning, explain
 
 
@@ -347,6 +347,15 @@ def test_shoal_run_reuse_and_explain_name_each_reason(tmp_path):
     assert ran(tmp_path) == []
     assert "(3 reused)" in cli("--reuse", "--journal", "other.db", "--cache", "c")
     assert ran(tmp_path) == []
+
+
+def test_a_cache_that_is_not_a_folder_is_one_clear_error_and_frees_the_journal(tmp_path):
+    (tmp_path / "afile").write_text("")
+    wf = [Pipeline([Stage([Task(executable="/bin/true")])])]
+    journal = str(tmp_path / "run.db")
+    with pytest.raises(EnsembleError, match=r"cache folder .*afile: cannot create keys/: Not a directory"):
+        run(wf, journal=journal, cache=str(tmp_path / "afile"))
+    assert run(wf, journal=journal, resume=True).ok  # the lock was released
 
 
 def test_the_resume_command_of_a_reuse_run_keeps_reusing():

@@ -249,7 +249,11 @@ class Engine:
         if reuse or cache is not None:
             from .reuse import Reuse
 
-            self.reuse = Reuse(self.journal, self.launcher, self._resolve, previous=reuse, cache=cache)
+            try:
+                self.reuse = Reuse(self.journal, self.launcher, self._resolve, previous=reuse, cache=cache)
+            except BaseException:
+                self.journal.close(ended=False)
+                raise
         self.results = Results(self.journal, self.launcher)
         self.waiting = Waiting()  # by priority, then arrival (scheduler.py)
         self.running: dict[int, Item] = {}  # pid or id(future) -> item

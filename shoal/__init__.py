@@ -91,6 +91,23 @@ class WorkerInfo:
         return worker.hungry_peers()
 
 
+def cached(path, *, pickle: bool = False):
+    """A decorator: each call's result is kept in the folder ``path``, keyed by the function's
+    code by value (with the code of the helpers of your own modules it calls) and its arguments
+    as data; a later call with the same key -- in this process or another run -- returns it
+    without running.  Values are stored in the ensemble journal's data format; ``pickle=True``
+    stores any picklable value, for folders only you can write (docs/guide.md "Caching
+    results").  ``pilot.options(cache=path).submit(fn, ...)`` is the same for pilot tasks::
+
+        @shoal.cached("cache/")
+        def simulate(n, seed):
+            ...
+    """
+    from .cache import cached as decorate  # needs the ensemble's data format: imported on use
+
+    return decorate(path, pickle=pickle)
+
+
 def spawn(fn, /, *args, **kwargs) -> Future:
     """Run ``fn(*args, **kwargs)`` as a child task.
 
@@ -117,6 +134,7 @@ def current_worker() -> WorkerInfo | None:
 
 __all__ = [
     "Pilot",
+    "cached",
     "Future",
     "Backoff",
     "spawn",

@@ -29,6 +29,7 @@ from shoal.patterns.ensemble import (
     Task,
     TaskKind,
     TaskState,
+    explain,
     parse_walltime,
     run,
 )
@@ -36,5 +37,5 @@ from shoal.patterns.ensemble import (
 __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "parse_walltime",
-    "RunStatus", "DriverState",
+    "RunStatus", "DriverState", "explain",
 ]

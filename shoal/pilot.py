@@ -107,7 +107,7 @@ class Pilot(cf.Executor):
 
     def options(self, *, retries: int = 0, timeout: float | None = None,
                 resources: dict[str, float] | None = None, retry_delay=None,
-                priority: int = 0) -> TaskOptions:
+                priority: int = 0, cache=None, pickle: bool = False) -> TaskOptions:
         """A view of this pilot whose ``submit``/``map`` run tasks with these options.
 
         ``retries``: re-run up to this many times after an exception, a lost
@@ -124,10 +124,21 @@ class Pilot(cf.Executor):
         ``priority=`` (higher first among tasks waiting for a worker); the local backend
         sends every task to a worker when submitted, so nothing waits there to be ordered
         and it refuses a priority other than 0 (docs/guide.md).
+        ``cache``: a folder where each call's result is kept, keyed by the function's code by
+        value and its arguments (shoal/cache.py): a call with a key already there is a finished
+        future and does not run.  Values are stored in the data format; ``pickle=True`` for any
+        picklable value, in a folder only you can write (docs/guide.md "Caching results").
         """
         check_options(retries, timeout, resources, retry_delay, priority)
+        store = None
+        if cache is not None:
+            from .cache import FunctionCache
+
+            store = FunctionCache(cache, pickle=pickle)
+        elif pickle:
+            raise ValueError("pilot.options(pickle=True) applies to cache=: give the cache folder too")
         return TaskOptions(self, retries, timeout, None if resources is None else dict(resources),
-                           retry_delay, priority)
+                           retry_delay, priority, store)
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None,
             ordered: bool = True, window_bytes: int | None = None):
@@ -311,15 +322,24 @@ class Pilot(cf.Executor):
 class TaskOptions:
     """``pilot.options(retries=..., timeout=...)``: ``submit``/``map`` with per-task options."""
 
-    __slots__ = ("pilot", "retries", "timeout", "resources", "retry_delay", "priority")
+    __slots__ = ("pilot", "retries", "timeout", "resources", "retry_delay", "priority", "cache")
 
     def __init__(self, pilot: Pilot, retries: int, timeout: float | None,
-                 resources: dict[str, float] | None = None, retry_delay=None, priority: int = 0):
+                 resources: dict[str, float] | None = None, retry_delay=None, priority: int = 0,
+                 cache=None):
         self.pilot, self.retries, self.timeout, self.resources = pilot, retries, timeout, resources
         self.retry_delay, self.priority = retry_delay, priority
+        self.cache = cache  # a shoal.cache.FunctionCache, or None
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         """``pilot.submit`` with these options; every keyword goes to ``fn``."""
+        if self.cache is not None:
+            from .cache import submit_cached
+
+            return submit_cached(lambda f, a, k: self._submit(f, a, k), self.cache, fn, args, kwargs)
+        return self._submit(fn, args, kwargs)
+
+    def _submit(self, fn, args, kwargs) -> Future:
         if self.retry_delay is None and not self.priority:
             return self.pilot._backend.submit(fn, args, kwargs, retries=self.retries, timeout=self.timeout,
                                               resources=self.resources)
@@ -332,9 +352,9 @@ class TaskOptions:
         """``pilot.map`` whose batches run with these options (``timeout`` here is the
         map's, as in ``Pilot.map``; the per-batch one is the option).  ``retry_delay`` and
         ``priority`` apply to ``submit`` only: a map is refused with them."""
-        if self.retry_delay is not None or self.priority:
-            raise ValueError("pilot.options(retry_delay=/priority=).map(...): these apply to submit; "
-                             "submit the items one by one, or map without them")
+        if self.retry_delay is not None or self.priority or self.cache is not None:
+            raise ValueError("pilot.options(retry_delay=/priority=/cache=).map(...): these apply to "
+                             "submit; submit the items one by one, or map without them")
         return self.pilot._map(fn, iterables, timeout, chunksize, ordered, window_bytes,
                                self.retries, self.timeout, self.resources)
 
@@ -342,6 +362,7 @@ class TaskOptions:
         res = "" if self.resources is None else f" resources={self.resources}"
         res += "" if self.retry_delay is None else f" retry_delay={self.retry_delay!r}"
         res += f" priority={self.priority}" if self.priority else ""
+        res += f" cache={self.cache.path!r}" if self.cache is not None else ""
         return f"<shoal.Pilot.options retries={self.retries} timeout={self.timeout}{res}>"
 
 

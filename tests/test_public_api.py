@@ -13,7 +13,7 @@ EXPECTED = {
     "NumaNode", "BackendKind", "SharedArray", "BestCell", "Channel", "Sense", "ShoalError",
     "TopologyError", "PilotClosed", "TaskTimeout", "WorkerLost", "SerializationError",
     "RemoteTraceback", "BackendUnavailable", "allocation", "Allocation", "BrokenPilot",
-    "PicklingError", "UnpicklingError", "publish", "Backoff",
+    "PicklingError", "UnpicklingError", "publish", "Backoff", "cached",
 }
 
 

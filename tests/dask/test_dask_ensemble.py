@@ -570,3 +570,29 @@ def test_submit_refused_is_a_spawn_failure(tmp_path):
     (failure,) = report.failures
     assert failure["kind"] is FailureKind.SPAWN
     assert failure["reason"].startswith("cannot submit to the dask pilot: BackendUnavailable")
+
+
+def test_reuse_reruns_only_the_changed_task_on_each_backend(pilot, kind, tmp_path):
+    """``run(reuse=True)``: keys are taken and outputs staged back by the driver, the same code on
+    every backend; the executables that do run (on the nodes, on dask) write their side-effect
+    line to a shared file."""
+    log = tmp_path / "ran.log"
+
+    def wf(arg):
+        return Pipeline([
+            Stage([sh("gen", f"echo gen >> {log}; seq 4 > a.txt", outputs=["a.txt"]),
+                   sh("other", f"echo other >> {log}; echo {arg} > b.txt", outputs=["b.txt"])], name="s1"),
+            Stage([sh("wc", f"echo wc >> {log}; wc -l < a.txt > n.txt", inputs=["$p.s1.gen/a.txt"],
+                      outputs=["n.txt"]),
+                   Task(function=t.total, args=([1, 2, 3],), name="sum")], name="s2"),
+        ], name="p")
+
+    db = str(tmp_path / "run.db")
+    assert run(wf("x"), pilot=pilot, journal=db, reuse=True).ok
+    assert sorted(log.read_text().split()) == ["gen", "other", "wc"]
+    log.write_text("")
+    report = run(wf("y"), pilot=pilot, journal=db, reuse=True)
+    assert report.ok and report.reused == 3
+    assert log.read_text().split() == ["other"]
+    assert report.result("p.s2.sum") == 6
+    assert (tmp_path / "run.sandbox/p/s2/wc/n.txt").read_text().strip() == "4"

@@ -16,7 +16,8 @@ the Walker's ``Intake``), ``drive`` (the pilot or allocation a run opens, then t
 ``entk`` (EnTK's AppManager),
 ``entk_model``/``entk_states`` (EnTK's Task/Stage/Pipeline and state names), and ``commands``
 (``shoal run`` / ``shoal status``) with ``yamlfile`` (YAML workflow files) and ``resource_args``
-(``shoal run --slurm``'s flags).  No module imports another in a cycle (tests/test_layers.py).
+(``shoal run --slurm``'s flags), and ``reuse`` (task keys by content: ``run(reuse=True,
+cache=)``, ``explain``).  No module imports another in a cycle (tests/test_layers.py).
 The public faces are ``shoal.ensemble`` and ``shoal.entk``; see
 docs/ensemble.md and docs/entk.md.
 """
@@ -37,6 +38,7 @@ from .model import (
     TaskState,
 )
 from .report import Report, Results, StageContext
+from .reuse import explain
 from .scheduler import Grant, Request, Scheduler
 from .status import Driver, DriverState, PipelineStatus, RunStatus, StageStatus, TaskFailure
 from .values import Values
@@ -47,7 +49,8 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         sandbox: str | None = None, window: int | None = None, durability: str = "normal",
         progress=None, patience: int = 64, new: bool = False, retry_failed: bool = False,
         values: str = "data", resource=None, shared_data=(), launcher=None,
-        resume_command: str | None = None, retries: int = 0, retry_delay=None) -> Report:
+        resume_command: str | None = None, retries: int = 0, retry_delay=None, reuse: bool = False,
+        cache=None) -> Report:
     """Run ``workflow`` (a Pipeline, a list or lazy iterable of them) to the end; return a Report.
 
     ``pilot``: run function tasks on this open ``shoal.Pilot`` (default: one is
@@ -105,6 +108,13 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
     up to ``retries`` times after a failure, waiting ``retry_delay`` before each retry
     (seconds, or ``shoal.Backoff(base=1, factor=2, cap=60, jitter=0.1)``: 1, 2, 4, ... s).
     A task's ``priority`` (or its stage's) orders the tasks that are ready: higher first.
+
+    ``reuse=True``: start afresh (the journal there is kept under its dated name, as with
+    ``new``) and reuse every task whose key -- its code or executable, arguments, named
+    environment and the contents of its input files -- matches a task the old journal holds DONE:
+    its outputs are staged back and it is not run.  ``cache``: a folder shared between runs where
+    every finished task's key, outputs and result are kept, and matched the same way (reuse.py,
+    docs/ensemble.md "Reusing results across runs").
     """
     from .drive import run_workflow
 
@@ -113,7 +123,7 @@ def run(workflow, pilot=None, journal: str = "run.db", resume: bool = False, *,
         cores=cores, gpus=gpus, memory=memory, walltime=walltime, sandbox=sandbox, window=window,
         durability=durability, progress=progress, patience=patience, values=values,
         shared_data=shared_data, launcher=launcher, resume_command=resume_command,
-        retries=retries, retry_delay=retry_delay)
+        retries=retries, retry_delay=retry_delay, reuse=reuse, cache=cache)
     return run_workflow(workflow, config, pilot=pilot, resource=resource)
 
 
@@ -121,5 +131,5 @@ __all__ = [
     "Task", "Stage", "Pipeline", "run", "Report", "Results", "StageContext", "TaskState",
     "TaskKind", "FailureKind", "Failure", "Staging", "Input", "EnsembleError", "Scheduler",
     "Request", "Grant", "parse_walltime", "RunStatus", "PipelineStatus", "StageStatus",
-    "TaskFailure", "Driver", "DriverState", "Values",
+    "TaskFailure", "Driver", "DriverState", "Values", "explain",
 ]

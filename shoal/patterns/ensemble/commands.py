@@ -148,6 +148,10 @@ def resume_command(args: argparse.Namespace) -> str:
         argv += ["--retry-delay", _retry_delay_text(args.retry_delay)]
     if args.pickle_values:
         argv.append("--pickle-values")
+    if getattr(args, "reuse", False):  # a resume of a reuse run reads the same old journal
+        argv.append("--reuse")
+    if getattr(args, "cache", None) is not None:
+        argv += ["--cache", args.cache]
     for flag, value in getattr(args, "extra_resume", ()):  # options other commands add (e.g. --slurm)
         argv += [flag] + ([str(value)] if value is not None else [])
     return shlex.join(argv)
@@ -161,11 +165,18 @@ def config_from_args(args: argparse.Namespace, walltime, progress, pilot) -> Eng
         workers=None if pilot else args.workers, gpus=args.gpus, walltime=walltime,
         sandbox=args.sandbox, progress=progress, values="pickle" if args.pickle_values else "data",
         launcher=args.launcher, resume_command=resume_command(args), retries=args.retries,
-        retry_delay=args.retry_delay)
+        retry_delay=args.retry_delay, reuse=args.reuse, cache=args.cache)
 
 
 def _run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.workflow)
+    if args.explain:
+        from .reuse import explain
+
+        for uid, verdict in explain(workflow, args.journal, args.cache,
+                                    "pickle" if args.pickle_values else "data"):
+            print(printable(f"{uid}: {verdict}"))
+        return 0
     resource, walltime = resource_from_args(args)  # --slurm & co., or inside an allocation
     progress = Progress(sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -209,6 +220,17 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     again.add_argument("--resume", action="store_true", help="finish the run the journal holds")
     again.add_argument("--new", action="store_true",
                        help="start a fresh run; a journal already there is kept as <name>.<date>.db")
+    parser.add_argument("--reuse", action="store_true",
+                        help="start afresh (the old journal is kept as <name>.<date>.db) and reuse every "
+                             "task whose code, arguments, environment and input files' contents match "
+                             "a finished task of the old journal (or of --cache): its outputs are staged "
+                             "back, it does not run")
+    parser.add_argument("--cache", default=None, metavar="DIR",
+                        help="a folder shared between runs: every finished task's key and outputs are "
+                             "kept there and reused by a later run whose task has the same key")
+    parser.add_argument("--explain", action="store_true",
+                        help="print per task whether --reuse/--cache would reuse it or why it runs "
+                             "(changed argument, input file, code, environment, new); runs nothing")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --resume: run FAILED and CANCELED tasks (and those skipped for them) again")
     parser.add_argument("--workers", type=_positive_int, default=None,

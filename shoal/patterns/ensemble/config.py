@@ -86,6 +86,8 @@ class EngineConfig:
     resume_command: str | None = None
     retries: int = 0
     retry_delay: float | Backoff | None = None
+    reuse: bool = False  # start afresh, reusing the old journal's finished tasks (reuse.py)
+    cache: str | None = None  # a folder of finished tasks shared between runs (reuse.py)
 
     def __post_init__(self):
         def put(name, value):
@@ -124,6 +126,12 @@ class EngineConfig:
         put("values", Values.parse(self.values))
         put("launcher", mpi.parse_kind(self.launcher))
         put("shared_data", tuple(self.shared_data))
+        if self.cache is not None:
+            if not isinstance(self.cache, str | os.PathLike):
+                raise EnsembleError(f"run(): cache must be a folder path, got {self.cache!r}")
+            put("cache", os.fspath(self.cache))
+        if self.reuse and not self.resume:
+            put("new", True)  # a fresh run beside the old one, whose journal and sandbox are read
 
     @classmethod
     def for_run(cls, **settings) -> EngineConfig:

@@ -98,6 +98,7 @@ from .launcher import (
     LaunchError,
     check_root,
     kill_leftover,
+    stage_out,
 )
 from .model import (
     EnsembleError,
@@ -170,6 +171,16 @@ class Engine:
         except BaseException:
             self.journal.close(ended=False)
             raise
+        self.reuse = None  # --reuse / --cache: reuse.py keys each task before its first attempt
+        if config.reuse or config.cache is not None:
+            from .reuse import Reuse
+
+            try:
+                self.reuse = Reuse(self.journal, self.launcher, self.refs.resolve,
+                                   previous=config.reuse, cache=config.cache)
+            except BaseException:
+                self.journal.close(ended=False)
+                raise
         self.results = Results(self.journal, self.launcher)
         self.waiting = Waiting()  # by priority, then arrival (scheduler.py)
         self.running: dict[int, Item] = {}  # pid or id(future) -> item
@@ -444,6 +455,8 @@ class Engine:
                     continue
             if item.task.when is not None and item.attempt == 0 and not self._when(item):
                 continue
+            if self.reuse is not None and item.attempt == 0 and self._reused(item):
+                continue
             if self.deadline is not None and now + self._estimate(item.task) > self.deadline:
                 self.draining = True
                 left = max(0.0, self.deadline - now)
@@ -451,6 +464,29 @@ class Engine:
                                      f"{self._estimate(item.task):.1f}s but {left:.1f}s are left")
                 return
             yield self._item_request(item)
+
+    def _reused(self, item: Item) -> bool:
+        """``item``'s key matches a finished task (reuse.py): journaled DONE with its recorded
+        result, its outputs staged back; never placed."""
+        from .reuse import MISS
+
+        value = self.reuse.match(item)
+        if value is MISS:
+            return False
+        item.sandbox = self.launcher.sandbox_of(item.uid) if item.task.kind is TaskKind.EXECUTABLE else None
+        if item.task.stage_out:
+            try:
+                stage_out(self.refs.shared_outputs(item.task.stage_out), item.sandbox, self.launcher.cwd)
+            except LaunchError:
+                return False  # it runs, and its own stage_out says what is wrong
+        self.waiting.pop(id(item), None)
+        self.sched.forget(id(item))
+        self.journal.running(item.uid, item.pipe_uid, item.stage_uid, item.task.kind.value, 1,
+                             item.sandbox, time.time(), item.spec)
+        item.attempt = 1
+        self.session_counts["reused"] += 1
+        self._ended(item, None, value)
+        return True
 
     def _when(self, item: Item) -> bool:
         """Evaluate the task's ``when=``; False (and settled: SKIPPED or FAILED) if it must not run."""
@@ -714,6 +750,8 @@ class Engine:
                 self.journal.done(item.uid, now, exit_code=code, outputs=outputs, usage=used)
             else:
                 self.journal.done(item.uid, now, result=value, usage=used)
+            if self.reuse is not None:
+                self.reuse.record(item, value)
             t.settle(TaskState.DONE, 0)
             self._settle(item, TaskState.DONE)
             return

@@ -27,7 +27,9 @@ shoal additions (keyword arguments): ``journal`` (default ``entk.db`` in the
 working directory), ``resume`` (finish the run the journal holds, after a
 crash or Ctrl-C), ``retry_failed``, ``progress`` (default: ``shoal run``'s progress line
 on stderr when stderr is a terminal, nothing elsewhere; ``False``: none; a callable taking
-the progress dict), ``pilot``.  Without
+the progress dict), ``pilot``, ``reuse`` (start afresh reusing every task whose key matches a
+finished task of the previous run's journal: ``shoal run --reuse``) and ``cache`` (a folder
+of finished tasks shared between runs: ``--cache``).  Without
 ``resume`` every ``run()`` starts afresh and keeps an earlier journal under a
 dated name, as EnTK starts a new session each time.
 
@@ -57,19 +59,21 @@ class AppManager:
 
     def __init__(self, resource_desc: dict | None = None, *, journal: str = "entk.db",
                  resume: bool = False, retry_failed: bool = False, progress=None, pilot=None,
-                 retries: int = 0, retry_delay=None, **entk_kwargs):
+                 retries: int = 0, retry_delay=None, reuse: bool = False, cache=None, **entk_kwargs):
         for key in entk_kwargs:
             if key not in _CONNECTION:
                 close = difflib.get_close_matches(key, sorted(_CONNECTION | {"journal", "resume",
                                                                             "retry_failed", "progress",
                                                                             "pilot", "resource_desc",
-                                                                            "retries", "retry_delay"}), n=1)
+                                                                            "retries", "retry_delay",
+                                                                            "reuse", "cache"}), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise EnsembleError(f"AppManager() got an unknown argument {key!r}{hint}")
         self.journal = journal
         self.resume = resume
         self.retry_failed = retry_failed
         self.retries, self.retry_delay = retries, retry_delay  # every task's default (shoal's)
+        self.reuse, self.cache = reuse, cache  # reuse finished tasks of the last run / a cache folder
         self.progress = progress
         self.pilot = pilot
         self.report = None
@@ -171,7 +175,8 @@ class AppManager:
             journal=self.journal, resume=self.resume, new=not self.resume, retry_failed=self.retry_failed,
             cores=int(desc["cpus"]) if desc.get("cpus") else None, gpus=int(desc.get("gpus") or 0),
             memory=desc.get("memory"), walltime=minutes * 60 if minutes else None, progress=progress,
-            shared_data=self._shared_data, retries=self.retries, retry_delay=self.retry_delay)
+            shared_data=self._shared_data, retries=self.retries, retry_delay=self.retry_delay,
+            reuse=self.reuse and not self.resume, cache=self.cache)
         report = run_workflow(self._workflow, config, pilot=self.pilot)
         self.report = report
         if report.drained:
@@ -191,5 +196,5 @@ class AppManager:
 
 
 _APPMAN_ATTRS = frozenset({"journal", "resume", "retry_failed", "progress", "pilot", "report", "_resource",
-                           "retries", "retry_delay",
+                           "retries", "retry_delay", "reuse", "cache",
                            "_workflow", "resource_desc", "workflow", "shared_data", "_shared_data"})

@@ -87,6 +87,10 @@ CREATE TABLE IF NOT EXISTS stages (uid TEXT PRIMARY KEY, pipeline TEXT, state TE
 CREATE TABLE IF NOT EXISTS failed_attempts (
     uid TEXT, attempt INTEGER, started REAL, finished REAL, failure TEXT, exit_code INTEGER,
     reason TEXT, {_USAGE_DDL}, PRIMARY KEY (uid, attempt));
+CREATE TABLE IF NOT EXISTS task_keys (
+    uid TEXT PRIMARY KEY, key TEXT NOT NULL, parts TEXT, outputs TEXT, reused TEXT, why TEXT);
+CREATE TABLE IF NOT EXISTS file_digests (
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ino INTEGER, digest TEXT);
 """
 MIGRATES_FROM = ("2",)  # older schemas this shoal brings up to SCHEMA_VERSION in place
 
@@ -536,6 +540,20 @@ class Journal:
             "reason=excluded.reason, finished=excluded.finished, spec=coalesce(tasks.spec, excluded.spec)",
             (uid, pipeline, stage, kind, state.value, reason, now, self.session, spec),
         )
+
+    def record_key(self, uid: str, key: str, parts: str, outputs: str, reused: str | None,
+                   why: str | None) -> None:
+        """A DONE task's key (reuse.py): its parts, its outputs' digests, where it was reused from
+        (None: it ran) and why it ran."""
+        self._tx()
+        self.db.execute("INSERT OR REPLACE INTO task_keys VALUES (?,?,?,?,?,?)",
+                        (uid, key, parts, outputs, reused, why))
+
+    def file_digests(self, entries: dict) -> None:
+        """The stat pre-check's entries (shoal/_taskkey.py): path -> (size, mtime_ns, inode, digest)."""
+        self._tx()
+        self.db.executemany("INSERT OR REPLACE INTO file_digests VALUES (?,?,?,?,?)",
+                            [(p, *e) for p, e in entries.items()])
 
     def replay_row(self, uid: str) -> tuple[TaskState, int, str | None] | None:
         """(state, attempt, spec) of ``uid`` for a resume's replay; None if never journaled."""

@@ -128,6 +128,7 @@ class Report:
     status: RunStatus | None = None  # the journal's status when the run ended (what table() prints)
     session_done: int | None = None  # tasks DONE in this session (None: a report loaded later)
     session_settled: int | None = None  # tasks that ended in this session, whatever their state
+    reused: int = 0  # tasks of this session DONE from a finished task's key (--reuse/--cache), not run
 
     @property
     def done(self) -> int:
@@ -171,6 +172,7 @@ class Report:
         report = cls.load(path, failures=failures)
         report.started, report.wall_s, report.drained = wall0, wall_s, drained
         report.retries = session_counts.get("retries", 0)
+        report.reused = session_counts.get("reused", 0)
         report.session_done = session_counts.get(TaskState.DONE, 0)
         report.session_settled = settled(session_counts)
         report.outputs = outputs or {}
@@ -208,6 +210,7 @@ class Report:
         when = time.strftime("%H:%M:%S", time.localtime(self.started)) if self.started else "-"
         skipped = self.counts.get(TaskState.SKIPPED, 0)
         this = f" ({self.session_done} in this session)" if self.session_done not in (None, self.done) else ""
-        return (f"ensemble run {state}: {self.done} done{this}, {self.failed} failed"
+        reused = f" ({self.reused} reused)" if self.reused else ""
+        return (f"ensemble run {state}: {self.done} done{this}{reused}, {self.failed} failed"
                 + (f", {skipped} skipped" if skipped else "")
                 + f", started {when}, {self.wall_s:.2f} s, {self.tasks_per_s:.1f} tasks/s\n{self.table()}")

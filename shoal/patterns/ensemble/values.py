@@ -121,6 +121,15 @@ def _unpack(data: bytes):
     return msgpack.unpackb(data, ext_hook=_ext, raw=False, strict_map_key=False)
 
 
+def is_data(value) -> bool:
+    """Whether the data format holds ``value`` as it is (else ``encode`` stores a marker)."""
+    try:
+        _pack(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
 def encode(value, mode: Values) -> bytes | None:
     """The bytes the journal stores for a function result (None for None)."""
     if value is None:

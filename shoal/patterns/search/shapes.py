@@ -83,27 +83,39 @@ into a ``for``).
 from __future__ import annotations
 
 import ast
+import dis
 import functools
 import inspect
 import keyword
+import math
 import operator
 import os
 import textwrap
 import time
 import types
 
+from . import polling
+
 _CACHE: dict = {}
 WMAX = 128  # the countdown's longest window (entries): a level is found at most this far past
-#             ``cap`` (loops.REC_MARGIN leaves 200 frames)
+#             ``cap`` (REC_MARGIN leaves 200 frames)
+REC_MARGIN = 200  # frames the recursive loops leave free below the recursion limit
+COUNT_REC_DEPTH = 64  # the recursive count loops (and ticked.py's levels) recurse at most this
+#                       deep: CPython's calls slow down on deep stacks (UTS T3S, 1024 levels: a
+#                       recursion slower than a loop); deeper subtrees go to the iterative loop
+BNB_REC_DEPTH = 128  # the recursive branch-and-bound loop's depth at most (knapsack: ~80 deep)
+# What the generated loops are, for the rare paths that read their frames (loops.py, bnb.py):
+REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
+REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
+LAZY_CODES: set = set()  # ... those of them that keep no child index (loops.lazy_level)
+INLINE_ACCEPT = "accept, inlined"  # a REC_LINES value: an inlined accept() with no try
 
 
 def _windows() -> tuple[float, float]:
     """(fast, slow): a window that took less than ``fast`` seconds doubles, one that took
     more than ``slow`` halves -- the clock is read every ~POLL_S/8..POLL_S whatever a
     node costs (with ``POLL_S = 0``, as tests set it, the window stays at ``TICK``)."""
-    from .engine import POLL_S
-
-    return POLL_S / 8, POLL_S + 0.0001
+    return polling.POLL_S / 8, polling.POLL_S + 0.0001
 
 _SOURCE = '''
 def build(ex, clock, TICK, cap, fast, slow, {params}):
@@ -242,8 +254,6 @@ def _expression(f, names: list) -> str | None:
 def count_loop(ex):
     """``run(it) -> count`` (nodes in ``ex.rec_nodes``) for ``ex`` (an Explorer counting over generator
     children), generated for the shape of its ``children`` and ``accept``."""
-    from . import loops
-
     kcall, values = call_source(ex.children, "children")
     if ex.accept is None:
         name, acall, inline = "all", None, None
@@ -274,9 +284,9 @@ def count_loop(ex):
         ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop {name}: {kcall}, {acall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
-        loops.register_recursions(build, lazy=True)
+        register_recursions(build, lazy=True)
     cap = ex.rec_cap()
-    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), **values)
+    return build(ex, time.perf_counter, polling.TICK, cap, *_windows(), **values)
 
 
 _BNB_SOURCE = '''
@@ -370,10 +380,6 @@ def bnb_loop(ex, cap: int):
     """``run(it)`` (nodes and pruned in ``ex.rec_nodes``/``ex.rec_pruned``): the recursive
     branch-and-bound loop (bnb.py) generated for this search: direct calls, and the
     sense (``negate``), ``prune_level`` and ``ordered`` branches decided once."""
-    import math
-
-    from . import loops
-
     spec = ex.spec
     values: dict = {}
     bcall, more, bread = read(ex.bound, "bound")
@@ -408,7 +414,7 @@ def bnb_loop(ex, cap: int):
         ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop bnb: {bcall}, {ocall}, {kcall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
-        loops.register_recursions(build)
+        register_recursions(build)
         rec = next(c for c in build.__code__.co_consts if getattr(c, "co_name", "") == "rec_bnb")
         BNB_CODES.add(rec)
         for n, line in enumerate(src.splitlines(), 1):
@@ -420,4 +426,25 @@ def bnb_loop(ex, cap: int):
                 BNB_LINES[(rec, n)] = ("read", "bound", None)
             elif line.strip() == f"v = {ocall}" and oread:
                 BNB_LINES[(rec, n)] = ("read", "objective", None)
-    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), math.inf, **values)
+    return build(ex, time.perf_counter, polling.TICK, cap, *_windows(), math.inf, **values)
+
+
+def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
+    """Note the inner recursive functions of the generated ``loops`` (their ``rec_*`` functions), and which
+    user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
+    that keep no child index (``lazy_level``); ``accept_lines``: lines that evaluate an
+    inlined ``accept`` with no ``try`` around it (``INLINE_ACCEPT``, ticked.py)."""
+    for f in loops:
+        for code in f.__code__.co_consts:
+            if getattr(code, "co_name", "").startswith("rec_"):
+                REC_CODES.add(code)
+                if lazy:
+                    LAZY_CODES.add(code)
+                for _, line in dis.findlinestarts(code):
+                    if line in accept_lines:
+                        REC_LINES[(code, line)] = INLINE_ACCEPT
+                for ins in dis.get_instructions(code):
+                    if (ins.argval in ("accept", "children", "iter", "bound", "objective")
+                            and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")
+                            and ins.positions.lineno):
+                        REC_LINES[(code, ins.positions.lineno)] = ins.argval

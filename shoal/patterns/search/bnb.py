@@ -88,13 +88,14 @@ class BnBLoop:
         frames, last = [], None
         tb = exc.__traceback__
         while tb is not None:
-            if tb.tb_frame.f_code in shapes.BNB_CODES:
+            info = shapes.GENERATED.get(tb.tb_frame.f_code)
+            if info is not None and info.values is not None:  # (rec_bnb's frames only)
                 frames.append(tb.tb_frame)
-                last = tb
+                last, lines = tb, info.values
             tb = tb.tb_next
         if last is None:
             return None
-        which = shapes.BNB_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        which = lines.get(last.tb_lineno)
         if which is None:
             return None
         kind, what, local = which

@@ -300,7 +300,7 @@ class CountLoops:
         f = sys._getframe(1)
         out = []
         while f is not None:
-            if f.f_code in shapes.REC_CODES:
+            if f.f_code in shapes.GENERATED:
                 out.append(f)
             elif out:
                 break  # above the recursion
@@ -330,17 +330,17 @@ class CountLoops:
         frames, last = [], None
         tb = exc.__traceback__
         while tb is not None:
-            if tb.tb_frame.f_code in shapes.REC_CODES:
+            if tb.tb_frame.f_code in shapes.GENERATED:
                 frames.append(tb.tb_frame)
                 last = tb
             tb = tb.tb_next
         if last is None:
             return SearchError(f"children() raised {exc!r} at {where(self.base, spec=self.spec)}")
-        if last.tb_frame.f_code in shapes.LAZY_CODES:
+        if shapes.GENERATED[last.tb_frame.f_code].lazy:
             return self.lazy_error(exc, frames, last)
         _, idx = self.rec_levels(frames)
         loc = last.tb_frame.f_locals
-        what = shapes.REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        what = shapes.GENERATED[last.tb_frame.f_code].calls.get(last.tb_lineno)
         if what is None:  # listing: the node is the level's parent, re-derived for the message
             return SearchError(f"children() raised {exc!r} at "
                                f"{where(self.base + tuple(idx[:-1]), spec=self.spec)}")
@@ -356,7 +356,7 @@ class CountLoops:
     def lazy_error(self, exc: BaseException, frames: list, last) -> BaseException:
         """``rec_error`` for the lazy count loop: the path from its frames (``lazy_path``;
         the search ends with this error, so the drained children are dropped)."""
-        what = shapes.REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        what = shapes.GENERATED[last.tb_frame.f_code].calls.get(last.tb_lineno)
         if what is None:  # listing: the node is the level's parent
             frames = frames[:-1]
         try:

@@ -46,7 +46,7 @@ The branch-and-bound loop also:
   where it would improve the incumbent (``BnBLoop.rec_improve``).  The tests are written
   ``if not b > lim`` (prune) and ``if not v <= lim`` (improve), so NaN, for which every
   comparison is False, takes the rare branch and is refused there; a value that cannot
-  be compared or negated (None, str) raises on a line listed in ``BNB_LINES`` and
+  be compared or negated (None, str) raises on a line listed in its ``LoopCode.values`` and
   ``BnBLoop.rec_own_error`` turns that into number()'s TypeError naming the node.  A
   value that compares as a number and decides nothing (a bool, a Decimal) passes as
   that number; the old per-node class checks cost ~5% of a knapsack node;
@@ -83,6 +83,7 @@ into a ``for``).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import dis
 import functools
 import inspect
@@ -104,11 +105,23 @@ COUNT_REC_DEPTH = 64  # the recursive count loops (and ticked.py's levels) recur
 #                       deep: CPython's calls slow down on deep stacks (UTS T3S, 1024 levels: a
 #                       recursion slower than a loop); deeper subtrees go to the iterative loop
 BNB_REC_DEPTH = 128  # the recursive branch-and-bound loop's depth at most (knapsack: ~80 deep)
-# What the generated loops are, for the rare paths that read their frames (loops.py, bnb.py):
-REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
-REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
-LAZY_CODES: set = set()  # ... those of them that keep no child index (loops.lazy_level)
-INLINE_ACCEPT = "accept, inlined"  # a REC_LINES value: an inlined accept() with no try
+INLINE_ACCEPT = "accept, inlined"  # a LoopCode.calls value: an inlined accept() with no try
+
+
+@dataclasses.dataclass
+class LoopCode:
+    """What the rare paths (loops.py, bnb.py: splits, errors) know of one generated
+    recursive function (``rec_*``) from its code object."""
+
+    lazy: bool  # it keeps no child index (loops.CountLoops.lazy_level reads its levels)
+    calls: dict = dataclasses.field(default_factory=dict)  # line -> the user call made on it
+    #      ("accept", "children", "iter", "bound", "objective", or INLINE_ACCEPT)
+    values: dict | None = None  # rec_bnb only: line -> ("value", "bound()", local) where a
+    #      bound or objective is compared or negated; ("read", "bound", None): a read that
+    #      read() inlined (bnb.BnBLoop.rec_own_error names the node)
+
+
+GENERATED: dict = {}  # code object -> LoopCode: the one registry of the generated loops
 
 
 def _windows() -> tuple[float, float]:
@@ -352,10 +365,6 @@ def build(ex, clock, TICK, cap, fast, slow, inf, {params}):
 
     return run
 '''
-BNB_CODES: set = set()  # the code objects of the generated rec_bnb functions
-BNB_LINES: dict = {}  # (rec_bnb's code, line) -> ("value", "bound()", local): where a bound or
-#                       objective is compared or negated; ("read", "bound", None): a read that
-#                       read() inlined (bnb.BnBLoop.rec_own_error names the node)
 
 
 def read(fn, name: str) -> tuple[str, dict, bool]:
@@ -416,16 +425,16 @@ def bnb_loop(ex, cap: int):
         build = _CACHE[key] = ns["build"]
         register_recursions(build)
         rec = next(c for c in build.__code__.co_consts if getattr(c, "co_name", "") == "rec_bnb")
-        BNB_CODES.add(rec)
+        lines = GENERATED[rec].values = {}
         for n, line in enumerate(src.splitlines(), 1):
             for what, local in (("bound", b), ("objective", "v")):
                 if f"# [{what}]" in line:
-                    BNB_LINES[(rec, n)] = ("value", f"{what}()", local)
+                    lines[n] = ("value", f"{what}()", local)
             # an inlined read has no call for register_recursions to find
             if line.strip() == f"{b} = {bcall}" and bread:
-                BNB_LINES[(rec, n)] = ("read", "bound", None)
+                lines[n] = ("read", "bound", None)
             elif line.strip() == f"v = {ocall}" and oread:
-                BNB_LINES[(rec, n)] = ("read", "objective", None)
+                lines[n] = ("read", "objective", None)
     return build(ex, time.perf_counter, polling.TICK, cap, *_windows(), math.inf, **values)
 
 
@@ -437,14 +446,12 @@ def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
     for f in loops:
         for code in f.__code__.co_consts:
             if getattr(code, "co_name", "").startswith("rec_"):
-                REC_CODES.add(code)
-                if lazy:
-                    LAZY_CODES.add(code)
+                calls = GENERATED.setdefault(code, LoopCode(lazy=lazy)).calls
                 for _, line in dis.findlinestarts(code):
                     if line in accept_lines:
-                        REC_LINES[(code, line)] = INLINE_ACCEPT
+                        calls[line] = INLINE_ACCEPT
                 for ins in dis.get_instructions(code):
                     if (ins.argval in ("accept", "children", "iter", "bound", "objective")
                             and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")
                             and ins.positions.lineno):
-                        REC_LINES[(code, ins.positions.lineno)] = ins.argval
+                        calls[ins.positions.lineno] = ins.argval

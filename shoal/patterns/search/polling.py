@@ -6,15 +6,18 @@ the search stopped, the incumbent improved or a peer is hungry.  Deciding *when*
 per node, so it is split into a cheap check and a rarer poll.  Each task's loop (worker
 thread only) is in one of these states::
 
-    RUNNING --countdown runs out (every TICK nodes)------------------> CLOCK
+    RUNNING --countdown runs out (every TICK nodes; the recursions of
+              shapes.py adapt that window, 1 .. WMAX nodes)----------> CLOCK
     RUNNING --armed: a tick (every TICK_S) or a thief's poke
               (ticked count loop only: no countdown at all)----------> POLL
     CLOCK   --perf_counter() < next_poll--------------------------> RUNNING
     CLOCK   --next_poll passed------------------------------------> POLL
     POLL    --a STOP row of Control, or the StopFlag
               (read every STOP_CELL_EVERY polls)-------------------> UNWIND
-    POLL    --otherwise: new limits from the incumbent cell, then
-              split_decision(); next_poll = now + POLL_S-----------> RUNNING
+    POLL    --otherwise: (several machines, with the StopFlag read)
+              top up the balancer's reserve (Explorer.keep_reserve);
+              new limits from the incumbent cell; split_decision();
+              next_poll = now + POLL_S-----------------------------> RUNNING
     UNWIND  terminal: the loop raises _Stopped; the task reports its nodes and joins
 
 A split happens only in POLL (or at a BUDGET backtrack), so a split always sees the
@@ -35,7 +38,7 @@ two-unit minimum: the runtime wakes a parked thief when a deque reaches two.
 Every value here is read as ``polling.NAME`` at the time of use, so tests may patch
 them (``POLL_S = 0``: poll at every countdown; ``TICK = 1``: a countdown of one node).
 
-Alternatives rejected: a clock read per node (~40 ns each, more than a light node's
+Alternatives rejected: a clock read per node (dearer than a light node's
 countdown); polling on every countdown without the clock (a heavy node's loop would poll
 every few nodes, a light one's too rarely); a helper thread setting a flag per poll (a
 GIL hand-over each time); the poke alone without a timer (a stopped search would wait for

@@ -476,3 +476,56 @@ def test_private_rule(module, source, bad):
     owners = {"_backend": {"shoal.pilot"}, "_check_options": {"shoal.backends.local"},
               "_enter": {"shoal.backends.dask.node"}, "_context": {"shoal"}}
     assert [name for name, _ in private_reaches(source, module, False, owners)] == bad
+
+
+# ---------------------------------------------------------------------------
+# the search package: no two of its modules import each other, directly or round a cycle
+# ---------------------------------------------------------------------------
+
+SEARCH = "shoal.patterns.search"
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports), each once, as the
+    modules round it (first = the smallest name); an empty list when there are none."""
+    cycles: set[tuple[str, ...]] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                ring = path[path.index(nxt):]
+                k = ring.index(min(ring))
+                cycles.add(tuple(ring[k:] + ring[:k]))
+            else:
+                walk(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return [list(c) for c in sorted(cycles)]
+
+
+def search_import_graph() -> dict[str, set[str]]:
+    """Module of the search package -> the package's modules it imports anywhere in its
+    text (also inside functions: a lazy import is a cycle deferred, not a cycle gone)."""
+    folder = ROOT.joinpath(*SEARCH.split("."))
+    graph = {}
+    for path in sorted(folder.glob("*.py")):
+        module = module_name(path)
+        found = imports_of(path.read_text(), module, path.name == "__init__.py")
+        graph[module] = {m for m in found if m.startswith(SEARCH + ".") and m != module}
+    return graph
+
+
+def test_the_search_package_has_no_import_cycle():
+    graph = search_import_graph()
+    assert len(graph) > 5  # (the scan found the package)
+    assert package_cycles(graph) == []
+
+
+def test_cycles_are_found_also_through_function_level_imports():
+    # (absolute names: a relative one resolves only to modules that exist under shoal/)
+    src = {"a": "import x.pkg.b\n", "b": "def f():\n    import x.pkg.c\n", "c": "import x.pkg.a\n"}
+    graph = {f"x.pkg.{m}": {n for n in imports_of(s, f"x.pkg.{m}", False)
+                            if n.startswith("x.pkg.")} for m, s in src.items()}
+    assert package_cycles(graph) == [["x.pkg.a", "x.pkg.b", "x.pkg.c"]]
+    assert package_cycles({"a": {"b"}, "b": set()}) == []

@@ -25,6 +25,7 @@ from shoal import _tick
 from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
 from shoal.patterns.search import model as M
+from shoal.patterns.search import polling as P
 from shoal.patterns.search import ticked as T
 
 needs_ticker = pytest.mark.skipif(
@@ -156,7 +157,7 @@ def test_live_node_counts_never_go_backwards_across_the_deep_hand_over(monkeypat
     if ticked and not T.available():
         pytest.skip("shoal._ticker not built")
     monkeypatch.setattr(_tick, "ENABLED", ticked)
-    monkeypatch.setattr(E, "POLL_S", 0)  # (deterministic: every loops.TICK-th entry polls)
+    monkeypatch.setattr(P, "POLL_S", 0)  # (deterministic: every polling.TICK-th entry polls)
     monkeypatch.setattr(T, "LIVE_EVERY", 1)
     monkeypatch.setattr(sys, "getrecursionlimit", lambda: 10_000)  # (room for 100 levels)
     ctl = np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64)

@@ -23,6 +23,8 @@ from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
 from shoal.patterns.search import loops as L
 from shoal.patterns.search import model as M
+from shoal.patterns.search import polling as P
+from shoal.patterns.search import shapes as S
 
 DEPTH = 600
 FORKS = frozenset(range(40, DEPTH, 70))  # depths with two children: 2^8 spines of ~600 nodes
@@ -77,7 +79,7 @@ class _Cell:
 
 @pytest.mark.parametrize("goal", [M.Goal.COUNT, M.Goal.OPTIMISE])
 def test_deep_trees_split_at_every_poll_in_process(monkeypatch, goal):
-    monkeypatch.setattr(E, "POLL_S", 0.0)  # a poll at every countdown (TICK nodes) ...
+    monkeypatch.setattr(P, "POLL_S", 0.0)  # a poll at every countdown (TICK nodes) ...
     split_at, polls = E.Explorer.split_at, itertools.count()
 
     def rarely(self, *args, **kw):  # ... and a split at every 20th: tasks run past the recursion
@@ -139,8 +141,8 @@ def test_deep_trees_on_a_pilot(pilot2):
 def _count_stack_builds(monkeypatch) -> tuple[list, list]:
     """A poll at every countdown, the iterative loops from depth 2 on, and two lists that
     grow by one per poll and per build of the loop's (iters, idx) stack."""
-    monkeypatch.setattr(E, "POLL_S", 0.0)
-    monkeypatch.setattr(L, "REC_DEPTH", 2)  # hand the chain to the iterative loop at once
+    monkeypatch.setattr(P, "POLL_S", 0.0)
+    monkeypatch.setattr(S, "COUNT_REC_DEPTH", 2)  # hand the chain to the iterative loop at once
     polls, built = [], []
     real = E.Explorer.poll
 

@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from shoal.patterns.search import bnb as B
 from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
-from shoal.patterns.search import loops as L
 from shoal.patterns.search import model as M
+from shoal.patterns.search import polling as P
+from shoal.patterns.search import shapes as S
 
 pytestmark = pytest.mark.usefixtures("both_count_loops")  # (tests/conftest.py)
 
@@ -54,11 +54,11 @@ def _optimise_kw(goal) -> dict:
 def test_every_poll_splits_true_paths_and_exact_counts(monkeypatch, goal, rec_depth, children):
     """Splits read from the recursive loops' frames (and, below ``rec_depth`` levels, from
     the iterative loop they hand deep subtrees to) ship true paths and lose no node."""
-    monkeypatch.setattr(E, "POLL_S", 0.0)  # poll at every tick
-    monkeypatch.setattr(L, "TICK", 1)
+    monkeypatch.setattr(P, "POLL_S", 0.0)  # poll at every tick
+    monkeypatch.setattr(P, "TICK", 1)
     if rec_depth is not None:
-        monkeypatch.setattr(L, "REC_DEPTH", rec_depth)
-        monkeypatch.setattr(B, "REC_DEPTH", rec_depth)
+        monkeypatch.setattr(S, "COUNT_REC_DEPTH", rec_depth)
+        monkeypatch.setattr(S, "BNB_REC_DEPTH", rec_depth)
     shipped = []
     record(monkeypatch, shipped)
     ctl = np.zeros((2, C.CONTROL_COLUMNS), dtype=np.int64)  # row 1 hungry: every poll splits
@@ -128,8 +128,8 @@ def test_budget_splits_at_every_backtrack_keep_true_paths(monkeypatch, goal, bud
 def test_errors_below_the_recursion_name_the_node(monkeypatch, goal):
     """A user function failing in the iterative loop under the recursive one names its
     true path (read from the recursion's frames) and node."""
-    monkeypatch.setattr(L, "REC_DEPTH", 2)
-    monkeypatch.setattr(B, "REC_DEPTH", 2)
+    monkeypatch.setattr(S, "COUNT_REC_DEPTH", 2)
+    monkeypatch.setattr(S, "BNB_REC_DEPTH", 2)
     bad = (0, 1, 0, 1)
 
     def children(node):
@@ -188,10 +188,10 @@ def test_lazy_count_loop_names_nodes_it_cannot_compare(monkeypatch, rec_depth):
     pending units of the task.  With nodes that compare by identity only and a split at
     every 7th poll (two wanted), every shipped node's path is its true one and the count
     is exact; an error deep inside the tree names the true path."""
-    monkeypatch.setattr(E, "POLL_S", 0.0)
-    monkeypatch.setattr(L, "TICK", 1)
+    monkeypatch.setattr(P, "POLL_S", 0.0)
+    monkeypatch.setattr(P, "TICK", 1)
     if rec_depth is not None:
-        monkeypatch.setattr(L, "REC_DEPTH", rec_depth)
+        monkeypatch.setattr(S, "COUNT_REC_DEPTH", rec_depth)
     split_at, polls = E.Explorer.split_at, itertools.count()
 
     def sometimes(self, *args, **kw):

@@ -23,6 +23,7 @@ from shoal.patterns import backtracking
 from shoal.patterns.search import control as C
 from shoal.patterns.search import engine as E
 from shoal.patterns.search import model as M
+from shoal.patterns.search import polling as P
 from shoal.patterns.search import ticked as T
 from shoal.patterns.search.model import SearchError
 from shoal.workloads.nqueens import OEIS_A000170
@@ -150,7 +151,7 @@ def last_is_one(node):
 def test_ticked_splits_at_arbitrary_ticks_lose_no_node(monkeypatch, accept):
     """Ticks every ~20 us (and nudges) with a hungry peer (every poll splits): every
     split-off unit is named by its true path, and nodes and solutions add up exactly."""
-    monkeypatch.setattr(T, "TICK_S", 0.00002)
+    monkeypatch.setattr(P, "TICK_S", 0.00002)
     shipped = []
     monkeypatch.setattr(E.Explorer, "ship", lambda self, node, path: shipped.append([(path, node)]))
     monkeypatch.setattr(E.Explorer, "ship_bundle", lambda self, units: shipped.append(list(units)))
@@ -202,7 +203,7 @@ def test_live_nodes_reach_the_control_array_before_the_unit_ends(monkeypatch):
     """progress= and the dashboard read Control's NODES: the ticked loop keeps no counter,
     so its polls sum the frames' counts every LIVE_EVERY polls (here: every poll; nudges
     make polls however loaded the machine is)."""
-    monkeypatch.setattr(T, "TICK_S", 0.00005)
+    monkeypatch.setattr(P, "TICK_S", 0.00005)
     monkeypatch.setattr(T, "LIVE_EVERY", 1)
     ctl = np.zeros((1, C.CONTROL_COLUMNS), dtype=np.int64)  # nobody hungry
     seen = []

@@ -15,11 +15,10 @@ import math
 import sys
 import time
 
-from . import loops, shapes
+from . import polling, shapes
 from .model import SearchError, _Stopped, number, where
 
 _EMPTY = iter(())
-REC_DEPTH = 128  # the recursive loop's depth at most (knapsack trees are ~80 deep)
 
 
 class BnBLoop:
@@ -34,8 +33,8 @@ class BnBLoop:
         base, t = self.base, self.tally
         if not self.visit(node, len(base), base):
             return
-        cap = max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use()
-                         - loops.REC_MARGIN))
+        cap = max(1, min(shapes.BNB_REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use()
+                         - shapes.REC_MARGIN))
         run = shapes.bnb_loop(self, cap)
         self.rskips = {}
         self.rec_nodes = self.rec_pruned = 0
@@ -89,13 +88,14 @@ class BnBLoop:
         frames, last = [], None
         tb = exc.__traceback__
         while tb is not None:
-            if tb.tb_frame.f_code in shapes.BNB_CODES:
+            info = shapes.GENERATED.get(tb.tb_frame.f_code)
+            if info is not None and info.values is not None:  # (rec_bnb's frames only)
                 frames.append(tb.tb_frame)
-                last = tb
+                last, lines = tb, info.values
             tb = tb.tb_next
         if last is None:
             return None
-        which = shapes.BNB_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        which = lines.get(last.tb_lineno)
         if which is None:
             return None
         kind, what, local = which
@@ -137,7 +137,7 @@ class BnBLoop:
         pd = [0] * 32 if spec.per_depth else None
         budget = self.budget()
         nodes = pruned = 0
-        TICK = tick = loops.TICK  # (read per call: tests patch it)
+        TICK = tick = polling.TICK  # (read per call: tests patch it)
         lim, slim = self.lim, self.slim
         skips = self.skips
         clock = time.perf_counter

@@ -10,7 +10,8 @@ Data flow::
     driver: make Control (control.py) [+ incumbent cell] --submit--> task(spec, root, ())
     task:   visit the unit node, then depth-first from it (the hot loops: loops.py and
             ticked.py for counting and finding, bnb.py for branch and bound); every ~0.2 ms
-            (the ticked count loop: every 5 ms and when a thief pokes) poll:
+            (the ticked count loop: every 5 ms and when a thief pokes) poll (polling.py
+            states the protocol):
               stop flag set?        -> unwind (find hit, error, KeyboardInterrupt)
               incumbent improved?   -> prune against it from now on
               work wanted?          -> split: spawn the shallowest unexplored
@@ -53,6 +54,7 @@ import time
 import shoal
 
 from .._portable import unwrap
+from . import polling
 from .bnb import BnBLoop
 from .control import NODES, RESERVE, SPAWNED, STARTED, STOP, slot, stopped
 from .loops import CountLoops
@@ -73,11 +75,9 @@ from .model import (
     replay,
     where,
 )
+from .polling import Split
 
-POLL_S = 0.0002  # seconds between two reads of Control by a running task
 BUNDLE = 8  # subtrees per stolen task when counting a list-children tree (ship_bundle)
-STOP_CELL_EVERY = 4  # polls between two reads of the stop flag (the cross-machine one)
-STALE_POLLS = 8  # polls (~1.6 ms) a hungry worker may leave work on offer before a poke
 BARREN_DEPTH = 256  # a split that found nothing waits (stack depth // this) polls
 _EMPTY = iter(())
 
@@ -252,7 +252,7 @@ class Explorer(CountLoops, BnBLoop):
                 raise _Stopped
         if self.stop is not None:
             self.polls += 1
-            if self.polls >= STOP_CELL_EVERY:
+            if self.polls >= polling.STOP_CELL_EVERY:
                 self.polls = 0
                 if self.stop.is_set():  # stopped elsewhere (another machine, the driver)
                     self.ctl[self.me, STOP] = 1
@@ -267,22 +267,12 @@ class Explorer(CountLoops, BnBLoop):
                 self._limits()
         if self.demand and self.split_ok:
             hungry = self.hungry()
-            if not hungry:
-                self.stale = 0
-            elif self.barren:  # the last split found nothing on a deep stack (split_for)
-                self.barren -= 1
-            else:
-                offered = sum(r[SPAWNED] - r[STARTED] for r in rows)
-                if offered < hungry:
-                    # two at least: the runtime wakes a parked thief when a deque reaches 2
-                    self.split_for(frontier, max(2, hungry - offered))
-                    self.stale = 0
-                else:
-                    self.stale += 1
-                    if self.stale >= STALE_POLLS:  # on offer but nobody takes it: poke again
-                        self.split_for(frontier, 1)
-                        self.stale = 0
-        self.next_poll = time.perf_counter() + POLL_S
+            offered = sum(r[SPAWNED] - r[STARTED] for r in rows) if hungry else 0
+            action, want, self.stale, self.barren = polling.split_decision(
+                hungry, offered, self.stale, self.barren)
+            if action is Split.SPLIT or action is Split.POKE:
+                self.split_for(frontier, want)
+        self.next_poll = time.perf_counter() + polling.POLL_S
 
     def split_for(self, frontier, want: int) -> None:
         """A hungry worker's split.  One that ships nothing scanned the whole stack for

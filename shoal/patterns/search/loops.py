@@ -8,7 +8,8 @@ share one shape and the helpers below: all state is in locals; ``top``/``i`` are
 iterator being listed and the index of its last child taken, ``iters``/``idx`` the
 ancestors' ones (preallocated lists, entries ``[:d]``); the level is walked with a
 ``for`` loop (FOR_ITER, no ``next()`` call per node) and descending breaks out of it.
-Control is read at most every ``TICK`` nodes, and only if ``POLL_S`` has passed; a
+Control is read at most every ``TICK`` nodes, and only if ``POLL_S`` has passed
+(polling.py: the protocol); a
 poll may split, which changes the loop's state only through ``skips`` (children of a
 level on the path given away: applied when the loop comes back to it) and the
 iterators (``_poll_at``).  try blocks cost nothing in 3.11, so user calls are wrapped
@@ -23,20 +24,11 @@ import numbers
 import sys
 import time
 
-from . import shapes, ticked
+from . import polling, shapes, ticked
 from .model import Coordination, Goal, SearchError, _Stopped, where
 from .room import in_room
 
-TICK = 16  # the hot loops look at the clock once per TICK nodes (tests patch it: read per call)
-REC_MARGIN = 200  # frames the recursive loop leaves free below the recursion limit
-REC_DEPTH = 64  # ... and it recurses at most this deep: CPython's calls slow down on deep
-#                 stacks (UTS T3S, 1024 levels: a recursion slower than a loop); deeper
-#                 subtrees go to the iterative loop
 _END = object()  # next(iterator, _END): the end of a level
-_REC_CODES: set = set()  # the recursive loops' inner functions (register_recursions)
-_REC_LINES: dict = {}  # (code, line) -> the user call made on that line of them
-_LAZY_CODES: set = set()  # ... those of them that keep no child index (lazy_level)
-INLINE_ACCEPT = "accept, inlined"  # a _REC_LINES value: an inlined accept() with no try
 
 
 class CountLoops:
@@ -75,6 +67,7 @@ class CountLoops:
             return base + tuple(idx)
 
         tick = 0
+        TICK = polling.TICK  # (read per call: tests patch it)
         while iters:
             tick += 1
             if tick >= TICK:  # before taking a child: a split ships the siblings after it
@@ -195,9 +188,10 @@ class CountLoops:
             self.seen = 0
 
     def rec_cap(self) -> int:
-        """How deep the recursive loops go: ``REC_DEPTH``, or less where the recursion
+        """How deep the recursive count loops go: ``shapes.COUNT_REC_DEPTH``, or less where the recursion
         limit, less what joins may nest, leaves less room."""
-        return max(1, min(REC_DEPTH, sys.getrecursionlimit() - self.frames_in_use() - REC_MARGIN))
+        return max(1, min(shapes.COUNT_REC_DEPTH,
+                           sys.getrecursionlimit() - self.frames_in_use() - shapes.REC_MARGIN))
 
     def _deep_level(self, it) -> None:
         """A level below the generated loop's ``cap`` (its node visited, no child taken):
@@ -306,7 +300,7 @@ class CountLoops:
         f = sys._getframe(1)
         out = []
         while f is not None:
-            if f.f_code in _REC_CODES:
+            if f.f_code in shapes.GENERATED:
                 out.append(f)
             elif out:
                 break  # above the recursion
@@ -336,17 +330,17 @@ class CountLoops:
         frames, last = [], None
         tb = exc.__traceback__
         while tb is not None:
-            if tb.tb_frame.f_code in _REC_CODES:
+            if tb.tb_frame.f_code in shapes.GENERATED:
                 frames.append(tb.tb_frame)
                 last = tb
             tb = tb.tb_next
         if last is None:
             return SearchError(f"children() raised {exc!r} at {where(self.base, spec=self.spec)}")
-        if last.tb_frame.f_code in _LAZY_CODES:
+        if shapes.GENERATED[last.tb_frame.f_code].lazy:
             return self.lazy_error(exc, frames, last)
         _, idx = self.rec_levels(frames)
         loc = last.tb_frame.f_locals
-        what = _REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        what = shapes.GENERATED[last.tb_frame.f_code].calls.get(last.tb_lineno)
         if what is None:  # listing: the node is the level's parent, re-derived for the message
             return SearchError(f"children() raised {exc!r} at "
                                f"{where(self.base + tuple(idx[:-1]), spec=self.spec)}")
@@ -362,7 +356,7 @@ class CountLoops:
     def lazy_error(self, exc: BaseException, frames: list, last) -> BaseException:
         """``rec_error`` for the lazy count loop: the path from its frames (``lazy_path``;
         the search ends with this error, so the drained children are dropped)."""
-        what = _REC_LINES.get((last.tb_frame.f_code, last.tb_lineno))
+        what = shapes.GENERATED[last.tb_frame.f_code].calls.get(last.tb_lineno)
         if what is None:  # listing: the node is the level's parent
             frames = frames[:-1]
         try:
@@ -373,7 +367,7 @@ class CountLoops:
             return SearchError(f"children() raised {exc!r} at {where(path, spec=self.spec)}")
         child = last.tb_frame.f_locals["child"]
         cause = None
-        if what == INLINE_ACCEPT:  # (ticked.py) the expression raised in the loop: the
+        if what == shapes.INLINE_ACCEPT:  # (ticked.py) the expression raised in the loop: the
             what = "accept"        # function itself, called, raises it from its own frame
             try:
                 self.accept(child)
@@ -411,7 +405,7 @@ class CountLoops:
         budget = self.budget()
         count = nodes = kcount = 0
         bad = False
-        tick = TICK
+        TICK = tick = polling.TICK  # (read per call: tests patch it)
         skips = self.skips
         clock = time.perf_counter
         iters: list = [None] * 32  # ancestors' iterators and child indices: entries [:d]
@@ -575,26 +569,3 @@ def _yields(children) -> bool:
     while isinstance(children, functools.partial):
         children = children.func
     return inspect.isgeneratorfunction(children)
-
-
-def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
-    """Note the inner recursive functions of ``loops`` (the ``*_rec`` methods), and which
-    user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
-    that keep no child index (``lazy_level``); ``accept_lines``: lines that evaluate an
-    inlined ``accept`` with no ``try`` around it (``INLINE_ACCEPT``, ticked.py)."""
-    import dis
-
-    for f in loops:
-        for code in f.__code__.co_consts:
-            if getattr(code, "co_name", "").startswith("rec_"):
-                _REC_CODES.add(code)
-                if lazy:
-                    _LAZY_CODES.add(code)
-                for _, line in dis.findlinestarts(code):
-                    if line in accept_lines:
-                        _REC_LINES[(code, line)] = INLINE_ACCEPT
-                for ins in dis.get_instructions(code):
-                    if (ins.argval in ("accept", "children", "iter", "bound", "objective")
-                            and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")
-                            and ins.positions.lineno):
-                        _REC_LINES[(code, ins.positions.lineno)] = ins.argval

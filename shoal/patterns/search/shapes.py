@@ -46,7 +46,7 @@ The branch-and-bound loop also:
   where it would improve the incumbent (``BnBLoop.rec_improve``).  The tests are written
   ``if not b > lim`` (prune) and ``if not v <= lim`` (improve), so NaN, for which every
   comparison is False, takes the rare branch and is refused there; a value that cannot
-  be compared or negated (None, str) raises on a line listed in ``BNB_LINES`` and
+  be compared or negated (None, str) raises on a line listed in its ``LoopCode.values`` and
   ``BnBLoop.rec_own_error`` turns that into number()'s TypeError naming the node.  A
   value that compares as a number and decides nothing (a bool, a Decimal) passes as
   that number; the old per-node class checks cost ~5% of a knapsack node;
@@ -83,27 +83,52 @@ into a ``for``).
 from __future__ import annotations
 
 import ast
+import dataclasses
+import dis
 import functools
 import inspect
 import keyword
+import math
 import operator
 import os
 import textwrap
 import time
 import types
 
+from . import polling
+
 _CACHE: dict = {}
 WMAX = 128  # the countdown's longest window (entries): a level is found at most this far past
-#             ``cap`` (loops.REC_MARGIN leaves 200 frames)
+#             ``cap`` (REC_MARGIN leaves 200 frames)
+REC_MARGIN = 200  # frames the recursive loops leave free below the recursion limit
+COUNT_REC_DEPTH = 64  # the recursive count loops (and ticked.py's levels) recurse at most this
+#                       deep: CPython's calls slow down on deep stacks (UTS T3S, 1024 levels: a
+#                       recursion slower than a loop); deeper subtrees go to the iterative loop
+BNB_REC_DEPTH = 128  # the recursive branch-and-bound loop's depth at most (knapsack: ~80 deep)
+INLINE_ACCEPT = "accept, inlined"  # a LoopCode.calls value: an inlined accept() with no try
+
+
+@dataclasses.dataclass
+class LoopCode:
+    """What the rare paths (loops.py, bnb.py: splits, errors) know of one generated
+    recursive function (``rec_*``) from its code object."""
+
+    lazy: bool  # it keeps no child index (loops.CountLoops.lazy_level reads its levels)
+    calls: dict = dataclasses.field(default_factory=dict)  # line -> the user call made on it
+    #      ("accept", "children", "iter", "bound", "objective", or INLINE_ACCEPT)
+    values: dict | None = None  # rec_bnb only: line -> ("value", "bound()", local) where a
+    #      bound or objective is compared or negated; ("read", "bound", None): a read that
+    #      read() inlined (bnb.BnBLoop.rec_own_error names the node)
+
+
+GENERATED: dict = {}  # code object -> LoopCode: the one registry of the generated loops
 
 
 def _windows() -> tuple[float, float]:
     """(fast, slow): a window that took less than ``fast`` seconds doubles, one that took
     more than ``slow`` halves -- the clock is read every ~POLL_S/8..POLL_S whatever a
     node costs (with ``POLL_S = 0``, as tests set it, the window stays at ``TICK``)."""
-    from .engine import POLL_S
-
-    return POLL_S / 8, POLL_S + 0.0001
+    return polling.POLL_S / 8, polling.POLL_S + 0.0001
 
 _SOURCE = '''
 def build(ex, clock, TICK, cap, fast, slow, {params}):
@@ -242,8 +267,6 @@ def _expression(f, names: list) -> str | None:
 def count_loop(ex):
     """``run(it) -> count`` (nodes in ``ex.rec_nodes``) for ``ex`` (an Explorer counting over generator
     children), generated for the shape of its ``children`` and ``accept``."""
-    from . import loops
-
     kcall, values = call_source(ex.children, "children")
     if ex.accept is None:
         name, acall, inline = "all", None, None
@@ -274,9 +297,9 @@ def count_loop(ex):
         ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop {name}: {kcall}, {acall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
-        loops.register_recursions(build, lazy=True)
+        register_recursions(build, lazy=True)
     cap = ex.rec_cap()
-    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), **values)
+    return build(ex, time.perf_counter, polling.TICK, cap, *_windows(), **values)
 
 
 _BNB_SOURCE = '''
@@ -342,10 +365,6 @@ def build(ex, clock, TICK, cap, fast, slow, inf, {params}):
 
     return run
 '''
-BNB_CODES: set = set()  # the code objects of the generated rec_bnb functions
-BNB_LINES: dict = {}  # (rec_bnb's code, line) -> ("value", "bound()", local): where a bound or
-#                       objective is compared or negated; ("read", "bound", None): a read that
-#                       read() inlined (bnb.BnBLoop.rec_own_error names the node)
 
 
 def read(fn, name: str) -> tuple[str, dict, bool]:
@@ -370,10 +389,6 @@ def bnb_loop(ex, cap: int):
     """``run(it)`` (nodes and pruned in ``ex.rec_nodes``/``ex.rec_pruned``): the recursive
     branch-and-bound loop (bnb.py) generated for this search: direct calls, and the
     sense (``negate``), ``prune_level`` and ``ordered`` branches decided once."""
-    import math
-
-    from . import loops
-
     spec = ex.spec
     values: dict = {}
     bcall, more, bread = read(ex.bound, "bound")
@@ -408,16 +423,35 @@ def bnb_loop(ex, cap: int):
         ns: dict = {"WMAX": WMAX}
         exec(compile(src, f"<shoal search loop bnb: {bcall}, {ocall}, {kcall}>", "exec"), ns)
         build = _CACHE[key] = ns["build"]
-        loops.register_recursions(build)
+        register_recursions(build)
         rec = next(c for c in build.__code__.co_consts if getattr(c, "co_name", "") == "rec_bnb")
-        BNB_CODES.add(rec)
+        lines = GENERATED[rec].values = {}
         for n, line in enumerate(src.splitlines(), 1):
             for what, local in (("bound", b), ("objective", "v")):
                 if f"# [{what}]" in line:
-                    BNB_LINES[(rec, n)] = ("value", f"{what}()", local)
+                    lines[n] = ("value", f"{what}()", local)
             # an inlined read has no call for register_recursions to find
             if line.strip() == f"{b} = {bcall}" and bread:
-                BNB_LINES[(rec, n)] = ("read", "bound", None)
+                lines[n] = ("read", "bound", None)
             elif line.strip() == f"v = {ocall}" and oread:
-                BNB_LINES[(rec, n)] = ("read", "objective", None)
-    return build(ex, time.perf_counter, loops.TICK, cap, *_windows(), math.inf, **values)
+                lines[n] = ("read", "objective", None)
+    return build(ex, time.perf_counter, polling.TICK, cap, *_windows(), math.inf, **values)
+
+
+def register_recursions(*loops, lazy: bool = False, accept_lines=()) -> None:
+    """Note the inner recursive functions of the generated ``loops`` (their ``rec_*`` functions), and which
+    user call each of their lines makes (``rec_frames``, ``rec_error``); ``lazy``: loops
+    that keep no child index (``lazy_level``); ``accept_lines``: lines that evaluate an
+    inlined ``accept`` with no ``try`` around it (``INLINE_ACCEPT``, ticked.py)."""
+    for f in loops:
+        for code in f.__code__.co_consts:
+            if getattr(code, "co_name", "").startswith("rec_"):
+                calls = GENERATED.setdefault(code, LoopCode(lazy=lazy)).calls
+                for _, line in dis.findlinestarts(code):
+                    if line in accept_lines:
+                        calls[line] = INLINE_ACCEPT
+                for ins in dis.get_instructions(code):
+                    if (ins.argval in ("accept", "children", "iter", "bound", "objective")
+                            and ins.opname in ("LOAD_DEREF", "LOAD_GLOBAL", "LOAD_FAST")
+                            and ins.positions.lineno):
+                        calls[ins.positions.lineno] = ins.argval

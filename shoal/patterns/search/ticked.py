@@ -11,14 +11,14 @@ rebound to the next task's search: building one costs more than a task of a few 
 Per node this loop does what a hand-written recursion does and no more:
 
 - **no countdown**: the recursion's calls go through closure cells, one per level;
-  every ``TICK_S`` the tick handler (``_tick``, between two bytecodes of this thread)
-  *arms* them -- rebinds the cells of the levels the loop can enter next to polling
+  every ``polling.TICK_S`` (and at once on a thief's poke: shoal/_tick.py ``nudge``)
+  the tick handler (``_tick``, between two bytecodes of this thread) *arms* them -- rebinds the cells of the levels the loop can enter next to polling
   twins -- and the first level entered after it polls (``tick_poll``), disarms and goes
   on.  A poll therefore happens where the countdown's did: at a level entry, the loop's
   state whole in its frames (``loops.lazy_level`` reads them on a split);
 - **no depth argument**: each level is its own function (``rec_<shape><k>``, calling
   level ``k + 1``), so depth is where the call goes; the level past ``ex.rec_cap()``
-  calls ``rec_<shape><REC_DEPTH + 1>``, which hands its level to the iterative loop as
+  calls ``rec_<shape><COUNT_REC_DEPTH + 1>``, which hands its level to the iterative loop as
   before (``Explorer._deep_level``);
 - **no node counter**: every level entry returns its count with the node in it --
   ``count = 1`` per node, ``+ 2**64`` per accepted child -- so one sum carries both:
@@ -32,7 +32,7 @@ and rebinds the cells of levels 2 .. that level + 1, the only ones the loop can 
 next.  A tick that lands while ``tick_poll`` disarms can leave a cell armed; it polls
 once more when entered and disarms itself (each twin restores its own cell first).
 
-With ``engine.POLL_S == 0`` (tests) every cell stays armed: every ``loops.TICK``-th level
+With ``polling.POLL_S == 0`` (tests) every cell stays armed: every ``polling.TICK``-th level
 entry polls, as the countdown loop's window of ``TICK`` nodes does then.
 
 Measured against the hand-written recursion (N-Queens 12, CPU time, one process):
@@ -54,10 +54,8 @@ from __future__ import annotations
 from shoal._tick import available as _can_tick
 from shoal._tick import ticking
 
-from . import loops, shapes
+from . import polling, shapes
 
-TICK_S = 0.005  # seconds between two ticks (one poll at the next level entry after each); a
-#                 thief's poke (SIGURG) arms the loop at once (shoal/_tick.py nudge)
 LIVE_EVERY = 32  # polls between two sums of the frames' in-flight node counts
 K = 1 << 64  # an accepted child's weight in a level's packed count
 MASK = K - 1
@@ -113,7 +111,7 @@ def _shape(ex) -> _Shape:
         acall, more = shapes.call_source(ex.accept, "accept")
         values.update(more)
         inline = shapes.inlined(ex.accept, "accept") if shapes.INLINE else None
-    depth = loops.REC_DEPTH
+    depth = shapes.COUNT_REC_DEPTH
     key = (name, kcall, acall, inline, depth)
     shape = _CACHE.get(key)
     if shape is None:
@@ -138,7 +136,7 @@ def _shape(ex) -> _Shape:
         # an error on an inlined accept's line is accept's (loops.lazy_error)
         lines = () if inline is None else {n for n, line in enumerate(text.splitlines(), 1)
                                            if line.strip() == f"if {inline}:"}
-        loops.register_recursions(build, lazy=True, accept_lines=lines)
+        shapes.register_recursions(build, lazy=True, accept_lines=lines)
         levels = {}
         for code in build.__code__.co_consts:
             cname = getattr(code, "co_name", "")
@@ -157,9 +155,7 @@ class Loop:
     ``run(it) -> count`` runs one unit (``loops.dfs_count_gen``)."""
 
     def __init__(self, shape: _Shape, values: dict):
-        from . import engine
-
-        self.shape, self.engine = shape, engine
+        self.shape = shape
         depth = shape.depth
         fast, slow = shape.build(None, self.tick_poll, **values)
         self.fast, self.slow = (None, *fast), (None, *slow)  # (indexed by level)
@@ -187,7 +183,7 @@ class Loop:
             if cap < depth:  # level cap + 1 is the iterative loop's
                 cells[cap + 1].cell_contents = fast[depth + 1]
             self.cap = cap
-        self.always = self.engine.POLL_S == 0  # (tests: poll at every level entry)
+        self.always = polling.POLL_S == 0  # (tests: poll at every level entry)
         self.armed_hi = self.polls = self.entries = 0
         if self.always:
             for j in range(2, cap + 1):
@@ -204,9 +200,9 @@ class Loop:
 
     def tick_poll(self, k: int) -> None:
         """A polling twin's first step (level ``k`` entered after a tick)."""
-        if self.always:  # every entry comes here; poll at every loops.TICK-th, as the countdown
+        if self.always:  # every entry comes here; poll at every polling.TICK-th, as the countdown
             self.entries += 1
-            if self.entries < loops.TICK:
+            if self.entries < polling.TICK:
                 return
             self.entries = 0
         else:
@@ -252,7 +248,7 @@ class Loop:
 
     def ticking(self):
         """The block in which ticks arm this loop (``dfs_count_gen``: all of a task's units)."""
-        return ticking(self.arm, TICK_S)
+        return ticking(self.arm, polling.TICK_S)
 
     def run(self, it):
         ex = self.ex

@@ -56,10 +56,10 @@ current task is another such executable; it is journaled RUNNING in that pass, l
 placed, and its runner starts it as soon as the current one ends, without a driver pass in
 between; if the current one outlives the runner's quick window (5 ms) instead, the runner
 answers the queued task BOUNCED and the engine places it again (first in line), so a task
-never waits behind one of unknown length while another CPU frees up.  Measured (2,000 x ``/bin/true``, 2 cores, before queueing existed): the runners waited
-15% of their time for the driver, and the driver made one pass, one commit and one wake-up
-per task; with queueing, a pass handles several tasks and the Python process's CPU per task
-fell from ~0.24 to ~0.17 ms.  A queued task shows as running in ``shoal status`` for the
+never waits behind one of unknown length while another CPU frees up.  Without queueing the
+runners waited for the driver, which made one pass, one commit and one wake-up per tiny task;
+with it a pass handles several (the figures: docs/benchmarks.md, "Measurements behind design
+choices").  A queued task shows as running in ``shoal status`` for the
 (short) time it waits; its timeout counts from its own start.
 
 Rejected alternatives: a thread per running task (thousands of threads for

@@ -52,7 +52,6 @@ import os
 import random
 import subprocess
 import threading
-import time
 
 from ...queues import RingMatrix
 from ...runtime import wire
@@ -66,11 +65,14 @@ from ...runtime.shared import LocalShared
 from ...runtime.topology import topology as get_topology
 from ...runtime.wire import Kind
 from ...runtime.worker import POKE, STATUS_DEPTH, STATUS_HUNGRY, STATUS_PID
+from . import locks
 from .cancel import Cancelling
 from .lifecycle import Lifecycle, _live
 from .pump import _LIVENESS_S, Pumping
+from .replies import Replies
 from .stopped import TakingBack
 from .submit import _NO_RESOURCES, Submitting, _Task
+from .timers import Deadlines, Retries
 
 # Share of every driver->worker ring that tasks leave free for cancel()'s CANCEL_IF_QUEUED,
 # which must be in the ring (not behind a backlog in the outbox) before the slots are read:
@@ -133,8 +135,10 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.node_of = [node for _, node in self.slots]
         self.placement = Placement(self.node_of, random.Random(seed))
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
-        self.lock = threading.Lock()  # driver threads on the producer side of driver rings
-        self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
+        # the producer side of the driver rings and the task table (locks.py: the order)
+        self.lock = locks.make("lock", locks.Rank.TABLE)
+        # the consumer side of the worker rings: the pump, or a cancel() draining to its marks
+        self.consume_lock = locks.make("consume_lock", locks.Rank.CONSUME, reentrant=True)
         self.deferred_callbacks: list | None = None  # pump.py _run_callbacks (consume_lock held)
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep),
                                   self.matrix.ring(0, ep).capacity // _CANCEL_RESERVE)
@@ -149,22 +153,15 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.ids = itertools.count(1)
         self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
         self.fn_ids = self.functions.ids  # id(fn) -> (fn id, fn): read on the hot path
-        self.deadlines: list = []  # heap of (deadline, task id, endpoint)
-        self.delayed: list = []  # heap of (due, task id): retries waiting out their retry_delay
-        self.retry_delays: dict[int, list] = {}  # task id -> [retry_delay policy, retries so far]
-        self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
-        self.stats_replies: dict[int, dict] = {}
-        self.latest_stats: dict[int, dict] = {}  # every worker's last STATS reply (monitor())
-        self.stats_cond = threading.Condition()
+        self.deadlines = Deadlines()  # timeout=: from STARTED; the overrun kills (timers.py)
+        self.retries = Retries()  # retry_delay=: policies, retries waiting (timers.py)
+        self.replies = Replies()  # STATS replies and export()'s loot (replies.py)
         self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
-        self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
-        self.loot_wait: set[int] = set()  # ... and the workers yet to answer
-        self.loot_cond = threading.Condition()
-        self.export_lock = threading.Lock()
+        self.export_lock = locks.make("export_lock", locks.Rank.EXPORT)  # one export() at a time
         self.shared = LocalShared(workers + 1)  # SharedFactory: one memfd per object
         self.closing = False
         self.closed = False
-        self.close_lock = threading.Lock()
+        self.close_lock = locks.make("close_lock", locks.Rank.CLOSE)
         self.pid = os.getpid()  # the process that owns the rings (a fork may not use them)
         self.forked = False
         self.health = Health(_LIVENESS_S)  # down endpoints (restart backoff), stopped workers
@@ -223,8 +220,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             with self.lock:
                 if self.closing:
                     return []
-                with self.loot_cond:
-                    self.loot, self.loot_wait = [], set(self.endpoints)
+                self.replies.expect_loot(self.endpoints)
                 for ep in self.endpoints:
                     self._send(ep, wire.encode_control(Kind.STEAL, [0, 0]))
                     pid = self.matrix.status(ep)[STATUS_PID]
@@ -233,12 +229,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                             os.kill(pid, POKE)  # deep in a task: answer from the signal handler
                         except OSError:
                             pass
-            deadline = time.monotonic() + timeout
-            with self.loot_cond:
-                while self.loot_wait and deadline > time.monotonic():
-                    self.loot_cond.wait(deadline - time.monotonic())
-                got, self.loot, self.loot_wait = self.loot, [], set()
-            return got
+            return self.replies.collect_loot(timeout)
 
     def hungry(self) -> int:
         """Workers that found nothing to steal and wait for work (status words; any thread)."""
@@ -260,19 +251,12 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                 self._send(task_id >> wire.OWNER_SHIFT, msg)
 
     def stats(self, timeout: float = 2.0) -> dict:
-        with self.stats_cond:
-            self.stats_replies.clear()
+        self.replies.ask_stats()
         with self.lock:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.STATS, []))
-        deadline = time.monotonic() + timeout
-        with self.stats_cond:
-            while len(self.stats_replies) < self.n:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.stats_cond.wait(left)
-            workers = [self.stats_replies.get(ep) or self._silent(ep) for ep in self.endpoints]
+        replies = self.replies.wait_stats(self.n, timeout)
+        workers = [replies.get(ep) or self._silent(ep) for ep in self.endpoints]
         return {
             "backend": self.kind,
             "workers": workers,
@@ -320,9 +304,9 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                     "parked": bool(box is not None and box.doorbell.sleeping),
                     "down": ep in self.down, "stopped": ep in self.health.stopped,
                 })
-        with self.stats_cond:
-            for row in rows:
-                row["stats"] = self.latest_stats.get(row["worker"])
+        latest = self.replies.latest(self.endpoints)
+        for row in rows:
+            row["stats"] = latest[row["worker"]]
         return {"backend": self.kind, "workers": rows, "dashboard_link": None,
                 "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
                            "messages_in": self.messages_in,

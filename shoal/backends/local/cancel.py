@@ -60,8 +60,7 @@ class Cancelling:
             task = self.tasks.pop(fut.task_id, None)
             if task is None:
                 return
-            if self.retry_delays:
-                self.retry_delays.pop(fut.task_id, None)
+            self.retries.forget(fut.task_id)
             if task.placed:
                 self.placement.finished(task.placed - 1)
             if task.where and not self.closed:

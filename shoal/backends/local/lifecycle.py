@@ -171,9 +171,8 @@ class Lifecycle:
             # SIGKILL may be somebody else's (a user, force cancel of another task): the
             # function is quarantined at its second such death (an OOM kill repeats).
             self._quarantine(loading, ep, proc)
-        overran = self.timed_out.pop(ep, None)
-        with self.stats_cond:
-            self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
+        overran = self.deadlines.overran(ep)
+        self.replies.forget(ep)  # a monitor shows the replacement, not the dead
         forced = self.forced.pop(ep, None)
         dead_gen = self.generation[ep]
         self.generation[ep] = dead_gen + 1

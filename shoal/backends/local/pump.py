@@ -22,12 +22,10 @@ lock is released (a ``cancel()`` in between said True for a task that had run).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import signal
 import time
 
-from ..._backoff import retry_delay
 from ..._errors import BrokenPilot, RemoteTraceback
 from ...runtime import wire
 from ...runtime.api import settle as _settle
@@ -72,19 +70,19 @@ class Pumping:
             # between attempts nothing runs: PENDING again, so cancel() takes the queued retry
             # (True; the earlier attempt's side effects stay), as on dask (docs/guide.md)
             task.future.mark_pending()
-            delay = self._retry_delay(tid)
+            delay = self.retries.next_delay(tid)
             with self.lock:
                 if tid in self.tasks:
                     if delay > 0:  # options(retry_delay=): sent again by the pump when due
                         if task.placed:
                             self.placement.finished(task.placed - 1)
                             task.placed = 0
-                        heapq.heappush(self.delayed, (time.monotonic() + delay, tid))
+                        self.retries.defer(tid, time.monotonic() + delay)
                         self.doorbell.ring()  # a pump parked for longer wakes to see it
                     else:
                         self._dispatch(task)
                     return
-        self.retry_delays.pop(tid, None)
+        self.retries.forget(tid)
         with self.lock:
             self.tasks.pop(tid, None)
             if task.placed:
@@ -92,20 +90,10 @@ class Pumping:
                 task.placed = 0
         _settle(task.future, False, exc)
 
-    def _retry_delay(self, tid: int) -> float:
-        """Seconds before task ``tid``'s next attempt (``options(retry_delay=)``; 0: at once)."""
-        policy = self.retry_delays.get(tid)
-        if policy is None:
-            return 0.0
-        policy[1] += 1
-        return retry_delay(policy[0], policy[1], tid)
-
     def _send_delayed(self) -> None:
         """Send the retries whose retry_delay has passed (a cancelled one is gone from ``tasks``)."""
-        now = time.monotonic()
         with self.lock:
-            while self.delayed and self.delayed[0][0] <= now:
-                _, tid = heapq.heappop(self.delayed)
+            for tid in self.retries.pop_due(time.monotonic()):
                 task = self.tasks.get(tid)
                 if task is not None:
                     self._dispatch(task)
@@ -129,6 +117,7 @@ class Pumping:
 
     def _pump_rounds(self) -> None:
         idle = 0
+        deadlines, retries = self.deadlines, self.retries
         while True:
             got = self._drain_inboxes()
             if self.orphans:
@@ -137,11 +126,13 @@ class Pumping:
                 with self.lock:
                     if self.staged:
                         self._flush_staged()
-            if self.deadlines:
+            deadline = deadlines.next_due()
+            if deadline is not None and deadline <= time.monotonic():
                 self._check_deadlines()
             if self.down:
                 self._retry_down()
-            if self.delayed and self.delayed[0][0] <= time.monotonic():
+            due = retries.next_due()
+            if due is not None and due <= time.monotonic():
                 self._send_delayed()
             if any(box.pending for box in self.out.values()):
                 with self.lock:
@@ -158,10 +149,12 @@ class Pumping:
             if idle < _SPIN:
                 continue
             timeout = None
-            if self.deadlines:
-                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
-            if self.delayed:
-                due = max(0.0, self.delayed[0][0] - time.monotonic())
+            deadline = deadlines.next_due()
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
+            due = retries.next_due()
+            if due is not None:
+                due = max(0.0, due - time.monotonic())
                 timeout = due if timeout is None else min(timeout, due)
             if self.down and not self.closing:
                 due = self.health.wake_in(time.monotonic())
@@ -259,6 +252,7 @@ class Pumping:
         settle, retry = [], []
         tasks = self.tasks
         done_on: dict[int, int] = {}
+        forget = self.retries.forget if self.retries.any() else None
         with self.lock:
             for tid, ok, value in results:
                 task = tasks.get(tid)
@@ -268,8 +262,8 @@ class Pumping:
                     retry.append((tid, task, value))
                     continue
                 del tasks[tid]
-                if self.retry_delays:
-                    self.retry_delays.pop(tid, None)
+                if forget is not None:
+                    forget(tid)
                 placed = task.placed
                 if placed:
                     done_on[placed] = done_on.get(placed, 0) + 1
@@ -331,7 +325,7 @@ class Pumping:
             task = self.tasks.get(tid)
             if task is not None and task.timeout is not None:
                 task.where = where
-                heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
+                self.deadlines.started(tid, where, time.monotonic() + task.timeout)
                 task.future.mark_running()
         elif kind == Kind.DROPPED:
             # A worker dropped a task for a cancel.  Normally that cancel() is still
@@ -348,31 +342,18 @@ class Pumping:
         elif kind == Kind.INIT_FAILED:
             self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:
-            reply = wire.decode_control(msg)
-            reply["at"] = time.time()
-            with self.stats_cond:
-                self.stats_replies[ep] = reply
-                self.latest_stats[ep] = reply
-                self.stats_cond.notify_all()
+            self.replies.stats_arrived(ep, wire.decode_control(msg))
         elif kind == Kind.LOOT:
             victim, _, msgs = wire.decode_control(msg)
-            with self.loot_cond:
-                waited = victim in self.loot_wait
-                if waited:
-                    self.loot_wait.discard(victim)
-                    self.loot.extend(msgs)
-                    self.loot_cond.notify_all()
+            waited = self.replies.loot_arrived(victim, msgs)
             if msgs and not waited:  # an answer after export() gave up: run it here
                 self.give_back(msgs)
 
     def _check_deadlines(self) -> None:
-        now = time.monotonic()
-        while self.deadlines and self.deadlines[0][0] <= now:
-            _, tid, ep = heapq.heappop(self.deadlines)
+        for tid, ep in self.deadlines.due(time.monotonic()):
             task = self.tasks.get(tid)
-            if task is None or task.where != ep or ep in self.timed_out:
+            if task is None or task.where != ep or not self.deadlines.claim_kill(ep, tid):
                 continue
-            self.timed_out[ep] = tid
             try:
                 self.procs[ep].send_signal(signal.SIGKILL)
             except ProcessLookupError:

@@ -148,8 +148,7 @@ class TakingBack:
                 task.msg = _pack_task(wire.TASK, flags, fn_id, new) + task.msg[wire.TASK_HDR.size:]
                 del self.tasks[old]
                 self.tasks[new] = task
-                if old in self.retry_delays:
-                    self.retry_delays[new] = self.retry_delays.pop(old)
+                self.retries.rename(old, new)
                 task.future.task_id = new
                 task.queued, task.queued_in = 0, None
                 self.recently_cancelled[old] = None  # a MOVED of the old id gets a CANCEL

@@ -870,7 +870,7 @@ def _room_for_deep_joins() -> None:
 def _adopt_driver_state(spec: dict) -> None:
     """What a task may need of the driver, adopted when the task imports what needs it
     (``post_import``: no worker start pays for ``multiprocessing`` or joblib up front):
-    the driver's ``multiprocessing`` authkey, read from its pipe now (lifecycle.py
+    the driver's ``multiprocessing`` authkey, read from its pipe now (processes.py
     ``_authkey_pipe``), and the modules the driver's integrations ask for."""
     from . import post_import
 

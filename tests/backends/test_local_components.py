@@ -30,7 +30,7 @@ from shoal.backends.local.replies import Replies
 from shoal.backends.local.timers import Deadlines, Retries
 
 PACKAGE = Path(local_pkg.__file__).parent
-COMPONENTS = {"Replies", "Deadlines", "Retries"}
+COMPONENTS = {"Replies", "Deadlines", "Retries", "Processes"}
 
 
 def _classes():

@@ -50,7 +50,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import subprocess
 import threading
 
 from ...queues import RingMatrix
@@ -68,6 +67,7 @@ from ...runtime.worker import POKE, STATUS_DEPTH, STATUS_HUNGRY, STATUS_PID
 from . import locks
 from .cancel import Cancelling
 from .lifecycle import Lifecycle, _live
+from .processes import Processes
 from .pump import _LIVENESS_S, Pumping
 from .replies import Replies
 from .stopped import TakingBack
@@ -171,12 +171,10 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.taken_back = 0  # tasks taken back from stopped workers and re-placed (stopped.py)
         # tasks whose holder died, to re-place through the handshake (stopped.py _re_place)
         self.orphans: list[_Task] = []
-        self.deaths = 0
         self.messages_in = 0
-        self.generation = dict.fromkeys(self.endpoints, 0)
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.pidfds: dict[int, int] = {}
-        self.lifeline_r, self.lifeline_w = os.pipe()
+        # the worker processes: start, generations, reaping, signals (processes.py)
+        self.processes = Processes(self.endpoints, self.matrix, self.topology, self.slots, seed,
+                                   self.trace_path, self.max_tasks)
         try:
             for ep in self.endpoints:
                 self._start_worker(ep)
@@ -190,6 +188,21 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
     @property
     def endpoints(self) -> range:
         return range(1, self.n + 1)
+
+    @property
+    def procs(self):
+        """Endpoint -> its worker process now (a read-only view; processes.py owns it)."""
+        return self.processes.procs()
+
+    @property
+    def generation(self):
+        """Endpoint -> its current generation (a read-only view; processes.py owns it)."""
+        return self.processes.generations()
+
+    @property
+    def lifeline_w(self) -> int:
+        """The lifeline pipe's write end (-1 once closed; processes.py owns it)."""
+        return self.processes.lifeline_w()
 
     @property
     def nodes(self) -> int:
@@ -262,7 +275,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             "workers": workers,
             "driver": {
                 "outstanding": len(self.tasks),
-                "worker_deaths": self.deaths,
+                "worker_deaths": self.processes.deaths(),
                 "waiting_for_inputs": len(self.waiting),
                 "restart_failures": self.health.restart_failures,
                 "workers_down": sorted(self.down),
@@ -295,11 +308,10 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             for ep in self.endpoints:
                 status = self.matrix.status(ep)
                 box = self.out.get(ep)
-                proc = self.procs.get(ep)
                 rows.append({
-                    "worker": ep, "pid": proc.pid if proc is not None else 0,
+                    "worker": ep, "pid": self.processes.pid(ep),
                     "cpu": self.slots[ep - 1][0], "node": self.node_of[ep - 1],
-                    "generation": self.generation[ep], "running": status[STATUS_DEPTH],
+                    "generation": self.processes.generation(ep), "running": status[STATUS_DEPTH],
                     "hungry": bool(status[STATUS_HUNGRY]),
                     "parked": bool(box is not None and box.doorbell.sleeping),
                     "down": ep in self.down, "stopped": ep in self.health.stopped,
@@ -308,7 +320,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         for row in rows:
             row["stats"] = latest[row["worker"]]
         return {"backend": self.kind, "workers": rows, "dashboard_link": None,
-                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
+                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.processes.deaths(),
                            "messages_in": self.messages_in,
                            "messages_out": sum(box.sent for box in self.out.values())}}
 
@@ -319,7 +331,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             out["state"] = "down"
             out["restart_error"] = self.down[ep].why
         else:
-            proc = self.procs.get(ep)
+            proc = self.processes.proc(ep)
             state = proc_state(proc.pid) if proc is not None else None
             out["pid"] = proc.pid if proc is not None else None
             out["state"] = "stopped" if state in ("T", "t") else "busy"

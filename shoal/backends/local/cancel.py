@@ -114,7 +114,7 @@ class Cancelling:
                     if cell[STATUS_RUNNING + i] == tid:
                         if i < depth:
                             return ep
-                        if self.procs[ep].poll() is None:
+                        if self.processes.running(ep):
                             claimed = ep
             if not claimed:
                 return 0
@@ -217,11 +217,11 @@ class Cancelling:
             ep = self._running_on(tid) if task is not None else 0
             if not ep or self.closed:
                 return False
-            proc = self.procs[ep]
+            proc = self.processes.proc(ep)
         resume = _freeze(proc)
         with self.lock:
             task = self.tasks.get(tid)
-            if (task is None or self.closed or self.procs.get(ep) is not proc
+            if (task is None or self.closed or self.processes.proc(ep) is not proc
                     or self._running_on(tid) != ep or proc.poll() is not None):
                 if resume:
                     _signal(proc, signal.SIGCONT)

@@ -165,17 +165,16 @@ class Pumping:
             timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001
-            fds = list(self.pidfds.values())
-            woke = self.doorbell.park(self._readable, timeout, fds)
+            woke = self.doorbell.park(self._readable, timeout, self.processes.pidfds())
             for fd in woke:
-                for ep, pidfd in list(self.pidfds.items()):
-                    if pidfd == fd:
-                        self._on_death(ep)
+                ep = self.processes.endpoint_of(fd)
+                if ep is not None:
+                    self._on_death(ep)
 
     def _check_liveness(self) -> None:
         """Report workers that are stopped (SIGSTOP, a debugger), and take back the tasks
         queued to them (stopped.py): a stopped worker neither runs nor hands them on."""
-        for ep, proc in list(self.procs.items()):
+        for ep, proc in self.processes.all():
             change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
             if change is Change.STOPPED:
                 _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); the "
@@ -314,8 +313,8 @@ class Pumping:
                         if task.lost_on is not None and task.lost_on == (thief, gen):
                             continue  # it died running there: failed or retried already
                         task.where = thief
-                        task.handed_by = (ep, self.generation[ep])
-                        if self.generation[thief] != gen:
+                        task.handed_by = (ep, self.processes.generation(ep))
+                        if self.processes.generation(thief) != gen:
                             # the thief died since: re-placed through the handshake after
                             # this round (it may have handed the task on before dying)
                             self.orphans.append(task)
@@ -354,7 +353,4 @@ class Pumping:
             task = self.tasks.get(tid)
             if task is None or task.where != ep or not self.deadlines.claim_kill(ep, tid):
                 continue
-            try:
-                self.procs[ep].send_signal(signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.processes.signal(ep, signal.SIGKILL)

@@ -26,11 +26,12 @@ import shoal.backends.local as local_pkg
 from shoal import TaskTimeout
 from shoal.backends.local import locks
 from shoal.backends.local.backend import LocalBackend
+from shoal.backends.local.recent import RecentlyCancelled
 from shoal.backends.local.replies import Replies
 from shoal.backends.local.timers import Deadlines, Retries
 
 PACKAGE = Path(local_pkg.__file__).parent
-COMPONENTS = {"Replies", "Deadlines", "Retries", "Processes"}
+COMPONENTS = {"Replies", "Deadlines", "Retries", "Processes", "RecentlyCancelled"}
 
 
 def _classes():
@@ -120,6 +121,15 @@ def test_retries_count_attempts_follow_a_rename_and_wait_in_due_order():
     r.defer(4, 1.0)
     assert r.next_due() == 1.0 and r.pop_due(1.5) == [4] and r.pop_due(9.0) == [3]
     assert r.next_due() is None
+
+
+def test_recently_cancelled_forgets_the_oldest_first():
+    recent = RecentlyCancelled()
+    for tid in range(RecentlyCancelled.LIMIT + 2):
+        recent.add(tid)
+    recent.add(5)  # again: it keeps its place
+    assert 0 not in recent and 1 not in recent and 2 in recent and RecentlyCancelled.LIMIT + 1 in recent
+    assert len(recent) == RecentlyCancelled.LIMIT
 
 
 def test_replies_keep_the_latest_and_refuse_a_late_loot():

@@ -7,8 +7,26 @@ Processes and threads::
          │ futures set by                                    │  │  results of lent tasks
          └──── pump thread ◄── [worker→driver rings] ◄───────┘  ▼
 
-``LocalBackend`` is this package's one class; its behaviour lives in one module per
-concept, each a mixin over the same state (the attributes ``__init__`` sets here):
+``LocalBackend`` is this package's one public class.  It composes two kinds of parts.
+
+Components: objects with private state, used through their methods only (an ast test,
+tests/backends/test_local_components.py, fails on any other module touching their
+state), each with its own lock or a documented single-thread ownership:
+
+* ``processes.py`` — ``Processes``: the worker processes (start, generation per
+  endpoint, reaping a death, signals, the lifeline pipe); changed by one thread at a
+  time (the pump's death handling, the constructor, ``close``), read by any;
+* ``timers.py`` — ``Deadlines`` (``timeout=``: deadlines from STARTED, the overrun
+  kills) and ``Retries`` (``retry_delay=``: policies, retries waiting out their delay),
+  each under its own leaf lock;
+* ``replies.py`` — ``Replies``: the workers' STATS replies and ``export()``'s loot,
+  under two leaf conditions;
+* ``recent.py`` — ``RecentlyCancelled``: the ids a late MOVED must be answered for
+  with a CANCEL (bounded; under ``lock``);
+* ``locks.py`` — the ranks every lock is made with, and the test-time order check.
+
+Concept modules: mixins over the backend's remaining state (the attributes
+``__init__`` sets here: the task table and the rings), one per concept:
 
 * ``submit.py`` — ``submit`` (any user thread): register the task, pick a worker with
   the pure ``Placement`` policy, push it (or stage it and push 32 at a time).
@@ -16,20 +34,29 @@ concept, each a mixin over the same state (the attributes ``__init__`` sets here
   status-slot handshake with the workers, force cancel, ``cancel_pending``.
 * ``pump.py`` — the pump thread, the only consumer of the worker→driver rings: settles
   futures in bulk, follows steals (``MOVED``), enforces timeouts, fails or retries.
-* ``lifecycle.py`` — worker processes: start, death and replacement, quarantine of
-  functions that kill them, ``close``, and the at-fork rule for the driver.
+* ``lifecycle.py`` — a worker's death and replacement, quarantine of functions that
+  kill workers, ``close``, and the at-fork rule for the driver.
 * ``stopped.py`` — workers the health check sees stopped (SIGSTOP, a debugger): no new
   task is placed on them, and the tasks queued to them are taken back (``cancel()``'s
   handshake) and re-placed on live workers under a new id.
+
+Their shared state is one thing: the driver's task table (``tasks``, ``staged``,
+``waiting``, the placement load, each task's ``placed``/``where``/``queued``) together
+with the producer side of the driver→worker rings, all under ``lock``.  Every one of
+the concepts changes it, in one critical section with the ring it sends on (a
+cancel's handshake, a death's re-placing, a MOVED's forwarding): split across
+objects, each of those sections would span two of them and their locks.
 
 This module keeps the constructor (every shared attribute, documented where it is
 made) and the small public surface no other concept owns: ``map``, the dask
 balancer's ``export``/``give_back``/``deliver``, ``stats`` and ``monitor``.
 
-Locks (never taken the other way round): ``lock`` (the producer side of the driver's
-rings and every driver-side table) before ``Future._lock`` (settling under it, see
-pump.py); ``consume_lock`` (the worker→driver rings: the pump, or a ``cancel()``
-draining them) before ``lock``.
+Locks, lowest rank first (locks.py; a thread takes locks of rising rank only, checked
+in tests by ``locks.checking()``): ``close_lock``, ``export_lock``, ``consume_lock``
+(the worker→driver rings: the pump, or a ``cancel()`` draining them; re-entrant),
+``lock`` (the producer side of the driver's rings and the task table), then the
+components' leaf locks; ``Future._lock`` after all of them (settling under ``lock``,
+see pump.py).
 
 Failure rules: a worker's status cell lists the driver tasks it was running;
 when it dies those fail with ``WorkerLost`` (``TaskTimeout`` for the one that
@@ -41,8 +68,12 @@ Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is
 unsafe with threads); a result-collecting thread per worker (GIL churn); a
 named shared-memory segment (leaks on SIGKILL); one 1,200-line module (the
 concepts above were interleaved, and so were their invariants); separate
-objects per concept with references to each other (every hot path would pay an
-attribute hop, and the concepts share most of their state anyway).
+mixins for everything (what the components replace: ~114 attributes over one
+``self``, many read in modules that never set them, the lock order only in prose);
+the task table split into per-concept objects as well (see above: its critical
+sections cross the concepts; the hot paths would also pay an attribute hop per
+task); a lock per component taken from the hot paths (the table's own ``lock``
+already serialises them).
 """
 
 from __future__ import annotations
@@ -69,6 +100,7 @@ from .cancel import Cancelling
 from .lifecycle import Lifecycle, _live
 from .processes import Processes
 from .pump import _LIVENESS_S, Pumping
+from .recent import RecentlyCancelled
 from .replies import Replies
 from .stopped import TakingBack
 from .submit import _NO_RESOURCES, Submitting, _Task
@@ -156,7 +188,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.deadlines = Deadlines()  # timeout=: from STARTED; the overrun kills (timers.py)
         self.retries = Retries()  # retry_delay=: policies, retries waiting (timers.py)
         self.replies = Replies()  # STATS replies and export()'s loot (replies.py)
-        self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
+        self.recently_cancelled = RecentlyCancelled()  # a MOVED of one gets a CANCEL (recent.py)
         self.export_lock = locks.make("export_lock", locks.Rank.EXPORT)  # one export() at a time
         self.shared = LocalShared(workers + 1)  # SharedFactory: one memfd per object
         self.closing = False

@@ -66,9 +66,7 @@ class Cancelling:
             if task.where and not self.closed:
                 self._send(task.where, wire.encode_control(Kind.CANCEL, [fut.task_id]))
                 # it may have been stolen meanwhile: a MOVED on its way is forwarded the cancel
-                self.recently_cancelled[fut.task_id] = None
-                if len(self.recently_cancelled) > 4096:
-                    self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
+                self.recently_cancelled.add(fut.task_id)
 
     def _running_on(self, tid: int) -> int:
         """The endpoint whose status cell says it runs driver task ``tid`` now (0: none)."""

@@ -1,10 +1,9 @@
-"""Worker processes of the local backend: start, death, replacement, close, fork.
+"""What happens to the local backend's workers: death, replacement, close, fork.
 
-Workers are ``python -m shoal.runtime.worker`` processes started with ``subprocess``
-(fork+exec): safe when the driver has threads (a dask Client), and ``__main__`` is
-never re-imported.  They inherit the segment, the doorbells and the read end of a
-*lifeline* pipe; when the driver dies (even by SIGKILL) the pipe reaches EOF and every
-worker exits at once.  The segment is a memfd, so no /dev/shm name exists to leak.
+The processes themselves (start, generations, reaping, signals, the lifeline pipe)
+are the ``Processes`` component (processes.py); this module decides what a worker's
+start, death or the backend's close means for the tasks.  The segment is a memfd,
+so no /dev/shm name exists to leak.
 
 A death (the pump sees the pidfd) is handled under ``consume_lock`` then ``lock``: what
 the worker sent before dying is drained, its running driver tasks (its status cell,
@@ -17,8 +16,9 @@ replacement of the next generation is started (with backoff when starting fails)
 tears down; in a forked child (at-fork hook) the parent's pilot is closed without
 touching the parent's workers and its futures fail with ``PilotClosed``.
 
-Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is unsafe with
-threads); polling ``waitpid`` for deaths (pidfds wake the parked pump instead).
+Rejected: re-sending a dead worker's queued tasks blindly (it may have handed some to
+a thief just before it died, its MOVED lost in its outbox: each ran twice); settling
+the lost tasks under ``lock`` (their done-callbacks may submit, which takes it).
 """
 
 from __future__ import annotations

@@ -68,12 +68,12 @@ Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is
 unsafe with threads); a result-collecting thread per worker (GIL churn); a
 named shared-memory segment (leaks on SIGKILL); one 1,200-line module (the
 concepts above were interleaved, and so were their invariants); separate
-mixins for everything (what the components replace: ~114 attributes over one
+mixins for everything (what the components replace: every attribute over one
 ``self``, many read in modules that never set them, the lock order only in prose);
 the task table split into per-concept objects as well (see above: its critical
 sections cross the concepts; the hot paths would also pay an attribute hop per
-task); a lock per component taken from the hot paths (the table's own ``lock``
-already serialises them).
+task); a lock of its own for ``RecentlyCancelled`` (each caller holds ``lock``
+already, in the section that also sends the CANCEL).
 """
 
 from __future__ import annotations

@@ -278,6 +278,16 @@ class LoanBook:
     millions of tasks), and recording in the worker (the book is where the decisions are).
     """
 
+    # What the worker may read directly, on its hot paths (one attribute read, no call):
+    # ``hunger`` (is there a ``fed()`` to report), ``owed`` (is a ``spawned()`` due).  Every
+    # other question goes through a query method (``is_lent``, ``lent``, ``waits_for``,
+    # ``should_drop``, ``story``) and every change through an event method; the worker
+    # never assigns to the book, never mutates a container it holds, and keeps no alias
+    # of one (tests/runtime/test_loan_book_interface.py checks worker.py with ast).
+    # Rejected: read-only views of ``cancelled`` and ``owed`` (a copy or a proxy per
+    # spawn and per task start, for what a truthiness test answers).
+    READABLE = frozenset({"hunger", "owed"})
+
     def __init__(self, me: int, victims: list[int], dead: dict[int, int] | None = None):
         self.me = me
         self.victims = victims  # whom to ask, in order (policy.victim_order)
@@ -304,6 +314,27 @@ class LoanBook:
     def story(self, tid: int | None = None) -> list[StoryEntry]:
         """The story entries of task ``tid`` (None: every entry), oldest first."""
         return [e for e in self._story if tid is None or e.task == tid]
+
+    # -- queries (no event: nothing changes, nothing goes in the story) -----------------
+
+    def is_lent(self, tid: int) -> bool:
+        """Whether my spawned task ``tid`` is out on loan (a thief may run it right now)."""
+        return tid in self.loans
+
+    def lent(self) -> int:
+        """How many of my spawned tasks are out on loan."""
+        return len(self.loans)
+
+    def waits_for(self, victim: int) -> bool:
+        """Whether my steal request in flight went to ``victim``."""
+        return victim == self.pending
+
+    def should_drop(self, tid: int) -> bool:
+        """Whether serialized task ``tid`` was cancelled here: drop it (``drop``), never run it."""
+        cancelled = self.cancelled
+        return bool(cancelled) and tid in cancelled
+
+    # -- events --------------------------------------------------------------------------
 
     def forked(self) -> None:
         """This process is a fork of the worker (``os.fork`` in a task): it owns no loans

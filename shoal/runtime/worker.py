@@ -152,9 +152,8 @@ class Worker:
         self.victims = [v + 1 for v in order]
         # the stealing protocol's state (loans, dead generations, cancels, requests)
         dead = {ep: gen - 1 for ep, gen in spec.get("generations", []) if gen}  # before I started
+        # changed only through its events, read through its queries (loans.LoanBook.READABLE)
         self.book = LoanBook(self.ep, self.victims, dead)
-        self.cancelled = self.book.cancelled  # ids of serialized tasks to drop (hot-path alias)
-        self.owed = self.book.owed  # thieves turned away, answered at the next spawn (alias)
         self.victims_tried: list[int] = []  # first victims asked, in order (for locality tests)
         self.c = dict.fromkeys(
             (
@@ -188,7 +187,7 @@ class Worker:
         deq.append(LocalTask(fn, args, kwargs, fut, self.scope, pinned))
         c = self.c
         c["spawned"] += 1
-        if self.owed:  # a thief I turned away waits: answer it now (loans.LoanBook.spawned)
+        if self.book.owed:  # a thief I turned away waits: answer it now (loans.LoanBook.spawned)
             self.carry(self.book.spawned(deq, self.depth, self._serialize))
         if not c["spawned"] % _POLL_EVERY:
             self.busy = True  # answering from inside a running task
@@ -262,7 +261,7 @@ class Worker:
         for a task that runs.  It used to say True and the thief ran the task anyway
         (tests/attack/test_contract_local.py's ``test_cancel_inside_tasks``, about 1 run in
         10 at load 15).  ``running()`` learns nothing from it: the state stays PENDING."""
-        return fut.task_id in self.book.loans
+        return self.book.is_lent(fut.task_id)
 
     def cancel_local(self, fut: Future) -> None:
         """A spawned future was cancelled: so are the children of its task."""
@@ -631,7 +630,7 @@ class Worker:
             # of mine from that victim may still be on its way.
             self.c["stale_loot_dropped"] += len(msgs)
             return
-        if victim == self.book.pending:
+        if self.book.waits_for(victim):
             waited = time.perf_counter() - self.asked_at
             self.steal_wait_s += waited
             if waited > self.steal_wait_max_s:
@@ -692,7 +691,7 @@ class Worker:
 
     def run_wire(self, task: WireTask) -> None:
         msg, tid = task.msg, task.task_id
-        if self.cancelled and tid in self.cancelled:
+        if self.book.should_drop(tid):
             self.carry(self.book.drop(tid))
             return
         flags, fn_id, _ = wire.decode_task_header(msg)
@@ -716,7 +715,7 @@ class Worker:
                 self.doorbell.ring()  # a StoreLoad fence (our own bell: nobody sleeps on it now)
                 if self.driver_box.ring.readable():
                     self.drain_driver()
-                    if tid in self.cancelled:
+                    if self.book.should_drop(tid):
                         status[STATUS_RUNNING + depth] = 0
                         self.carry(self.book.drop(tid))
                         return
@@ -804,7 +803,7 @@ class Worker:
             worker=self.ep, cpu=self.cpu, node=self.node, pid=os.getpid(),
             generation=self.gen, queued=len(self.deque), idle_s=round(self.idle_s, 6),
             steal_wait_s=round(self.steal_wait_s, 6), steal_wait_max_s=round(self.steal_wait_max_s, 6),
-            victims_tried=list(self.victims_tried), lent=len(self.book.loans),
+            victims_tried=list(self.victims_tried), lent=self.book.lent(),
             uptime_s=round(time.perf_counter() - self.started, 6),
         )
         return out
@@ -871,7 +870,7 @@ def _room_for_deep_joins() -> None:
 def _adopt_driver_state(spec: dict) -> None:
     """What a task may need of the driver, adopted when the task imports what needs it
     (``post_import``: no worker start pays for ``multiprocessing`` or joblib up front):
-    the driver's ``multiprocessing`` authkey, read from its pipe now (lifecycle.py
+    the driver's ``multiprocessing`` authkey, read from its pipe now (processes.py
     ``_authkey_pipe``), and the modules the driver's integrations ask for."""
     from . import post_import
 

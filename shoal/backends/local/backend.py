@@ -7,8 +7,26 @@ Processes and threads::
          │ futures set by                                    │  │  results of lent tasks
          └──── pump thread ◄── [worker→driver rings] ◄───────┘  ▼
 
-``LocalBackend`` is this package's one class; its behaviour lives in one module per
-concept, each a mixin over the same state (the attributes ``__init__`` sets here):
+``LocalBackend`` is this package's one public class.  It composes two kinds of parts.
+
+Components: objects with private state, used through their methods only (an ast test,
+tests/backends/test_local_components.py, fails on any other module touching their
+state), each with its own lock or a documented single-thread ownership:
+
+* ``processes.py`` — ``Processes``: the worker processes (start, generation per
+  endpoint, reaping a death, signals, the lifeline pipe); changed by one thread at a
+  time (the pump's death handling, the constructor, ``close``), read by any;
+* ``timers.py`` — ``Deadlines`` (``timeout=``: deadlines from STARTED, the overrun
+  kills) and ``Retries`` (``retry_delay=``: policies, retries waiting out their delay),
+  each under its own leaf lock;
+* ``replies.py`` — ``Replies``: the workers' STATS replies and ``export()``'s loot,
+  under two leaf conditions;
+* ``recent.py`` — ``RecentlyCancelled``: the ids a late MOVED must be answered for
+  with a CANCEL (bounded; under ``lock``);
+* ``locks.py`` — the ranks every lock is made with, and the test-time order check.
+
+Concept modules: mixins over the backend's remaining state (the attributes
+``__init__`` sets here: the task table and the rings), one per concept:
 
 * ``submit.py`` — ``submit`` (any user thread): register the task, pick a worker with
   the pure ``Placement`` policy, push it (or stage it and push 32 at a time).
@@ -16,20 +34,29 @@ concept, each a mixin over the same state (the attributes ``__init__`` sets here
   status-slot handshake with the workers, force cancel, ``cancel_pending``.
 * ``pump.py`` — the pump thread, the only consumer of the worker→driver rings: settles
   futures in bulk, follows steals (``MOVED``), enforces timeouts, fails or retries.
-* ``lifecycle.py`` — worker processes: start, death and replacement, quarantine of
-  functions that kill them, ``close``, and the at-fork rule for the driver.
+* ``lifecycle.py`` — a worker's death and replacement, quarantine of functions that
+  kill workers, ``close``, and the at-fork rule for the driver.
 * ``stopped.py`` — workers the health check sees stopped (SIGSTOP, a debugger): no new
   task is placed on them, and the tasks queued to them are taken back (``cancel()``'s
   handshake) and re-placed on live workers under a new id.
+
+Their shared state is one thing: the driver's task table (``tasks``, ``staged``,
+``waiting``, the placement load, each task's ``placed``/``where``/``queued``) together
+with the producer side of the driver→worker rings, all under ``lock``.  Every one of
+the concepts changes it, in one critical section with the ring it sends on (a
+cancel's handshake, a death's re-placing, a MOVED's forwarding): split across
+objects, each of those sections would span two of them and their locks.
 
 This module keeps the constructor (every shared attribute, documented where it is
 made) and the small public surface no other concept owns: ``map``, the dask
 balancer's ``export``/``give_back``/``deliver``, ``stats`` and ``monitor``.
 
-Locks (never taken the other way round): ``lock`` (the producer side of the driver's
-rings and every driver-side table) before ``Future._lock`` (settling under it, see
-pump.py); ``consume_lock`` (the worker→driver rings: the pump, or a ``cancel()``
-draining them) before ``lock``.
+Locks, lowest rank first (locks.py; a thread takes locks of rising rank only, checked
+in tests by ``locks.checking()``): ``close_lock``, ``export_lock``, ``consume_lock``
+(the worker→driver rings: the pump, or a ``cancel()`` draining them; re-entrant),
+``lock`` (the producer side of the driver's rings and the task table), then the
+components' leaf locks; ``Future._lock`` after all of them (settling under ``lock``,
+see pump.py).
 
 Failure rules: a worker's status cell lists the driver tasks it was running;
 when it dies those fail with ``WorkerLost`` (``TaskTimeout`` for the one that
@@ -41,8 +68,12 @@ Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is
 unsafe with threads); a result-collecting thread per worker (GIL churn); a
 named shared-memory segment (leaks on SIGKILL); one 1,200-line module (the
 concepts above were interleaved, and so were their invariants); separate
-objects per concept with references to each other (every hot path would pay an
-attribute hop, and the concepts share most of their state anyway).
+mixins for everything (what the components replace: every attribute over one
+``self``, many read in modules that never set them, the lock order only in prose);
+the task table split into per-concept objects as well (see above: its critical
+sections cross the concepts; the hot paths would also pay an attribute hop per
+task); a lock of its own for ``RecentlyCancelled`` (each caller holds ``lock``
+already, in the section that also sends the CANCEL).
 """
 
 from __future__ import annotations
@@ -50,9 +81,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import subprocess
 import threading
-import time
 
 from ...queues import RingMatrix
 from ...runtime import wire
@@ -66,11 +95,16 @@ from ...runtime.shared import LocalShared
 from ...runtime.topology import topology as get_topology
 from ...runtime.wire import Kind
 from ...runtime.worker import POKE, STATUS_DEPTH, STATUS_HUNGRY, STATUS_PID
+from . import locks
 from .cancel import Cancelling
 from .lifecycle import Lifecycle, _live
+from .processes import Processes
 from .pump import _LIVENESS_S, Pumping
+from .recent import RecentlyCancelled
+from .replies import Replies
 from .stopped import TakingBack
 from .submit import _NO_RESOURCES, Submitting, _Task
+from .timers import Deadlines, Retries
 
 # Share of every driver->worker ring that tasks leave free for cancel()'s CANCEL_IF_QUEUED,
 # which must be in the ring (not behind a backlog in the outbox) before the slots are read:
@@ -133,8 +167,10 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.node_of = [node for _, node in self.slots]
         self.placement = Placement(self.node_of, random.Random(seed))
         self.matrix = RingMatrix(workers + 1, ring_capacity, peer_capacity)
-        self.lock = threading.Lock()  # driver threads on the producer side of driver rings
-        self.consume_lock = threading.RLock()  # the consumer side: the pump, or a cancel()
+        # the producer side of the driver rings and the task table (locks.py: the order)
+        self.lock = locks.make("lock", locks.Rank.TABLE)
+        # the consumer side of the worker rings: the pump, or a cancel() draining to its marks
+        self.consume_lock = locks.make("consume_lock", locks.Rank.CONSUME, reentrant=True)
         self.deferred_callbacks: list | None = None  # pump.py _run_callbacks (consume_lock held)
         self.out = {ep: Outbox(self.matrix.ring(0, ep), self.matrix.doorbell(ep),
                                   self.matrix.ring(0, ep).capacity // _CANCEL_RESERVE)
@@ -149,22 +185,15 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.ids = itertools.count(1)
         self.functions = FunctionTable()  # what the workers know (bounded), what is quarantined
         self.fn_ids = self.functions.ids  # id(fn) -> (fn id, fn): read on the hot path
-        self.deadlines: list = []  # heap of (deadline, task id, endpoint)
-        self.delayed: list = []  # heap of (due, task id): retries waiting out their retry_delay
-        self.retry_delays: dict[int, list] = {}  # task id -> [retry_delay policy, retries so far]
-        self.timed_out: dict[int, int] = {}  # endpoint killed -> task id that overran
-        self.stats_replies: dict[int, dict] = {}
-        self.latest_stats: dict[int, dict] = {}  # every worker's last STATS reply (monitor())
-        self.stats_cond = threading.Condition()
-        self.recently_cancelled: dict[int, None] = {}  # task ids, oldest first (MOVED races)
-        self.loot: list[bytes] = []  # export(): steal answers to endpoint 0 ...
-        self.loot_wait: set[int] = set()  # ... and the workers yet to answer
-        self.loot_cond = threading.Condition()
-        self.export_lock = threading.Lock()
+        self.deadlines = Deadlines()  # timeout=: from STARTED; the overrun kills (timers.py)
+        self.retries = Retries()  # retry_delay=: policies, retries waiting (timers.py)
+        self.replies = Replies()  # STATS replies and export()'s loot (replies.py)
+        self.recently_cancelled = RecentlyCancelled()  # a MOVED of one gets a CANCEL (recent.py)
+        self.export_lock = locks.make("export_lock", locks.Rank.EXPORT)  # one export() at a time
         self.shared = LocalShared(workers + 1)  # SharedFactory: one memfd per object
         self.closing = False
         self.closed = False
-        self.close_lock = threading.Lock()
+        self.close_lock = locks.make("close_lock", locks.Rank.CLOSE)
         self.pid = os.getpid()  # the process that owns the rings (a fork may not use them)
         self.forked = False
         self.health = Health(_LIVENESS_S)  # down endpoints (restart backoff), stopped workers
@@ -174,12 +203,10 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
         self.taken_back = 0  # tasks taken back from stopped workers and re-placed (stopped.py)
         # tasks whose holder died, to re-place through the handshake (stopped.py _re_place)
         self.orphans: list[_Task] = []
-        self.deaths = 0
         self.messages_in = 0
-        self.generation = dict.fromkeys(self.endpoints, 0)
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.pidfds: dict[int, int] = {}
-        self.lifeline_r, self.lifeline_w = os.pipe()
+        # the worker processes: start, generations, reaping, signals (processes.py)
+        self.processes = Processes(self.endpoints, self.matrix, self.topology, self.slots, seed,
+                                   self.trace_path, self.max_tasks)
         try:
             for ep in self.endpoints:
                 self._start_worker(ep)
@@ -193,6 +220,21 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
     @property
     def endpoints(self) -> range:
         return range(1, self.n + 1)
+
+    @property
+    def procs(self):
+        """Endpoint -> its worker process now (a read-only view; processes.py owns it)."""
+        return self.processes.procs()
+
+    @property
+    def generation(self):
+        """Endpoint -> its current generation (a read-only view; processes.py owns it)."""
+        return self.processes.generations()
+
+    @property
+    def lifeline_w(self) -> int:
+        """The lifeline pipe's write end (-1 once closed; processes.py owns it)."""
+        return self.processes.lifeline_w()
 
     @property
     def nodes(self) -> int:
@@ -223,8 +265,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             with self.lock:
                 if self.closing:
                     return []
-                with self.loot_cond:
-                    self.loot, self.loot_wait = [], set(self.endpoints)
+                self.replies.expect_loot(self.endpoints)
                 for ep in self.endpoints:
                     self._send(ep, wire.encode_control(Kind.STEAL, [0, 0]))
                     pid = self.matrix.status(ep)[STATUS_PID]
@@ -233,12 +274,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                             os.kill(pid, POKE)  # deep in a task: answer from the signal handler
                         except OSError:
                             pass
-            deadline = time.monotonic() + timeout
-            with self.loot_cond:
-                while self.loot_wait and deadline > time.monotonic():
-                    self.loot_cond.wait(deadline - time.monotonic())
-                got, self.loot, self.loot_wait = self.loot, [], set()
-            return got
+            return self.replies.collect_loot(timeout)
 
     def hungry(self) -> int:
         """Workers that found nothing to steal and wait for work (status words; any thread)."""
@@ -260,25 +296,18 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
                 self._send(task_id >> wire.OWNER_SHIFT, msg)
 
     def stats(self, timeout: float = 2.0) -> dict:
-        with self.stats_cond:
-            self.stats_replies.clear()
+        self.replies.ask_stats()
         with self.lock:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.STATS, []))
-        deadline = time.monotonic() + timeout
-        with self.stats_cond:
-            while len(self.stats_replies) < self.n:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.stats_cond.wait(left)
-            workers = [self.stats_replies.get(ep) or self._silent(ep) for ep in self.endpoints]
+        replies = self.replies.wait_stats(self.n, timeout)
+        workers = [replies.get(ep) or self._silent(ep) for ep in self.endpoints]
         return {
             "backend": self.kind,
             "workers": workers,
             "driver": {
                 "outstanding": len(self.tasks),
-                "worker_deaths": self.deaths,
+                "worker_deaths": self.processes.deaths(),
                 "waiting_for_inputs": len(self.waiting),
                 "restart_failures": self.health.restart_failures,
                 "workers_down": sorted(self.down),
@@ -311,20 +340,19 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             for ep in self.endpoints:
                 status = self.matrix.status(ep)
                 box = self.out.get(ep)
-                proc = self.procs.get(ep)
                 rows.append({
-                    "worker": ep, "pid": proc.pid if proc is not None else 0,
+                    "worker": ep, "pid": self.processes.pid(ep),
                     "cpu": self.slots[ep - 1][0], "node": self.node_of[ep - 1],
-                    "generation": self.generation[ep], "running": status[STATUS_DEPTH],
+                    "generation": self.processes.generation(ep), "running": status[STATUS_DEPTH],
                     "hungry": bool(status[STATUS_HUNGRY]),
                     "parked": bool(box is not None and box.doorbell.sleeping),
                     "down": ep in self.down, "stopped": ep in self.health.stopped,
                 })
-        with self.stats_cond:
-            for row in rows:
-                row["stats"] = self.latest_stats.get(row["worker"])
+        latest = self.replies.latest(self.endpoints)
+        for row in rows:
+            row["stats"] = latest[row["worker"]]
         return {"backend": self.kind, "workers": rows, "dashboard_link": None,
-                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.deaths,
+                "driver": {"outstanding": len(self.tasks), "worker_deaths": self.processes.deaths(),
                            "messages_in": self.messages_in,
                            "messages_out": sum(box.sent for box in self.out.values())}}
 
@@ -335,7 +363,7 @@ class LocalBackend(Submitting, Cancelling, Pumping, Lifecycle, TakingBack):
             out["state"] = "down"
             out["restart_error"] = self.down[ep].why
         else:
-            proc = self.procs.get(ep)
+            proc = self.processes.proc(ep)
             state = proc_state(proc.pid) if proc is not None else None
             out["pid"] = proc.pid if proc is not None else None
             out["state"] = "stopped" if state in ("T", "t") else "busy"

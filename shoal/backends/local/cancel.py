@@ -60,16 +60,13 @@ class Cancelling:
             task = self.tasks.pop(fut.task_id, None)
             if task is None:
                 return
-            if self.retry_delays:
-                self.retry_delays.pop(fut.task_id, None)
+            self.retries.forget(fut.task_id)
             if task.placed:
                 self.placement.finished(task.placed - 1)
             if task.where and not self.closed:
                 self._send(task.where, wire.encode_control(Kind.CANCEL, [fut.task_id]))
                 # it may have been stolen meanwhile: a MOVED on its way is forwarded the cancel
-                self.recently_cancelled[fut.task_id] = None
-                if len(self.recently_cancelled) > 4096:
-                    self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
+                self.recently_cancelled.add(fut.task_id)
 
     def _running_on(self, tid: int) -> int:
         """The endpoint whose status cell says it runs driver task ``tid`` now (0: none)."""
@@ -115,7 +112,7 @@ class Cancelling:
                     if cell[STATUS_RUNNING + i] == tid:
                         if i < depth:
                             return ep
-                        if self.procs[ep].poll() is None:
+                        if self.processes.running(ep):
                             claimed = ep
             if not claimed:
                 return 0
@@ -218,11 +215,11 @@ class Cancelling:
             ep = self._running_on(tid) if task is not None else 0
             if not ep or self.closed:
                 return False
-            proc = self.procs[ep]
+            proc = self.processes.proc(ep)
         resume = _freeze(proc)
         with self.lock:
             task = self.tasks.get(tid)
-            if (task is None or self.closed or self.procs.get(ep) is not proc
+            if (task is None or self.closed or self.processes.proc(ep) is not proc
                     or self._running_on(tid) != ep or proc.poll() is not None):
                 if resume:
                     _signal(proc, signal.SIGCONT)

@@ -1,10 +1,9 @@
-"""Worker processes of the local backend: start, death, replacement, close, fork.
+"""What happens to the local backend's workers: death, replacement, close, fork.
 
-Workers are ``python -m shoal.runtime.worker`` processes started with ``subprocess``
-(fork+exec): safe when the driver has threads (a dask Client), and ``__main__`` is
-never re-imported.  They inherit the segment, the doorbells and the read end of a
-*lifeline* pipe; when the driver dies (even by SIGKILL) the pipe reaches EOF and every
-worker exits at once.  The segment is a memfd, so no /dev/shm name exists to leak.
+The processes themselves (start, generations, reaping, signals, the lifeline pipe)
+are the ``Processes`` component (processes.py); this module decides what a worker's
+start, death or the backend's close means for the tasks.  The segment is a memfd,
+so no /dev/shm name exists to leak.
 
 A death (the pump sees the pidfd) is handled under ``consume_lock`` then ``lock``: what
 the worker sent before dying is drained, its running driver tasks (its status cell,
@@ -17,19 +16,18 @@ replacement of the next generation is started (with backoff when starting fails)
 tears down; in a forked child (at-fork hook) the parent's pilot is closed without
 touching the parent's workers and its futures fail with ``PilotClosed``.
 
-Rejected: multiprocessing's Process (spawn re-imports ``__main__``; fork is unsafe with
-threads); polling ``waitpid`` for deaths (pidfds wake the parked pump instead).
+Rejected: re-sending a dead worker's queued tasks blindly (it may have handed some to
+a thief just before it died, its MOVED lost in its outbox: each ran twice); settling
+the lost tasks under ``lock`` (their done-callbacks may submit, which takes it).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 import weakref
 
@@ -50,7 +48,6 @@ from ...runtime.wire import Kind
 from ...runtime.worker import (
     STATUS_DEPTH,
     STATUS_LOADING,
-    STATUS_PID,
     STATUS_RUNNING,
     STATUS_SLOTS,
 )
@@ -64,68 +61,12 @@ class Lifecycle:
     """``LocalBackend``'s worker processes and shutdown (a mixin: the state is the backend's)."""
 
     def _start_worker(self, ep: int) -> None:
-        cpu, node = self.slots[ep - 1]
-        spec = {
-            "endpoint": ep,
-            "generation": self.generation[ep],
-            # every endpoint's current generation (this one's included): older ones are dead
-            # (a request one of them left in a ring is not answered, a MOVED naming one
-            # re-runs at once; loans.LoanBook.dead)
-            "generations": [[e, g] for e, g in self.generation.items()],
-            "cpu": cpu,
-            "real_cpu": self.topology.real_cpu(cpu),
-            "node": node,
-            "node_of": self.node_of,
-            "seed": self.seed,
-            "lifeline": self.lifeline_r,
-            "rings": self.matrix.spec(),
-            "trace": self.trace_path,
-            "max_tasks": self.max_tasks,
-            "sys_path": [p for p in sys.path if p],  # so tasks import what the driver imports
-            # modules to import in the worker right after others are (shoal.runtime.post_import)
-            "after_import": {k: sorted(v) for k, v in context.worker_after_import.items()},
-        }
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_root(), env.get("PYTHONPATH")] if p)
-        key_fd = spec["authkey_fd"] = _authkey_pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shoal.runtime.worker", json.dumps(spec)],
-                pass_fds=[*self.matrix.fds(), self.lifeline_r, key_fd],
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            os.close(key_fd)
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        self.procs[ep] = proc
-        self.pidfds[ep] = pidfd
+        self.processes.start(ep)
         if self.init_msg is not None:
             self._send(ep, self.init_msg, wake=False)  # first in its ring: before any task
 
     def _wait_started(self, timeout: float) -> None:
-        """Return once every worker runs its loop (its pid is in its status cell); a
-        worker that exits first (a broken interpreter, an import error) is an error."""
-        deadline = time.monotonic() + timeout
-        pause = 0.0005
-        while True:
-            waiting = [ep for ep in self.endpoints if not self.matrix.status(ep)[STATUS_PID]]
-            if not waiting:
-                return
-            for ep in waiting:
-                code = self.procs[ep].poll()
-                if code is not None:
-                    raise WorkerLost(f"worker {ep} exited with code {code} while starting "
-                                     f"({sys.executable} -m shoal.runtime.worker)")
-            if time.monotonic() > deadline:
-                raise WorkerLost(f"workers {waiting} did not start within {timeout} s")
-            time.sleep(pause)
-            pause = min(0.01, pause * 2)
+        self.processes.wait_started(timeout)
 
     def _replace(self, ep: int) -> None:
         """Start a replacement on ``ep`` (lock held).  A failure (no free fds, ENOMEM, the
@@ -139,7 +80,7 @@ class Lifecycle:
                          ep, entry.tries, exc, entry.delay)
             return
         if self.health.started(ep):
-            _log.warning("shoal: worker %d is back (pid %d)", ep, self.procs[ep].pid)
+            _log.warning("shoal: worker %d is back (pid %d)", ep, self.processes.pid(ep))
         for msg in self.functions.defines.values():
             self._send(ep, msg, wake=False)
 
@@ -155,10 +96,7 @@ class Lifecycle:
             self._on_death_locked(ep)
 
     def _on_death_locked(self, ep: int) -> None:
-        proc = self.procs[ep]
-        proc.wait()
-        os.close(self.pidfds.pop(ep))
-        self.deaths += 1
+        proc = self.processes.reaped(ep)
         self._drain_inboxes()  # results it sent before dying are not lost
         status = self.matrix.status(ep)
         depth = status[STATUS_DEPTH]
@@ -171,12 +109,10 @@ class Lifecycle:
             # SIGKILL may be somebody else's (a user, force cancel of another task): the
             # function is quarantined at its second such death (an OOM kill repeats).
             self._quarantine(loading, ep, proc)
-        overran = self.timed_out.pop(ep, None)
-        with self.stats_cond:
-            self.latest_stats.pop(ep, None)  # a monitor shows the replacement, not the dead
+        overran = self.deadlines.overran(ep)
+        self.replies.forget(ep)  # a monitor shows the replacement, not the dead
         forced = self.forced.pop(ep, None)
-        dead_gen = self.generation[ep]
-        self.generation[ep] = dead_gen + 1
+        dead_gen = self.processes.next_generation(ep)
         lost: list[_Task] = []
         with self.lock:
             # Unread messages to the dead worker: its tasks go elsewhere, the rest is moot.
@@ -273,14 +209,7 @@ class Lifecycle:
         rings or processes; every use raises ``PilotClosed`` saying why."""
         self.forked = True
         self.closing = self.closed = True
-        for fd in [*self.pidfds.values(), self.lifeline_w]:
-            if fd < 0:
-                continue  # closed by the parent's close() before the fork
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.pidfds, self.procs = {}, {}
+        self.processes.forked()
         # The parent's outstanding futures can never settle here: fail them, so result()
         # in the child raises instead of waiting forever.  No done-callbacks (user code in
         # an at-fork hook); no thread waits on them in the child (only this one survived).
@@ -311,7 +240,7 @@ class Lifecycle:
             for ep in self.endpoints:
                 self._send(ep, wire.encode_control(Kind.SHUTDOWN, []))
         deadline = time.monotonic() + grace
-        for proc in self.procs.values():
+        for _, proc in self.processes.all():
             try:
                 proc.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -329,22 +258,7 @@ class Lifecycle:
         self._teardown()
 
     def _teardown(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for fd in self.pidfds.values():
-            os.close(fd)
-        self.pidfds.clear()
-        for fd in (self.lifeline_r, self.lifeline_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        # Forgotten, not just closed: the at-fork hook (``_forked``) of every later child
-        # would close these numbers again, and by then they name someone else's file (a
-        # Popen's pipe: its child failed with EBADF before exec).
-        self.lifeline_r = self.lifeline_w = -1
+        self.processes.teardown()
         self.inboxes = []
         self.out = {}
         self.matrix.close()
@@ -361,31 +275,6 @@ STOP_GRACE_S = 0.25
 def _after_fork_in_child() -> None:
     for backend in list(_live):
         backend._forked()
-
-
-def _authkey_pipe() -> int:
-    """The read end of a pipe holding the driver's ``multiprocessing`` authkey, for a worker.
-
-    ``Manager`` proxies (and ``multiprocessing.connection`` listeners of the driver)
-    authenticate with ``multiprocessing.current_process().authkey``; the stdlib's pool
-    children inherit it, so a worker adopts it too (worker.py ``_adopt_authkey``).  A pipe,
-    not the command line or the environment: argv is world-readable in /proc, and the key
-    lets its holder talk to every manager of the driver.  The key is 32 bytes: the write
-    never blocks (a pipe holds 64 KiB)."""
-    from multiprocessing import process  # the driver's key exists from this import on
-
-    key = bytes(process.current_process().authkey)
-    r, w = os.pipe()
-    try:
-        os.write(w, key)
-    finally:
-        os.close(w)
-    return r
-
-
-def _package_root() -> str:
-    """The directory holding the ``shoal`` package, so workers import the same code."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

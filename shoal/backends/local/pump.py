@@ -22,12 +22,10 @@ lock is released (a ``cancel()`` in between said True for a task that had run).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import signal
 import time
 
-from ..._backoff import retry_delay
 from ..._errors import BrokenPilot, RemoteTraceback
 from ...runtime import wire
 from ...runtime.api import settle as _settle
@@ -72,19 +70,19 @@ class Pumping:
             # between attempts nothing runs: PENDING again, so cancel() takes the queued retry
             # (True; the earlier attempt's side effects stay), as on dask (docs/guide.md)
             task.future.mark_pending()
-            delay = self._retry_delay(tid)
+            delay = self.retries.next_delay(tid)
             with self.lock:
                 if tid in self.tasks:
                     if delay > 0:  # options(retry_delay=): sent again by the pump when due
                         if task.placed:
                             self.placement.finished(task.placed - 1)
                             task.placed = 0
-                        heapq.heappush(self.delayed, (time.monotonic() + delay, tid))
+                        self.retries.defer(tid, time.monotonic() + delay)
                         self.doorbell.ring()  # a pump parked for longer wakes to see it
                     else:
                         self._dispatch(task)
                     return
-        self.retry_delays.pop(tid, None)
+        self.retries.forget(tid)
         with self.lock:
             self.tasks.pop(tid, None)
             if task.placed:
@@ -92,20 +90,10 @@ class Pumping:
                 task.placed = 0
         _settle(task.future, False, exc)
 
-    def _retry_delay(self, tid: int) -> float:
-        """Seconds before task ``tid``'s next attempt (``options(retry_delay=)``; 0: at once)."""
-        policy = self.retry_delays.get(tid)
-        if policy is None:
-            return 0.0
-        policy[1] += 1
-        return retry_delay(policy[0], policy[1], tid)
-
     def _send_delayed(self) -> None:
         """Send the retries whose retry_delay has passed (a cancelled one is gone from ``tasks``)."""
-        now = time.monotonic()
         with self.lock:
-            while self.delayed and self.delayed[0][0] <= now:
-                _, tid = heapq.heappop(self.delayed)
+            for tid in self.retries.pop_due(time.monotonic()):
                 task = self.tasks.get(tid)
                 if task is not None:
                     self._dispatch(task)
@@ -129,6 +117,7 @@ class Pumping:
 
     def _pump_rounds(self) -> None:
         idle = 0
+        deadlines, retries = self.deadlines, self.retries
         while True:
             got = self._drain_inboxes()
             if self.orphans:
@@ -137,11 +126,13 @@ class Pumping:
                 with self.lock:
                     if self.staged:
                         self._flush_staged()
-            if self.deadlines:
+            deadline = deadlines.next_due()
+            if deadline is not None and deadline <= time.monotonic():
                 self._check_deadlines()
             if self.down:
                 self._retry_down()
-            if self.delayed and self.delayed[0][0] <= time.monotonic():
+            due = retries.next_due()
+            if due is not None and due <= time.monotonic():
                 self._send_delayed()
             if any(box.pending for box in self.out.values()):
                 with self.lock:
@@ -158,10 +149,12 @@ class Pumping:
             if idle < _SPIN:
                 continue
             timeout = None
-            if self.deadlines:
-                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
-            if self.delayed:
-                due = max(0.0, self.delayed[0][0] - time.monotonic())
+            deadline = deadlines.next_due()
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
+            due = retries.next_due()
+            if due is not None:
+                due = max(0.0, due - time.monotonic())
                 timeout = due if timeout is None else min(timeout, due)
             if self.down and not self.closing:
                 due = self.health.wake_in(time.monotonic())
@@ -172,17 +165,16 @@ class Pumping:
             timeout = _LIVENESS_S if timeout is None else min(timeout, _LIVENESS_S)
             if any(box.pending for box in self.out.values()):
                 timeout = 0.001
-            fds = list(self.pidfds.values())
-            woke = self.doorbell.park(self._readable, timeout, fds)
+            woke = self.doorbell.park(self._readable, timeout, self.processes.pidfds())
             for fd in woke:
-                for ep, pidfd in list(self.pidfds.items()):
-                    if pidfd == fd:
-                        self._on_death(ep)
+                ep = self.processes.endpoint_of(fd)
+                if ep is not None:
+                    self._on_death(ep)
 
     def _check_liveness(self) -> None:
         """Report workers that are stopped (SIGSTOP, a debugger), and take back the tasks
         queued to them (stopped.py): a stopped worker neither runs nor hands them on."""
-        for ep, proc in list(self.procs.items()):
+        for ep, proc in self.processes.all():
             change = self.health.saw(ep, proc.pid, None if ep in self.down else proc_state(proc.pid))
             if change is Change.STOPPED:
                 _log.warning("shoal: worker %d (pid %d) is stopped (SIGSTOP or a debugger); the "
@@ -259,6 +251,7 @@ class Pumping:
         settle, retry = [], []
         tasks = self.tasks
         done_on: dict[int, int] = {}
+        forget = self.retries.forget if self.retries.any() else None
         with self.lock:
             for tid, ok, value in results:
                 task = tasks.get(tid)
@@ -268,8 +261,8 @@ class Pumping:
                     retry.append((tid, task, value))
                     continue
                 del tasks[tid]
-                if self.retry_delays:
-                    self.retry_delays.pop(tid, None)
+                if forget is not None:
+                    forget(tid)
                 placed = task.placed
                 if placed:
                     done_on[placed] = done_on.get(placed, 0) + 1
@@ -320,8 +313,8 @@ class Pumping:
                         if task.lost_on is not None and task.lost_on == (thief, gen):
                             continue  # it died running there: failed or retried already
                         task.where = thief
-                        task.handed_by = (ep, self.generation[ep])
-                        if self.generation[thief] != gen:
+                        task.handed_by = (ep, self.processes.generation(ep))
+                        if self.processes.generation(thief) != gen:
                             # the thief died since: re-placed through the handshake after
                             # this round (it may have handed the task on before dying)
                             self.orphans.append(task)
@@ -331,7 +324,7 @@ class Pumping:
             task = self.tasks.get(tid)
             if task is not None and task.timeout is not None:
                 task.where = where
-                heapq.heappush(self.deadlines, (time.monotonic() + task.timeout, tid, where))
+                self.deadlines.started(tid, where, time.monotonic() + task.timeout)
                 task.future.mark_running()
         elif kind == Kind.DROPPED:
             # A worker dropped a task for a cancel.  Normally that cancel() is still
@@ -348,32 +341,16 @@ class Pumping:
         elif kind == Kind.INIT_FAILED:
             self._on_init_failed(*wire.decode_control(msg))
         elif kind == Kind.STATS:
-            reply = wire.decode_control(msg)
-            reply["at"] = time.time()
-            with self.stats_cond:
-                self.stats_replies[ep] = reply
-                self.latest_stats[ep] = reply
-                self.stats_cond.notify_all()
+            self.replies.stats_arrived(ep, wire.decode_control(msg))
         elif kind == Kind.LOOT:
             victim, _, msgs = wire.decode_control(msg)
-            with self.loot_cond:
-                waited = victim in self.loot_wait
-                if waited:
-                    self.loot_wait.discard(victim)
-                    self.loot.extend(msgs)
-                    self.loot_cond.notify_all()
+            waited = self.replies.loot_arrived(victim, msgs)
             if msgs and not waited:  # an answer after export() gave up: run it here
                 self.give_back(msgs)
 
     def _check_deadlines(self) -> None:
-        now = time.monotonic()
-        while self.deadlines and self.deadlines[0][0] <= now:
-            _, tid, ep = heapq.heappop(self.deadlines)
+        for tid, ep in self.deadlines.due(time.monotonic()):
             task = self.tasks.get(tid)
-            if task is None or task.where != ep or ep in self.timed_out:
+            if task is None or task.where != ep or not self.deadlines.claim_kill(ep, tid):
                 continue
-            self.timed_out[ep] = tid
-            try:
-                self.procs[ep].send_signal(signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.processes.signal(ep, signal.SIGKILL)

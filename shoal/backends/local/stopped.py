@@ -30,7 +30,7 @@ task travels on under a new id:
    cancelled by a user meanwhile, gets a new id (``future.task_id`` too) and is
    dispatched.  The old id can never run: every worker was told to drop it before its
    slots were read, so a worker that resumes drops it (exactly once holds; a MOVED for
-   it later is answered with a CANCEL, ``recently_cancelled``).
+   it later is answered with a CANCEL, ``recently_cancelled``, recent.py).
 
 Why a new id rather than the old one: the cancel must reach every worker, thieves
 included, and the re-placed copy must not meet it.  ``_probe`` re-reads
@@ -148,13 +148,10 @@ class TakingBack:
                 task.msg = _pack_task(wire.TASK, flags, fn_id, new) + task.msg[wire.TASK_HDR.size:]
                 del self.tasks[old]
                 self.tasks[new] = task
-                if old in self.retry_delays:
-                    self.retry_delays[new] = self.retry_delays.pop(old)
+                self.retries.rename(old, new)
                 task.future.task_id = new
                 task.queued, task.queued_in = 0, None
-                self.recently_cancelled[old] = None  # a MOVED of the old id gets a CANCEL
-                if len(self.recently_cancelled) > 4096:
-                    self.recently_cancelled.pop(next(iter(self.recently_cancelled)))
+                self.recently_cancelled.add(old)  # a MOVED of the old id gets a CANCEL
                 self._dispatch(task)
                 moved += 1
         return moved

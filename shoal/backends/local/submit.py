@@ -108,7 +108,7 @@ class Submitting:
         fut._canceller = self._cancel_cb  # made once: a bound method per future is GC work
         fut._prober = self._probe_cb
         if retry_delay is not None and retries:
-            self.retry_delays[tid] = [retry_delay, 0]  # pump.py's _fail_or_retry reads it
+            self.retries.remember(tid, retry_delay)  # pump.py's _fail_or_retry asks it
         entry = self.fn_ids.get(id(fn))
         if entry is not None and not kwargs and not retries and timeout is None:
             # The fast path: a function the workers know, plain positional arguments (no

@@ -30,6 +30,7 @@ that module, and a helper in another module is missed).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -41,6 +42,10 @@ from pathlib import PurePath
 
 RACY_S = 2.0  # a digest of a file modified this recently is not trusted by the stat pre-check
 CHUNK = 1 << 20
+
+
+def _h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class CacheWarning(UserWarning):
@@ -87,15 +92,30 @@ class FileDigests:
         self.dirty.clear()
         return out
 
-    def _folder(self, root: str) -> str:
+    def _folder(self, root: str, _within: frozenset = frozenset()) -> str:
+        """A folder by its tree.  A link in it counts by its text *and* by what it points to (a
+        task reads through it: ``data/big.csv -> /shared/big.csv``); a link to a folder is
+        followed once per chain (a link back up the tree counts by its text only)."""
         h = hashlib.sha256(b"folder\0")
+        within = _within | {os.path.realpath(root)}
         for folder, dirs, files in os.walk(root):
             dirs.sort()
-            for name in sorted(files):
+            linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # os.walk skips them
+            for name in sorted([*files, *linked]):
                 full = os.path.join(folder, name)
                 rel = os.path.relpath(full, root)
                 h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
-                h.update((os.readlink(full) if os.path.islink(full) else self.digest(full)).encode() + b"\n")
+                if not os.path.islink(full):
+                    h.update(self.digest(full).encode() + b"\n")
+                    continue
+                h.update(b"link:" + os.readlink(full).encode("utf-8", "surrogateescape") + b"\0")
+                target = os.path.realpath(full)
+                if os.path.isdir(target):
+                    if target not in within and not any(target.startswith(w + os.sep) for w in within):
+                        h.update(self._folder(target, within).encode())
+                elif os.path.isfile(target):
+                    h.update(self.digest(target).encode())
+                h.update(b"\n")
         return h.hexdigest()
 
 
@@ -189,7 +209,9 @@ class _Hasher:
         code = getattr(fn, "__code__", None)
         if code is None:
             raise Unkeyable(f"{fn!r} has no code object (a builtin or C function)")
-        ident = id(code)
+        # by the function, not its code: closures made by one factory share a code object but
+        # not their cell values (``add1 = make(1); add2 = make(2)``)
+        ident = id(fn)
         if ident in self.seen:
             return self.seen[ident]
         self.seen[ident] = f"recursive:{fn.__qualname__}"
@@ -258,16 +280,39 @@ class _Hasher:
             if is_user_module(v.__module__):
                 return "class:" + self._class(v)
             return f"class:{v.__module__}.{v.__qualname__}"
+        if isinstance(v, functools.partial | types.MethodType):
+            return "callable:" + _h(self._callable(v))
         wrapped = getattr(v, "__wrapped__", None)  # functools.wraps decorators, shoal.cached
         if isinstance(wrapped, types.FunctionType) and not isinstance(v, type):
             return f"wrapped:{type(v).__module__}.{type(v).__qualname__}:" + self._ref(wrapped)
         if isinstance(v, types.BuiltinFunctionType):
             return f"builtin:{getattr(v, '__module__', '')}.{v.__qualname__}"
         try:
-            return "data:" + hashlib.sha256(data_bytes(v, self.other)).hexdigest()
+            return "data:" + hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable:
             t = type(v)
+            if is_user_module(t.__module__):  # its state is not seen, but its class's code is
+                return f"object:{t.__module__}.{t.__qualname__}:" + self._class(t)
             return f"object:{t.__module__}.{t.__qualname__}"
+
+    def _callable(self, v) -> bytes | None:
+        """Code inside data or a closure: a function, a ``functools.partial`` (its function and
+        arguments), a bound method (its function and its object's class)."""
+        if isinstance(v, types.FunctionType):
+            return b"fn:" + self.function(v).encode()
+        if isinstance(v, functools.partial):
+            return (b"partial:" + (self._callable(v.func) or self._ref(v.func).encode())
+                    + data_bytes([list(v.args), dict(v.keywords)], self._other))
+        if isinstance(v, types.MethodType):
+            return (b"method:" + (self._callable(v.__func__) or self._ref(v.__func__).encode())
+                    + self._ref(type(v.__self__)).encode())
+        return None
+
+    def _other(self, v) -> bytes | None:
+        encoded = self._callable(v)
+        if encoded is None and self.other is not None:
+            encoded = self.other(v)
+        return encoded
 
     def _class(self, cls: type) -> str:
         ident = id(cls)
@@ -296,7 +341,7 @@ class _Hasher:
         if isinstance(v, type | types.ModuleType | types.BuiltinFunctionType):
             return self._ref(v) if not isinstance(v, types.ModuleType) else f"module:{v.__name__}"
         try:
-            return hashlib.sha256(data_bytes(v, self.other)).hexdigest()
+            return hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable as exc:
             raise Unkeyable(f"{what}: {exc}") from None
 
@@ -304,7 +349,6 @@ class _Hasher:
 def function_digest(fn, other=None) -> str:
     """The digest of ``fn`` by value (module docstring); ``Unkeyable`` if a closure value or
     default is neither data nor code.  ``functools.partial`` counts its function and arguments."""
-    import functools
 
     if isinstance(fn, functools.partial):
         h = hashlib.sha256(b"partial\0" + function_digest(fn.func, other).encode())

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import warnings
 
@@ -127,6 +128,10 @@ class FunctionCache:
             return False
         mode = values.Values.PICKLE if self.pickle else values.Values.DATA
         blob = values.encode(value, mode) or b""
+        if self.pickle and blob and not blob.startswith(b"P"):  # pickle failed: a marker, no value
+            warnings.warn(f"cache {self.path}: a {type(value).__qualname__} result cannot be pickled "
+                          "and was not stored", CacheWarning, stacklevel=3)
+            return False
         try:
             write_atomic(self._file(key), pack(KIND, {"key": key}, blob), "cache file")
         except OSError as exc:
@@ -161,8 +166,18 @@ class Cached:
     """A function whose calls are looked up in a cache folder first (``shoal.cached``)."""
 
     def __init__(self, fn, cache: FunctionCache):
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            kind = "a generator" if inspect.isgeneratorfunction(fn) else "an async"
+            raise TypeError(f"shoal.cached: {getattr(fn, '__qualname__', fn)!r} is {kind} function: its "
+                            "call returns an iterator or coroutine, not a value a cache can keep; cache "
+                            "a function that returns the values (a list) instead")
         self.__wrapped__, self.cache = fn, cache
         functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):
+        """A method: ``obj`` is its first argument, so it is part of the key (plain data only:
+        an object is refused by name, rather than cached by its type)."""
+        return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
         key = self.cache.key(self.__wrapped__, args, kwargs)

@@ -1,0 +1,155 @@
+"""Attacks on result reuse (issue 32 item 1): edits the key must see, links and damaged files the
+cache must refuse, functions shoal.cached must not pretend to cache.
+
+Each test here failed before its fix: a wrong reuse (an edit the key did not see) or a confusing
+failure.  Real user modules on disk, imported fresh; real files and links; real ensemble runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+
+import shoal
+from shoal._taskkey import FileDigests, function_digest
+from shoal.cache import CacheWarning
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """``load(text)``: the module ``attack_mod`` with that source, imported afresh."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def load(text):
+        (tmp_path / "attack_mod.py").write_text(textwrap.dedent(text))
+        importlib.invalidate_caches()
+        sys.modules.pop("attack_mod", None)
+        return importlib.import_module("attack_mod")
+
+    yield load
+    sys.modules.pop("attack_mod", None)
+
+
+EDITS = {
+    # two closures of one factory share a code object, not their cell values
+    "factory closures": ("""
+        def make(n):
+            def add(x):
+                return x + n
+            return add
+        add1 = make(1)
+        add2 = make(N)
+        def task(x):
+            return add1(x) + add2(x)
+        """, "2", "3"),
+    "a functools.partial global": ("""
+        import functools
+        def scale(x, f):
+            return x * f
+        helper = functools.partial(scale, f=N)
+        def task(x):
+            return helper(x)
+        """, "2", "3"),
+    "a bound method global": ("""
+        class C:
+            def m(self, x):
+                return x + N
+        helper = C().m
+        def task(x):
+            return helper(x)
+        """, "1", "2"),
+    "the class of an object global": ("""
+        class C:
+            def m(self, x):
+                return x + N
+        obj = C()
+        def task(x):
+            return obj.m(x)
+        """, "1", "2"),
+    "a lambda inside a data global": ("""
+        helpers = [lambda x: x + N]
+        def task(x):
+            return helpers[0](x)
+        """, "1", "2"),
+    "a functools.partial default": ("""
+        import functools
+        def scale(x, f):
+            return x * f
+        def task(x, h=functools.partial(scale, f=N)):
+            return h(x)
+        """, "1", "2"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(EDITS))
+def test_an_edit_of_code_a_function_reaches_changes_its_key(user_module, what):
+    text, before, after = EDITS[what]
+    a = function_digest(user_module(text.replace("N", before)).task)
+    assert function_digest(user_module(text.replace("N", before)).task) == a  # stable
+    assert function_digest(user_module(text.replace("N", after)).task) != a
+
+
+def test_a_folder_input_counts_what_its_links_point_to(tmp_path):
+    outside = tmp_path / "shared"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "big.csv").write_text("1,2\n")
+    (outside / "sub" / "part.csv").write_text("3\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "own.txt").write_text("own\n")
+    (data / "big.csv").symlink_to(outside / "big.csv")
+    (data / "parts").symlink_to(outside / "sub")
+    (data / "loop").symlink_to(data)  # a link back up the tree: by its text, no endless walk
+    first = FileDigests().digest(str(data))
+    assert FileDigests().digest(str(data)) == first
+    (outside / "big.csv").write_text("1,3\n")
+    second = FileDigests().digest(str(data))
+    assert second != first
+    (outside / "sub" / "part.csv").write_text("4\n")
+    assert FileDigests().digest(str(data)) != second
+
+
+def test_cached_refuses_generator_and_async_functions_by_name(tmp_path):
+    def numbers(n):
+        yield from range(n)
+
+    async def later(n):
+        return n
+
+    for fn, kind in ((numbers, "generator"), (later, "async")):
+        with pytest.raises(TypeError, match=f"{fn.__name__}.* is an? {kind} function"):
+            shoal.cached(tmp_path)(fn)
+
+
+def test_cached_on_a_method_names_the_object_that_cannot_be_keyed(tmp_path):
+    class Model:
+        @shoal.cached(tmp_path)
+        def predict(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="argument 0 of .*predict: a value of type .*Model is not plain data"):
+        Model().predict(1)
+
+
+def test_a_result_pickle_cannot_hold_is_not_stored_as_a_marker(tmp_path):
+    calls = []
+
+    @shoal.cached(tmp_path, pickle=True)
+    def lock(n):
+        calls.append(n)
+        return threading.Lock()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lock(1)
+        lock(1)
+    assert len(calls) == 2
+    assert not list(tmp_path.glob("*.result"))
+    assert all("cannot be pickled and was not stored" in str(w.message) for w in caught
+               if issubclass(w.category, CacheWarning)) and caught

@@ -93,30 +93,44 @@ class FileDigests:
         return out
 
     def _folder(self, root: str, _within: frozenset = frozenset()) -> str:
-        """A folder by its tree.  A link in it counts by its text *and* by what it points to (a
-        task reads through it: ``data/big.csv -> /shared/big.csv``); a link to a folder is
+        """A folder by its tree (``tree_digest``): each file by its digest, each subfolder (an
+        empty one too) by its name.  A link in it counts by its text *and* by what it points to
+        (a task reads through it: ``data/big.csv -> /shared/big.csv``); a link to a folder is
         followed once per chain (a link back up the tree counts by its text only)."""
-        h = hashlib.sha256(b"folder\0")
+        files: dict[str, str] = {}
+        folders: list[str] = []
         within = _within | {os.path.realpath(root)}
-        for folder, dirs, files in os.walk(root):
+        for folder, dirs, names in os.walk(root):
             dirs.sort()
             linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # os.walk skips them
-            for name in sorted([*files, *linked]):
+            folders += [os.path.relpath(os.path.join(folder, d), root) for d in dirs if d not in linked]
+            for name in [*names, *linked]:
                 full = os.path.join(folder, name)
                 rel = os.path.relpath(full, root)
-                h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
                 if not os.path.islink(full):
-                    h.update(self.digest(full).encode() + b"\n")
+                    files[rel] = self.digest(full)
                     continue
-                h.update(b"link:" + os.readlink(full).encode("utf-8", "surrogateescape") + b"\0")
-                target = os.path.realpath(full)
+                target, seen = os.path.realpath(full), ""
                 if os.path.isdir(target):
                     if target not in within and not any(target.startswith(w + os.sep) for w in within):
-                        h.update(self._folder(target, within).encode())
+                        seen = self._folder(target, within)
                 elif os.path.isfile(target):
-                    h.update(self.digest(target).encode())
-                h.update(b"\n")
-        return h.hexdigest()
+                    seen = self.digest(target)
+                files[rel] = _h(b"link:" + os.readlink(full).encode("utf-8", "surrogateescape") + b"\0"
+                                + seen.encode())
+        return tree_digest(files, folders)
+
+
+def tree_digest(files: dict, folders=()) -> str:
+    """The digest of a folder from its files' digests (``rel -> digest``) and its subfolders'
+    relative names: what ``FileDigests.digest`` gives for it, so a folder staged back from
+    recorded digests can be keyed without reading it (``--explain``)."""
+    entries = sorted([(rel.replace(os.sep, "/"), "file:" + d) for rel, d in files.items()]
+                     + [(rel.replace(os.sep, "/") + "/", "folder") for rel in folders])
+    h = hashlib.sha256(b"folder\0")
+    for rel, value in entries:
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + value.encode() + b"\n")
+    return h.hexdigest()
 
 
 def _hash_file(path: str) -> str:

@@ -8,7 +8,6 @@ failure.  Real user modules on disk, imported fresh; real files and links; real 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import textwrap
 import threading
@@ -153,3 +152,50 @@ def test_a_result_pickle_cannot_hold_is_not_stored_as_a_marker(tmp_path):
     assert not list(tmp_path.glob("*.result"))
     assert all("cannot be pickled and was not stored" in str(w.message) for w in caught
                if issubclass(w.category, CacheWarning)) and caught
+
+
+def _folder_workflow(tmp):
+    from shoal.ensemble import Pipeline, Stage, Task
+
+    log = tmp / "ran.log"
+    make = Task(executable="/bin/sh", name="make", outputs=["outdir", "empty.txt"],
+                arguments=["-c", f"echo make >> {log}; mkdir -p outdir/none outdir/sub; echo x > outdir/sub/f; : > empty.txt"])
+    use = Task(executable="/bin/sh", name="use", inputs=[("$p.s1.make/outdir", "in"), ("$p.s1.make/empty.txt", "e")],
+               arguments=["-c", f"echo use >> {log}; test -d in/none && cat in/sub/f e > o"], outputs=["o"])
+    return [Pipeline([Stage([make], name="s1"), Stage([use], name="s2")], name="p")]
+
+
+def test_an_output_folder_with_empty_folders_is_staged_back_and_explained(tmp_path):
+    from shoal.ensemble import explain, run
+
+    journal = str(tmp_path / "run.db")
+    assert run(_folder_workflow(tmp_path), journal=journal, reuse=True).ok
+    assert dict(explain(_folder_workflow(tmp_path), journal)) == {
+        "p.s1.make": "reused (journal run.db)", "p.s2.use": "reused (journal run.db)"}
+    report = run(_folder_workflow(tmp_path), journal=journal, reuse=True)
+    assert report.ok and report.reused == 2, report.failures
+    assert (tmp_path / "run.sandbox/p/s1/make/outdir/none").is_dir()
+    assert (tmp_path / "ran.log").read_text().split() == ["make", "use"]  # each ran once
+
+
+def test_a_tampered_or_linked_cache_object_is_repaired_by_the_next_run_that_makes_it(tmp_path):
+    from shoal.ensemble import run
+
+    cache = tmp_path / "c"
+    assert run(_folder_workflow(tmp_path), journal=str(tmp_path / "a.db"), cache=str(cache)).ok
+    objects = sorted((cache / "objects").iterdir())
+    objects[0].write_bytes(b"garbage\n")
+    (tmp_path / "elsewhere").write_text("planted\n")
+    objects[1].unlink()
+    objects[1].symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "ran.log").write_text("")
+    with pytest.warns(CacheWarning, match="deleted or changed"):
+        assert run(_folder_workflow(tmp_path), journal=str(tmp_path / "b.db"), cache=str(cache)).ok  # runs
+    assert (tmp_path / "ran.log").read_text().split()  # something ran
+    assert not objects[1].is_symlink() and (tmp_path / "elsewhere").read_text() == "planted\n"
+    (tmp_path / "ran.log").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        report = run(_folder_workflow(tmp_path), journal=str(tmp_path / "c.db"), cache=str(cache))
+    assert report.ok and report.reused == 2
+    assert (tmp_path / "ran.log").read_text() == ""

@@ -56,7 +56,14 @@ import tempfile
 import warnings
 
 from ..._durable import CheckpointError, pack, read_file, unpack, write_atomic
-from ..._taskkey import CacheWarning, FileDigests, Unkeyable, data_bytes, function_digest
+from ..._taskkey import (
+    CacheWarning,
+    FileDigests,
+    Unkeyable,
+    data_bytes,
+    function_digest,
+    tree_digest,
+)
 from .model import EMBEDDED_REF_RE, EnsembleError, Task, TaskKind, TaskState, parse_ref
 from .values import Values, decode, encode
 
@@ -221,14 +228,28 @@ def reasons(new: dict, old: dict | None) -> list[str]:
 # -- where finished keys are found -------------------------------------------------------------
 class Record:
     """A finished task's key: what it gave (exit code or result blob) and its outputs' digests.
-    ``fetch(rel, dest)`` copies one output to ``dest`` checking its digest (False if it cannot)."""
+    ``fetch(rel, dest)`` copies one output to ``dest`` checking its digest (False if it cannot).
+    ``folders``: the folders among (and inside) its outputs, an empty one too, made again when
+    it is staged back (a later task's input ``$p.s.t/outdir`` must exist)."""
 
-    __slots__ = ("uid", "key", "parts", "kind", "exit_code", "result", "outputs", "fetch", "where")
+    __slots__ = ("uid", "key", "parts", "kind", "exit_code", "result", "outputs", "fetch", "where", "folders")
 
-    def __init__(self, uid, key, parts, kind, exit_code, result, outputs, fetch, where):
+    def __init__(self, uid, key, parts, kind, exit_code, result, outputs, fetch, where, folders=()):
         self.uid, self.key, self.parts, self.kind = uid, key, parts, kind
         self.exit_code, self.result, self.outputs = exit_code, result, outputs
         self.fetch, self.where = fetch, where
+        self.folders = tuple(folders)
+
+    def digest_of(self, rel: str) -> str | None:
+        """The recorded digest of output ``rel``: a file's, or a folder's tree (``tree_digest``)."""
+        rel = os.path.normpath(rel) if rel else ""
+        if rel in self.outputs:
+            return self.outputs[rel]
+        if rel not in self.folders:
+            return None
+        below = rel + os.sep
+        return tree_digest({r[len(below):]: d for r, d in self.outputs.items() if r.startswith(below)},
+                           [f[len(below):] for f in self.folders if f.startswith(below)])
 
 
 def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable: bool = False) -> bool:
@@ -312,7 +333,8 @@ class JournalStore:
                 out = json.loads(outputs or "{}")
                 folder = os.path.join(self.sandbox, out.get("sandbox") or ".")
                 rec = Record(uid, key, json.loads(parts), kind, code, result, dict(out.get("files") or {}),
-                             functools.partial(self._fetch, folder), f"journal {os.path.basename(path)}")
+                             functools.partial(self._fetch, folder), f"journal {os.path.basename(path)}",
+                             [str(f) for f in out.get("folders") or ()])
             except (TypeError, ValueError, AttributeError):
                 continue
             self.by_key[key] = rec
@@ -366,7 +388,8 @@ class CacheStore:
             d = json.loads(bytes(body))
             result = bytes.fromhex(d["result"]) if d.get("result") is not None else None
             return Record(d["uid"], key, d["parts"], d["kind"], d.get("exit_code"), result,
-                          dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}")
+                          dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}",
+                          [str(f) for f in d.get("folders") or ()])
         except (OSError, CheckpointError, ValueError, KeyError, TypeError) as exc:
             warnings.warn(f"cache entry {path} is not used (a miss): {exc}", CacheWarning, stacklevel=2)
             return None
@@ -387,11 +410,14 @@ class CacheStore:
         for rel, path in files.items():
             digest = rec.outputs[rel]
             obj = self._object(digest)
-            if not os.path.exists(obj) and not copy_checked(path, obj, digest, "cache object", durable=True):
+            # an object already there is checked, not trusted: a tampered or planted one (a link)
+            # would otherwise make every later hit a miss, the cache never repaired
+            if not copy_checked(obj, None, digest, "cache object") and \
+                    not copy_checked(path, obj, digest, "cache object", durable=True):
                 return  # changed since it was hashed (a process still writing it): not cached
         body = json.dumps({"uid": rec.uid, "parts": rec.parts, "kind": rec.kind, "exit_code": rec.exit_code,
                            "result": rec.result.hex() if rec.result is not None else None,
-                           "outputs": rec.outputs}, sort_keys=True).encode()
+                           "outputs": rec.outputs, "folders": list(rec.folders)}, sort_keys=True).encode()
         write_atomic(self._entry(rec.key), pack(ENTRY_KIND, {"key": rec.key}, body), "cache entry")
         write_atomic(self._name(rec.uid), [rec.key.encode()], "cache name")
 
@@ -468,6 +494,15 @@ class Reuse:
         if rec.kind != "executable":
             return MISS
         sandbox = self.launcher.make_sandbox(item.uid)
+        for rel in rec.folders:
+            if not _safe(rel, "0" * 64) or os.path.islink(os.path.join(sandbox, rel)):
+                warnings.warn(f"{rec.where}: the record of {item.uid} names folder {rel!r}, which is not "
+                              "a folder inside a sandbox: not used (a miss)", CacheWarning, stacklevel=3)
+                return MISS
+            try:
+                os.makedirs(os.path.join(sandbox, rel), exist_ok=True)
+            except OSError:
+                return MISS
         for rel, digest in rec.outputs.items():
             if not _safe(rel, digest):
                 warnings.warn(f"{rec.where}: the record of {item.uid} names output {rel!r}, which is not "
@@ -488,11 +523,12 @@ class Reuse:
             return
         self.keys[item.uid] = k.key
         t = item.task
-        outputs, files = {}, {}
+        outputs, files, folders = {}, {}, []
         if t.kind is TaskKind.EXECUTABLE:
             sandbox = self.launcher.sandbox_of(item.uid)
             # the declared outputs, and stdout/stderr, which later tasks often read ($p.s.t/stdout)
             for name in (*t.outputs, t.stdout_file, t.stderr_file):
+                folders += [os.path.relpath(f, sandbox) for f in _folders(os.path.join(sandbox, name))]
                 for path in _files(os.path.join(sandbox, name)):
                     rel = os.path.relpath(path, sandbox)
                     outputs[rel] = self.digests.digest(path)
@@ -502,13 +538,15 @@ class Reuse:
             result, code, kind = encode(value, self.values), None, "function"
         rel_root = os.path.relpath(self.launcher.sandbox_of(item.uid), self.launcher.root)
         self.journal.record_key(item.uid, k.key, json.dumps(k.parts, sort_keys=True),
-                                json.dumps({"sandbox": rel_root, "files": outputs}, sort_keys=True),
+                                json.dumps({"sandbox": rel_root, "files": outputs, "folders": folders},
+                                           sort_keys=True),
                                 rec_from.where if rec_from is not None else None,
                                 "; ".join(self.why.get(item.uid, ())) or None)
         self.journal.file_digests(self.digests.take_dirty())
         if self.cache is not None and not (rec_from is not None and rec_from.where.startswith("cache")):
             try:
-                self.cache.put(Record(item.uid, k.key, k.parts, kind, code, result, outputs, None, ""), files)
+                self.cache.put(Record(item.uid, k.key, k.parts, kind, code, result, outputs, None, "",
+                                      folders), files)
             except OSError as exc:
                 warnings.warn(f"cache {self.cache.root}: {item.uid} not stored: {exc}", CacheWarning, stacklevel=2)
 
@@ -521,6 +559,15 @@ def _safe(rel, digest) -> bool:
     return (isinstance(rel, str) and isinstance(digest, str) and len(digest) == 64
             and all(c in "0123456789abcdef" for c in digest) and not os.path.isabs(rel)
             and ".." not in rel.split(os.sep) and rel not in ("", "."))
+
+
+def _folders(path: str):
+    """A declared output that is a folder, and every folder inside it (an empty one too)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        yield path
+        for folder, dirs, _files in os.walk(path):
+            dirs.sort()
+            yield from (os.path.join(folder, d) for d in dirs if not os.path.islink(os.path.join(folder, d)))
 
 
 def _files(path: str):
@@ -561,7 +608,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
         rec = found.get(uid)
         if rec is None:
             return None  # the upstream runs
-        known = rec.outputs.get(os.path.normpath(rel) if rel else "")
+        known = rec.digest_of(rel)
         if known is None:
             raise Unkeyable(f"${uid}/{rel} is not a declared output of {uid} (only declared outputs "
                             "are staged back)")

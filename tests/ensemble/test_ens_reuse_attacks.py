@@ -199,3 +199,11 @@ def test_a_tampered_or_linked_cache_object_is_repaired_by_the_next_run_that_make
         report = run(_folder_workflow(tmp_path), journal=str(tmp_path / "c.db"), cache=str(cache))
     assert report.ok and report.reused == 2
     assert (tmp_path / "ran.log").read_text() == ""
+
+
+def test_explain_with_a_cache_folder_that_is_not_there_creates_nothing(tmp_path):
+    from shoal.ensemble import explain
+
+    verdicts = dict(explain(_folder_workflow(tmp_path), str(tmp_path / "run.db"), cache=str(tmp_path / "c")))
+    assert verdicts["p.s1.make"] == "runs: new"
+    assert not (tmp_path / "c").exists() and not (tmp_path / "run.db").exists()

@@ -356,12 +356,16 @@ class JournalStore:
 class CacheStore:
     """A cache folder shared between runs (module docstring has its layout)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, create: bool = True):
+        """``create=False`` (``--explain``, which writes nothing): a folder that is not there is
+        an empty cache, not made."""
         self.root = os.path.abspath(root)
         for sub in ("keys", "objects", "names"):
             folder = os.path.join(self.root, sub)
             if os.path.islink(folder):
                 raise EnsembleError(f"cache folder {folder} is a symbolic link; give the real path")
+            if not create:
+                continue
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as exc:
@@ -598,7 +602,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
     if os.path.exists(path):
         stores.append(JournalStore(path, os.path.splitext(path)[0] + ".sandbox", Values.parse(values)))
     if cache is not None:
-        stores.append(CacheStore(cache))
+        stores.append(CacheStore(cache, create=False))
     digests = FileDigests({k: v for st in stores for k, v in getattr(st, "file_digests", {}).items()})
     found: dict[str, Record] = {}  # uid -> the record it is reused from
     memo: dict = {}

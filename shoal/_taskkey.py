@@ -30,6 +30,7 @@ that module, and a helper in another module is missed).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -188,9 +189,17 @@ def data_digest(value, other=None) -> str:
 
 # -- functions --------------------------------------------------------------------------------
 def _installed_roots() -> tuple[str, ...]:
+    """The folders of installed code: the stdlib and the site-packages folders.  Not the bare
+    prefixes (``sys.prefix``): with a system Python that is ``/usr``, and a project in
+    ``/usr/src/app`` (the layout of many container images) would count as installed, its
+    helpers named rather than hashed, an edit of one unseen."""
+    import site
+
     paths = sysconfig.get_paths()
     roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site module lacks them
+        roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    roots |= {p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")}
     return tuple(sorted(os.path.abspath(r) + os.sep for r in roots if r))
 
 

@@ -207,3 +207,13 @@ def test_explain_with_a_cache_folder_that_is_not_there_creates_nothing(tmp_path)
     verdicts = dict(explain(_folder_workflow(tmp_path), str(tmp_path / "run.db"), cache=str(tmp_path / "c")))
     assert verdicts["p.s1.make"] == "runs: new"
     assert not (tmp_path / "c").exists() and not (tmp_path / "run.db").exists()
+
+
+def test_a_project_under_the_interpreters_prefix_is_still_the_users_code(tmp_path, monkeypatch):
+    """A system Python's prefix is /usr; a project in /usr/src/app is not an installed package."""
+    from shoal import _taskkey
+
+    for name in ("prefix", "base_prefix", "exec_prefix"):
+        monkeypatch.setattr(sys, name, str(tmp_path))
+    project = str(tmp_path / "src" / "app" / "tasks.py")
+    assert not any(project.startswith(root) for root in _taskkey._installed_roots())

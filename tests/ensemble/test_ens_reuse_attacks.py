@@ -217,3 +217,15 @@ def test_a_project_under_the_interpreters_prefix_is_still_the_users_code(tmp_pat
         monkeypatch.setattr(sys, name, str(tmp_path))
     project = str(tmp_path / "src" / "app" / "tasks.py")
     assert not any(project.startswith(root) for root in _taskkey._installed_roots())
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"text"', b'{"uid": "u", "parts": {}, "kind": "function", "folders": 3}'])
+def test_a_well_formed_cache_entry_with_a_foreign_body_is_a_miss(tmp_path, body):
+    from shoal._durable import pack
+    from shoal.patterns.ensemble.reuse import ENTRY_KIND, CacheStore
+
+    store = CacheStore(str(tmp_path))
+    key = "ab" * 32
+    (tmp_path / "keys" / f"{key}.entry").write_bytes(b"".join(bytes(p) for p in pack(ENTRY_KIND, {"key": key}, body)))
+    with pytest.warns(CacheWarning, match="is not used"):
+        assert store.find(key) is None

@@ -331,7 +331,10 @@ class JournalStore:
         for uid, key, parts, outputs, kind, code, result in rows:
             try:
                 out = json.loads(outputs or "{}")
-                folder = os.path.join(self.sandbox, out.get("sandbox") or ".")
+                rel_root = out.get("sandbox") or "."
+                if os.path.isabs(rel_root) or ".." in rel_root.split(os.sep):
+                    continue  # not one shoal wrote: nothing outside the old sandbox is read
+                folder = os.path.join(self.sandbox, rel_root)
                 rec = Record(uid, key, json.loads(parts), kind, code, result, dict(out.get("files") or {}),
                              functools.partial(self._fetch, folder), f"journal {os.path.basename(path)}",
                              [str(f) for f in out.get("folders") or ()])
@@ -394,8 +397,9 @@ class CacheStore:
             return Record(d["uid"], key, d["parts"], d["kind"], d.get("exit_code"), result,
                           dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}",
                           [str(f) for f in d.get("folders") or ()])
-        except (OSError, CheckpointError, ValueError, KeyError, TypeError) as exc:
-            warnings.warn(f"cache entry {path} is not used (a miss): {exc}", CacheWarning, stacklevel=2)
+        except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # AttributeError: a well-formed container whose body is not the object shoal writes
+            warnings.warn(f"cache entry {path} is not used (a miss): {exc!r}", CacheWarning, stacklevel=2)
             return None
 
     def last(self, uid: str) -> Record | None:

@@ -31,6 +31,7 @@ that module, and a helper in another module is missed).
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import hashlib
 import os
@@ -345,11 +346,17 @@ class _Hasher:
         h = hashlib.sha256(f"class:{cls.__qualname__}".encode())
         for base in cls.__bases__:
             h.update(self._ref(base).encode())
+        if issubclass(cls, enum.Enum):  # its members are instances of itself: by their values
+            for name, m in cls.__members__.items():
+                h.update(f"member {name}={self._ref(m.value)}".encode())
         for name, member in sorted(vars(cls).items()):
             if isinstance(member, staticmethod | classmethod):
                 member = member.__func__
             if isinstance(member, property):
+                h.update(f"{name}.setter={self._ref(member.fset)};{self._ref(member.fdel)}".encode())
                 member = member.fget
+            if isinstance(cls, enum.EnumMeta) and isinstance(member, cls):
+                continue  # a member: by its value, above
             if isinstance(member, types.FunctionType):
                 h.update(f"{name}={self.function(member)}".encode())
             elif not name.startswith("__"):
@@ -366,7 +373,21 @@ class _Hasher:
         try:
             return hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable as exc:
+            if _stateless(v):  # a sentinel (dataclasses' default_factory marker): all in its class
+                return self._ref(type(v))
             raise Unkeyable(f"{what}: {exc}") from None
+
+
+def _stateless(v) -> bool:
+    """An object all of whose behaviour is its class's code: an instance of classes written in
+    Python only (no C base but ``object``, which could hold state a ``vars()`` does not show), no
+    ``__slots__``, an empty ``__dict__``."""
+    mro = type(v).__mro__[:-1]
+    return (bool(mro) and all(c.__flags__ & _HEAPTYPE and "__slots__" not in vars(c) for c in mro)
+            and isinstance(getattr(v, "__dict__", None), dict) and not vars(v))
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
 def function_digest(fn, other=None) -> str:

@@ -83,6 +83,35 @@ EDITS = {
         def task(x, h=functools.partial(scale, f=N)):
             return h(x)
         """, "1", "2"),
+    "an enum member's value": ("""
+        import enum
+        class Color(enum.Enum):
+            RED = N
+        def task(x):
+            return Color.RED.value + x
+        """, "1", "2"),
+    # keyed at all: its __init__'s default is dataclasses' sentinel, a stateless object
+    "a dataclass default_factory": ("""
+        import dataclasses
+        @dataclasses.dataclass
+        class P:
+            k: list = dataclasses.field(default_factory=lambda: [N])
+        def task(x):
+            return P().k
+        """, "1", "2"),
+    "a property's setter": ("""
+        class C:
+            @property
+            def p(self):
+                return 1
+            @p.setter
+            def p(self, v):
+                self.v = v * N
+        def task(x):
+            c = C()
+            c.p = x
+            return c.v
+        """, "1", "2"),
 }
 
 

@@ -373,7 +373,9 @@ class _Hasher:
         try:
             return hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable as exc:
-            if _stateless(v):  # a sentinel (dataclasses' default_factory marker): all in its class
+            if _stateless(v) and not is_user_module(type(v).__module__):
+                # a library's sentinel (dataclasses' default_factory marker): all in its class;
+                # not the user's own objects, which the task itself may give state
                 return self._ref(type(v))
             raise Unkeyable(f"{what}: {exc}") from None
 

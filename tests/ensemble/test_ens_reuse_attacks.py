@@ -258,3 +258,17 @@ def test_a_well_formed_cache_entry_with_a_foreign_body_is_a_miss(tmp_path, body)
     (tmp_path / "keys" / f"{key}.entry").write_bytes(b"".join(bytes(p) for p in pack(ENTRY_KIND, {"key": key}, body)))
     with pytest.warns(CacheWarning, match="is not used"):
         assert store.find(key) is None
+
+
+def test_a_cache_object_that_cannot_be_written_is_a_warning_not_a_silent_miss(tmp_path):
+    """A full or read-only cache folder: the run goes on, and says the task was not stored.
+    (A folder planted where the object goes gives the same real I/O error as ENOSPC.)"""
+    import hashlib
+
+    from shoal.ensemble import run
+
+    cache = tmp_path / "c"
+    (cache / "objects" / hashlib.sha256(b"x\n").hexdigest()).mkdir(parents=True)
+    with pytest.warns(CacheWarning, match=r"not stored: cache object .*objects/") as caught:
+        assert run(_folder_workflow(tmp_path), journal=str(tmp_path / "a.db"), cache=str(cache)).ok
+    assert any("p.s1.make not stored" in str(w.message) for w in caught)

@@ -252,13 +252,16 @@ class Record:
                            [f[len(below):] for f in self.folders if f.startswith(below)])
 
 
-def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable: bool = False) -> bool:
+def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable: bool = False,
+                 errors: list | None = None) -> bool:
     """Copy the regular file ``src`` (never through a link) to ``dest`` atomically (a temporary
     file created ``O_EXCL`` beside it, then renamed over it), hashing while copying; False (and
     ``dest`` untouched) if it is gone, not a plain file or holds other bytes.  ``dest`` None: only
     check it.  ``durable``: fsync the file and its folder (cache objects, shared between runs);
     an output staged back into a sandbox is not, as a task's own outputs are not (fsyncing
-    stdout and stderr, four fsyncs per reused task, dominated a run of small reused tasks)."""
+    stdout and stderr, four fsyncs per reused task, dominated a run of small reused tasks).
+    ``errors``: an I/O error while copying is appended to it (a full or read-only folder is not a
+    changed file: the caller says so)."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -301,7 +304,11 @@ def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable:
                 if tmp is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
-    except (Mismatch, OSError):
+    except Mismatch:
+        return False
+    except OSError as exc:
+        if errors is not None:
+            errors.append(exc)
         return False
     return True
 
@@ -420,8 +427,11 @@ class CacheStore:
             obj = self._object(digest)
             # an object already there is checked, not trusted: a tampered or planted one (a link)
             # would otherwise make every later hit a miss, the cache never repaired
+            failed: list = []
             if not copy_checked(obj, None, digest, "cache object") and \
-                    not copy_checked(path, obj, digest, "cache object", durable=True):
+                    not copy_checked(path, obj, digest, "cache object", durable=True, errors=failed):
+                if failed:  # the folder is full or not writable: Reuse.record warns
+                    raise failed[-1]
                 return  # changed since it was hashed (a process still writing it): not cached
         body = json.dumps({"uid": rec.uid, "parts": rec.parts, "kind": rec.kind, "exit_code": rec.exit_code,
                            "result": rec.result.hex() if rec.result is not None else None,

@@ -283,15 +283,27 @@ class _Hasher:
                 continue  # a builtin, an attribute name, or not defined yet
             v = g[name]
             if isinstance(v, types.ModuleType):
-                parts.append(f"{name}=module:{v.__name__}")
-                if is_user_module(v.__name__):  # mod.helper(...): the attributes it names
-                    for attr in sorted(names):
-                        member = getattr(v, attr, None)
-                        if isinstance(member, types.FunctionType | type):
-                            parts.append(f"{name}.{attr}={self._ref(member)}")
+                self._module(name, v, names, parts, 0)
                 continue
             parts.append(f"{name}={self._ref(v)}")
         return "\n".join(parts)
+
+    def _module(self, name: str, mod: types.ModuleType, names: set, parts: list, depth: int) -> None:
+        """``mod.helper(...)``, ``mod.SCALE``, ``pkg.sub.helper(...)``: a user module's attributes
+        the code names, each as a global would count (code, data by value), through its
+        submodules (a few levels)."""
+        parts.append(f"{name}=module:{mod.__name__}")
+        if not is_user_module(mod.__name__) or depth > 4:
+            return
+        for attr in sorted(names):
+            if attr not in vars(mod):
+                continue
+            member = vars(mod)[attr]
+            if isinstance(member, types.ModuleType):
+                if member is not mod:
+                    self._module(f"{name}.{attr}", member, names, parts, depth + 1)
+            else:
+                parts.append(f"{name}.{attr}={self._ref(member)}")
 
     def _ref(self, v) -> str:
         """A global the function names: code for the user's functions/classes, a name for

@@ -272,3 +272,32 @@ def test_a_cache_object_that_cannot_be_written_is_a_warning_not_a_silent_miss(tm
     with pytest.warns(CacheWarning, match=r"not stored: cache object .*objects/") as caught:
         assert run(_folder_workflow(tmp_path), journal=str(tmp_path / "a.db"), cache=str(cache)).ok
     assert any("p.s1.make not stored" in str(w.message) for w in caught)
+
+
+def test_a_constant_or_helper_named_through_a_user_module_counts(tmp_path, monkeypatch):
+    """``cfg.SCALE`` and ``pkg.sub.helper(x)``: attributes of the user's modules, by value."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "attack_pkg").mkdir()
+    (tmp_path / "attack_pkg" / "__init__.py").write_text("")
+    (tmp_path / "attack_use.py").write_text(
+        "import attack_cfg\nimport attack_pkg.sub\n\ndef by_constant(x):\n    return attack_cfg.SCALE * x\n\n"
+        "def by_submodule(x):\n    return attack_pkg.sub.helper(x)\n")
+
+    def load(scale, step):
+        (tmp_path / "attack_cfg.py").write_text(f"SCALE = {scale}\n")
+        (tmp_path / "attack_pkg" / "sub.py").write_text(f"def helper(x):\n    return x + {step}\n")
+        importlib.invalidate_caches()
+        for name in ("attack_use", "attack_cfg", "attack_pkg", "attack_pkg.sub"):
+            sys.modules.pop(name, None)
+        mod = importlib.import_module("attack_use")
+        return function_digest(mod.by_constant), function_digest(mod.by_submodule)
+
+    try:
+        first = load(2, 1)
+        assert load(2, 1) == first
+        second = load(3, 1)
+        assert second[0] != first[0] and second[1] == first[1]
+        assert load(3, 2)[1] != first[1]
+    finally:
+        for name in ("attack_use", "attack_cfg", "attack_pkg", "attack_pkg.sub"):
+            sys.modules.pop(name, None)

@@ -8,6 +8,7 @@ failure.  Real user modules on disk, imported fresh; real files and links; real 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 import threading
@@ -301,3 +302,35 @@ def test_a_constant_or_helper_named_through_a_user_module_counts(tmp_path, monke
     finally:
         for name in ("attack_use", "attack_cfg", "attack_pkg", "attack_pkg.sub"):
             sys.modules.pop(name, None)
+
+
+def test_two_shoal_runs_sharing_one_cache_at_once_leave_it_whole(tmp_path):
+    """Real concurrent `shoal run --reuse --cache` processes writing the same keys and objects:
+    a third run reuses every task, with no warning, and gets the bytes the tasks wrote."""
+    import subprocess
+
+    from ens_tasks import ROOT
+
+    log = tmp_path / "ran.log"
+    tasks = "\n".join(
+        f'          - {{name: t{i}, executable: /bin/sh, arguments: ["-c", "echo t{i} >> {log}; '
+        f'seq {i} 20000 > o; sleep 0.2"], outputs: [o]}}' for i in range(4))
+    (tmp_path / "wf.yaml").write_text(f"pipelines:\n  - name: p\n    stages:\n      - name: s\n        tasks:\n{tasks}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def start(journal):
+        return subprocess.Popen([sys.executable, "-W", "error::UserWarning", "-m", "shoal", "run", "wf.yaml",
+                                 "--reuse", "--cache", "c", "--journal", journal], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    runs = [start("a.db"), start("b.db")]
+    for proc in runs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    third = start("c.db")
+    out, _ = third.communicate(timeout=120)
+    assert third.returncode == 0 and "(4 reused)" in out and "Warning" not in out, out
+    assert sorted(set(log.read_text().split())) == ["t0", "t1", "t2", "t3"]
+    for i in range(4):
+        got = (tmp_path / "c.sandbox" / "p" / "s" / f"t{i}" / "o").read_text()
+        assert got == "".join(f"{n}\n" for n in range(i, 20001))

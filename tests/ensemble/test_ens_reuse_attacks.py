@@ -334,3 +334,26 @@ def test_two_shoal_runs_sharing_one_cache_at_once_leave_it_whole(tmp_path):
     for i in range(4):
         got = (tmp_path / "c.sandbox" / "p" / "s" / f"t{i}" / "o").read_text()
         assert got == "".join(f"{n}\n" for n in range(i, 20001))
+
+
+def test_a_tool_put_earlier_on_path_between_two_runs_in_one_process_runs(tmp_path, monkeypatch):
+    from shoal.ensemble import Pipeline, Stage, Task, run
+
+    """The same PATH string, a new tool in its first folder: the new tool is what runs."""
+    def tool(folder, says):
+        (folder / "attack-tool").write_text(f"#!/bin/sh\necho {says} > o\n")
+        (folder / "attack-tool").chmod(0o755)
+
+    def wf():
+        return [Pipeline([Stage([Task(executable="attack-tool", name="t", outputs=["o"])], name="s")], name="p")]
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    tool(tmp_path / "a", "A")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'b'}{os.pathsep}{tmp_path / 'a'}{os.pathsep}{os.environ['PATH']}")
+    journal = str(tmp_path / "run.db")
+    assert run(wf(), journal=journal, reuse=True).ok
+    tool(tmp_path / "b", "B")
+    report = run(wf(), journal=journal, reuse=True)
+    assert report.ok and report.reused == 0
+    assert (tmp_path / "run.sandbox" / "p" / "s" / "t" / "o").read_text() == "B\n"

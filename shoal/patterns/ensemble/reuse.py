@@ -135,7 +135,7 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
             parts["arguments"] = _h(data_bytes([args, kwargs], _numpy_bytes))
         else:
             exe = task.executable
-            path = _which(exe, os.environ.get("PATH")) if "/" not in exe else os.path.join(cwd, exe)
+            path = _which(exe, os.environ.get("PATH"), code_memo) if "/" not in exe else os.path.join(cwd, exe)
             if not path or not os.path.isfile(path):
                 return Keyed(None, f"executable {exe!r} not found")
             parts["code"] = _h(data_bytes([os.path.abspath(path), digests.digest(path),
@@ -176,9 +176,16 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
         return Keyed(None, upstream=up.uid)
 
 
-@functools.lru_cache(maxsize=256)
-def _which(exe: str, path: str | None) -> str | None:
-    return shutil.which(exe, path=path)
+def _which(exe: str, path: str | None, memo: dict | None) -> str | None:
+    """``shutil.which``, once per run (``memo``: the run's): not once per process, where a tool
+    put earlier on ``PATH`` between two runs (a notebook, EnTK's sessions) would be keyed as
+    the one it shadows while the new one runs."""
+    if memo is None:
+        return shutil.which(exe, path=path)
+    key = ("which", exe, path)
+    if key not in memo:
+        memo[key] = shutil.which(exe, path=path)
+    return memo[key]
 
 
 class _Upstream(Exception):

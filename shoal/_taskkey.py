@@ -15,9 +15,13 @@ share them:
   names; not its file name or line numbers, so moving it in its file keeps its key), its
   defaults, its closure's values, and, recursively, the code of the functions and classes it
   names that live in the user's own modules (not the stdlib, not installed packages, not shoal:
-  those are named by module and qualified name).  A global it names that is plain data (numbers,
-  strings, tuples, lists, dicts, sets) counts by value; any other object counts by its type's
-  name only (docs/ensemble.md "Reusing results across runs", the limits).  A closure value or
+  those are named by module and qualified name), also through a user module's attributes
+  (``cfg.SCALE``, ``pkg.sub.helper``).  A global it names that is plain data (numbers,
+  strings, tuples, lists, dicts, sets; code inside them, a ``functools.partial`` or a bound
+  method by its code) counts by value; an object of a user class by its class's code; any other
+  object by its type's name only (docs/ensemble.md "Reusing results across runs", the limits).
+  Functions are remembered by the function, not the code object: closures of one factory share
+  their code but not their cells.  A closure value or
   default that is neither data nor code makes the function ``Unkeyable``: it is then never
   reused, rather than reused on a guess.
 

@@ -84,10 +84,12 @@ class FunctionCache:
         except Unkeyable as exc:
             raise ValueError(f"cache: {name} cannot be keyed: {exc}") from None
         h = hashlib.sha256(code.encode())
+        h.update(b"args:%d;" % len(args))  # framed: f("x", k=1) and f(**{"str:1:xk": 1}) differ
         for i, a in enumerate(args):
             h.update(self._arg(a, f"argument {i} of {name}"))
+        h.update(b"kwargs:%d;" % len(kwargs))
         for k in sorted(kwargs):
-            h.update(k.encode() + b"=" + self._arg(kwargs[k], f"argument {k}= of {name}"))
+            h.update(data_bytes(str(k)) + self._arg(kwargs[k], f"argument {k}= of {name}"))
         return h.hexdigest()
 
     @staticmethod

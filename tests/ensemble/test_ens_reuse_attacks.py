@@ -357,3 +357,14 @@ def test_a_tool_put_earlier_on_path_between_two_runs_in_one_process_runs(tmp_pat
     report = run(wf(), journal=journal, reuse=True)
     assert report.ok and report.reused == 0
     assert (tmp_path / "run.sandbox" / "p" / "s" / "t" / "o").read_text() == "B\n"
+
+
+def test_a_cache_key_frames_positional_and_keyword_arguments(tmp_path):
+    from shoal.cache import FunctionCache
+
+    def f(*args, **kwargs):
+        return args, kwargs
+
+    cache = FunctionCache(tmp_path)
+    assert cache.key(f, ("x",), {"k": 1}) != cache.key(f, (), {"str:1:xk": 1})
+    assert cache.key(f, (1,), {}) != cache.key(f, (), {"a": 1})

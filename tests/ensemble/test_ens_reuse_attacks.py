@@ -368,3 +368,27 @@ def test_a_cache_key_frames_positional_and_keyword_arguments(tmp_path):
     cache = FunctionCache(tmp_path)
     assert cache.key(f, ("x",), {"k": 1}) != cache.key(f, (), {"str:1:xk": 1})
     assert cache.key(f, (1,), {}) != cache.key(f, (), {"a": 1})
+
+
+@pytest.mark.parametrize("declared", ["outdir", "outdir/f"])
+def test_staging_back_never_writes_through_a_link_left_in_the_sandbox(tmp_path, declared):
+    """A sandbox left from before (a journal deleted, its sandbox kept) holding ``outdir ->
+    elsewhere``: the outputs staged back from the cache land in the sandbox, not elsewhere."""
+    from shoal.ensemble import Pipeline, Stage, Task, run
+
+    def wf():
+        return [Pipeline([Stage([Task(executable="/bin/sh", name="a", outputs=[declared],
+                                      arguments=["-c", "mkdir -p outdir; echo data > outdir/f"])],
+                                name="s")], name="p")]
+
+    cache = str(tmp_path / "c")
+    assert run(wf(), journal=str(tmp_path / "a.db"), cache=cache).ok
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stale = tmp_path / "b.sandbox" / "p" / "s" / "a"
+    stale.mkdir(parents=True)
+    (stale / "outdir").symlink_to(elsewhere)
+    report = run(wf(), journal=str(tmp_path / "b.db"), cache=cache)
+    assert report.ok and report.reused == 1
+    assert list(elsewhere.iterdir()) == []
+    assert not (stale / "outdir").is_symlink() and (stale / "outdir" / "f").read_text() == "data\n"

@@ -64,6 +64,7 @@ from ..._taskkey import (
     function_digest,
     tree_digest,
 )
+from .launcher import LaunchError, inside
 from .model import EMBEDDED_REF_RE, EnsembleError, Task, TaskKind, TaskState, parse_ref
 from .values import Values, decode, encode
 
@@ -520,20 +521,24 @@ class Reuse:
             return MISS
         sandbox = self.launcher.make_sandbox(item.uid)
         for rel in rec.folders:
-            if not _safe(rel, "0" * 64) or os.path.islink(os.path.join(sandbox, rel)):
+            dest = _into(sandbox, rel) if _safe(rel, "0" * 64) else None
+            if dest is None:
                 warnings.warn(f"{rec.where}: the record of {item.uid} names folder {rel!r}, which is not "
                               "a folder inside a sandbox: not used (a miss)", CacheWarning, stacklevel=3)
                 return MISS
             try:
-                os.makedirs(os.path.join(sandbox, rel), exist_ok=True)
+                if os.path.islink(dest):  # left by an earlier attempt: it belongs to the sandbox
+                    os.unlink(dest)
+                os.makedirs(dest, exist_ok=True)
             except OSError:
                 return MISS
         for rel, digest in rec.outputs.items():
-            if not _safe(rel, digest):
+            dest = _into(sandbox, rel) if _safe(rel, digest) else None
+            if dest is None:
                 warnings.warn(f"{rec.where}: the record of {item.uid} names output {rel!r}, which is not "
                               "a file inside a sandbox: not used (a miss)", CacheWarning, stacklevel=3)
                 return MISS
-            if not rec.fetch(rel, digest, os.path.join(sandbox, rel)):
+            if not rec.fetch(rel, digest, dest):
                 warnings.warn(f"{rec.where}: output {rel} of {item.uid} was deleted or changed: "
                               "the task runs again", CacheWarning, stacklevel=3)
                 return MISS
@@ -584,6 +589,16 @@ def _safe(rel, digest) -> bool:
     return (isinstance(rel, str) and isinstance(digest, str) and len(digest) == 64
             and all(c in "0123456789abcdef" for c in digest) and not os.path.isabs(rel)
             and ".." not in rel.split(os.sep) and rel not in ("", "."))
+
+
+def _into(sandbox: str, rel: str) -> str | None:
+    """``sandbox/rel`` with the links among its parents removed (``launcher.inside``: an earlier
+    attempt may have left ``outdir -> /elsewhere``, and staging back through it would write
+    there); None if it still resolves outside the sandbox."""
+    try:
+        return inside(sandbox, rel.replace(os.sep, "/"))
+    except (LaunchError, OSError):
+        return None
 
 
 def _folders(path: str):

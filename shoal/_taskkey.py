@@ -18,7 +18,8 @@ share them:
   those are named by module and qualified name), also through a user module's attributes
   (``cfg.SCALE``, ``pkg.sub.helper``).  A global it names that is plain data (numbers,
   strings, tuples, lists, dicts, sets; code inside them, a ``functools.partial`` or a bound
-  method by its code) counts by value; an object of a user class by its class's code; any other
+  method by its code) counts by value; an object of a user class by its class's code (and its
+  attributes, where they are all data or code); any other
   object by its type's name only (docs/ensemble.md "Reusing results across runs", the limits).
   Functions are remembered by the function, not the code object: closures of one factory share
   their code but not their cells.  A closure value or
@@ -331,8 +332,14 @@ class _Hasher:
             return "data:" + hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable:
             t = type(v)
-            if is_user_module(t.__module__):  # its state is not seen, but its class's code is
-                return f"object:{t.__module__}.{t.__qualname__}:" + self._class(t)
+            if is_user_module(t.__module__):  # its class's code, and its attributes where they
+                # are data or code (a decorator object holding the function it wraps)
+                state = vars(v) if isinstance(getattr(v, "__dict__", None), dict) else None
+                try:
+                    seen = _h(data_bytes(state, self._other)) if state else "opaque"
+                except Unkeyable:
+                    seen = "opaque"
+                return f"object:{t.__module__}.{t.__qualname__}:{self._class(t)}:{seen}"
             return f"object:{t.__module__}.{t.__qualname__}"
 
     def _callable(self, v) -> bytes | None:

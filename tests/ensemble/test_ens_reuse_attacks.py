@@ -72,6 +72,18 @@ EDITS = {
         def task(x):
             return obj.m(x)
         """, "1", "2"),
+    "a function held by a decorator object": ("""
+        class memo:
+            def __init__(self, fn):
+                self.fn = fn
+            def __call__(self, *a):
+                return self.fn(*a)
+        @memo
+        def helper(x):
+            return x + N
+        def task(x):
+            return helper(x)
+        """, "1", "2"),
     "a lambda inside a data global": ("""
         helpers = [lambda x: x + N]
         def task(x):

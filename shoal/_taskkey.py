@@ -39,6 +39,7 @@ import contextlib
 import enum
 import functools
 import hashlib
+import inspect
 import os
 import stat
 import sys
@@ -287,10 +288,17 @@ class _Hasher:
             if name not in g:
                 continue  # a builtin, an attribute name, or not defined yet
             v = g[name]
-            if isinstance(v, types.ModuleType):
+            if issubclass(type(v), types.ModuleType):  # type(), not isinstance: v.__class__ may raise
                 self._module(name, v, names, parts, 0)
                 continue
-            parts.append(f"{name}={self._ref(v)}")
+            try:
+                parts.append(f"{name}={self._ref(v)}")
+            except (Unkeyable, RecursionError):
+                raise
+            except Exception:  # noqa: BLE001 - an object whose attribute access raises (a proxy
+                # bound to a context): as any object that is not data, by its type's name
+                t = type(v)
+                parts.append(f"{name}=object:{t.__module__}.{t.__qualname__}")
         return "\n".join(parts)
 
     def _module(self, name: str, mod: types.ModuleType, names: set, parts: list, depth: int) -> None:
@@ -323,7 +331,9 @@ class _Hasher:
             return f"class:{v.__module__}.{v.__qualname__}"
         if isinstance(v, functools.partial | types.MethodType):
             return "callable:" + _h(self._callable(v))
-        wrapped = getattr(v, "__wrapped__", None)  # functools.wraps decorators, shoal.cached
+        # functools.wraps decorators, shoal.cached; looked up statically: a proxy's __getattr__
+        # is not run (it may raise, or answer anything)
+        wrapped = inspect.getattr_static(v, "__wrapped__", None)
         if isinstance(wrapped, types.FunctionType) and not isinstance(v, type):
             return f"wrapped:{type(v).__module__}.{type(v).__qualname__}:" + self._ref(wrapped)
         if isinstance(v, types.BuiltinFunctionType):

@@ -83,6 +83,8 @@ class FunctionCache:
             code = function_digest(fn, _numpy_bytes)
         except Unkeyable as exc:
             raise ValueError(f"cache: {name} cannot be keyed: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"cache: {name} cannot be keyed: its code nests too deep to hash") from None
         h = hashlib.sha256(code.encode())
         h.update(b"args:%d;" % len(args))  # framed: f("x", k=1) and f(**{"str:1:xk": 1}) differ
         for i, a in enumerate(args):

@@ -404,3 +404,27 @@ def test_staging_back_never_writes_through_a_link_left_in_the_sandbox(tmp_path, 
     assert report.ok and report.reused == 1
     assert list(elsewhere.iterdir()) == []
     assert not (stale / "outdir").is_symlink() and (stale / "outdir" / "f").read_text() == "data\n"
+
+
+def test_a_global_whose_attributes_raise_is_keyed_by_its_type_not_a_traceback(user_module):
+    """A proxy bound to a context (``__getattr__`` / ``__getattribute__`` raise): hashing the
+    function that names it neither runs its lookups into a crash nor gives up on the function."""
+    from shoal.ensemble import Task
+    from shoal.patterns.ensemble.reuse import task_key
+
+    text = """
+        class Lazy:
+            def __getattr__(self, name):
+                raise RuntimeError("working outside of context")
+        class Locked:
+            def __getattribute__(self, name):
+                raise RuntimeError("locked")
+        lazy, locked = Lazy(), Locked()
+        def task(x):
+            return lazy.value + locked.value + x + N
+        """
+    first = function_digest(user_module(text.replace("N", "1")).task)
+    assert function_digest(user_module(text.replace("N", "2")).task) != first
+    keyed = task_key(Task(function=user_module(text.replace("N", "1")).task, args=(1,)), resolve=str,
+                     digests=FileDigests(), upstream_key=lambda uid: None, cwd=".")
+    assert keyed.key is not None and keyed.parts["code"] == first

@@ -175,6 +175,9 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
         return Keyed(None, "its code or arguments nest too deep to hash")
     except _Upstream as up:
         return Keyed(None, upstream=up.uid)
+    except Exception as exc:  # noqa: BLE001 - user objects' attributes run user code: the task
+        # runs, with the reason, rather than the run ending on a traceback
+        return Keyed(None, f"hashing it raised {type(exc).__name__}: {exc}")
 
 
 def _which(exe: str, path: str | None, memo: dict | None) -> str | None:

@@ -81,6 +81,9 @@ class FileDigests:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
             return self._folder(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device never end it
+            raise Unkeyable(f"{path} is not a regular file or folder (a pipe, socket or device): "
+                            "what a task reads from it cannot be keyed")
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = self.entries.get(path)
         if known is not None and tuple(known[:3]) == key:

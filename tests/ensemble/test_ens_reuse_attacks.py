@@ -428,3 +428,30 @@ def test_a_global_whose_attributes_raise_is_keyed_by_its_type_not_a_traceback(us
     keyed = task_key(Task(function=user_module(text.replace("N", "1")).task, args=(1,)), resolve=str,
                      digests=FileDigests(), upstream_key=lambda uid: None, cwd=".")
     assert keyed.key is not None and keyed.parts["code"] == first
+
+
+def test_a_pipe_among_inputs_or_outputs_neither_hangs_nor_is_reused(tmp_path):
+    """A FIFO left in a folder: reading it to hash it would block for ever."""
+    from shoal.ensemble import Pipeline, Stage, Task, run
+    from shoal.patterns.ensemble.model import Input, Staging
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x").write_text("x\n")
+    os.mkfifo(data / "pipe")
+    log = tmp_path / "ran.log"
+
+    def wf():
+        make = Task(executable="/bin/sh", name="make", outputs=["out"],
+                    arguments=["-c", f"echo make >> {log}; mkdir out; mkfifo out/p; echo y > out/y"])
+        read = Task(executable="/bin/sh", name="read", inputs=[Input(str(data), "d", Staging.LINK)],
+                    arguments=["-c", f"echo read >> {log}; cat d/x"])
+        return [Pipeline([Stage([make, read], name="s")], name="p")]
+
+    journal = str(tmp_path / "run.db")
+    assert run(wf(), journal=journal, reuse=True).ok
+    report = run(wf(), journal=journal, reuse=True)
+    assert report.ok and report.reused == 1  # make: its pipe skipped; read: its input has a pipe
+    assert sorted(log.read_text().split()) == ["make", "read", "read"]
+    with pytest.raises(ValueError, match="pipe, socket or device"):
+        FileDigests().digest(str(data))

@@ -564,7 +564,12 @@ class Reuse:
                 folders += [os.path.relpath(f, sandbox) for f in _folders(os.path.join(sandbox, name))]
                 for path in _files(os.path.join(sandbox, name)):
                     rel = os.path.relpath(path, sandbox)
-                    outputs[rel] = self.digests.digest(path)
+                    try:
+                        outputs[rel] = self.digests.digest(path)
+                    except (OSError, Unkeyable) as exc:  # gone since, or not a plain file
+                        warnings.warn(f"{item.uid}: output {rel} cannot be hashed ({exc}); the task "
+                                      "is not kept for reuse", CacheWarning, stacklevel=2)
+                        return
                     files[rel] = path
             result, code, kind = None, 0, "executable"
         else:
@@ -614,11 +619,14 @@ def _folders(path: str):
 
 
 def _files(path: str):
+    """The files of a declared output: regular files, or links to them (a pipe or a device in
+    an output folder is skipped: reading it would block or never end)."""
     if os.path.isdir(path) and not os.path.islink(path):
         for folder, dirs, files in os.walk(path):
             dirs.sort()
             for name in sorted(files):
-                yield os.path.join(folder, name)
+                if os.path.isfile(os.path.join(folder, name)):
+                    yield os.path.join(folder, name)
     elif os.path.isfile(path):
         yield path
 

@@ -15,9 +15,14 @@ share them:
   names; not its file name or line numbers, so moving it in its file keeps its key), its
   defaults, its closure's values, and, recursively, the code of the functions and classes it
   names that live in the user's own modules (not the stdlib, not installed packages, not shoal:
-  those are named by module and qualified name).  A global it names that is plain data (numbers,
-  strings, tuples, lists, dicts, sets) counts by value; any other object counts by its type's
-  name only (docs/ensemble.md "Reusing results across runs", the limits).  A closure value or
+  those are named by module and qualified name), also through a user module's attributes
+  (``cfg.SCALE``, ``pkg.sub.helper``).  A global it names that is plain data (numbers,
+  strings, tuples, lists, dicts, sets; code inside them, a ``functools.partial`` or a bound
+  method by its code) counts by value; an object of a user class by its class's code (and its
+  attributes, where they are all data or code); any other
+  object by its type's name only (docs/ensemble.md "Reusing results across runs", the limits).
+  Functions are remembered by the function, not the code object: closures of one factory share
+  their code but not their cells.  A closure value or
   default that is neither data nor code makes the function ``Unkeyable``: it is then never
   reused, rather than reused on a guess.
 
@@ -30,7 +35,11 @@ that module, and a helper in another module is missed).
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import functools
 import hashlib
+import inspect
 import os
 import stat
 import sys
@@ -41,6 +50,10 @@ from pathlib import PurePath
 
 RACY_S = 2.0  # a digest of a file modified this recently is not trusted by the stat pre-check
 CHUNK = 1 << 20
+
+
+def _h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class CacheWarning(UserWarning):
@@ -68,6 +81,9 @@ class FileDigests:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
             return self._folder(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device never end it
+            raise Unkeyable(f"{path} is not a regular file or folder (a pipe, socket or device): "
+                            "what a task reads from it cannot be keyed")
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = self.entries.get(path)
         if known is not None and tuple(known[:3]) == key:
@@ -87,16 +103,45 @@ class FileDigests:
         self.dirty.clear()
         return out
 
-    def _folder(self, root: str) -> str:
-        h = hashlib.sha256(b"folder\0")
-        for folder, dirs, files in os.walk(root):
+    def _folder(self, root: str, _within: frozenset = frozenset()) -> str:
+        """A folder by its tree (``tree_digest``): each file by its digest, each subfolder (an
+        empty one too) by its name.  A link in it counts by its text *and* by what it points to
+        (a task reads through it: ``data/big.csv -> /shared/big.csv``); a link to a folder is
+        followed once per chain (a link back up the tree counts by its text only)."""
+        files: dict[str, str] = {}
+        folders: list[str] = []
+        within = _within | {os.path.realpath(root)}
+        for folder, dirs, names in os.walk(root):
             dirs.sort()
-            for name in sorted(files):
+            linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # os.walk skips them
+            folders += [os.path.relpath(os.path.join(folder, d), root) for d in dirs if d not in linked]
+            for name in [*names, *linked]:
                 full = os.path.join(folder, name)
                 rel = os.path.relpath(full, root)
-                h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
-                h.update((os.readlink(full) if os.path.islink(full) else self.digest(full)).encode() + b"\n")
-        return h.hexdigest()
+                if not os.path.islink(full):
+                    files[rel] = self.digest(full)
+                    continue
+                target, seen = os.path.realpath(full), ""
+                if os.path.isdir(target):
+                    if target not in within and not any(target.startswith(w + os.sep) for w in within):
+                        seen = self._folder(target, within)
+                elif os.path.isfile(target):
+                    seen = self.digest(target)
+                files[rel] = _h(b"link:" + os.readlink(full).encode("utf-8", "surrogateescape") + b"\0"
+                                + seen.encode())
+        return tree_digest(files, folders)
+
+
+def tree_digest(files: dict, folders=()) -> str:
+    """The digest of a folder from its files' digests (``rel -> digest``) and its subfolders'
+    relative names: what ``FileDigests.digest`` gives for it, so a folder staged back from
+    recorded digests can be keyed without reading it (``--explain``)."""
+    entries = sorted([(rel.replace(os.sep, "/"), "file:" + d) for rel, d in files.items()]
+                     + [(rel.replace(os.sep, "/") + "/", "folder") for rel in folders])
+    h = hashlib.sha256(b"folder\0")
+    for rel, value in entries:
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + value.encode() + b"\n")
+    return h.hexdigest()
 
 
 def _hash_file(path: str) -> str:
@@ -154,9 +199,17 @@ def data_digest(value, other=None) -> str:
 
 # -- functions --------------------------------------------------------------------------------
 def _installed_roots() -> tuple[str, ...]:
+    """The folders of installed code: the stdlib and the site-packages folders.  Not the bare
+    prefixes (``sys.prefix``): with a system Python that is ``/usr``, and a project in
+    ``/usr/src/app`` (the layout of many container images) would count as installed, its
+    helpers named rather than hashed, an edit of one unseen."""
+    import site
+
     paths = sysconfig.get_paths()
     roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site module lacks them
+        roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    roots |= {p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")}
     return tuple(sorted(os.path.abspath(r) + os.sep for r in roots if r))
 
 
@@ -189,7 +242,9 @@ class _Hasher:
         code = getattr(fn, "__code__", None)
         if code is None:
             raise Unkeyable(f"{fn!r} has no code object (a builtin or C function)")
-        ident = id(code)
+        # by the function, not its code: closures made by one factory share a code object but
+        # not their cell values (``add1 = make(1); add2 = make(2)``)
+        ident = id(fn)
         if ident in self.seen:
             return self.seen[ident]
         self.seen[ident] = f"recursive:{fn.__qualname__}"
@@ -236,16 +291,35 @@ class _Hasher:
             if name not in g:
                 continue  # a builtin, an attribute name, or not defined yet
             v = g[name]
-            if isinstance(v, types.ModuleType):
-                parts.append(f"{name}=module:{v.__name__}")
-                if is_user_module(v.__name__):  # mod.helper(...): the attributes it names
-                    for attr in sorted(names):
-                        member = getattr(v, attr, None)
-                        if isinstance(member, types.FunctionType | type):
-                            parts.append(f"{name}.{attr}={self._ref(member)}")
+            if issubclass(type(v), types.ModuleType):  # type(), not isinstance: v.__class__ may raise
+                self._module(name, v, names, parts, 0)
                 continue
-            parts.append(f"{name}={self._ref(v)}")
+            try:
+                parts.append(f"{name}={self._ref(v)}")
+            except (Unkeyable, RecursionError):
+                raise
+            except Exception:  # noqa: BLE001 - an object whose attribute access raises (a proxy
+                # bound to a context): as any object that is not data, by its type's name
+                t = type(v)
+                parts.append(f"{name}=object:{t.__module__}.{t.__qualname__}")
         return "\n".join(parts)
+
+    def _module(self, name: str, mod: types.ModuleType, names: set, parts: list, depth: int) -> None:
+        """``mod.helper(...)``, ``mod.SCALE``, ``pkg.sub.helper(...)``: a user module's attributes
+        the code names, each as a global would count (code, data by value), through its
+        submodules (a few levels)."""
+        parts.append(f"{name}=module:{mod.__name__}")
+        if not is_user_module(mod.__name__) or depth > 4:
+            return
+        for attr in sorted(names):
+            if attr not in vars(mod):
+                continue
+            member = vars(mod)[attr]
+            if isinstance(member, types.ModuleType):
+                if member is not mod:
+                    self._module(f"{name}.{attr}", member, names, parts, depth + 1)
+            else:
+                parts.append(f"{name}.{attr}={self._ref(member)}")
 
     def _ref(self, v) -> str:
         """A global the function names: code for the user's functions/classes, a name for
@@ -258,16 +332,47 @@ class _Hasher:
             if is_user_module(v.__module__):
                 return "class:" + self._class(v)
             return f"class:{v.__module__}.{v.__qualname__}"
-        wrapped = getattr(v, "__wrapped__", None)  # functools.wraps decorators, shoal.cached
+        if isinstance(v, functools.partial | types.MethodType):
+            return "callable:" + _h(self._callable(v))
+        # functools.wraps decorators, shoal.cached; looked up statically: a proxy's __getattr__
+        # is not run (it may raise, or answer anything)
+        wrapped = inspect.getattr_static(v, "__wrapped__", None)
         if isinstance(wrapped, types.FunctionType) and not isinstance(v, type):
             return f"wrapped:{type(v).__module__}.{type(v).__qualname__}:" + self._ref(wrapped)
         if isinstance(v, types.BuiltinFunctionType):
             return f"builtin:{getattr(v, '__module__', '')}.{v.__qualname__}"
         try:
-            return "data:" + hashlib.sha256(data_bytes(v, self.other)).hexdigest()
+            return "data:" + hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable:
             t = type(v)
+            if is_user_module(t.__module__):  # its class's code, and its attributes where they
+                # are data or code (a decorator object holding the function it wraps)
+                state = vars(v) if isinstance(getattr(v, "__dict__", None), dict) else None
+                try:
+                    seen = _h(data_bytes(state, self._other)) if state else "opaque"
+                except Unkeyable:
+                    seen = "opaque"
+                return f"object:{t.__module__}.{t.__qualname__}:{self._class(t)}:{seen}"
             return f"object:{t.__module__}.{t.__qualname__}"
+
+    def _callable(self, v) -> bytes | None:
+        """Code inside data or a closure: a function, a ``functools.partial`` (its function and
+        arguments), a bound method (its function and its object's class)."""
+        if isinstance(v, types.FunctionType):
+            return b"fn:" + self.function(v).encode()
+        if isinstance(v, functools.partial):
+            return (b"partial:" + (self._callable(v.func) or self._ref(v.func).encode())
+                    + data_bytes([list(v.args), dict(v.keywords)], self._other))
+        if isinstance(v, types.MethodType):
+            return (b"method:" + (self._callable(v.__func__) or self._ref(v.__func__).encode())
+                    + self._ref(type(v.__self__)).encode())
+        return None
+
+    def _other(self, v) -> bytes | None:
+        encoded = self._callable(v)
+        if encoded is None and self.other is not None:
+            encoded = self.other(v)
+        return encoded
 
     def _class(self, cls: type) -> str:
         ident = id(cls)
@@ -277,11 +382,17 @@ class _Hasher:
         h = hashlib.sha256(f"class:{cls.__qualname__}".encode())
         for base in cls.__bases__:
             h.update(self._ref(base).encode())
+        if issubclass(cls, enum.Enum):  # its members are instances of itself: by their values
+            for name, m in cls.__members__.items():
+                h.update(f"member {name}={self._ref(m.value)}".encode())
         for name, member in sorted(vars(cls).items()):
             if isinstance(member, staticmethod | classmethod):
                 member = member.__func__
             if isinstance(member, property):
+                h.update(f"{name}.setter={self._ref(member.fset)};{self._ref(member.fdel)}".encode())
                 member = member.fget
+            if isinstance(cls, enum.EnumMeta) and isinstance(member, cls):
+                continue  # a member: by its value, above
             if isinstance(member, types.FunctionType):
                 h.update(f"{name}={self.function(member)}".encode())
             elif not name.startswith("__"):
@@ -296,15 +407,30 @@ class _Hasher:
         if isinstance(v, type | types.ModuleType | types.BuiltinFunctionType):
             return self._ref(v) if not isinstance(v, types.ModuleType) else f"module:{v.__name__}"
         try:
-            return hashlib.sha256(data_bytes(v, self.other)).hexdigest()
+            return hashlib.sha256(data_bytes(v, self._other)).hexdigest()
         except Unkeyable as exc:
+            if _stateless(v) and not is_user_module(type(v).__module__):
+                # a library's sentinel (dataclasses' default_factory marker): all in its class;
+                # not the user's own objects, which the task itself may give state
+                return self._ref(type(v))
             raise Unkeyable(f"{what}: {exc}") from None
+
+
+def _stateless(v) -> bool:
+    """An object all of whose behaviour is its class's code: an instance of classes written in
+    Python only (no C base but ``object``, which could hold state a ``vars()`` does not show), no
+    ``__slots__``, an empty ``__dict__``."""
+    mro = type(v).__mro__[:-1]
+    return (bool(mro) and all(c.__flags__ & _HEAPTYPE and "__slots__" not in vars(c) for c in mro)
+            and isinstance(getattr(v, "__dict__", None), dict) and not vars(v))
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
 def function_digest(fn, other=None) -> str:
     """The digest of ``fn`` by value (module docstring); ``Unkeyable`` if a closure value or
     default is neither data nor code.  ``functools.partial`` counts its function and arguments."""
-    import functools
 
     if isinstance(fn, functools.partial):
         h = hashlib.sha256(b"partial\0" + function_digest(fn.func, other).encode())

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import warnings
 
@@ -82,11 +83,15 @@ class FunctionCache:
             code = function_digest(fn, _numpy_bytes)
         except Unkeyable as exc:
             raise ValueError(f"cache: {name} cannot be keyed: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"cache: {name} cannot be keyed: its code nests too deep to hash") from None
         h = hashlib.sha256(code.encode())
+        h.update(b"args:%d;" % len(args))  # framed: f("x", k=1) and f(**{"str:1:xk": 1}) differ
         for i, a in enumerate(args):
             h.update(self._arg(a, f"argument {i} of {name}"))
+        h.update(b"kwargs:%d;" % len(kwargs))
         for k in sorted(kwargs):
-            h.update(k.encode() + b"=" + self._arg(kwargs[k], f"argument {k}= of {name}"))
+            h.update(data_bytes(str(k)) + self._arg(kwargs[k], f"argument {k}= of {name}"))
         return h.hexdigest()
 
     @staticmethod
@@ -127,6 +132,10 @@ class FunctionCache:
             return False
         mode = values.Values.PICKLE if self.pickle else values.Values.DATA
         blob = values.encode(value, mode) or b""
+        if self.pickle and blob and not blob.startswith(b"P"):  # pickle failed: a marker, no value
+            warnings.warn(f"cache {self.path}: a {type(value).__qualname__} result cannot be pickled "
+                          "and was not stored", CacheWarning, stacklevel=3)
+            return False
         try:
             write_atomic(self._file(key), pack(KIND, {"key": key}, blob), "cache file")
         except OSError as exc:
@@ -161,8 +170,18 @@ class Cached:
     """A function whose calls are looked up in a cache folder first (``shoal.cached``)."""
 
     def __init__(self, fn, cache: FunctionCache):
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            kind = "a generator" if inspect.isgeneratorfunction(fn) else "an async"
+            raise TypeError(f"shoal.cached: {getattr(fn, '__qualname__', fn)!r} is {kind} function: its "
+                            "call returns an iterator or coroutine, not a value a cache can keep; cache "
+                            "a function that returns the values (a list) instead")
         self.__wrapped__, self.cache = fn, cache
         functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):
+        """A method: ``obj`` is its first argument, so it is part of the key (plain data only:
+        an object is refused by name, rather than cached by its type)."""
+        return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
         key = self.cache.key(self.__wrapped__, args, kwargs)

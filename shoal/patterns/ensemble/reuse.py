@@ -56,7 +56,15 @@ import tempfile
 import warnings
 
 from ..._durable import CheckpointError, pack, read_file, unpack, write_atomic
-from ..._taskkey import CacheWarning, FileDigests, Unkeyable, data_bytes, function_digest
+from ..._taskkey import (
+    CacheWarning,
+    FileDigests,
+    Unkeyable,
+    data_bytes,
+    function_digest,
+    tree_digest,
+)
+from .launcher import LaunchError, inside
 from .model import EMBEDDED_REF_RE, EnsembleError, Task, TaskKind, TaskState, parse_ref
 from .values import Values, decode, encode
 
@@ -128,7 +136,7 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
             parts["arguments"] = _h(data_bytes([args, kwargs], _numpy_bytes))
         else:
             exe = task.executable
-            path = _which(exe, os.environ.get("PATH")) if "/" not in exe else os.path.join(cwd, exe)
+            path = _which(exe, os.environ.get("PATH"), code_memo) if "/" not in exe else os.path.join(cwd, exe)
             if not path or not os.path.isfile(path):
                 return Keyed(None, f"executable {exe!r} not found")
             parts["code"] = _h(data_bytes([os.path.abspath(path), digests.digest(path),
@@ -167,11 +175,21 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
         return Keyed(None, "its code or arguments nest too deep to hash")
     except _Upstream as up:
         return Keyed(None, upstream=up.uid)
+    except Exception as exc:  # noqa: BLE001 - user objects' attributes run user code: the task
+        # runs, with the reason, rather than the run ending on a traceback
+        return Keyed(None, f"hashing it raised {type(exc).__name__}: {exc}")
 
 
-@functools.lru_cache(maxsize=256)
-def _which(exe: str, path: str | None) -> str | None:
-    return shutil.which(exe, path=path)
+def _which(exe: str, path: str | None, memo: dict | None) -> str | None:
+    """``shutil.which``, once per run (``memo``: the run's): not once per process, where a tool
+    put earlier on ``PATH`` between two runs (a notebook, EnTK's sessions) would be keyed as
+    the one it shadows while the new one runs."""
+    if memo is None:
+        return shutil.which(exe, path=path)
+    key = ("which", exe, path)
+    if key not in memo:
+        memo[key] = shutil.which(exe, path=path)
+    return memo[key]
 
 
 class _Upstream(Exception):
@@ -221,23 +239,40 @@ def reasons(new: dict, old: dict | None) -> list[str]:
 # -- where finished keys are found -------------------------------------------------------------
 class Record:
     """A finished task's key: what it gave (exit code or result blob) and its outputs' digests.
-    ``fetch(rel, dest)`` copies one output to ``dest`` checking its digest (False if it cannot)."""
+    ``fetch(rel, dest)`` copies one output to ``dest`` checking its digest (False if it cannot).
+    ``folders``: the folders among (and inside) its outputs, an empty one too, made again when
+    it is staged back (a later task's input ``$p.s.t/outdir`` must exist)."""
 
-    __slots__ = ("uid", "key", "parts", "kind", "exit_code", "result", "outputs", "fetch", "where")
+    __slots__ = ("uid", "key", "parts", "kind", "exit_code", "result", "outputs", "fetch", "where", "folders")
 
-    def __init__(self, uid, key, parts, kind, exit_code, result, outputs, fetch, where):
+    def __init__(self, uid, key, parts, kind, exit_code, result, outputs, fetch, where, folders=()):
         self.uid, self.key, self.parts, self.kind = uid, key, parts, kind
         self.exit_code, self.result, self.outputs = exit_code, result, outputs
         self.fetch, self.where = fetch, where
+        self.folders = tuple(folders)
+
+    def digest_of(self, rel: str) -> str | None:
+        """The recorded digest of output ``rel``: a file's, or a folder's tree (``tree_digest``)."""
+        rel = os.path.normpath(rel) if rel else ""
+        if rel in self.outputs:
+            return self.outputs[rel]
+        if rel not in self.folders:
+            return None
+        below = rel + os.sep
+        return tree_digest({r[len(below):]: d for r, d in self.outputs.items() if r.startswith(below)},
+                           [f[len(below):] for f in self.folders if f.startswith(below)])
 
 
-def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable: bool = False) -> bool:
+def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable: bool = False,
+                 errors: list | None = None) -> bool:
     """Copy the regular file ``src`` (never through a link) to ``dest`` atomically (a temporary
     file created ``O_EXCL`` beside it, then renamed over it), hashing while copying; False (and
     ``dest`` untouched) if it is gone, not a plain file or holds other bytes.  ``dest`` None: only
     check it.  ``durable``: fsync the file and its folder (cache objects, shared between runs);
     an output staged back into a sandbox is not, as a task's own outputs are not (fsyncing
-    stdout and stderr, four fsyncs per reused task, dominated a run of small reused tasks)."""
+    stdout and stderr, four fsyncs per reused task, dominated a run of small reused tasks).
+    ``errors``: an I/O error while copying is appended to it (a full or read-only folder is not a
+    changed file: the caller says so)."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -280,7 +315,11 @@ def copy_checked(src: str, dest: str | None, digest: str, what: str, *, durable:
                 if tmp is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
-    except (Mismatch, OSError):
+    except Mismatch:
+        return False
+    except OSError as exc:
+        if errors is not None:
+            errors.append(exc)
         return False
     return True
 
@@ -310,9 +349,13 @@ class JournalStore:
         for uid, key, parts, outputs, kind, code, result in rows:
             try:
                 out = json.loads(outputs or "{}")
-                folder = os.path.join(self.sandbox, out.get("sandbox") or ".")
+                rel_root = out.get("sandbox") or "."
+                if os.path.isabs(rel_root) or ".." in rel_root.split(os.sep):
+                    continue  # not one shoal wrote: nothing outside the old sandbox is read
+                folder = os.path.join(self.sandbox, rel_root)
                 rec = Record(uid, key, json.loads(parts), kind, code, result, dict(out.get("files") or {}),
-                             functools.partial(self._fetch, folder), f"journal {os.path.basename(path)}")
+                             functools.partial(self._fetch, folder), f"journal {os.path.basename(path)}",
+                             [str(f) for f in out.get("folders") or ()])
             except (TypeError, ValueError, AttributeError):
                 continue
             self.by_key[key] = rec
@@ -334,12 +377,16 @@ class JournalStore:
 class CacheStore:
     """A cache folder shared between runs (module docstring has its layout)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, create: bool = True):
+        """``create=False`` (``--explain``, which writes nothing): a folder that is not there is
+        an empty cache, not made."""
         self.root = os.path.abspath(root)
         for sub in ("keys", "objects", "names"):
             folder = os.path.join(self.root, sub)
             if os.path.islink(folder):
                 raise EnsembleError(f"cache folder {folder} is a symbolic link; give the real path")
+            if not create:
+                continue
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as exc:
@@ -366,9 +413,11 @@ class CacheStore:
             d = json.loads(bytes(body))
             result = bytes.fromhex(d["result"]) if d.get("result") is not None else None
             return Record(d["uid"], key, d["parts"], d["kind"], d.get("exit_code"), result,
-                          dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}")
-        except (OSError, CheckpointError, ValueError, KeyError, TypeError) as exc:
-            warnings.warn(f"cache entry {path} is not used (a miss): {exc}", CacheWarning, stacklevel=2)
+                          dict(d.get("outputs") or {}), self._fetch, f"cache {self.root}",
+                          [str(f) for f in d.get("folders") or ()])
+        except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # AttributeError: a well-formed container whose body is not the object shoal writes
+            warnings.warn(f"cache entry {path} is not used (a miss): {exc!r}", CacheWarning, stacklevel=2)
             return None
 
     def last(self, uid: str) -> Record | None:
@@ -387,11 +436,17 @@ class CacheStore:
         for rel, path in files.items():
             digest = rec.outputs[rel]
             obj = self._object(digest)
-            if not os.path.exists(obj) and not copy_checked(path, obj, digest, "cache object", durable=True):
+            # an object already there is checked, not trusted: a tampered or planted one (a link)
+            # would otherwise make every later hit a miss, the cache never repaired
+            failed: list = []
+            if not copy_checked(obj, None, digest, "cache object") and \
+                    not copy_checked(path, obj, digest, "cache object", durable=True, errors=failed):
+                if failed:  # the folder is full or not writable: Reuse.record warns
+                    raise failed[-1]
                 return  # changed since it was hashed (a process still writing it): not cached
         body = json.dumps({"uid": rec.uid, "parts": rec.parts, "kind": rec.kind, "exit_code": rec.exit_code,
                            "result": rec.result.hex() if rec.result is not None else None,
-                           "outputs": rec.outputs}, sort_keys=True).encode()
+                           "outputs": rec.outputs, "folders": list(rec.folders)}, sort_keys=True).encode()
         write_atomic(self._entry(rec.key), pack(ENTRY_KIND, {"key": rec.key}, body), "cache entry")
         write_atomic(self._name(rec.uid), [rec.key.encode()], "cache name")
 
@@ -468,12 +523,25 @@ class Reuse:
         if rec.kind != "executable":
             return MISS
         sandbox = self.launcher.make_sandbox(item.uid)
+        for rel in rec.folders:
+            dest = _into(sandbox, rel) if _safe(rel, "0" * 64) else None
+            if dest is None:
+                warnings.warn(f"{rec.where}: the record of {item.uid} names folder {rel!r}, which is not "
+                              "a folder inside a sandbox: not used (a miss)", CacheWarning, stacklevel=3)
+                return MISS
+            try:
+                if os.path.islink(dest):  # left by an earlier attempt: it belongs to the sandbox
+                    os.unlink(dest)
+                os.makedirs(dest, exist_ok=True)
+            except OSError:
+                return MISS
         for rel, digest in rec.outputs.items():
-            if not _safe(rel, digest):
+            dest = _into(sandbox, rel) if _safe(rel, digest) else None
+            if dest is None:
                 warnings.warn(f"{rec.where}: the record of {item.uid} names output {rel!r}, which is not "
                               "a file inside a sandbox: not used (a miss)", CacheWarning, stacklevel=3)
                 return MISS
-            if not rec.fetch(rel, digest, os.path.join(sandbox, rel)):
+            if not rec.fetch(rel, digest, dest):
                 warnings.warn(f"{rec.where}: output {rel} of {item.uid} was deleted or changed: "
                               "the task runs again", CacheWarning, stacklevel=3)
                 return MISS
@@ -488,27 +556,35 @@ class Reuse:
             return
         self.keys[item.uid] = k.key
         t = item.task
-        outputs, files = {}, {}
+        outputs, files, folders = {}, {}, []
         if t.kind is TaskKind.EXECUTABLE:
             sandbox = self.launcher.sandbox_of(item.uid)
             # the declared outputs, and stdout/stderr, which later tasks often read ($p.s.t/stdout)
             for name in (*t.outputs, t.stdout_file, t.stderr_file):
+                folders += [os.path.relpath(f, sandbox) for f in _folders(os.path.join(sandbox, name))]
                 for path in _files(os.path.join(sandbox, name)):
                     rel = os.path.relpath(path, sandbox)
-                    outputs[rel] = self.digests.digest(path)
+                    try:
+                        outputs[rel] = self.digests.digest(path)
+                    except (OSError, Unkeyable) as exc:  # gone since, or not a plain file
+                        warnings.warn(f"{item.uid}: output {rel} cannot be hashed ({exc}); the task "
+                                      "is not kept for reuse", CacheWarning, stacklevel=2)
+                        return
                     files[rel] = path
             result, code, kind = None, 0, "executable"
         else:
             result, code, kind = encode(value, self.values), None, "function"
         rel_root = os.path.relpath(self.launcher.sandbox_of(item.uid), self.launcher.root)
         self.journal.record_key(item.uid, k.key, json.dumps(k.parts, sort_keys=True),
-                                json.dumps({"sandbox": rel_root, "files": outputs}, sort_keys=True),
+                                json.dumps({"sandbox": rel_root, "files": outputs, "folders": folders},
+                                           sort_keys=True),
                                 rec_from.where if rec_from is not None else None,
                                 "; ".join(self.why.get(item.uid, ())) or None)
         self.journal.file_digests(self.digests.take_dirty())
         if self.cache is not None and not (rec_from is not None and rec_from.where.startswith("cache")):
             try:
-                self.cache.put(Record(item.uid, k.key, k.parts, kind, code, result, outputs, None, ""), files)
+                self.cache.put(Record(item.uid, k.key, k.parts, kind, code, result, outputs, None, "",
+                                      folders), files)
             except OSError as exc:
                 warnings.warn(f"cache {self.cache.root}: {item.uid} not stored: {exc}", CacheWarning, stacklevel=2)
 
@@ -523,12 +599,34 @@ def _safe(rel, digest) -> bool:
             and ".." not in rel.split(os.sep) and rel not in ("", "."))
 
 
+def _into(sandbox: str, rel: str) -> str | None:
+    """``sandbox/rel`` with the links among its parents removed (``launcher.inside``: an earlier
+    attempt may have left ``outdir -> /elsewhere``, and staging back through it would write
+    there); None if it still resolves outside the sandbox."""
+    try:
+        return inside(sandbox, rel.replace(os.sep, "/"))
+    except (LaunchError, OSError):
+        return None
+
+
+def _folders(path: str):
+    """A declared output that is a folder, and every folder inside it (an empty one too)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        yield path
+        for folder, dirs, _files in os.walk(path):
+            dirs.sort()
+            yield from (os.path.join(folder, d) for d in dirs if not os.path.islink(os.path.join(folder, d)))
+
+
 def _files(path: str):
+    """The files of a declared output: regular files, or links to them (a pipe or a device in
+    an output folder is skipped: reading it would block or never end)."""
     if os.path.isdir(path) and not os.path.islink(path):
         for folder, dirs, files in os.walk(path):
             dirs.sort()
             for name in sorted(files):
-                yield os.path.join(folder, name)
+                if os.path.isfile(os.path.join(folder, name)):
+                    yield os.path.join(folder, name)
     elif os.path.isfile(path):
         yield path
 
@@ -551,7 +649,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
     if os.path.exists(path):
         stores.append(JournalStore(path, os.path.splitext(path)[0] + ".sandbox", Values.parse(values)))
     if cache is not None:
-        stores.append(CacheStore(cache))
+        stores.append(CacheStore(cache, create=False))
     digests = FileDigests({k: v for st in stores for k, v in getattr(st, "file_digests", {}).items()})
     found: dict[str, Record] = {}  # uid -> the record it is reused from
     memo: dict = {}
@@ -561,7 +659,7 @@ def explain(workflow, journal: str, cache: str | None = None, values="data") -> 
         rec = found.get(uid)
         if rec is None:
             return None  # the upstream runs
-        known = rec.outputs.get(os.path.normpath(rel) if rel else "")
+        known = rec.digest_of(rel)
         if known is None:
             raise Unkeyable(f"${uid}/{rel} is not a declared output of {uid} (only declared outputs "
                             "are staged back)")

@@ -54,6 +54,33 @@ def test_a_retry_waiting_out_its_delay_is_cancelled_and_never_runs(tmp_path):
     assert len(_starts(stamps)) == 1
 
 
+def test_a_stale_status_cell_does_not_make_a_delayed_retry_running(tmp_path):
+    """A worker clears its status cell only after the result is in its ring, so the driver may
+    read the failed attempt's id there after it has deferred the retry.  Such a read once made
+    the future RUNNING for the whole delay: ``running()`` said True, ``cancel()`` said False
+    and the retry ran (a flaky failure of the test above under load).  Here the stale cell is
+    written on purpose, after the retry is deferred."""
+    from shoal.runtime.worker import STATUS_DEPTH, STATUS_RUNNING
+
+    stamps = str(tmp_path / "stamps")
+    with shoal.Pilot(workers=1) as pilot:
+        backend = pilot._backend
+        fut = pilot.options(retries=3, retry_delay=30).submit(t.stamp_until, stamps, 99)
+        t.until(lambda: backend.retries.next_due() is not None, what="the retry to be deferred")
+        (ep,) = backend.endpoints
+        cell = backend.matrix.status(ep)
+        cell[STATUS_RUNNING] = fut.task_id  # what the worker showed while the attempt ran
+        cell[STATUS_DEPTH] = 1
+        try:
+            assert not fut.running()
+            assert fut.cancel()
+        finally:
+            cell[STATUS_DEPTH] = 0
+        assert fut.cancelled()
+        assert pilot.submit(t.inc, 1).result(timeout=60) == 2
+    assert len(_starts(stamps)) == 1
+
+
 def test_local_backend_refuses_a_priority_and_says_why():
     with shoal.Pilot(workers=1) as pilot:
         with pytest.raises(ValueError, match="priority=5: the local backend sends each task"):

@@ -138,6 +138,13 @@ class Cancelling:
                 return self._probe(fut, cancel)
         if self.closed or task is None:
             return False
+        if task.delayed:  # waiting out its retry_delay: nothing runs (a status cell may be stale)
+            if not cancel:
+                return False
+            with self.lock:
+                if task.delayed:
+                    task.cancelling = True  # the pump no longer sends it; cancel() takes it
+                    return False
         if cancel and not task.where:
             with self.lock:
                 if not task.where:  # staged, not pushed: take it out, so it never is

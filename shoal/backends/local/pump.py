@@ -67,16 +67,20 @@ class Pumping:
     def _fail_or_retry(self, tid: int, task: _Task, exc: BaseException, retry: bool = True) -> None:
         if retry and task.retries > 0 and not self.closing:
             task.retries -= 1
+            delay = self.retries.next_delay(tid)
+            # flagged before the future goes PENDING: a probe reading the failed attempt's
+            # stale status cell must not make it RUNNING again for the whole delay (_probe)
+            task.delayed = delay > 0
             # between attempts nothing runs: PENDING again, so cancel() takes the queued retry
             # (True; the earlier attempt's side effects stay), as on dask (docs/guide.md)
             task.future.mark_pending()
-            delay = self.retries.next_delay(tid)
             with self.lock:
                 if tid in self.tasks:
                     if delay > 0:  # options(retry_delay=): sent again by the pump when due
                         if task.placed:
                             self.placement.finished(task.placed - 1)
                             task.placed = 0
+                        task.where = 0  # no worker holds it (a death there does not re-place it)
                         self.retries.defer(tid, time.monotonic() + delay)
                         self.doorbell.ring()  # a pump parked for longer wakes to see it
                     else:
@@ -95,8 +99,10 @@ class Pumping:
         with self.lock:
             for tid in self.retries.pop_due(time.monotonic()):
                 task = self.tasks.get(tid)
-                if task is not None:
-                    self._dispatch(task)
+                if task is not None and task.delayed:
+                    task.delayed = False
+                    if not task.cancelling:  # else a cancel() is taking it (_probe)
+                        self._dispatch(task)
 
     def _pump(self) -> None:
         """The pump thread's body: it never dies before ``close``.  Anything a round

@@ -59,7 +59,7 @@ class _Task:
     """Driver-side record of one outstanding task."""
 
     __slots__ = ("future", "msg", "retries", "timeout", "placed", "where", "fn", "queued", "queued_in",
-                 "cancelling", "lost_on", "handed_by")
+                 "cancelling", "lost_on", "handed_by", "delayed")
 
     def __init__(self, future, msg, retries, timeout, fn):
         self.future = future
@@ -80,6 +80,9 @@ class _Task:
         # (endpoint, generation) of the worker whose MOVED last said it handed the task on:
         # if that worker dies, its LOOT may have died with it in its outbox (lifecycle.py)
         self.handed_by = None
+        # waiting out its retry_delay in the driver (Retries): no worker holds it, whatever a
+        # worker's status cell still says of the attempt that failed
+        self.delayed = False
 
     @property
     def name(self) -> str:

@@ -52,16 +52,6 @@ def _values():
     return values
 
 
-def _numpy_bytes(value):
-    if type(value).__module__ == "numpy":
-        import numpy as np
-
-        if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "biufc":
-            arr = np.ascontiguousarray(value)
-            return f"{arr.dtype.str}{arr.shape}".encode() + arr.tobytes()
-    return None
-
-
 class FunctionCache:
     """One cache folder; ``pickle``: whether values may be stored and read with pickle."""
 
@@ -80,7 +70,7 @@ class FunctionCache:
         """The key of ``fn(*args, **kwargs)``; ValueError naming what cannot be keyed."""
         name = getattr(fn, "__qualname__", repr(fn))
         try:
-            code = function_digest(fn, _numpy_bytes)
+            code = function_digest(fn, _values().numpy_bytes)
         except Unkeyable as exc:
             raise ValueError(f"cache: {name} cannot be keyed: {exc}") from None
         except RecursionError:
@@ -97,7 +87,7 @@ class FunctionCache:
     @staticmethod
     def _arg(value, what: str) -> bytes:
         try:
-            return data_bytes(value, _numpy_bytes)
+            return data_bytes(value, _values().numpy_bytes)
         except Unkeyable as exc:
             raise ValueError(f"cache: {what}: {exc}; only plain data can be part of a cache key "
                              "(pass data, or drop cache=)") from None

@@ -66,7 +66,7 @@ from ..._taskkey import (
 )
 from .launcher import LaunchError, inside
 from .model import EMBEDDED_REF_RE, EnsembleError, Task, TaskKind, TaskState, parse_ref
-from .values import Values, decode, encode
+from .values import Values, decode, encode, numpy_bytes
 
 ENTRY_KIND = "task-result"
 
@@ -87,16 +87,6 @@ class Reason(enum.Enum):
 
 PART_REASONS = (("code", Reason.CODE), ("arguments", Reason.ARGUMENTS),
                 ("environment", Reason.ENVIRONMENT), ("inputs", Reason.INPUTS))
-
-
-def _numpy_bytes(value):
-    if type(value).__module__ == "numpy":
-        import numpy as np
-
-        if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "biufc":
-            arr = np.ascontiguousarray(value)
-            return f"{arr.dtype.str}{arr.shape}".encode() + arr.tobytes()
-    return None
 
 
 def _h(data: bytes) -> str:
@@ -128,12 +118,12 @@ def task_key(task: Task, *, resolve, digests: FileDigests, upstream_key, cwd: st
             if known is not None and known[0] is task.function:
                 parts["code"] = known[1]
             else:
-                parts["code"] = function_digest(task.function, _numpy_bytes)
+                parts["code"] = function_digest(task.function, numpy_bytes)
                 if code_memo is not None:
                     code_memo[id(task.function)] = (task.function, parts["code"])
             args = [_arg(a, upstream_key) for a in task.args]
             kwargs = {k: _arg(v, upstream_key) for k, v in dict(task.kwargs).items()}
-            parts["arguments"] = _h(data_bytes([args, kwargs], _numpy_bytes))
+            parts["arguments"] = _h(data_bytes([args, kwargs], numpy_bytes))
         else:
             exe = task.executable
             path = _which(exe, os.environ.get("PATH"), code_memo) if "/" not in exe else os.path.join(cwd, exe)

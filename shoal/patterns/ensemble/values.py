@@ -173,3 +173,15 @@ def decode(blob: bytes | None, mode: Values, uid: str):
             "format cannot store; return plain data (numbers, strings, lists, dicts, tuples, numpy "
             "arrays) or pass values='pickle' (shoal run --pickle-values) for journals you trust")
     return value
+
+
+def numpy_bytes(value) -> bytes | None:
+    """A numeric numpy array or scalar as bytes (dtype, shape, contents), None for anything
+    else: how both result caches (reuse.py, shoal/cache.py) key an array argument by value."""
+    if type(value).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "biufc":
+            arr = np.ascontiguousarray(value)
+            return f"{arr.dtype.str}{arr.shape}".encode() + arr.tobytes()
+    return None

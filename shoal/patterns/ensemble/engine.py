@@ -478,6 +478,7 @@ class Engine:
             try:
                 stage_out(self.refs.shared_outputs(item.task.stage_out), item.sandbox, self.launcher.cwd)
             except LaunchError:
+                self.reuse.unmatch(item)
                 return False  # it runs, and its own stage_out says what is wrong
         self.waiting.pop(id(item), None)
         self.sched.forget(id(item))

@@ -538,6 +538,11 @@ class Reuse:
         paths = [os.path.join(sandbox, name) for name in t.outputs]
         return (0, paths or None)
 
+    def unmatch(self, item) -> None:
+        """``item`` matched but runs after all (its stage_out failed): when it is DONE it is
+        recorded as run, not as reused from the match."""
+        self.reused.pop(id(item), None)
+
     def record(self, item, value) -> None:
         """``item`` is DONE (journaled in this pass): keep its key, outputs and result."""
         k = self.keyed.pop(id(item), None)
